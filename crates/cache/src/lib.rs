@@ -1,0 +1,1 @@
+//! zinfer cache crate.

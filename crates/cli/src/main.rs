@@ -1,0 +1,5 @@
+//! The `zinfer` command.
+
+fn main() {
+    println!("zinfer");
+}

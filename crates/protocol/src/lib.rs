@@ -1,0 +1,29 @@
+//! zinfer wire protocol v1.
+//!
+//! Every message is one ZeroMQ frame holding a MessagePack map with string
+//! keys and a `"type"` field, so a stock msgpack library in any language can
+//! speak it (see `docs/protocol.md`). Each socket direction has its own enum:
+//!
+//! | direction | enum |
+//! |---|---|
+//! | client -> router | [`ClientRequest`] |
+//! | router -> client | [`ClientReply`] |
+//! | router -> worker | [`RouterToWorker`] |
+//! | worker -> router | [`WorkerToRouter`] |
+//! | admin -> router (control socket) | [`AdminRequest`] |
+//! | router -> admin | [`AdminReply`] |
+//!
+//! Decoding goes through [`decode`], which enforces every [`Limits`] check in
+//! one place and never panics.
+
+mod codec;
+mod limits;
+mod messages;
+
+pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode};
+pub use limits::Limits;
+pub use messages::*;
+
+/// The protocol version this build speaks. Messages may carry it as `"v"`;
+/// a message without `"v"` is taken to be version 1.
+pub const PROTOCOL_VERSION: u32 = 1;

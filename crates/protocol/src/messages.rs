@@ -1,0 +1,550 @@
+//! Every v1 message, grouped by the socket direction it travels in.
+
+use serde::{Deserialize, Serialize};
+
+/// A client's name for one of its requests. Unique per client connection
+/// while the request is in flight; the router keys its table on
+/// (client identity, id).
+pub type RequestId = String;
+
+/// The router's own id for a request it forwarded to a worker.
+pub type RouterRequestId = u64;
+
+/// One turn of a chat, as in OpenAI's chat API.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user` or `assistant`.
+    pub role: String,
+    /// The turn's text.
+    pub content: String,
+}
+
+fn default_max_tokens() -> u32 {
+    128
+}
+fn default_one() -> f32 {
+    1.0
+}
+fn default_true() -> bool {
+    true
+}
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+/// `generate`: ask for a completion of exactly one of `prompt`, `messages`
+/// or `tokens`. Sampling fields left out take the defaults documented here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GenerateRequest {
+    /// Client request id, echoed on every reply for this request.
+    pub id: RequestId,
+    /// Raw prompt text, tokenized as is (no chat template).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Chat turns, rendered with the model's chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<ChatMessage>>,
+    /// Pre-tokenized prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<Vec<u32>>,
+    /// Model name; the router's only model when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Prefix-cache namespace (tenant, LoRA adapter). Requests in different
+    /// namespaces never share cached prefixes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Most tokens to generate (default 128).
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    /// Softmax temperature; 0 means greedy (default 1.0).
+    #[serde(default = "default_one")]
+    pub temperature: f32,
+    /// Nucleus sampling mass (default 1.0, off).
+    #[serde(default = "default_one")]
+    pub top_p: f32,
+    /// Keep only the k most likely tokens; 0 is off (default 0).
+    #[serde(default)]
+    pub top_k: u32,
+    /// Drop tokens below `min_p` times the top probability (default 0, off).
+    #[serde(default)]
+    pub min_p: f32,
+    /// Penalty for tokens already in prompt or output (default 1.0, off).
+    #[serde(default = "default_one")]
+    pub repetition_penalty: f32,
+    /// Seed for sampling: same seed, parameters and prompt give the same tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Stop strings; the output ends before the first one and never shows
+    /// any part of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    /// Token ids that end generation (in addition to the model's EOS).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop_token_ids: Vec<u32>,
+    /// Stream `chunk` messages (default true); otherwise only `done`,
+    /// carrying the full text.
+    #[serde(default = "default_true")]
+    pub stream: bool,
+    /// Higher runs first when requests wait (default 0).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub priority: i32,
+    /// Give up after this many milliseconds from arrival at the router.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+}
+
+impl GenerateRequest {
+    /// A request for `prompt` with every other field at its default.
+    pub fn from_prompt(id: impl Into<String>, prompt: impl Into<String>) -> Self {
+        GenerateRequest {
+            id: id.into(),
+            prompt: Some(prompt.into()),
+            messages: None,
+            tokens: None,
+            model: None,
+            namespace: None,
+            max_tokens: default_max_tokens(),
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            stream: true,
+            priority: 0,
+            deadline_ms: None,
+        }
+    }
+}
+
+/// client -> router.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientRequest {
+    /// Start a generation.
+    Generate(GenerateRequest),
+    /// Cancel a request of this client; it ends with `done` and finish
+    /// reason `cancelled`.
+    Cancel {
+        /// The client request id to cancel.
+        id: RequestId,
+    },
+    /// List the models served.
+    Models {
+        /// Echoed on the reply.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+    },
+    /// Liveness check; answered with `pong`.
+    Ping {
+        /// Echoed on the reply.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+    },
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS, a stop token id or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The client cancelled.
+    Cancelled,
+    /// `deadline_ms` passed.
+    Deadline,
+}
+
+/// Token counts of one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens in the prompt, after templating.
+    pub prompt_tokens: u32,
+    /// Prompt tokens served from the prefix cache (not recomputed).
+    pub cached_tokens: u32,
+    /// Tokens generated.
+    pub completion_tokens: u32,
+}
+
+/// Where one request's time went, in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Timings {
+    /// Waiting before the engine admitted it (router queue included).
+    pub queue_s: f64,
+    /// Computing the uncached prompt.
+    pub prefill_s: f64,
+    /// Arrival to first token.
+    pub ttft_s: f64,
+    /// First token to last token.
+    pub decode_s: f64,
+}
+
+/// Stable error codes; a client decides what to do from the code alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The message was malformed, over a limit, or of an unknown type or
+    /// version. Fix the request; do not retry it as is.
+    BadRequest,
+    /// No worker serves the named model.
+    UnknownModel,
+    /// Queue full: retry later with backoff.
+    Overloaded,
+    /// No worker is registered: retry later.
+    Unavailable,
+    /// The prompt does not fit the worker's KV pool.
+    PromptTooLong,
+    /// The worker died mid-request: retry.
+    WorkerLost,
+    /// `deadline_ms` passed before the request could finish.
+    Deadline,
+    /// A bug or resource failure on our side.
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, for documentation and metrics labels.
+    pub const ALL: [ErrorCode; 8] = [
+        ErrorCode::BadRequest,
+        ErrorCode::UnknownModel,
+        ErrorCode::Overloaded,
+        ErrorCode::Unavailable,
+        ErrorCode::PromptTooLong,
+        ErrorCode::WorkerLost,
+        ErrorCode::Deadline,
+        ErrorCode::Internal,
+    ];
+
+    /// The wire name of the code, e.g. `"bad_request"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::UnknownModel => "unknown_model",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::Unavailable => "unavailable",
+            ErrorCode::PromptTooLong => "prompt_too_long",
+            ErrorCode::WorkerLost => "worker_lost",
+            ErrorCode::Deadline => "deadline",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// Whether sending the same request again may succeed.
+    pub fn retryable(self) -> bool {
+        matches!(
+            self,
+            ErrorCode::Overloaded | ErrorCode::Unavailable | ErrorCode::WorkerLost
+        )
+    }
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A model and how many ready workers serve it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    /// Model name as clients pass it in `model`.
+    pub name: String,
+    /// Ready workers serving it.
+    pub workers: u32,
+}
+
+/// router -> client.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientReply {
+    /// New output of a streamed request.
+    Chunk {
+        /// Client request id.
+        id: RequestId,
+        /// 0 for the first chunk of the request, then 1, 2, ...
+        index: u32,
+        /// Text delta; never part of a UTF-8 character or of a stop string.
+        text: String,
+        /// Token ids produced since the previous chunk.
+        tokens: Vec<u32>,
+    },
+    /// The request finished; terminal.
+    Done {
+        /// Client request id.
+        id: RequestId,
+        /// Why it ended.
+        finish_reason: FinishReason,
+        /// Full output text when the request was not streamed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        /// Token counts.
+        usage: Usage,
+        /// Time spent.
+        timings: Timings,
+        /// The worker that served it.
+        worker: String,
+    },
+    /// The request failed (terminal when `id` is set), or a message could
+    /// not be understood.
+    Error {
+        /// Client request id, when it could be read.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+        /// What went wrong, as a stable code.
+        code: ErrorCode,
+        /// What went wrong and what to do, for a person.
+        message: String,
+        /// Whether sending the same request again may succeed.
+        retryable: bool,
+    },
+    /// Reply to `models`.
+    Models {
+        /// Echo of the request's id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+        /// Models served now.
+        models: Vec<ModelInfo>,
+    },
+    /// Reply to `ping`.
+    Pong {
+        /// Echo of the request's id.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<RequestId>,
+    },
+}
+
+/// A worker's load, reported in `load` and shown by `zinfer ctl workers`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadReport {
+    /// Sequences in the running batch.
+    pub running: u32,
+    /// Requests waiting for admission.
+    pub waiting: u32,
+    /// KV slots in use (running sequences and prefix cache).
+    pub kv_used: u64,
+    /// KV slots free.
+    pub kv_free: u64,
+    /// Prompt tokens served from the prefix cache since start.
+    pub cache_hit_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache since start.
+    pub cache_query_tokens: u64,
+}
+
+/// A control operation the router asks of a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlOp {
+    /// Stop taking requests, finish the running ones.
+    Drain,
+    /// Move to another device.
+    Migrate,
+    /// Exit after a grace period.
+    Shutdown,
+    /// Drop the prefix cache.
+    FlushCache,
+}
+
+/// router -> worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RouterToWorker {
+    /// Run this request; reply with `chunk`s and one `done` or `error`
+    /// carrying the same `rid`.
+    Generate {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// The client's request, validated by the router.
+        request: GenerateRequest,
+    },
+    /// Stop a request; the worker answers with `done` (cancelled).
+    Cancel {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+    },
+    /// The router is alive.
+    Heartbeat {},
+    /// The router does not know this worker (it expired or the router
+    /// restarted): register again with `ready`.
+    Disconnect {
+        /// Why, for logs.
+        reason: String,
+    },
+    /// Finish running requests, take no new ones.
+    Drain {},
+    /// Load the model on `device` while serving, then switch to it.
+    Migrate {
+        /// Target device, e.g. `cpu` or `cuda:1`.
+        device: String,
+    },
+    /// Exit, failing what is still running after `grace_ms`.
+    Shutdown {
+        /// Milliseconds to let running requests finish.
+        grace_ms: u64,
+    },
+    /// Drop cached prefixes (all, or one namespace).
+    FlushCache {
+        /// Only this namespace, when set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        namespace: Option<String>,
+    },
+}
+
+/// worker -> router.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerToRouter {
+    /// Register (first message, and again after a reconnect).
+    Ready {
+        /// Worker id; also the DEALER routing id.
+        worker_id: String,
+        /// Protocol version the worker speaks.
+        protocol: u32,
+        /// Model names served.
+        models: Vec<String>,
+        /// Device, e.g. `cpu` or `cuda:0`.
+        device: String,
+        /// KV pool capacity in tokens.
+        kv_capacity: u64,
+        /// Most sequences decoded together.
+        max_batch: u32,
+    },
+    /// The worker is alive (every second).
+    Heartbeat {},
+    /// Load changed (at most every 100 ms).
+    Load(LoadReport),
+    /// New output of request `rid`.
+    Chunk {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// Chunk index within the request, from 0.
+        index: u32,
+        /// Text delta.
+        text: String,
+        /// Token ids since the previous chunk.
+        tokens: Vec<u32>,
+    },
+    /// Request `rid` finished.
+    Done {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// Why it ended.
+        finish_reason: FinishReason,
+        /// Full text when the request was not streamed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        text: Option<String>,
+        /// Token counts.
+        usage: Usage,
+        /// Time spent in the worker.
+        timings: Timings,
+    },
+    /// Request `rid` failed.
+    Error {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// Stable code.
+        code: ErrorCode,
+        /// For a person.
+        message: String,
+    },
+    /// Answer to a control message.
+    ControlReply {
+        /// The operation answered.
+        op: ControlOp,
+        /// Whether it succeeded.
+        ok: bool,
+        /// Details, for a person.
+        message: String,
+    },
+}
+
+/// A worker's lifecycle state as the router sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    /// Registered and taking requests.
+    Ready,
+    /// Finishing its requests, taking no new ones.
+    Draining,
+    /// Loading on a new device.
+    Migrating,
+    /// Missed heartbeats; its requests were failed or retried.
+    Lost,
+}
+
+/// One row of `workers`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// Worker id.
+    pub id: String,
+    /// Device.
+    pub device: String,
+    /// Models served.
+    pub models: Vec<String>,
+    /// Lifecycle state.
+    pub state: WorkerState,
+    /// Requests the router has in flight on it.
+    pub inflight: u32,
+    /// KV pool capacity in tokens.
+    pub kv_capacity: u64,
+    /// Last load report.
+    pub load: LoadReport,
+    /// Seconds since its last message.
+    pub last_seen_s: f64,
+}
+
+/// admin -> router, on the control socket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AdminRequest {
+    /// List workers with state and load.
+    Workers {},
+    /// Stop routing to a worker and let it finish.
+    Drain {
+        /// Worker id.
+        worker: String,
+    },
+    /// Move a worker to another device.
+    Migrate {
+        /// Worker id.
+        worker: String,
+        /// Target device.
+        device: String,
+    },
+    /// Set how many workers serve a model.
+    Scale {
+        /// Model name.
+        model: String,
+        /// Wanted number of workers.
+        workers: u32,
+    },
+}
+
+/// router -> admin.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AdminReply {
+    /// Reply to `workers`.
+    Workers {
+        /// Every known worker.
+        workers: Vec<WorkerInfo>,
+    },
+    /// Reply to `drain`, `migrate` or `scale`.
+    Ack {
+        /// Whether the operation was accepted.
+        ok: bool,
+        /// Details, for a person.
+        message: String,
+    },
+    /// The admin message could not be understood.
+    Error {
+        /// Stable code.
+        code: ErrorCode,
+        /// For a person.
+        message: String,
+    },
+}

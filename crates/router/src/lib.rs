@@ -1,0 +1,1 @@
+//! zinfer router crate.

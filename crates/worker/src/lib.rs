@@ -1,0 +1,1 @@
+//! zinfer worker crate.
