@@ -1,5 +1,7 @@
 //! The `zinfer` command.
 
+mod bench;
+
 fn main() {
     println!("zinfer");
 }

@@ -1,0 +1,1 @@
+//! `zinfer bench`: a serving benchmark over the real protocol.

@@ -1,0 +1,1 @@
+//! Incremental detokenization and stop strings.

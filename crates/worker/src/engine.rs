@@ -1,0 +1,1 @@
+//! The engine thread: owns model, pool, cache and scheduler.

@@ -1,0 +1,1 @@
+//! Fetching the default model into `$ZINFER_HOME`.

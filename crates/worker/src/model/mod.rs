@@ -1,0 +1,1 @@
+//! Model loading, tokenizer and the forward pass over the KV pool.

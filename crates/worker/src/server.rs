@@ -1,0 +1,1 @@
+//! The worker's socket loop: talks to the router over a DEALER.
