@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs what zinfer needs beyond Rust, Python and a C toolchain:
+# the system libzmq (with CURVE), pkg-config, promtool for the metrics tests,
+# and the Python packages the interop and client tests use.
+# Safe to run again: it only installs what is missing.
+set -euo pipefail
+
+need_apt=()
+pkg-config --version >/dev/null 2>&1 || need_apt+=(pkg-config)
+pkg-config --exists 'libzmq >= 4.3.4' 2>/dev/null || need_apt+=(libzmq3-dev)
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "setup: installing ${need_apt[*]} with apt-get" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y --no-install-recommends "${need_apt[@]}" >/dev/null 2>&1 || {
+      apt-get update >/dev/null
+      apt-get install -y --no-install-recommends "${need_apt[@]}" >/dev/null
+    }
+  else
+    echo "setup: missing ${need_apt[*]}." >&2
+    echo "  On Debian/Ubuntu run: sudo apt-get install ${need_apt[*]}" >&2
+    echo "  Elsewhere install libzmq >= 4.3.4 built with libsodium, pkg-config and promtool." >&2
+    exit 1
+  fi
+fi
+
+if ! python3 -c 'import msgpack, zmq' >/dev/null 2>&1; then
+  echo "setup: installing Python packages msgpack and pyzmq with pip" >&2
+  python3 -m pip install --quiet msgpack pyzmq || {
+    echo "setup: pip failed; run: python3 -m pip install msgpack pyzmq" >&2
+    exit 1
+  }
+fi
