@@ -1,7 +1,46 @@
-//! The `zinfer` command.
+//! The `zinfer` command: serve models over ZeroMQ, talk to a running router,
+//! benchmark it.
 
 mod bench;
+mod ctl;
+mod generate;
+mod zmq_util;
 
-fn main() {
-    println!("zinfer");
+use clap::{Parser, Subcommand};
+
+/// zinfer: an LLM serving system over ZeroMQ with prefix caching and
+/// continuous batching.
+#[derive(Debug, Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Send one prompt to a running router and stream the answer.
+    Generate(generate::GenerateArgs),
+    /// Administer a running router: list, drain or migrate workers.
+    Ctl(ctl::CtlArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing();
+    zmq_util::check_zmq_version()?;
+    match &cli.command {
+        Command::Generate(args) => generate::run(args),
+        Command::Ctl(args) => ctl::run(args),
+    }
+}
+
+/// Logs go to stderr; `RUST_LOG` picks the level (default `info`).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
