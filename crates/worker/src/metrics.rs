@@ -1,1 +1,231 @@
-//! The worker's Prometheus metrics.
+//! The worker's Prometheus metrics and the HTTP endpoint that serves them.
+//!
+//! Names follow Prometheus conventions: `zinfer_` prefix, base units
+//! (seconds, tokens), `_total` on counters. The router exports the same
+//! request-level names from its own point of view; the scrape job label
+//! tells them apart.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+/// Errors starting the metrics endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// The HTTP listener could not bind.
+    #[error("cannot serve metrics on {addr}: {reason}; pick a free address with --metrics")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the OS said.
+        reason: String,
+    },
+    /// A metric could not be registered (a bug: duplicate name).
+    #[error("metric registration failed: {0}")]
+    Register(#[from] prometheus::Error),
+}
+
+/// Latency buckets in seconds, from 1 ms to 2 minutes.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+/// Everything a worker exports.
+#[derive(Clone)]
+pub struct WorkerMetrics {
+    registry: Registry,
+    /// Finished requests by outcome (finish reason or error code).
+    pub requests: IntCounterVec,
+    /// Sequences in the running batch.
+    pub running: IntGauge,
+    /// Requests waiting for admission.
+    pub waiting: IntGauge,
+    /// Arrival to first token.
+    pub ttft: Histogram,
+    /// Time between consecutive streamed chunks of one request.
+    pub inter_token: Histogram,
+    /// Arrival to terminal message.
+    pub e2e: Histogram,
+    /// Waiting before admission.
+    pub queue_time: Histogram,
+    /// Prompt tokens of finished requests.
+    pub prompt_tokens: IntCounter,
+    /// Generated tokens of finished requests.
+    pub generation_tokens: IntCounter,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: IntCounter,
+    /// Fraction of the KV pool in use.
+    pub kv_usage: Gauge,
+    /// KV pool capacity in tokens.
+    pub kv_capacity: IntGauge,
+    /// Prefix-cache hit ratio over all prompt tokens looked up since start.
+    pub prefix_hit_ratio: Gauge,
+    /// Sequences preempted for lack of KV slots.
+    pub preemptions: IntCounter,
+    /// Messages to the router that could not be sent.
+    pub dropped_sends: IntCounter,
+}
+
+impl WorkerMetrics {
+    /// Registers every metric in a fresh registry.
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let histogram = |name: &str, help: &str| -> Result<Histogram, MetricsError> {
+            let h = Histogram::with_opts(
+                HistogramOpts::new(name, help).buckets(LATENCY_BUCKETS.to_vec()),
+            )?;
+            registry.register(Box::new(h.clone()))?;
+            Ok(h)
+        };
+        let counter = |name: &str, help: &str| -> Result<IntCounter, MetricsError> {
+            let c = IntCounter::with_opts(Opts::new(name, help))?;
+            registry.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+        let int_gauge = |name: &str, help: &str| -> Result<IntGauge, MetricsError> {
+            let g = IntGauge::with_opts(Opts::new(name, help))?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let gauge = |name: &str, help: &str| -> Result<Gauge, MetricsError> {
+            let g = Gauge::with_opts(Opts::new(name, help))?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "zinfer_requests_total",
+                "Finished requests by outcome (finish reason or error code).",
+            ),
+            &["outcome"],
+        )?;
+        registry.register(Box::new(requests.clone()))?;
+        Ok(WorkerMetrics {
+            requests,
+            running: int_gauge("zinfer_running_requests", "Sequences in the running batch.")?,
+            waiting: int_gauge("zinfer_waiting_requests", "Requests waiting for admission.")?,
+            ttft: histogram(
+                "zinfer_time_to_first_token_seconds",
+                "Time from arrival to the first generated token.",
+            )?,
+            inter_token: histogram(
+                "zinfer_inter_token_latency_seconds",
+                "Time between consecutive chunks of one request.",
+            )?,
+            e2e: histogram(
+                "zinfer_e2e_request_latency_seconds",
+                "Time from arrival to the terminal message.",
+            )?,
+            queue_time: histogram(
+                "zinfer_queue_time_seconds",
+                "Time a request waited before admission.",
+            )?,
+            prompt_tokens: counter("zinfer_prompt_tokens_total", "Prompt tokens processed.")?,
+            generation_tokens: counter("zinfer_generation_tokens_total", "Tokens generated.")?,
+            cached_tokens: counter(
+                "zinfer_cached_tokens_total",
+                "Prompt tokens served from the prefix cache.",
+            )?,
+            kv_usage: gauge(
+                "zinfer_kv_cache_usage_ratio",
+                "Fraction of KV slots in use.",
+            )?,
+            kv_capacity: int_gauge(
+                "zinfer_kv_cache_capacity_tokens",
+                "KV pool capacity in tokens.",
+            )?,
+            prefix_hit_ratio: gauge(
+                "zinfer_prefix_cache_hit_ratio",
+                "Prompt tokens served from the prefix cache over prompt tokens looked up.",
+            )?,
+            preemptions: counter(
+                "zinfer_preemptions_total",
+                "Sequences preempted for lack of KV slots.",
+            )?,
+            dropped_sends: counter(
+                "zinfer_dropped_sends_total",
+                "Messages to the router that could not be sent.",
+            )?,
+            registry,
+        })
+    }
+
+    /// The metrics in Prometheus text format.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        // Encoding into a Vec cannot fail for well-formed metric families.
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buffer)
+            .is_err()
+        {
+            return String::new();
+        }
+        String::from_utf8(buffer).unwrap_or_default()
+    }
+}
+
+/// Serves `GET /metrics` (any other path: 404) on its own thread until the
+/// process exits.
+pub fn serve(
+    addr: SocketAddr,
+    render: Arc<dyn Fn() -> String + Send + Sync>,
+) -> Result<JoinHandle<()>, MetricsError> {
+    let server = tiny_http::Server::http(addr).map_err(|e| MetricsError::Bind {
+        addr,
+        reason: e.to_string(),
+    })?;
+    Ok(std::thread::Builder::new()
+        .name("metrics-http".into())
+        .spawn(move || {
+            for request in server.incoming_requests() {
+                let response = if request.url() == "/metrics" {
+                    let header = tiny_http::Header::from_bytes(
+                        &b"Content-Type"[..],
+                        &b"text/plain; version=0.0.4; charset=utf-8"[..],
+                    );
+                    let mut response = tiny_http::Response::from_string(render());
+                    if let Ok(header) = header {
+                        response.add_header(header);
+                    }
+                    response
+                } else {
+                    tiny_http::Response::from_string("not found: try /metrics\n")
+                        .with_status_code(404)
+                };
+                if let Err(error) = request.respond(response) {
+                    tracing::debug!(%error, "metrics client went away");
+                }
+            }
+        })
+        .map_err(|e| MetricsError::Bind {
+            addr,
+            reason: e.to_string(),
+        })?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_family_in_text_format() {
+        let metrics = WorkerMetrics::new().unwrap();
+        metrics.requests.with_label_values(&["stop"]).inc();
+        metrics.ttft.observe(0.05);
+        metrics.kv_usage.set(0.25);
+        let text = metrics.render();
+        for name in [
+            "zinfer_requests_total{outcome=\"stop\"} 1",
+            "zinfer_time_to_first_token_seconds_bucket",
+            "zinfer_kv_cache_usage_ratio 0.25",
+            "# TYPE zinfer_preemptions_total counter",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+}
