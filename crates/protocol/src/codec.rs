@@ -2,10 +2,7 @@
 
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
-use crate::{
-    AdminReply, AdminRequest, ClientReply, ClientRequest, GenerateRequest, Limits,
-    PROTOCOL_VERSION, RouterToWorker, WorkerToRouter,
-};
+use crate::{Limits, PROTOCOL_VERSION, scan};
 
 /// Why a frame was rejected. Every variant maps to the `bad_request` error
 /// code, and its message names what was wrong.
@@ -19,8 +16,8 @@ pub enum DecodeError {
         /// The limit.
         max: usize,
     },
-    /// The frame is not a MessagePack map with a string `type`.
-    #[error("frame is not a MessagePack map with a string \"type\" field: {0}")]
+    /// The frame is not one MessagePack map with a string `type`.
+    #[error("frame is not one MessagePack map with a string \"type\" field: {0}")]
     NotAMessage(String),
     /// `type` names no message valid on this socket.
     #[error("unknown message type {found:?}; expected one of {expected:?}")]
@@ -90,7 +87,16 @@ struct Header {
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
-    v: Option<u64>,
+    v: Option<Version>,
+}
+
+/// `v` as sent; anything but a non-negative integer is kept apart so the
+/// error can say that `v` itself is wrong.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Version {
+    Number(u64),
+    Other(serde::de::IgnoredAny),
 }
 
 /// Decodes one frame, enforcing every limit. Never panics; any failure is a
@@ -102,15 +108,24 @@ pub fn decode<T: WireMessage>(frame: &[u8], limits: &Limits) -> Result<T, Decode
             max: limits.max_frame_bytes,
         });
     }
+    scan::check_frame(frame, limits.max_depth)?;
     let header: Header =
         from_slice(frame, limits).map_err(|e| DecodeError::NotAMessage(e.to_string()))?;
-    if let Some(v) = header.v
-        && v != u64::from(PROTOCOL_VERSION)
-    {
-        return Err(DecodeError::UnsupportedVersion {
-            found: v,
-            supported: PROTOCOL_VERSION,
-        });
+    match header.v {
+        None => {}
+        Some(Version::Number(v)) if v == u64::from(PROTOCOL_VERSION) => {}
+        Some(Version::Number(v)) => {
+            return Err(DecodeError::UnsupportedVersion {
+                found: v,
+                supported: PROTOCOL_VERSION,
+            });
+        }
+        Some(Version::Other(_)) => {
+            return Err(DecodeError::Invalid {
+                field: "v",
+                detail: format!("must be the integer {PROTOCOL_VERSION} or left out"),
+            });
+        }
     }
     if !T::TYPES.contains(&header.kind.as_str()) {
         return Err(DecodeError::UnknownType {
@@ -131,163 +146,8 @@ fn from_slice<T: DeserializeOwned>(
     limits: &Limits,
 ) -> Result<T, rmp_serde::decode::Error> {
     let mut de = rmp_serde::Deserializer::from_read_ref(frame);
-    de.set_max_depth(limits.max_depth);
+    // `check_frame` already bounded the depth; rmp-serde counts one level
+    // more than we do and must never be given 0, so this is only a backstop.
+    de.set_max_depth(limits.max_depth.saturating_add(1));
     T::deserialize(&mut de)
-}
-
-fn over(field: &'static str, size: usize, max: usize) -> Result<(), DecodeError> {
-    if size > max {
-        return Err(DecodeError::OverLimit {
-            field,
-            detail: format!("{size} exceeds the limit of {max}"),
-        });
-    }
-    Ok(())
-}
-
-impl GenerateRequest {
-    /// Checks limits and value domains; the router and the worker accept
-    /// only requests that pass.
-    pub fn validate(&self, limits: &Limits) -> Result<(), DecodeError> {
-        over("id", self.id.len(), limits.max_name_bytes)?;
-        let sources = [
-            self.prompt.is_some(),
-            self.messages.is_some(),
-            self.tokens.is_some(),
-        ];
-        if sources.iter().filter(|set| **set).count() != 1 {
-            return Err(DecodeError::Invalid {
-                field: "prompt",
-                detail: "give exactly one of \"prompt\", \"messages\" or \"tokens\"".into(),
-            });
-        }
-        if let Some(prompt) = &self.prompt {
-            over("prompt", prompt.len(), limits.max_prompt_bytes)?;
-        }
-        if let Some(messages) = &self.messages {
-            over("messages", messages.len(), limits.max_prompt_items)?;
-            let bytes: usize = messages.iter().map(|m| m.content.len() + m.role.len()).sum();
-            over("messages", bytes, limits.max_prompt_bytes)?;
-            if messages.is_empty() {
-                return Err(DecodeError::Invalid {
-                    field: "messages",
-                    detail: "must hold at least one message".into(),
-                });
-            }
-        }
-        if let Some(tokens) = &self.tokens {
-            over("tokens", tokens.len(), limits.max_prompt_items)?;
-            if tokens.is_empty() {
-                return Err(DecodeError::Invalid {
-                    field: "tokens",
-                    detail: "must hold at least one token".into(),
-                });
-            }
-        }
-        if let Some(model) = &self.model {
-            over("model", model.len(), limits.max_name_bytes)?;
-        }
-        if let Some(namespace) = &self.namespace {
-            over("namespace", namespace.len(), limits.max_name_bytes)?;
-        }
-        over(
-            "max_tokens",
-            self.max_tokens as usize,
-            limits.max_tokens_cap as usize,
-        )?;
-        over("stop", self.stop.len(), limits.max_stop)?;
-        for stop in &self.stop {
-            over("stop", stop.len(), limits.max_stop_bytes)?;
-            if stop.is_empty() {
-                return Err(DecodeError::Invalid {
-                    field: "stop",
-                    detail: "stop strings must not be empty".into(),
-                });
-            }
-        }
-        over(
-            "stop_token_ids",
-            self.stop_token_ids.len(),
-            limits.max_stop_token_ids,
-        )?;
-        let ranges: [(&'static str, f32, f32, f32); 4] = [
-            ("temperature", self.temperature, 0.0, 100.0),
-            ("top_p", self.top_p, 0.0, 1.0),
-            ("min_p", self.min_p, 0.0, 1.0),
-            ("repetition_penalty", self.repetition_penalty, 0.01, 100.0),
-        ];
-        for (field, value, lo, hi) in ranges {
-            if !(lo..=hi).contains(&value) {
-                return Err(DecodeError::Invalid {
-                    field,
-                    detail: format!("{value} is outside [{lo}, {hi}]"),
-                });
-            }
-        }
-        if self.top_p == 0.0 {
-            return Err(DecodeError::Invalid {
-                field: "top_p",
-                detail: "must be greater than 0".into(),
-            });
-        }
-        Ok(())
-    }
-}
-
-impl WireMessage for ClientRequest {
-    const TYPES: &'static [&'static str] = &["generate", "cancel", "models", "ping"];
-
-    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
-        match self {
-            ClientRequest::Generate(request) => request.validate(limits),
-            ClientRequest::Cancel { id } => over("id", id.len(), limits.max_name_bytes),
-            ClientRequest::Models { id } | ClientRequest::Ping { id } => {
-                over("id", id.as_ref().map_or(0, String::len), limits.max_name_bytes)
-            }
-        }
-    }
-}
-
-impl WireMessage for ClientReply {
-    const TYPES: &'static [&'static str] = &["chunk", "done", "error", "models", "pong"];
-}
-
-impl WireMessage for RouterToWorker {
-    const TYPES: &'static [&'static str] = &[
-        "generate",
-        "cancel",
-        "heartbeat",
-        "disconnect",
-        "drain",
-        "migrate",
-        "shutdown",
-        "flush_cache",
-    ];
-
-    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
-        match self {
-            RouterToWorker::Generate { request, .. } => request.validate(limits),
-            _ => Ok(()),
-        }
-    }
-}
-
-impl WireMessage for WorkerToRouter {
-    const TYPES: &'static [&'static str] = &[
-        "ready",
-        "heartbeat",
-        "load",
-        "chunk",
-        "done",
-        "error",
-        "control_reply",
-    ];
-}
-
-impl WireMessage for AdminRequest {
-    const TYPES: &'static [&'static str] = &["workers", "drain", "migrate", "scale"];
-}
-
-impl WireMessage for AdminReply {
-    const TYPES: &'static [&'static str] = &["workers", "ack", "error"];
 }

@@ -19,6 +19,8 @@
 mod codec;
 mod limits;
 mod messages;
+mod scan;
+mod validate;
 
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode};
 pub use limits::Limits;

@@ -8,9 +8,9 @@ pub struct Limits {
     pub max_frame_bytes: usize,
     /// Most frames in one ZeroMQ message, routing envelope included.
     pub max_frames: usize,
-    /// Deepest nesting of maps and arrays.
+    /// Deepest nesting of maps and arrays; the message's own map is level 1.
     pub max_depth: usize,
-    /// Largest `prompt`, or all `messages` contents together, in bytes.
+    /// Largest `prompt`, or all `messages` roles and contents together, in bytes.
     pub max_prompt_bytes: usize,
     /// Most entries in `tokens` or `messages`.
     pub max_prompt_items: usize,

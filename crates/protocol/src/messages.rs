@@ -123,6 +123,10 @@ impl GenerateRequest {
 /// client -> router.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a message lives for one hop; boxing would change the public shape others match on"
+)]
 pub enum ClientRequest {
     /// Start a generation.
     Generate(GenerateRequest),
@@ -352,6 +356,10 @@ pub enum ControlOp {
 /// router -> worker.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a message lives for one hop; boxing would change the public shape others match on"
+)]
 pub enum RouterToWorker {
     /// Run this request; reply with `chunk`s and one `done` or `error`
     /// carrying the same `rid`.

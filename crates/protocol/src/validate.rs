@@ -1,0 +1,205 @@
+//! Field limits and value domains, checked after a frame has decoded.
+
+use crate::{
+    AdminReply, AdminRequest, ClientReply, ClientRequest, DecodeError, GenerateRequest, Limits,
+    RouterToWorker, WireMessage, WorkerToRouter,
+};
+
+fn over(field: &'static str, size: usize, max: usize) -> Result<(), DecodeError> {
+    if size > max {
+        return Err(DecodeError::OverLimit {
+            field,
+            detail: format!("{size} exceeds the limit of {max}"),
+        });
+    }
+    Ok(())
+}
+
+fn name(field: &'static str, value: &str, limits: &Limits) -> Result<(), DecodeError> {
+    over(field, value.len(), limits.max_name_bytes)
+}
+
+impl GenerateRequest {
+    /// Checks limits and value domains; the router and the worker accept
+    /// only requests that pass.
+    pub fn validate(&self, limits: &Limits) -> Result<(), DecodeError> {
+        over("id", self.id.len(), limits.max_name_bytes)?;
+        let sources = [
+            self.prompt.is_some(),
+            self.messages.is_some(),
+            self.tokens.is_some(),
+        ];
+        if sources.iter().filter(|set| **set).count() != 1 {
+            return Err(DecodeError::Invalid {
+                field: "prompt",
+                detail: "give exactly one of \"prompt\", \"messages\" or \"tokens\"".into(),
+            });
+        }
+        if let Some(prompt) = &self.prompt {
+            over("prompt", prompt.len(), limits.max_prompt_bytes)?;
+        }
+        if let Some(messages) = &self.messages {
+            over("messages", messages.len(), limits.max_prompt_items)?;
+            let bytes: usize = messages
+                .iter()
+                .map(|m| m.content.len() + m.role.len())
+                .sum();
+            over("messages", bytes, limits.max_prompt_bytes)?;
+            if messages.is_empty() {
+                return Err(DecodeError::Invalid {
+                    field: "messages",
+                    detail: "must hold at least one message".into(),
+                });
+            }
+        }
+        if let Some(tokens) = &self.tokens {
+            over("tokens", tokens.len(), limits.max_prompt_items)?;
+            if tokens.is_empty() {
+                return Err(DecodeError::Invalid {
+                    field: "tokens",
+                    detail: "must hold at least one token".into(),
+                });
+            }
+        }
+        if let Some(model) = &self.model {
+            over("model", model.len(), limits.max_name_bytes)?;
+        }
+        if let Some(namespace) = &self.namespace {
+            over("namespace", namespace.len(), limits.max_name_bytes)?;
+        }
+        over(
+            "max_tokens",
+            self.max_tokens as usize,
+            limits.max_tokens_cap as usize,
+        )?;
+        over("stop", self.stop.len(), limits.max_stop)?;
+        for stop in &self.stop {
+            over("stop", stop.len(), limits.max_stop_bytes)?;
+            if stop.is_empty() {
+                return Err(DecodeError::Invalid {
+                    field: "stop",
+                    detail: "stop strings must not be empty".into(),
+                });
+            }
+        }
+        over(
+            "stop_token_ids",
+            self.stop_token_ids.len(),
+            limits.max_stop_token_ids,
+        )?;
+        let ranges: [(&'static str, f32, f32, f32); 4] = [
+            ("temperature", self.temperature, 0.0, 100.0),
+            ("top_p", self.top_p, 0.0, 1.0),
+            ("min_p", self.min_p, 0.0, 1.0),
+            ("repetition_penalty", self.repetition_penalty, 0.01, 100.0),
+        ];
+        for (field, value, lo, hi) in ranges {
+            if !(lo..=hi).contains(&value) {
+                return Err(DecodeError::Invalid {
+                    field,
+                    detail: format!("{value} is outside [{lo}, {hi}]"),
+                });
+            }
+        }
+        if self.top_p == 0.0 {
+            return Err(DecodeError::Invalid {
+                field: "top_p",
+                detail: "must be greater than 0".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl WireMessage for ClientRequest {
+    const TYPES: &'static [&'static str] = &["generate", "cancel", "models", "ping"];
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        match self {
+            ClientRequest::Generate(request) => request.validate(limits),
+            ClientRequest::Cancel { id } => over("id", id.len(), limits.max_name_bytes),
+            ClientRequest::Models { id } | ClientRequest::Ping { id } => over(
+                "id",
+                id.as_ref().map_or(0, String::len),
+                limits.max_name_bytes,
+            ),
+        }
+    }
+}
+
+impl WireMessage for ClientReply {
+    const TYPES: &'static [&'static str] = &["chunk", "done", "error", "models", "pong"];
+}
+
+impl WireMessage for RouterToWorker {
+    const TYPES: &'static [&'static str] = &[
+        "generate",
+        "cancel",
+        "heartbeat",
+        "disconnect",
+        "drain",
+        "migrate",
+        "shutdown",
+        "flush_cache",
+    ];
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        match self {
+            RouterToWorker::Generate { request, .. } => request.validate(limits),
+            RouterToWorker::Migrate { device } => name("device", device, limits),
+            RouterToWorker::FlushCache {
+                namespace: Some(namespace),
+            } => name("namespace", namespace, limits),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl WireMessage for WorkerToRouter {
+    const TYPES: &'static [&'static str] = &[
+        "ready",
+        "heartbeat",
+        "load",
+        "chunk",
+        "done",
+        "error",
+        "control_reply",
+    ];
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        if let WorkerToRouter::Ready {
+            worker_id,
+            models,
+            device,
+            ..
+        } = self
+        {
+            name("worker_id", worker_id, limits)?;
+            name("device", device, limits)?;
+            for model in models {
+                name("models", model, limits)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl WireMessage for AdminRequest {
+    const TYPES: &'static [&'static str] = &["workers", "drain", "migrate", "scale"];
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        match self {
+            AdminRequest::Workers {} => Ok(()),
+            AdminRequest::Drain { worker } => name("worker", worker, limits),
+            AdminRequest::Migrate { worker, device } => {
+                name("worker", worker, limits)?;
+                name("device", device, limits)
+            }
+            AdminRequest::Scale { model, .. } => name("model", model, limits),
+        }
+    }
+}
+
+impl WireMessage for AdminReply {
+    const TYPES: &'static [&'static str] = &["workers", "ack", "error"];
+}
