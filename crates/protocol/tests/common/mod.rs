@@ -1,0 +1,391 @@
+//! One sample of every message of every direction, shared by the round-trip,
+//! golden and property tests. Floats are exact in f32 so other languages can
+//! compare them with `==`.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use zinfer_protocol::{
+    AdminReply, AdminRequest, ChatMessage, ClientReply, ClientRequest, ControlOp, DecodeError,
+    ErrorCode, FinishReason, GenerateRequest, Limits, LoadReport, ModelInfo, RouterToWorker,
+    Timings, Usage, WireMessage, WorkerInfo, WorkerState, WorkerToRouter, decode, encode,
+};
+
+/// A sample message with its golden name, `<direction>.<case>`.
+pub struct Sample<T> {
+    pub name: &'static str,
+    pub message: T,
+}
+
+fn sample<T>(name: &'static str, message: T) -> Sample<T> {
+    Sample { name, message }
+}
+
+/// A generate with every field set away from its default.
+pub fn full_generate() -> GenerateRequest {
+    GenerateRequest {
+        id: "req-1".into(),
+        prompt: Some("Once upon a time".into()),
+        messages: None,
+        tokens: None,
+        model: Some("smollm2-135m".into()),
+        namespace: Some("tenant-a".into()),
+        max_tokens: 64,
+        temperature: 0.5,
+        top_p: 0.75,
+        top_k: 40,
+        min_p: 0.125,
+        repetition_penalty: 1.25,
+        seed: Some(42),
+        stop: vec!["\n\n".into(), "END".into()],
+        stop_token_ids: vec![2, 7],
+        stream: false,
+        priority: -3,
+        deadline_ms: Some(30_000),
+    }
+}
+
+pub fn chat_generate() -> GenerateRequest {
+    let mut request = GenerateRequest::from_prompt("req-2", "");
+    request.prompt = None;
+    request.messages = Some(vec![
+        ChatMessage {
+            role: "system".into(),
+            content: "Be brief.".into(),
+        },
+        ChatMessage {
+            role: "user".into(),
+            content: "What is the capital of France?".into(),
+        },
+    ]);
+    request.temperature = 0.0;
+    request
+}
+
+pub fn tokens_generate() -> GenerateRequest {
+    let mut request = GenerateRequest::from_prompt("req-3", "");
+    request.prompt = None;
+    request.tokens = Some(vec![1, 19556, 28, 905, 2]);
+    request
+}
+
+fn usage() -> Usage {
+    Usage {
+        prompt_tokens: 12,
+        cached_tokens: 8,
+        completion_tokens: 3,
+    }
+}
+
+fn timings() -> Timings {
+    Timings {
+        queue_s: 0.001,
+        prefill_s: 0.25,
+        ttft_s: 0.3,
+        decode_s: 0.0625,
+    }
+}
+
+fn load() -> LoadReport {
+    LoadReport {
+        running: 3,
+        waiting: 1,
+        kv_used: 4096,
+        kv_free: 61440,
+        cache_hit_tokens: 900,
+        cache_query_tokens: 1200,
+    }
+}
+
+pub fn client_requests() -> Vec<Sample<ClientRequest>> {
+    vec![
+        sample(
+            "client_request.generate",
+            ClientRequest::Generate(full_generate()),
+        ),
+        sample(
+            "client_request.generate_minimal",
+            ClientRequest::Generate(GenerateRequest::from_prompt("r", "Hi")),
+        ),
+        sample(
+            "client_request.generate_messages",
+            ClientRequest::Generate(chat_generate()),
+        ),
+        sample(
+            "client_request.generate_tokens",
+            ClientRequest::Generate(tokens_generate()),
+        ),
+        sample(
+            "client_request.cancel",
+            ClientRequest::Cancel { id: "req-1".into() },
+        ),
+        sample(
+            "client_request.models",
+            ClientRequest::Models {
+                id: Some("m1".into()),
+            },
+        ),
+        sample("client_request.ping", ClientRequest::Ping { id: None }),
+    ]
+}
+
+pub fn client_replies() -> Vec<Sample<ClientReply>> {
+    vec![
+        sample(
+            "client_reply.chunk",
+            ClientReply::Chunk {
+                id: "req-1".into(),
+                index: 0,
+                text: "Paris é".into(),
+                tokens: vec![7042, 2208],
+            },
+        ),
+        sample(
+            "client_reply.done",
+            ClientReply::Done {
+                id: "req-1".into(),
+                finish_reason: FinishReason::Stop,
+                text: Some("The capital of France is Paris.".into()),
+                usage: usage(),
+                timings: timings(),
+                worker: "w-cpu-0".into(),
+            },
+        ),
+        sample(
+            "client_reply.done_streamed",
+            ClientReply::Done {
+                id: "req-2".into(),
+                finish_reason: FinishReason::Length,
+                text: None,
+                usage: usage(),
+                timings: timings(),
+                worker: "w-cpu-0".into(),
+            },
+        ),
+        sample(
+            "client_reply.error",
+            ClientReply::Error {
+                id: Some("req-1".into()),
+                code: ErrorCode::Overloaded,
+                message: "queue full; retry with backoff".into(),
+                retryable: true,
+            },
+        ),
+        sample(
+            "client_reply.error_no_id",
+            ClientReply::Error {
+                id: None,
+                code: ErrorCode::BadRequest,
+                message: "frame is not one MessagePack map".into(),
+                retryable: false,
+            },
+        ),
+        sample(
+            "client_reply.models",
+            ClientReply::Models {
+                id: Some("m1".into()),
+                models: vec![ModelInfo {
+                    name: "smollm2-135m".into(),
+                    workers: 2,
+                }],
+            },
+        ),
+        sample(
+            "client_reply.pong",
+            ClientReply::Pong {
+                id: Some("p".into()),
+            },
+        ),
+    ]
+}
+
+pub fn router_to_worker() -> Vec<Sample<RouterToWorker>> {
+    vec![
+        sample(
+            "router_to_worker.generate",
+            RouterToWorker::Generate {
+                rid: 7,
+                request: chat_generate(),
+            },
+        ),
+        sample("router_to_worker.cancel", RouterToWorker::Cancel { rid: 7 }),
+        sample("router_to_worker.heartbeat", RouterToWorker::Heartbeat {}),
+        sample(
+            "router_to_worker.disconnect",
+            RouterToWorker::Disconnect {
+                reason: "unknown worker".into(),
+            },
+        ),
+        sample("router_to_worker.drain", RouterToWorker::Drain {}),
+        sample(
+            "router_to_worker.migrate",
+            RouterToWorker::Migrate {
+                device: "cuda:1".into(),
+            },
+        ),
+        sample(
+            "router_to_worker.shutdown",
+            RouterToWorker::Shutdown { grace_ms: 5000 },
+        ),
+        sample(
+            "router_to_worker.flush_cache",
+            RouterToWorker::FlushCache {
+                namespace: Some("tenant-a".into()),
+            },
+        ),
+    ]
+}
+
+pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
+    vec![
+        sample(
+            "worker_to_router.ready",
+            WorkerToRouter::Ready {
+                worker_id: "w-cpu-0".into(),
+                protocol: 1,
+                models: vec!["smollm2-135m".into()],
+                device: "cpu".into(),
+                kv_capacity: 65536,
+                max_batch: 32,
+            },
+        ),
+        sample("worker_to_router.heartbeat", WorkerToRouter::Heartbeat {}),
+        sample("worker_to_router.load", WorkerToRouter::Load(load())),
+        sample(
+            "worker_to_router.chunk",
+            WorkerToRouter::Chunk {
+                rid: 7,
+                index: 2,
+                text: " Paris".into(),
+                tokens: vec![7042],
+            },
+        ),
+        sample(
+            "worker_to_router.done",
+            WorkerToRouter::Done {
+                rid: 7,
+                finish_reason: FinishReason::Cancelled,
+                text: None,
+                usage: usage(),
+                timings: timings(),
+            },
+        ),
+        sample(
+            "worker_to_router.error",
+            WorkerToRouter::Error {
+                rid: 7,
+                code: ErrorCode::PromptTooLong,
+                message: "prompt of 70000 tokens exceeds the KV pool of 65536".into(),
+            },
+        ),
+        sample(
+            "worker_to_router.control_reply",
+            WorkerToRouter::ControlReply {
+                op: ControlOp::FlushCache,
+                ok: true,
+                message: "dropped 4096 cached tokens".into(),
+            },
+        ),
+    ]
+}
+
+pub fn admin_requests() -> Vec<Sample<AdminRequest>> {
+    vec![
+        sample("admin_request.workers", AdminRequest::Workers {}),
+        sample(
+            "admin_request.drain",
+            AdminRequest::Drain {
+                worker: "w-cpu-0".into(),
+            },
+        ),
+        sample(
+            "admin_request.migrate",
+            AdminRequest::Migrate {
+                worker: "w-cpu-0".into(),
+                device: "cuda:0".into(),
+            },
+        ),
+        sample(
+            "admin_request.scale",
+            AdminRequest::Scale {
+                model: "smollm2-135m".into(),
+                workers: 3,
+            },
+        ),
+    ]
+}
+
+pub fn admin_replies() -> Vec<Sample<AdminReply>> {
+    vec![
+        sample(
+            "admin_reply.workers",
+            AdminReply::Workers {
+                workers: vec![WorkerInfo {
+                    id: "w-cpu-0".into(),
+                    device: "cpu".into(),
+                    models: vec!["smollm2-135m".into()],
+                    state: WorkerState::Draining,
+                    inflight: 2,
+                    kv_capacity: 65536,
+                    load: load(),
+                    last_seen_s: 0.5,
+                }],
+            },
+        ),
+        sample(
+            "admin_reply.ack",
+            AdminReply::Ack {
+                ok: true,
+                message: "draining w-cpu-0".into(),
+            },
+        ),
+        sample(
+            "admin_reply.error",
+            AdminReply::Error {
+                code: ErrorCode::UnknownModel,
+                message: "no model named tiny".into(),
+            },
+        ),
+    ]
+}
+
+/// Every sample, encoded: (golden name, frame).
+pub fn all_frames() -> Vec<(&'static str, Vec<u8>)> {
+    fn frames<T: WireMessage>(samples: Vec<Sample<T>>) -> Vec<(&'static str, Vec<u8>)> {
+        samples
+            .into_iter()
+            .map(|s| (s.name, encode(&s.message).unwrap()))
+            .collect()
+    }
+    let mut all = frames(client_requests());
+    all.extend(frames(client_replies()));
+    all.extend(frames(router_to_worker()));
+    all.extend(frames(worker_to_router()));
+    all.extend(frames(admin_requests()));
+    all.extend(frames(admin_replies()));
+    all
+}
+
+/// Decodes `frame` as every direction's enum; for a proptest that wants no
+/// panic whatever the bytes.
+pub fn decode_as_every_direction(frame: &[u8], limits: &Limits) -> Vec<Result<(), DecodeError>> {
+    fn one<T: WireMessage>(frame: &[u8], limits: &Limits) -> Result<(), DecodeError> {
+        let message = decode::<T>(frame, limits)?;
+        let again = encode(&message).unwrap();
+        let unbounded = Limits {
+            max_frame_bytes: usize::MAX,
+            ..limits.clone()
+        };
+        let reread = decode::<T>(&again, &unbounded)
+            .unwrap_or_else(|e| panic!("re-encoded message failed to decode: {e}"));
+        assert_eq!(encode(&reread).unwrap(), again, "re-encoding is not stable");
+        Ok(())
+    }
+    vec![
+        one::<ClientRequest>(frame, limits),
+        one::<ClientReply>(frame, limits),
+        one::<RouterToWorker>(frame, limits),
+        one::<WorkerToRouter>(frame, limits),
+        one::<AdminRequest>(frame, limits),
+        one::<AdminReply>(frame, limits),
+    ]
+}

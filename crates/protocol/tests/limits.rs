@@ -1,0 +1,459 @@
+//! Every field of `Limits`, at and one past its bound, and the decode errors
+//! that name what was wrong.
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use zinfer_protocol::{
+    AdminRequest, ChatMessage, ClientReply, ClientRequest, DecodeError, GenerateRequest, Limits,
+    RouterToWorker, WorkerToRouter, decode, encode,
+};
+
+fn generate(edit: impl FnOnce(&mut GenerateRequest)) -> Vec<u8> {
+    let mut request = GenerateRequest::from_prompt("r", "Hi");
+    edit(&mut request);
+    encode(&ClientRequest::Generate(request)).unwrap()
+}
+
+fn decode_request(frame: &[u8], limits: &Limits) -> Result<ClientRequest, DecodeError> {
+    decode::<ClientRequest>(frame, limits)
+}
+
+/// Asserts `frame` decodes and that one more unit (built by `over`) fails
+/// with `OverLimit` on `field`.
+fn assert_bound(field: &str, at: Vec<u8>, over: Vec<u8>, limits: &Limits) {
+    decode_request(&at, limits).unwrap_or_else(|e| panic!("{field} at its limit: {e}"));
+    match decode_request(&over, limits) {
+        Err(DecodeError::OverLimit { field: f, .. }) => assert_eq!(f, field),
+        other => panic!("{field} over its limit gave {other:?}"),
+    }
+}
+
+fn small() -> Limits {
+    Limits {
+        max_prompt_bytes: 10,
+        max_prompt_items: 3,
+        max_stop: 2,
+        max_stop_bytes: 4,
+        max_stop_token_ids: 2,
+        max_tokens_cap: 200,
+        max_name_bytes: 5,
+        ..Limits::default()
+    }
+}
+
+#[test]
+fn frame_size_is_checked_before_anything_else() {
+    let frame = generate(|_| {});
+    let limits = Limits {
+        max_frame_bytes: frame.len(),
+        ..Limits::default()
+    };
+    decode_request(&frame, &limits).unwrap();
+    let tight = Limits {
+        max_frame_bytes: frame.len() - 1,
+        ..Limits::default()
+    };
+    assert_eq!(
+        decode_request(&frame, &tight),
+        Err(DecodeError::FrameTooLarge {
+            size: frame.len(),
+            max: frame.len() - 1
+        })
+    );
+    // Garbage over the limit is rejected for its size, not parsed.
+    let junk = vec![0xc1; Limits::default().max_frame_bytes + 1];
+    assert!(matches!(
+        decode_request(&junk, &Limits::default()),
+        Err(DecodeError::FrameTooLarge { .. })
+    ));
+}
+
+/// `{"type": "ping", "x": [[...]]}` with `levels` levels in total.
+fn nested(levels: usize) -> Vec<u8> {
+    let mut frame = b"\x82\xa4type\xa4ping\xa1x".to_vec();
+    frame.extend(std::iter::repeat_n(0x91, levels - 2));
+    frame.push(0x90);
+    frame
+}
+
+#[test]
+fn depth_counts_the_top_map_as_level_one() {
+    for max_depth in [2, 4, 16] {
+        let limits = Limits {
+            max_depth,
+            ..Limits::default()
+        };
+        decode_request(&nested(max_depth), &limits).unwrap();
+        match decode_request(&nested(max_depth + 1), &limits) {
+            Err(DecodeError::OverLimit {
+                field: "depth",
+                detail,
+            }) => {
+                assert!(detail.contains(&max_depth.to_string()), "{detail}")
+            }
+            other => panic!("depth {} gave {other:?}", max_depth + 1),
+        }
+    }
+    // A very deep frame fails without recursing through it.
+    let deep = nested(100_000);
+    assert!(matches!(
+        decode_request(&deep, &Limits::default()),
+        Err(DecodeError::OverLimit { field: "depth", .. })
+    ));
+}
+
+#[test]
+fn max_depth_zero_or_one_rejects_without_panicking() {
+    for max_depth in [0, 1] {
+        let limits = Limits {
+            max_depth,
+            ..Limits::default()
+        };
+        let result = decode_request(&encode(&ClientRequest::Ping { id: None }).unwrap(), &limits);
+        assert_eq!(max_depth == 1, result.is_ok(), "{result:?}");
+        assert!(decode_request(&nested(2), &limits).is_err());
+    }
+}
+
+#[test]
+fn prompt_bytes() {
+    let l = small();
+    assert_bound(
+        "prompt",
+        generate(|r| r.prompt = Some("a".repeat(10))),
+        generate(|r| r.prompt = Some("a".repeat(11))),
+        &l,
+    );
+}
+
+fn chat(n: usize, content: &str) -> Option<Vec<ChatMessage>> {
+    Some(vec![
+        ChatMessage {
+            role: "user".into(),
+            content: content.into(),
+        };
+        n
+    ])
+}
+
+#[test]
+fn messages_count_and_bytes() {
+    let l = Limits {
+        max_prompt_bytes: 100,
+        ..small()
+    };
+    let with = |n| {
+        generate(move |r| {
+            r.prompt = None;
+            r.messages = chat(n, "x");
+        })
+    };
+    assert_bound("messages", with(3), with(4), &l);
+    // Role and content bytes add up across messages: 2 * (4 + 1) = 10.
+    let bytes = |content: &'static str| {
+        generate(move |r| {
+            r.prompt = None;
+            r.messages = chat(2, content);
+        })
+    };
+    assert_bound("messages", bytes("x"), bytes("xx"), &small());
+}
+
+#[test]
+fn tokens_count() {
+    let with = |n| {
+        generate(move |r| {
+            r.prompt = None;
+            r.tokens = Some(vec![5; n]);
+        })
+    };
+    assert_bound("tokens", with(3), with(4), &small());
+}
+
+#[test]
+fn stop_count_and_length() {
+    let l = small();
+    assert_bound(
+        "stop",
+        generate(|r| r.stop = vec!["a".into(), "b".into()]),
+        generate(|r| r.stop = vec!["a".into(), "b".into(), "c".into()]),
+        &l,
+    );
+    assert_bound(
+        "stop",
+        generate(|r| r.stop = vec!["abcd".into()]),
+        generate(|r| r.stop = vec!["abcde".into()]),
+        &l,
+    );
+}
+
+#[test]
+fn stop_token_ids_count() {
+    assert_bound(
+        "stop_token_ids",
+        generate(|r| r.stop_token_ids = vec![1, 2]),
+        generate(|r| r.stop_token_ids = vec![1, 2, 3]),
+        &small(),
+    );
+}
+
+#[test]
+fn max_tokens_cap() {
+    assert_bound(
+        "max_tokens",
+        generate(|r| r.max_tokens = 200),
+        generate(|r| r.max_tokens = 201),
+        &small(),
+    );
+    let default_cap = Limits::default().max_tokens_cap;
+    assert_bound(
+        "max_tokens",
+        generate(|r| r.max_tokens = default_cap),
+        generate(|r| r.max_tokens = default_cap + 1),
+        &Limits::default(),
+    );
+}
+
+#[test]
+fn name_lengths_on_generate() {
+    let l = small();
+    assert_bound(
+        "id",
+        generate(|r| r.id = "abcde".into()),
+        generate(|r| r.id = "abcdef".into()),
+        &l,
+    );
+    assert_bound(
+        "model",
+        generate(|r| r.model = Some("abcde".into())),
+        generate(|r| r.model = Some("abcdef".into())),
+        &l,
+    );
+    assert_bound(
+        "namespace",
+        generate(|r| r.namespace = Some("abcde".into())),
+        generate(|r| r.namespace = Some("abcdef".into())),
+        &l,
+    );
+    let cancel = |id: &str| encode(&ClientRequest::Cancel { id: id.into() }).unwrap();
+    assert_bound("id", cancel("abcde"), cancel("abcdef"), &l);
+    let ping = |id: &str| {
+        encode(&ClientRequest::Ping {
+            id: Some(id.into()),
+        })
+        .unwrap()
+    };
+    assert_bound("id", ping("abcde"), ping("abcdef"), &l);
+}
+
+fn assert_name_bound<T: zinfer_protocol::WireMessage + std::fmt::Debug>(
+    field: &str,
+    at: T,
+    over: T,
+) {
+    let l = small();
+    decode::<T>(&encode(&at).unwrap(), &l).unwrap();
+    match decode::<T>(&encode(&over).unwrap(), &l) {
+        Err(DecodeError::OverLimit { field: f, .. }) => assert_eq!(f, field),
+        other => panic!("{field} over its limit gave {other:?}"),
+    }
+}
+
+#[test]
+fn name_lengths_on_admin_and_worker_messages() {
+    let drain = |w: &str| AdminRequest::Drain { worker: w.into() };
+    assert_name_bound("worker", drain("abcde"), drain("abcdef"));
+    let scale = |m: &str| AdminRequest::Scale {
+        model: m.into(),
+        workers: 1,
+    };
+    assert_name_bound("model", scale("abcde"), scale("abcdef"));
+    let migrate = |d: &str| AdminRequest::Migrate {
+        worker: "w".into(),
+        device: d.into(),
+    };
+    assert_name_bound("device", migrate("cuda0"), migrate("cuda:0"));
+    let ready = |id: &str| WorkerToRouter::Ready {
+        worker_id: id.into(),
+        protocol: 1,
+        models: vec!["m".into()],
+        device: "cpu".into(),
+        kv_capacity: 1,
+        max_batch: 1,
+    };
+    assert_name_bound("worker_id", ready("abcde"), ready("abcdef"));
+    let flush = |n: &str| RouterToWorker::FlushCache {
+        namespace: Some(n.into()),
+    };
+    assert_name_bound("namespace", flush("abcde"), flush("abcdef"));
+}
+
+#[test]
+fn generate_value_domains_are_checked() {
+    let l = Limits::default();
+    let cases: [(&str, Vec<u8>); 8] = [
+        ("temperature", generate(|r| r.temperature = -0.5)),
+        ("temperature", generate(|r| r.temperature = f32::NAN)),
+        ("top_p", generate(|r| r.top_p = 0.0)),
+        ("top_p", generate(|r| r.top_p = 1.5)),
+        ("min_p", generate(|r| r.min_p = 2.0)),
+        (
+            "repetition_penalty",
+            generate(|r| r.repetition_penalty = 0.0),
+        ),
+        ("stop", generate(|r| r.stop = vec![String::new()])),
+        (
+            "prompt",
+            generate(|r| r.tokens = Some(vec![1])), // prompt and tokens both set
+        ),
+    ];
+    for (field, frame) in cases {
+        match decode_request(&frame, &l) {
+            Err(DecodeError::Invalid { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    let empty_tokens = generate(|r| {
+        r.prompt = None;
+        r.tokens = Some(vec![]);
+    });
+    assert!(matches!(
+        decode_request(&empty_tokens, &l),
+        Err(DecodeError::Invalid {
+            field: "tokens",
+            ..
+        })
+    ));
+}
+
+fn map(pairs: Vec<(&str, rmpv::Value)>) -> Vec<u8> {
+    let map = pairs.into_iter().map(|(k, v)| (k.into(), v)).collect();
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &rmpv::Value::Map(map)).unwrap();
+    out
+}
+
+#[test]
+fn unknown_type_names_the_type_and_the_valid_ones() {
+    let frame = map(vec![("type", "frobnicate".into()), ("id", "r".into())]);
+    let err = decode_request(&frame, &Limits::default()).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::UnknownType {
+            found: "frobnicate".into(),
+            expected: &["generate", "cancel", "models", "ping"],
+        }
+    );
+    assert!(err.to_string().contains("\"frobnicate\""), "{err}");
+    // A valid type sent to the wrong socket is unknown there.
+    let chunk = encode(&common::client_replies().remove(0).message).unwrap();
+    assert!(matches!(
+        decode_request(&chunk, &Limits::default()),
+        Err(DecodeError::UnknownType { found, .. }) if found == "chunk"
+    ));
+}
+
+#[test]
+fn unsupported_version_names_the_version() {
+    let frame = map(vec![("type", "ping".into()), ("v", 2.into())]);
+    let err = decode_request(&frame, &Limits::default()).unwrap_err();
+    assert_eq!(
+        err,
+        DecodeError::UnsupportedVersion {
+            found: 2,
+            supported: 1
+        }
+    );
+    assert!(err.to_string().contains("version 2"), "{err}");
+    // The version is checked before the type, so a future message type
+    // from a newer client is reported as a version problem.
+    let future = map(vec![("type", "embed".into()), ("v", 2.into())]);
+    assert!(matches!(
+        decode::<ClientReply>(&future, &Limits::default()),
+        Err(DecodeError::UnsupportedVersion { found: 2, .. })
+    ));
+    for bad in [
+        rmpv::Value::from("1"),
+        rmpv::Value::from(-1),
+        rmpv::Value::F64(1.0),
+    ] {
+        let frame = map(vec![("type", "ping".into()), ("v", bad.clone())]);
+        assert!(
+            matches!(
+                decode_request(&frame, &Limits::default()),
+                Err(DecodeError::Invalid { field: "v", .. })
+            ),
+            "v = {bad}"
+        );
+    }
+}
+
+#[test]
+fn malformed_messages_say_what_is_wrong() {
+    let l = Limits::default();
+    let missing_id = map(vec![("type", "cancel".into())]);
+    match decode_request(&missing_id, &l) {
+        Err(DecodeError::Malformed { kind, detail }) => {
+            assert_eq!(kind, "cancel");
+            assert!(detail.contains("id"), "{detail}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let wrong_type = map(vec![
+        ("type", "generate".into()),
+        ("id", "r".into()),
+        ("prompt", "Hi".into()),
+        ("max_tokens", "many".into()),
+    ]);
+    assert!(matches!(
+        decode_request(&wrong_type, &l),
+        Err(DecodeError::Malformed { kind, .. }) if kind == "generate"
+    ));
+    let cases: [(&str, Vec<u8>); 6] = [
+        ("empty frame", vec![]),
+        ("array, not a map", b"\x92\xa4ping\xc0".to_vec()),
+        ("no type", map(vec![("id", "r".into())])),
+        ("type is a number", map(vec![("type", 3.into())])),
+        ("trailing bytes", {
+            let mut f = encode(&ClientRequest::Ping { id: None }).unwrap();
+            f.push(0xc0);
+            f
+        }),
+        ("truncated", {
+            let f = encode(&ClientRequest::Cancel { id: "r1".into() }).unwrap();
+            f[..f.len() - 1].to_vec()
+        }),
+    ];
+    for (what, frame) in cases {
+        assert!(
+            matches!(decode_request(&frame, &l), Err(DecodeError::NotAMessage(_))),
+            "{what}: {:?}",
+            decode_request(&frame, &l)
+        );
+    }
+}
+
+#[test]
+fn huge_declared_lengths_fail_before_decoding() {
+    let l = Limits::default();
+    let prefix = b"\x83\xa4type\xa8generate\xa2id\xa1r\xa6tokens".to_vec();
+    for header in [
+        &b"\xdd\xff\xff\xff\xff"[..], // array32 of 4,294,967,295
+        b"\xdf\xff\xff\xff\xff",      // map32
+        b"\xdb\xff\xff\xff\xff",      // str32
+        b"\xc6\xff\xff\xff\xff",      // bin32
+        b"\xc9\xff\xff\xff\xff\x01",  // ext32
+    ] {
+        let mut frame = prefix.clone();
+        frame.extend_from_slice(header);
+        frame.extend_from_slice(&[1, 2, 3]);
+        match decode_request(&frame, &l) {
+            Err(DecodeError::NotAMessage(detail)) => {
+                assert!(detail.contains("bytes"), "{detail}")
+            }
+            other => panic!("{header:02x?}: {other:?}"),
+        }
+    }
+}
