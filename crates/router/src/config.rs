@@ -1,0 +1,143 @@
+//! Router settings: socket endpoints, routing policy and its knobs, limits.
+
+use std::{fmt, net::SocketAddr, str::FromStr, time::Duration};
+
+use zinfer_protocol::Limits;
+
+/// How the router picks a worker for a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Policy {
+    /// Each request to the next worker in registration order; spreads load
+    /// evenly when requests cost the same.
+    RoundRobin,
+    /// The worker with the fewest requests in flight plus waiting.
+    LeastLoad,
+    /// The worker whose approximate prefix index matches the prompt best,
+    /// unless load is imbalanced (after SGLang's gateway). Reuses each
+    /// worker's prefix cache, so repeated system prompts skip prefill.
+    #[default]
+    CacheAware,
+}
+
+impl Policy {
+    /// Every policy, for help texts.
+    pub const ALL: [Policy; 3] = [Policy::RoundRobin, Policy::LeastLoad, Policy::CacheAware];
+
+    /// The name used on the command line and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::RoundRobin => "round_robin",
+            Policy::LeastLoad => "least_load",
+            Policy::CacheAware => "cache_aware",
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A policy name that is not one of `round_robin`, `least_load`, `cache_aware`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown routing policy {0:?}; use round_robin, least_load or cache_aware")]
+pub struct ParsePolicyError(String);
+
+impl FromStr for Policy {
+    type Err = ParsePolicyError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Policy::ALL
+            .into_iter()
+            .find(|policy| policy.as_str() == s)
+            .ok_or_else(|| ParsePolicyError(s.to_string()))
+    }
+}
+
+/// Everything `run` needs. `Default` gives the documented ports and knobs.
+#[derive(Debug, Clone)]
+pub struct RouterConfig {
+    /// Front socket endpoint clients connect to.
+    pub clients: String,
+    /// Back socket endpoint workers connect to.
+    pub workers: String,
+    /// Control socket endpoint for `zinfer ctl`; localhost by default
+    /// because it has no authentication.
+    pub control: String,
+    /// Where to serve Prometheus `/metrics`; `None` turns it off.
+    pub metrics: Option<SocketAddr>,
+    /// Routing policy.
+    pub policy: Policy,
+    /// Load is imbalanced when max - min exceeds this (and `balance_rel`
+    /// holds too); then cache-aware routing picks the least loaded worker.
+    pub balance_abs: u32,
+    /// Load is imbalanced when max exceeds min times this (and `balance_abs`
+    /// holds too).
+    pub balance_rel: f64,
+    /// Cache-aware routing follows the best prefix match only when the
+    /// matched share of the prompt exceeds this ratio.
+    pub cache_threshold: f64,
+    /// Bytes of prompt text each worker's prefix index holds before it
+    /// evicts least recently used entries.
+    pub index_bytes_per_worker: usize,
+    /// Requests waiting in the router for a free worker; beyond it new
+    /// requests get `overloaded` at once.
+    pub queue_capacity: usize,
+    /// Most requests in flight on one worker; `None` derives it from the
+    /// worker's `max_batch` (twice that, so its batch refills without a
+    /// round trip).
+    pub max_inflight_per_worker: Option<u32>,
+    /// How often the router heartbeats each worker.
+    pub heartbeat_interval: Duration,
+    /// A worker silent for this long is lost (3 missed heartbeats).
+    pub heartbeat_expiry: Duration,
+    /// How long a lost worker stays listed by `zinfer ctl workers`.
+    pub lost_retention: Duration,
+    /// Size limits on every decoded frame (ZMQ_MAXMSGSIZE too).
+    pub limits: Limits,
+    /// Poll timeout of the I/O loop, which bounds timer resolution and
+    /// shutdown latency.
+    pub poll_interval: Duration,
+    /// ZeroMQ send/receive high-water mark per peer, in messages.
+    pub hwm: i32,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        RouterConfig {
+            clients: "tcp://*:5555".into(),
+            workers: "tcp://*:5556".into(),
+            control: "tcp://127.0.0.1:5557".into(),
+            metrics: Some(SocketAddr::from(([0, 0, 0, 0], 9100))),
+            policy: Policy::CacheAware,
+            balance_abs: 32,
+            balance_rel: 1.5,
+            cache_threshold: 0.5,
+            index_bytes_per_worker: 4 << 20,
+            queue_capacity: 1024,
+            max_inflight_per_worker: None,
+            heartbeat_interval: Duration::from_secs(1),
+            heartbeat_expiry: Duration::from_secs(3),
+            lost_retention: Duration::from_secs(60),
+            limits: Limits::default(),
+            poll_interval: Duration::from_millis(10),
+            hwm: 100_000,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_names_round_trip() {
+        for policy in Policy::ALL {
+            assert_eq!(policy.to_string().parse::<Policy>(), Ok(policy));
+        }
+        assert_eq!(Policy::default(), Policy::CacheAware);
+        let err = "fastest".parse::<Policy>().unwrap_err();
+        assert!(err.to_string().contains("cache_aware"));
+    }
+}

@@ -1,0 +1,277 @@
+//! Frames from clients: `generate`, `cancel`, `models`, `ping`.
+
+use std::time::Instant;
+
+use serde::Deserialize;
+use zinfer_protocol::{
+    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, Limits, ModelInfo,
+    RouterToWorker, Timings, Usage, decode,
+};
+
+use super::{Addr, Core, Peer, Request, millis, seconds};
+use crate::{
+    Policy,
+    index::{index_namespace, prefix_key},
+};
+
+impl Core {
+    /// A frame from a client on the front socket.
+    pub fn handle_client(&mut self, now: Instant, from: &Addr, frame: &[u8]) {
+        match decode::<ClientRequest>(frame, &self.config.limits) {
+            Ok(ClientRequest::Generate(request)) => self.accept(now, from, request),
+            Ok(ClientRequest::Cancel { id }) => self.cancel(now, from, id),
+            Ok(ClientRequest::Models { id }) => {
+                let models = self.served_models();
+                self.send(
+                    Peer::Client(from.clone()),
+                    &ClientReply::Models { id, models },
+                );
+            }
+            Ok(ClientRequest::Ping { id }) => {
+                self.send(Peer::Client(from.clone()), &ClientReply::Pong { id });
+            }
+            Err(err) => {
+                let id = recover_id(frame, &self.config.limits);
+                self.reply_error(from, id, ErrorCode::BadRequest, err.to_string());
+            }
+        }
+    }
+
+    /// Rejects a message whose envelope (frame count or shape) is wrong.
+    pub fn reject_client_envelope(&mut self, from: &Addr, detail: &str) {
+        self.reply_error(
+            from,
+            None,
+            ErrorCode::BadRequest,
+            format!("{detail}; send one MessagePack frame per message"),
+        );
+    }
+
+    fn accept(&mut self, now: Instant, from: &Addr, mut request: GenerateRequest) {
+        let client_key = (from.identity.clone(), request.id.clone());
+        if self.by_client.contains_key(&client_key) {
+            let message = format!(
+                "request id {:?} is already in flight on this connection; use a new id",
+                request.id
+            );
+            self.reply_error(from, Some(request.id), ErrorCode::BadRequest, message);
+            return;
+        }
+        let model = match self.resolve_model(request.model.as_deref()) {
+            Ok(model) => model,
+            Err((code, message)) => {
+                self.reply_error(from, Some(request.id), code, message);
+                return;
+            }
+        };
+        if !self.any_routable(&model) {
+            let message = format!(
+                "no worker is taking requests for model {model:?} (all draining or lost); \
+                 retry later"
+            );
+            self.reply_error(from, Some(request.id), ErrorCode::Unavailable, message);
+            return;
+        }
+        request.model = Some(model.clone());
+        let key = match self.config.policy {
+            Policy::CacheAware => prefix_key(&request),
+            Policy::RoundRobin | Policy::LeastLoad => Vec::new(),
+        };
+        let rid = self.next_rid;
+        self.next_rid += 1;
+        tracing::debug!(rid, id = %request.id, %model, "accepted");
+        let entry = Request {
+            client: from.clone(),
+            id: request.id.clone(),
+            index_namespace: index_namespace(&model, request.namespace.as_deref()),
+            deadline: request.deadline_ms.map(|ms| now + millis(ms)),
+            request,
+            key,
+            arrived: now,
+            worker: None,
+            retried: false,
+            output_sent: false,
+            cancel_sent: false,
+            dispatched: false,
+            last_chunk: None,
+        };
+        self.requests.insert(rid, entry);
+        self.by_client.insert(client_key, rid);
+        if !self.try_dispatch(now, rid) {
+            if self.queue.len() >= self.config.queue_capacity {
+                self.fail_overloaded(now, rid);
+            } else {
+                self.enqueue(rid);
+            }
+        }
+    }
+
+    fn fail_overloaded(&mut self, now: Instant, rid: u64) {
+        let message = format!(
+            "every worker is busy and the router queue is full ({} waiting); \
+             retry with backoff",
+            self.queue.len()
+        );
+        self.fail(now, rid, ErrorCode::Overloaded, &message);
+    }
+
+    fn cancel(&mut self, now: Instant, from: &Addr, id: String) {
+        let Some(&rid) = self.by_client.get(&(from.identity.clone(), id)) else {
+            // Already finished (a race with its terminal reply): nothing to do.
+            return;
+        };
+        let Some(request) = self.requests.get_mut(&rid) else {
+            return;
+        };
+        match request.worker.clone() {
+            None => self.finish_cancelled(now, rid),
+            Some(identity) => {
+                if request.cancel_sent {
+                    return;
+                }
+                request.cancel_sent = true;
+                if let Some(worker) = self.workers.get(&identity) {
+                    let to = Peer::Worker(worker.addr.clone());
+                    self.send(to, &RouterToWorker::Cancel { rid });
+                }
+            }
+        }
+    }
+
+    /// Ends a request the router itself cancels (queued, or its worker is
+    /// gone after a cancel was forwarded) with `done` / `cancelled`.
+    pub(super) fn finish_cancelled(&mut self, now: Instant, rid: u64) {
+        let Some(request) = self.take(now, rid) else {
+            return;
+        };
+        self.metrics
+            .requests
+            .with_label_values(&["cancelled"])
+            .inc();
+        let queue_s = if request.dispatched {
+            0.0
+        } else {
+            seconds(request.arrived, now)
+        };
+        let reply = ClientReply::Done {
+            id: request.id,
+            finish_reason: FinishReason::Cancelled,
+            text: (!request.request.stream).then(String::new),
+            usage: Usage::default(),
+            timings: Timings {
+                queue_s,
+                ..Timings::default()
+            },
+            worker: String::new(),
+        };
+        self.send(Peer::Client(request.client), &reply);
+    }
+
+    /// A client is no longer connected: stop its work.
+    pub(super) fn client_gone(&mut self, now: Instant, client: &Addr) {
+        let rids: Vec<u64> = self
+            .by_client
+            .iter()
+            .filter(|((identity, _), _)| *identity == client.identity)
+            .map(|(_, &rid)| rid)
+            .collect();
+        for rid in rids {
+            let Some(request) = self.requests.get_mut(&rid) else {
+                continue;
+            };
+            match request.worker.clone() {
+                None => {
+                    self.take(now, rid);
+                    self.metrics
+                        .requests
+                        .with_label_values(&["client_gone"])
+                        .inc();
+                }
+                Some(identity) if !request.cancel_sent => {
+                    request.cancel_sent = true;
+                    if let Some(worker) = self.workers.get(&identity) {
+                        let to = Peer::Worker(worker.addr.clone());
+                        self.send(to, &RouterToWorker::Cancel { rid });
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// The model a request runs on, or why it cannot run. Without `model`,
+    /// the model served by the most workers (ties: the first by name).
+    fn resolve_model(&self, model: Option<&str>) -> Result<String, (ErrorCode, String)> {
+        let served = self.known_models();
+        if served.is_empty() {
+            return Err((
+                ErrorCode::Unavailable,
+                "no worker is registered; start `zinfer worker` and retry".into(),
+            ));
+        }
+        match model {
+            Some(name) if served.iter().any(|info| info.name == name) => Ok(name.to_string()),
+            Some(name) => {
+                let names: Vec<&str> = served.iter().map(|info| info.name.as_str()).collect();
+                Err((
+                    ErrorCode::UnknownModel,
+                    format!("model {name:?} is not served; models served: {names:?}"),
+                ))
+            }
+            None => {
+                let best = served.iter().fold(&served[0], |best, info| {
+                    if info.workers > best.workers {
+                        info
+                    } else {
+                        best
+                    }
+                });
+                Ok(best.name.clone())
+            }
+        }
+    }
+
+    /// Models of every live worker (draining ones included), by name.
+    fn known_models(&self) -> Vec<ModelInfo> {
+        self.count_models(|worker| worker.is_live())
+    }
+
+    /// Models of workers taking requests, for the `models` reply.
+    pub(super) fn served_models(&self) -> Vec<ModelInfo> {
+        self.count_models(|worker| worker.routable())
+    }
+
+    fn count_models(&self, include: impl Fn(&super::Worker) -> bool) -> Vec<ModelInfo> {
+        let mut models: Vec<ModelInfo> = Vec::new();
+        for worker in self.workers.values().filter(|worker| include(worker)) {
+            for name in &worker.models {
+                match models.iter_mut().find(|info| &info.name == name) {
+                    Some(info) => info.workers += 1,
+                    None => models.push(ModelInfo {
+                        name: name.clone(),
+                        workers: 1,
+                    }),
+                }
+            }
+        }
+        models.sort_by(|a, b| a.name.cmp(&b.name));
+        models
+    }
+}
+
+#[derive(Deserialize)]
+struct IdOnly {
+    #[serde(default)]
+    id: Option<String>,
+}
+
+/// The `id` of a frame that failed to decode, when it holds a readable one.
+fn recover_id(frame: &[u8], limits: &Limits) -> Option<String> {
+    if frame.len() > limits.max_frame_bytes {
+        return None;
+    }
+    let mut de = rmp_serde::Deserializer::from_read_ref(frame);
+    de.set_max_depth(limits.max_depth);
+    let id = IdOnly::deserialize(&mut de).ok()?.id?;
+    (id.len() <= limits.max_name_bytes).then_some(id)
+}

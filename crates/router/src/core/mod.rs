@@ -1,0 +1,331 @@
+//! The router's state machine, free of I/O (quinn-proto style).
+//!
+//! The I/O loop feeds it frames with `handle_client`, `handle_worker` and
+//! `handle_admin`, calls `tick` on a timer, and sends whatever
+//! `poll_action` yields. Time is passed in, so tests drive it with a
+//! virtual clock and in-memory queues instead of sockets.
+//!
+//! Invariant: every accepted `generate` ends in exactly one terminal reply
+//! (`done` or `error`) to its client. A request leaves the table only
+//! through `take`, and only its taker sends the terminal reply.
+
+mod admin;
+mod client;
+mod routing;
+mod workers;
+
+#[cfg(test)]
+mod tests;
+
+use std::{
+    cmp::Reverse,
+    collections::{BTreeSet, HashMap, VecDeque},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use serde::Serialize;
+use zinfer_protocol::{ClientReply, ErrorCode, GenerateRequest, encode};
+
+use crate::{RouterConfig, metrics::Metrics};
+use workers::Worker;
+
+/// A peer's ZeroMQ routing identity and the envelope shape it used, so a
+/// reply goes back in the same shape.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Addr {
+    /// Routing identity the ROUTER socket assigned or the peer set.
+    pub identity: Vec<u8>,
+    /// Whether the peer sent an empty delimiter frame (REQ style).
+    pub delimited: bool,
+}
+
+impl Addr {
+    /// A DEALER-style address (no delimiter frame).
+    pub fn new(identity: impl Into<Vec<u8>>) -> Self {
+        Addr {
+            identity: identity.into(),
+            delimited: false,
+        }
+    }
+}
+
+/// Which socket a frame goes out on, and to whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Peer {
+    /// Front socket.
+    Client(Addr),
+    /// Back socket.
+    Worker(Addr),
+    /// Control socket.
+    Admin(Addr),
+}
+
+impl Peer {
+    /// The peer's address.
+    pub fn addr(&self) -> &Addr {
+        match self {
+            Peer::Client(addr) | Peer::Worker(addr) | Peer::Admin(addr) => addr,
+        }
+    }
+}
+
+/// What the core asks the I/O loop to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Send one encoded message.
+    Send {
+        /// Destination.
+        to: Peer,
+        /// MessagePack payload.
+        frame: Vec<u8>,
+    },
+}
+
+/// Why the I/O loop could not send to a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SendFailure {
+    /// No such peer is connected (EHOSTUNREACH).
+    Unreachable,
+    /// The peer's queue is at its high-water mark (EAGAIN).
+    Full,
+}
+
+/// One request the router accepted and has not yet ended.
+struct Request {
+    client: Addr,
+    id: String,
+    /// The request as forwarded, `model` filled in.
+    request: GenerateRequest,
+    /// Bytes matched by cache-aware routing (empty for other policies).
+    key: Vec<u8>,
+    /// Namespace of `key` in the workers' prefix indexes.
+    index_namespace: String,
+    arrived: Instant,
+    deadline: Option<Instant>,
+    /// The worker running it; `None` while queued.
+    worker: Option<Vec<u8>>,
+    /// Already re-sent once after losing its worker.
+    retried: bool,
+    /// A chunk reached the client, so a retry would repeat output.
+    output_sent: bool,
+    cancel_sent: bool,
+    dispatched: bool,
+    last_chunk: Option<Instant>,
+}
+
+impl Request {
+    fn queue_key(&self, rid: u64) -> (Reverse<i32>, u64) {
+        (Reverse(self.request.priority), rid)
+    }
+}
+
+/// The router's state: workers, requests, queue, and outgoing actions.
+pub struct Core {
+    config: RouterConfig,
+    metrics: Arc<Metrics>,
+    workers: HashMap<Vec<u8>, Worker>,
+    /// Worker identities in registration order (round robin, listings).
+    order: Vec<Vec<u8>>,
+    requests: HashMap<u64, Request>,
+    by_client: HashMap<(Vec<u8>, String), u64>,
+    /// Queued requests, highest priority first, then oldest first.
+    queue: BTreeSet<(Reverse<i32>, u64)>,
+    next_rid: u64,
+    rr_cursor: usize,
+    next_heartbeat: Instant,
+    actions: VecDeque<Action>,
+}
+
+impl Core {
+    /// A router with no workers and no requests.
+    pub fn new(config: RouterConfig, metrics: Arc<Metrics>, now: Instant) -> Self {
+        Core {
+            next_heartbeat: now + config.heartbeat_interval,
+            config,
+            metrics,
+            workers: HashMap::new(),
+            order: Vec::new(),
+            requests: HashMap::new(),
+            by_client: HashMap::new(),
+            queue: BTreeSet::new(),
+            next_rid: 1,
+            rr_cursor: 0,
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// The next action for the I/O loop, if any.
+    #[must_use]
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    /// Requests accepted and not yet ended (queued or running).
+    pub fn active_requests(&self) -> usize {
+        self.requests.len()
+    }
+
+    /// Requests waiting in the router queue.
+    pub fn queued_requests(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// When `tick` next has work (heartbeat, expiry or deadline).
+    pub fn poll_timeout(&self) -> Instant {
+        let mut due = self.next_heartbeat;
+        for worker in self.workers.values() {
+            if worker.is_live() {
+                due = due.min(worker.last_seen + self.config.heartbeat_expiry);
+            }
+        }
+        for (_, rid) in &self.queue {
+            if let Some(deadline) = self.requests.get(rid).and_then(|r| r.deadline) {
+                due = due.min(deadline);
+            }
+        }
+        due
+    }
+
+    /// Timers: heartbeats to workers, worker expiry, queued deadlines.
+    pub fn tick(&mut self, now: Instant) {
+        if now >= self.next_heartbeat {
+            self.next_heartbeat = now + self.config.heartbeat_interval;
+            self.heartbeat_workers();
+        }
+        self.expire_workers(now);
+        let expired: Vec<u64> = self
+            .queue
+            .iter()
+            .map(|&(_, rid)| rid)
+            .filter(|rid| {
+                self.requests
+                    .get(rid)
+                    .and_then(|r| r.deadline)
+                    .is_some_and(|deadline| deadline <= now)
+            })
+            .collect();
+        for rid in expired {
+            self.fail(
+                now,
+                rid,
+                ErrorCode::Deadline,
+                "deadline_ms passed while the request waited for a free worker; \
+                 raise deadline_ms or add workers",
+            );
+        }
+        self.refresh_gauges();
+    }
+
+    /// Ends every request with a retryable `unavailable`, for shutdown.
+    pub fn shutdown(&mut self, now: Instant) {
+        let rids: Vec<u64> = self.requests.keys().copied().collect();
+        for rid in rids {
+            self.fail(
+                now,
+                rid,
+                ErrorCode::Unavailable,
+                "the router is shutting down; retry shortly",
+            );
+        }
+    }
+
+    /// Tells the core a send failed, so it can react: a vanished client's
+    /// requests are cancelled, an unreachable or stuck worker is lost.
+    pub fn handle_send_failure(&mut self, now: Instant, to: &Peer, failure: SendFailure) {
+        match (to, failure) {
+            (Peer::Worker(addr), _) => {
+                if self
+                    .workers
+                    .get(&addr.identity)
+                    .is_some_and(Worker::is_live)
+                {
+                    let reason = match failure {
+                        SendFailure::Unreachable => "its connection is gone",
+                        SendFailure::Full => "its send queue is full",
+                    };
+                    self.lose_worker(now, &addr.identity, reason);
+                }
+            }
+            (Peer::Client(addr), SendFailure::Unreachable) => self.client_gone(now, addr),
+            (Peer::Client(_), SendFailure::Full) | (Peer::Admin(_), _) => {}
+        }
+    }
+
+    fn send<T: Serialize>(&mut self, to: Peer, message: &T) {
+        match encode(message) {
+            Ok(frame) => self.actions.push_back(Action::Send { to, frame }),
+            Err(err) => tracing::error!(%err, "cannot encode a reply; dropped"),
+        }
+    }
+
+    fn reply_error(&mut self, client: &Addr, id: Option<String>, code: ErrorCode, message: String) {
+        self.metrics
+            .requests
+            .with_label_values(&[code.as_str()])
+            .inc();
+        let reply = ClientReply::Error {
+            id,
+            code,
+            message,
+            retryable: code.retryable(),
+        };
+        self.send(Peer::Client(client.clone()), &reply);
+    }
+
+    /// Removes a request from every table; its caller owes the client the
+    /// terminal reply.
+    fn take(&mut self, now: Instant, rid: u64) -> Option<Request> {
+        let request = self.requests.remove(&rid)?;
+        self.by_client
+            .remove(&(request.client.identity.clone(), request.id.clone()));
+        if self.queue.remove(&request.queue_key(rid)) {
+            self.metrics.queue_depth.set(self.queue.len() as i64);
+        }
+        if let Some(identity) = &request.worker
+            && let Some(worker) = self.workers.get_mut(identity)
+            && worker.inflight.remove(&rid)
+        {
+            self.metrics.inflight.dec();
+        }
+        self.metrics
+            .e2e
+            .observe(now.saturating_duration_since(request.arrived).as_secs_f64());
+        Some(request)
+    }
+
+    /// Ends a request with an error reply.
+    fn fail(&mut self, now: Instant, rid: u64, code: ErrorCode, message: &str) {
+        if let Some(request) = self.take(now, rid) {
+            tracing::debug!(rid, id = %request.id, %code, message, "request failed");
+            self.reply_error(&request.client, Some(request.id), code, message.to_string());
+        }
+    }
+
+    fn refresh_gauges(&self) {
+        let mut counts = [0i64; 4];
+        for worker in self.workers.values() {
+            counts[workers::state_slot(worker.state)] += 1;
+        }
+        for (state, count) in ["ready", "draining", "migrating", "lost"]
+            .iter()
+            .zip(counts)
+        {
+            self.metrics.workers.with_label_values(&[state]).set(count);
+        }
+        self.metrics.queue_depth.set(self.queue.len() as i64);
+    }
+}
+
+fn remaining_ms(deadline: Instant, now: Instant) -> u64 {
+    let left = deadline.saturating_duration_since(now);
+    u64::try_from(left.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn seconds(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64()
+}
+
+fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}

@@ -1,0 +1,484 @@
+//! Frames from workers: registration, liveness, load, and the replies
+//! relayed to clients.
+
+use std::{collections::HashSet, time::Instant};
+
+use zinfer_protocol::{
+    ClientReply, ControlOp, ErrorCode, FinishReason, LoadReport, PROTOCOL_VERSION, RouterToWorker,
+    Timings, Usage, WorkerInfo, WorkerState, WorkerToRouter, decode,
+};
+
+use super::{Addr, Core, Peer, seconds};
+use crate::index::PrefixIndex;
+
+/// A registered worker as the router sees it.
+pub(crate) struct Worker {
+    pub(super) addr: Addr,
+    pub(super) id: String,
+    pub(super) models: Vec<String>,
+    device: String,
+    kv_capacity: u64,
+    pub(super) state: WorkerState,
+    pub(super) last_seen: Instant,
+    lost_at: Option<Instant>,
+    load: LoadReport,
+    pub(super) inflight: HashSet<u64>,
+    max_inflight: u32,
+    pub(super) index: PrefixIndex,
+}
+
+impl Worker {
+    /// Registered and not lost.
+    pub(super) fn is_live(&self) -> bool {
+        self.state != WorkerState::Lost
+    }
+
+    /// Takes new requests (a migrating worker keeps serving on its old device).
+    pub(super) fn routable(&self) -> bool {
+        matches!(self.state, WorkerState::Ready | WorkerState::Migrating)
+    }
+
+    pub(super) fn has_room(&self) -> bool {
+        self.inflight.len() < self.max_inflight as usize
+    }
+
+    pub(super) fn serves(&self, model: &str) -> bool {
+        self.models.iter().any(|name| name == model)
+    }
+
+    /// Requests in flight here plus those the worker reported waiting.
+    pub(super) fn load(&self) -> u64 {
+        self.inflight.len() as u64 + u64::from(self.load.waiting)
+    }
+
+    fn info(&self, now: Instant) -> WorkerInfo {
+        WorkerInfo {
+            id: self.id.clone(),
+            device: self.device.clone(),
+            models: self.models.clone(),
+            state: self.state,
+            inflight: u32::try_from(self.inflight.len()).unwrap_or(u32::MAX),
+            kv_capacity: self.kv_capacity,
+            load: self.load,
+            last_seen_s: seconds(self.last_seen, now),
+        }
+    }
+}
+
+/// Index of a state in the workers-by-state gauge.
+pub(super) fn state_slot(state: WorkerState) -> usize {
+    match state {
+        WorkerState::Ready => 0,
+        WorkerState::Draining => 1,
+        WorkerState::Migrating => 2,
+        WorkerState::Lost => 3,
+    }
+}
+
+impl Core {
+    /// A frame from a worker on the back socket.
+    pub fn handle_worker(&mut self, now: Instant, from: &Addr, frame: &[u8]) {
+        let message = match decode::<WorkerToRouter>(frame, &self.config.limits) {
+            Ok(message) => message,
+            Err(err) => {
+                tracing::warn!(%err, "undecodable frame from a worker; ignored");
+                return;
+            }
+        };
+        if let WorkerToRouter::Ready {
+            worker_id,
+            protocol,
+            models,
+            device,
+            kv_capacity,
+            max_batch,
+        } = message
+        {
+            let registration = Registration {
+                worker_id,
+                protocol,
+                models,
+                device,
+                kv_capacity,
+                max_batch,
+            };
+            self.register(now, from, registration);
+            return;
+        }
+        let Some(worker) = self
+            .workers
+            .get_mut(&from.identity)
+            .filter(|worker| worker.is_live())
+        else {
+            let reason = "this router does not know you (expired or restarted); \
+                          register again with ready";
+            self.send(
+                Peer::Worker(from.clone()),
+                &RouterToWorker::Disconnect {
+                    reason: reason.into(),
+                },
+            );
+            return;
+        };
+        worker.last_seen = now;
+        match message {
+            WorkerToRouter::Ready { .. } | WorkerToRouter::Heartbeat {} => {}
+            WorkerToRouter::Load(report) => {
+                worker.load = report;
+                self.refresh_load_gauges();
+            }
+            WorkerToRouter::ControlReply { op, ok, message } => {
+                tracing::info!(worker = %worker.id, ?op, ok, message, "control reply");
+                if op == ControlOp::Migrate && worker.state == WorkerState::Migrating {
+                    worker.state = WorkerState::Ready;
+                }
+            }
+            WorkerToRouter::Chunk {
+                rid,
+                index,
+                text,
+                tokens,
+            } => self.relay_chunk(now, from, rid, index, text, tokens),
+            WorkerToRouter::Done {
+                rid,
+                finish_reason,
+                text,
+                usage,
+                timings,
+            } => self.relay_done(now, from, rid, finish_reason, text, usage, timings),
+            WorkerToRouter::Error { rid, code, message } => {
+                self.relay_error(now, from, rid, code, message)
+            }
+        }
+    }
+
+    fn register(&mut self, now: Instant, from: &Addr, ready: Registration) {
+        let problem = if ready.protocol != PROTOCOL_VERSION {
+            Some(format!(
+                "protocol version {} is not supported; this router speaks version \
+                 {PROTOCOL_VERSION}: run matching zinfer versions",
+                ready.protocol
+            ))
+        } else if ready.worker_id.is_empty()
+            || ready.worker_id.len() > self.config.limits.max_name_bytes
+        {
+            Some("worker_id must be 1 to max_name_bytes bytes long".into())
+        } else if ready.models.is_empty() {
+            Some("a worker must serve at least one model".into())
+        } else {
+            None
+        };
+        if let Some(reason) = problem {
+            tracing::warn!(worker = %ready.worker_id, reason, "registration refused");
+            self.send(
+                Peer::Worker(from.clone()),
+                &RouterToWorker::Disconnect { reason },
+            );
+            return;
+        }
+        if self
+            .workers
+            .get(&from.identity)
+            .is_some_and(Worker::is_live)
+        {
+            self.mark_lost(now, &from.identity, "it registered again (restarted)");
+        }
+        self.order.retain(|identity| *identity != from.identity);
+        let max_inflight = self
+            .config
+            .max_inflight_per_worker
+            .unwrap_or_else(|| ready.max_batch.saturating_mul(2))
+            .max(1);
+        tracing::info!(
+            worker = %ready.worker_id, models = ?ready.models, device = %ready.device,
+            max_inflight, "worker registered"
+        );
+        let worker = Worker {
+            addr: from.clone(),
+            id: ready.worker_id,
+            models: ready.models,
+            device: ready.device,
+            kv_capacity: ready.kv_capacity,
+            state: WorkerState::Ready,
+            last_seen: now,
+            lost_at: None,
+            load: LoadReport::default(),
+            inflight: HashSet::new(),
+            max_inflight,
+            index: PrefixIndex::new(self.config.index_bytes_per_worker),
+        };
+        self.workers.insert(from.identity.clone(), worker);
+        self.order.push(from.identity.clone());
+        self.refresh_gauges();
+        self.drain_queue(now);
+        self.fail_orphans(now);
+    }
+
+    /// Loses a worker (see `mark_lost`) and settles the queue.
+    pub(super) fn lose_worker(&mut self, now: Instant, identity: &[u8], reason: &str) {
+        self.mark_lost(now, identity, reason);
+        self.drain_queue(now);
+        self.fail_orphans(now);
+    }
+
+    /// Marks a worker lost. Its requests that showed the client nothing
+    /// are re-sent once elsewhere; the others end with `worker_lost`.
+    fn mark_lost(&mut self, now: Instant, identity: &[u8], reason: &str) {
+        let Some(worker) = self.workers.get_mut(identity) else {
+            return;
+        };
+        tracing::warn!(worker = %worker.id, reason, "worker lost");
+        worker.state = WorkerState::Lost;
+        worker.lost_at = Some(now);
+        let rids: Vec<u64> = worker.inflight.drain().collect();
+        self.metrics.inflight.sub(rids.len() as i64);
+        for rid in rids {
+            let Some(request) = self.requests.get_mut(&rid) else {
+                continue;
+            };
+            request.worker = None;
+            if request.cancel_sent {
+                self.finish_cancelled(now, rid);
+            } else if request.retried || request.output_sent {
+                let message = format!(
+                    "the worker running this request was lost ({reason}) after output \
+                     was sent; retry the request"
+                );
+                self.fail(now, rid, ErrorCode::WorkerLost, &message);
+            } else {
+                request.retried = true;
+                self.metrics.retries.inc();
+                if !self.try_dispatch(now, rid) {
+                    self.enqueue(rid);
+                }
+            }
+        }
+        self.refresh_gauges();
+        self.refresh_load_gauges();
+    }
+
+    /// Fails queued requests whose model no worker takes any more.
+    pub(super) fn fail_orphans(&mut self, now: Instant) {
+        let orphans: Vec<(u64, bool)> = self
+            .queue
+            .iter()
+            .filter_map(|&(_, rid)| self.requests.get(&rid).map(|r| (rid, r)))
+            .filter(|(_, r)| !self.any_routable(r.request.model.as_deref().unwrap_or("")))
+            .map(|(rid, r)| (rid, r.retried))
+            .collect();
+        for (rid, retried) in orphans {
+            if retried {
+                self.fail(
+                    now,
+                    rid,
+                    ErrorCode::WorkerLost,
+                    "the worker running the request was lost and no other worker serves \
+                     its model; retry later",
+                );
+            } else {
+                self.fail(
+                    now,
+                    rid,
+                    ErrorCode::Unavailable,
+                    "no worker takes requests for this model any more; retry later",
+                );
+            }
+        }
+    }
+
+    pub(super) fn heartbeat_workers(&mut self) {
+        let live: Vec<Addr> = self
+            .workers
+            .values()
+            .filter(|worker| worker.is_live())
+            .map(|worker| worker.addr.clone())
+            .collect();
+        for addr in live {
+            self.send(Peer::Worker(addr), &RouterToWorker::Heartbeat {});
+        }
+    }
+
+    /// Loses workers silent for longer than the expiry; forgets lost ones
+    /// after the retention period.
+    pub(super) fn expire_workers(&mut self, now: Instant) {
+        let expiry = self.config.heartbeat_expiry;
+        let silent: Vec<Vec<u8>> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.is_live() && now.saturating_duration_since(w.last_seen) > expiry)
+            .map(|(identity, _)| identity.clone())
+            .collect();
+        for identity in silent {
+            self.lose_worker(now, &identity, "missed heartbeats");
+        }
+        let retention = self.config.lost_retention;
+        let forgotten: Vec<Vec<u8>> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| {
+                w.lost_at
+                    .is_some_and(|at| now.saturating_duration_since(at) > retention)
+            })
+            .map(|(identity, _)| identity.clone())
+            .collect();
+        for identity in forgotten {
+            self.workers.remove(&identity);
+            self.order.retain(|known| *known != identity);
+        }
+    }
+
+    /// Every known worker, in registration order.
+    pub(super) fn worker_infos(&self, now: Instant) -> Vec<WorkerInfo> {
+        self.order
+            .iter()
+            .filter_map(|identity| self.workers.get(identity))
+            .map(|worker| worker.info(now))
+            .collect()
+    }
+
+    fn refresh_load_gauges(&self) {
+        let (running, waiting) = self
+            .workers
+            .values()
+            .filter(|worker| worker.is_live())
+            .fold((0i64, 0i64), |(r, w), worker| {
+                (
+                    r + i64::from(worker.load.running),
+                    w + i64::from(worker.load.waiting),
+                )
+            });
+        self.metrics.running.set(running);
+        self.metrics.waiting.set(waiting);
+    }
+
+    fn relay_chunk(
+        &mut self,
+        now: Instant,
+        from: &Addr,
+        rid: u64,
+        index: u32,
+        text: String,
+        tokens: Vec<u32>,
+    ) {
+        let Some(request) = self.requests.get_mut(&rid) else {
+            tracing::debug!(rid, "chunk for an ended request; dropped");
+            return;
+        };
+        if request.worker.as_deref() != Some(from.identity.as_slice()) {
+            tracing::debug!(rid, "chunk from a worker not running the request; dropped");
+            return;
+        }
+        match request.last_chunk {
+            None => self.metrics.ttft.observe(seconds(request.arrived, now)),
+            Some(previous) => {
+                let per_token = seconds(previous, now) / tokens.len().max(1) as f64;
+                for _ in 0..tokens.len().max(1) {
+                    self.metrics.inter_token.observe(per_token);
+                }
+            }
+        }
+        request.last_chunk = Some(now);
+        if !request.request.stream {
+            return;
+        }
+        request.output_sent = true;
+        let reply = ClientReply::Chunk {
+            id: request.id.clone(),
+            index,
+            text,
+            tokens,
+        };
+        let to = Peer::Client(request.client.clone());
+        self.metrics.relayed_chunks.inc();
+        self.send(to, &reply);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn relay_done(
+        &mut self,
+        now: Instant,
+        from: &Addr,
+        rid: u64,
+        finish_reason: FinishReason,
+        text: Option<String>,
+        usage: Usage,
+        timings: Timings,
+    ) {
+        if !self.runs_on(rid, from) {
+            tracing::debug!(rid, "done for a request not running there; dropped");
+            return;
+        }
+        let worker_id = self
+            .workers
+            .get(&from.identity)
+            .map(|worker| worker.id.clone())
+            .unwrap_or_default();
+        let Some(request) = self.take(now, rid) else {
+            return;
+        };
+        let outcome = serde_label(finish_reason);
+        self.metrics.requests.with_label_values(&[outcome]).inc();
+        self.metrics
+            .prompt_tokens
+            .inc_by(u64::from(usage.prompt_tokens));
+        self.metrics
+            .generated_tokens
+            .inc_by(u64::from(usage.completion_tokens));
+        self.metrics
+            .cached_tokens
+            .inc_by(u64::from(usage.cached_tokens));
+        let reply = ClientReply::Done {
+            id: request.id,
+            finish_reason,
+            text,
+            usage,
+            timings,
+            worker: worker_id,
+        };
+        self.send(Peer::Client(request.client), &reply);
+        self.drain_queue(now);
+    }
+
+    fn relay_error(
+        &mut self,
+        now: Instant,
+        from: &Addr,
+        rid: u64,
+        code: ErrorCode,
+        message: String,
+    ) {
+        if !self.runs_on(rid, from) {
+            tracing::debug!(rid, "error for a request not running there; dropped");
+            return;
+        }
+        if let Some(request) = self.take(now, rid) {
+            self.reply_error(&request.client, Some(request.id), code, message);
+        }
+        self.drain_queue(now);
+    }
+
+    fn runs_on(&self, rid: u64, from: &Addr) -> bool {
+        self.requests
+            .get(&rid)
+            .is_some_and(|request| request.worker.as_deref() == Some(from.identity.as_slice()))
+    }
+}
+
+/// A `ready` message's fields.
+struct Registration {
+    worker_id: String,
+    protocol: u32,
+    models: Vec<String>,
+    device: String,
+    kv_capacity: u64,
+    max_batch: u32,
+}
+
+fn serde_label(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Cancelled => "cancelled",
+        FinishReason::Deadline => "deadline",
+    }
+}

@@ -1,0 +1,169 @@
+//! A worker's approximate prefix index: which prompt prefixes the router
+//! has sent it, so cache-aware routing can guess where a prompt's prefix
+//! is already cached. It is approximate because the worker evicts on its
+//! own; the router only needs a good guess.
+
+use zinfer_protocol::GenerateRequest;
+
+/// Prompts sent to one worker, bounded in bytes with LRU eviction.
+pub(crate) struct PrefixIndex {
+    entries: Vec<Entry>,
+    bytes: usize,
+    max_bytes: usize,
+    clock: u64,
+}
+
+struct Entry {
+    namespace: String,
+    key: Vec<u8>,
+    used: u64,
+}
+
+impl PrefixIndex {
+    /// An empty index holding at most `max_bytes` of keys.
+    pub(crate) fn new(max_bytes: usize) -> Self {
+        PrefixIndex {
+            entries: Vec::new(),
+            bytes: 0,
+            max_bytes,
+            clock: 0,
+        }
+    }
+
+    /// Length of the longest prefix of `key` held in `namespace`.
+    pub(crate) fn match_len(&mut self, namespace: &str, key: &[u8]) -> usize {
+        self.clock += 1;
+        let mut best: Option<(usize, usize)> = None;
+        for (at, entry) in self.entries.iter().enumerate() {
+            if entry.namespace != namespace {
+                continue;
+            }
+            let len = common_prefix(&entry.key, key);
+            if len > 0 && best.is_none_or(|(_, longest)| len > longest) {
+                best = Some((at, len));
+            }
+        }
+        match best {
+            Some((at, len)) => {
+                self.entries[at].used = self.clock;
+                len
+            }
+            None => 0,
+        }
+    }
+
+    /// Records that `key` was sent, evicting least recently used keys
+    /// beyond the byte bound.
+    pub(crate) fn insert(&mut self, namespace: &str, key: &[u8]) {
+        self.clock += 1;
+        if key.is_empty() || key.len() > self.max_bytes {
+            return;
+        }
+        let clock = self.clock;
+        if let Some(entry) = self
+            .entries
+            .iter_mut()
+            .find(|entry| entry.namespace == namespace && entry.key.starts_with(key))
+        {
+            entry.used = clock;
+            return;
+        }
+        self.entries.retain(|entry| {
+            let covered = entry.namespace == namespace && key.starts_with(&entry.key);
+            if covered {
+                self.bytes -= entry.key.len();
+            }
+            !covered
+        });
+        self.entries.push(Entry {
+            namespace: namespace.to_string(),
+            key: key.to_vec(),
+            used: clock,
+        });
+        self.bytes += key.len();
+        while self.bytes > self.max_bytes {
+            let Some(oldest) = (0..self.entries.len()).min_by_key(|&at| self.entries[at].used)
+            else {
+                break;
+            };
+            let entry = self.entries.swap_remove(oldest);
+            self.bytes -= entry.key.len();
+        }
+    }
+
+    /// Bytes of keys held.
+    #[cfg(test)]
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The bytes cache-aware routing matches on: the prompt text, the chat turns
+/// with separators, or the token ids as little-endian bytes.
+pub(crate) fn prefix_key(request: &GenerateRequest) -> Vec<u8> {
+    if let Some(prompt) = &request.prompt {
+        return prompt.as_bytes().to_vec();
+    }
+    if let Some(messages) = &request.messages {
+        let mut key = Vec::new();
+        for message in messages {
+            key.extend_from_slice(message.role.as_bytes());
+            key.push(0x1f);
+            key.extend_from_slice(message.content.as_bytes());
+            key.push(0x1e);
+        }
+        return key;
+    }
+    request
+        .tokens
+        .iter()
+        .flatten()
+        .flat_map(|token| token.to_le_bytes())
+        .collect()
+}
+
+/// The index namespace of a request: model and cache namespace together,
+/// since a worker may serve several models.
+pub(crate) fn index_namespace(model: &str, namespace: Option<&str>) -> String {
+    format!("{model}\u{0}{}", namespace.unwrap_or(""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longest_prefix_within_namespace() {
+        let mut index = PrefixIndex::new(1 << 20);
+        index.insert("a", b"system prompt: be brief. question one");
+        assert_eq!(index.match_len("a", b"system prompt: be brief. other"), 25);
+        assert_eq!(index.match_len("b", b"system prompt: be brief. other"), 0);
+        assert_eq!(index.match_len("a", b"unrelated"), 0);
+    }
+
+    #[test]
+    fn evicts_least_recently_used_beyond_bound() {
+        let mut index = PrefixIndex::new(20);
+        index.insert("", b"aaaaaaaaaa");
+        index.insert("", b"bbbbbbbbbb");
+        assert_eq!(index.match_len("", b"aaaa"), 4);
+        index.insert("", b"cccccccccc");
+        assert!(index.bytes() <= 20);
+        assert_eq!(index.match_len("", b"bbbb"), 0, "b was least recently used");
+        assert_eq!(index.match_len("", b"aaaa"), 4);
+        assert_eq!(index.match_len("", b"cccc"), 4);
+    }
+
+    #[test]
+    fn keys_distinguish_prompt_kinds() {
+        let mut request = GenerateRequest::from_prompt("1", "hi");
+        assert_eq!(prefix_key(&request), b"hi");
+        request.prompt = None;
+        request.tokens = Some(vec![1, 258]);
+        assert_eq!(prefix_key(&request), vec![1, 0, 0, 0, 2, 1, 0, 0]);
+    }
+}

@@ -1,0 +1,341 @@
+//! Prometheus metrics of the router, in a private registry, and the tiny
+//! HTTP server that exposes them at `/metrics`.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// Failure to set up metrics.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    /// A metric could not be registered (a bug: names clash).
+    #[error("registering metric failed: {0}")]
+    Register(#[from] prometheus::Error),
+    /// The HTTP listener could not bind.
+    #[error("cannot serve /metrics on {addr}: {reason}; pick a free address or turn metrics off")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// What the OS said.
+        reason: String,
+    },
+}
+
+/// Every router metric. Cheap to update from the core (atomics only).
+pub struct Metrics {
+    registry: Registry,
+    /// Terminal replies by outcome: a finish reason or an error code.
+    pub(crate) requests: IntCounterVec,
+    /// Requests waiting in the router queue.
+    pub(crate) queue_depth: IntGauge,
+    /// Sum of `running` over the workers' last load reports.
+    pub(crate) running: IntGauge,
+    /// Sum of `waiting` over the workers' last load reports.
+    pub(crate) waiting: IntGauge,
+    /// Requests in flight on workers, as the router counts them.
+    pub(crate) inflight: IntGauge,
+    /// Arrival at the router to first relayed chunk.
+    pub(crate) ttft: Histogram,
+    /// Gap between relayed chunks, per token.
+    pub(crate) inter_token: Histogram,
+    /// Arrival at the router to the terminal reply.
+    pub(crate) e2e: Histogram,
+    /// Arrival at the router to the first dispatch to a worker.
+    pub(crate) queue_time: Histogram,
+    /// Prompt tokens of finished requests.
+    pub(crate) prompt_tokens: IntCounter,
+    /// Generated tokens of finished requests.
+    pub(crate) generated_tokens: IntCounter,
+    /// Prompt tokens served from worker prefix caches.
+    pub(crate) cached_tokens: IntCounter,
+    /// Known workers by state.
+    pub(crate) workers: IntGaugeVec,
+    /// Routing decisions by outcome.
+    pub(crate) routing: IntCounterVec,
+    /// Messages the I/O loop could not send, by socket.
+    pub(crate) dropped: IntCounterVec,
+    /// Chunks relayed from workers to clients.
+    pub(crate) relayed_chunks: IntCounter,
+    /// Requests re-sent to another worker after their worker was lost.
+    pub(crate) retries: IntCounter,
+}
+
+fn latency_buckets() -> Vec<f64> {
+    vec![
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        60.0, 120.0,
+    ]
+}
+
+impl Metrics {
+    /// Builds and registers every metric in a new private registry.
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let counter_vec = |name: &str, help: &str, label: &str| {
+            let metric = IntCounterVec::new(Opts::new(name, help), &[label])?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok::<_, prometheus::Error>(metric)
+        };
+        let counter = |name: &str, help: &str| {
+            let metric = IntCounter::new(name, help)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok::<_, prometheus::Error>(metric)
+        };
+        let gauge = |name: &str, help: &str| {
+            let metric = IntGauge::new(name, help)?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok::<_, prometheus::Error>(metric)
+        };
+        let histogram = |name: &str, help: &str| {
+            let metric =
+                Histogram::with_opts(HistogramOpts::new(name, help).buckets(latency_buckets()))?;
+            registry.register(Box::new(metric.clone()))?;
+            Ok::<_, prometheus::Error>(metric)
+        };
+        let workers = IntGaugeVec::new(
+            Opts::new("zinfer_router_workers", "Known workers by lifecycle state."),
+            &["state"],
+        )?;
+        registry.register(Box::new(workers.clone()))?;
+        let metrics = Metrics {
+            requests: counter_vec(
+                "zinfer_router_requests_total",
+                "Requests ended, by outcome (finish reason or error code).",
+                "outcome",
+            )?,
+            queue_depth: gauge(
+                "zinfer_router_queue_depth",
+                "Requests waiting in the router queue for a worker.",
+            )?,
+            running: gauge(
+                "zinfer_router_worker_running",
+                "Sequences running on workers (sum of their last load reports).",
+            )?,
+            waiting: gauge(
+                "zinfer_router_worker_waiting",
+                "Requests waiting inside workers (sum of their last load reports).",
+            )?,
+            inflight: gauge(
+                "zinfer_router_inflight",
+                "Requests the router has dispatched to workers and not yet finished.",
+            )?,
+            ttft: histogram(
+                "zinfer_router_time_to_first_token_seconds",
+                "Arrival at the router to the first relayed chunk.",
+            )?,
+            inter_token: histogram(
+                "zinfer_router_inter_token_latency_seconds",
+                "Time between relayed chunks, divided by the tokens in the later chunk.",
+            )?,
+            e2e: histogram(
+                "zinfer_router_request_duration_seconds",
+                "Arrival at the router to the terminal reply.",
+            )?,
+            queue_time: histogram(
+                "zinfer_router_queue_time_seconds",
+                "Arrival at the router to dispatch to a worker.",
+            )?,
+            prompt_tokens: counter(
+                "zinfer_router_prompt_tokens_total",
+                "Prompt tokens of finished requests.",
+            )?,
+            generated_tokens: counter(
+                "zinfer_router_generated_tokens_total",
+                "Tokens generated for finished requests.",
+            )?,
+            cached_tokens: counter(
+                "zinfer_router_cached_tokens_total",
+                "Prompt tokens served from worker prefix caches.",
+            )?,
+            workers,
+            routing: counter_vec(
+                "zinfer_router_routing_decisions_total",
+                "Routing decisions by outcome.",
+                "outcome",
+            )?,
+            dropped: counter_vec(
+                "zinfer_router_dropped_sends_total",
+                "Messages the router could not send (peer gone or its queue full), by socket.",
+                "socket",
+            )?,
+            relayed_chunks: counter(
+                "zinfer_router_relayed_chunks_total",
+                "Chunks relayed from workers to clients.",
+            )?,
+            retries: counter(
+                "zinfer_router_retries_total",
+                "Requests re-sent to another worker after their worker was lost.",
+            )?,
+            registry,
+        };
+        for state in ["ready", "draining", "migrating", "lost"] {
+            metrics.workers.with_label_values(&[state]).set(0);
+        }
+        for socket in ["clients", "workers", "control"] {
+            metrics.dropped.with_label_values(&[socket]).inc_by(0);
+        }
+        Ok(metrics)
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> String {
+        let mut buffer = Vec::new();
+        if let Err(err) = TextEncoder::new().encode(&self.registry.gather(), &mut buffer) {
+            tracing::error!(%err, "encoding metrics failed");
+        }
+        String::from_utf8_lossy(&buffer).into_owned()
+    }
+
+    /// Counts a send the I/O loop gave up on.
+    pub(crate) fn count_drop(&self, socket: &str) {
+        self.dropped.with_label_values(&[socket]).inc();
+    }
+}
+
+/// Serves `/metrics` on its own thread until dropped.
+pub struct MetricsServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+    addr: SocketAddr,
+}
+
+impl MetricsServer {
+    /// Binds `addr` and starts answering `GET /metrics` from `metrics`.
+    pub fn start(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<Self, MetricsError> {
+        let server = tiny_http::Server::http(addr).map_err(|err| MetricsError::Bind {
+            addr,
+            reason: err.to_string(),
+        })?;
+        let bound = server.server_addr().to_ip().unwrap_or(addr);
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::Builder::new()
+            .name("router-metrics".into())
+            .spawn(move || serve(&server, &metrics, &flag))
+            .map_err(|err| MetricsError::Bind {
+                addr,
+                reason: err.to_string(),
+            })?;
+        Ok(MetricsServer {
+            stop,
+            thread: Some(thread),
+            addr: bound,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for MetricsServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("metrics thread panicked");
+        }
+    }
+}
+
+fn serve(server: &tiny_http::Server, metrics: &Metrics, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        let request = match server.recv_timeout(Duration::from_millis(100)) {
+            Ok(Some(request)) => request,
+            Ok(None) => continue,
+            Err(err) => {
+                tracing::warn!(%err, "metrics listener failed");
+                continue;
+            }
+        };
+        let response = if request.url() == "/metrics" {
+            let content_type = tiny_http::Header::from_bytes(
+                &b"Content-Type"[..],
+                &b"text/plain; version=0.0.4; charset=utf-8"[..],
+            );
+            let response = tiny_http::Response::from_string(metrics.render());
+            match content_type {
+                Ok(header) => response.with_header(header),
+                Err(()) => response,
+            }
+        } else {
+            tiny_http::Response::from_string("not found; try /metrics\n").with_status_code(404)
+        };
+        if let Err(err) = request.respond(response) {
+            tracing::debug!(%err, "metrics client went away");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::{io::Write, process::Command};
+
+    #[test]
+    fn rendered_text_passes_promtool() {
+        let metrics = Metrics::new().unwrap();
+        metrics.requests.with_label_values(&["stop"]).inc();
+        metrics.ttft.observe(0.02);
+        metrics.routing.with_label_values(&["cache_hit"]).inc();
+        let text = metrics.render();
+        assert!(text.contains("zinfer_router_requests_total{outcome=\"stop\"} 1"));
+        let mut child = match Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+        {
+            Ok(child) => child,
+            Err(err) => panic!(
+                "promtool is needed for this test ({err}); install it with \
+                 `apt-get install -y prometheus`"
+            ),
+        };
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(text.as_bytes())
+            .unwrap();
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "promtool rejected the metrics: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    #[test]
+    fn http_endpoint_serves_metrics() {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        metrics.relayed_chunks.inc_by(7);
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
+        let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut body = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut body).unwrap();
+        assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+        assert!(
+            body.contains("zinfer_router_relayed_chunks_total 7"),
+            "{body}"
+        );
+    }
+}
