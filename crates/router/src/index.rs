@@ -3,103 +3,48 @@
 //! is already cached. It is approximate because the worker evicts on its
 //! own; the router only needs a good guess.
 
+use zinfer_cache::{CacheConfig, RadixCache};
 use zinfer_protocol::GenerateRequest;
 
-/// Prompts sent to one worker, bounded in bytes with LRU eviction.
+/// Prompt bytes sent to one worker: a key-only radix tree, bounded in bytes
+/// with LRU eviction of leaves.
 pub(crate) struct PrefixIndex {
-    entries: Vec<Entry>,
-    bytes: usize,
+    tree: RadixCache<u8>,
     max_bytes: usize,
-    clock: u64,
-}
-
-struct Entry {
-    namespace: String,
-    key: Vec<u8>,
-    used: u64,
 }
 
 impl PrefixIndex {
     /// An empty index holding at most `max_bytes` of keys.
     pub(crate) fn new(max_bytes: usize) -> Self {
         PrefixIndex {
-            entries: Vec::new(),
-            bytes: 0,
+            tree: RadixCache::new_index_only(CacheConfig::default()),
             max_bytes,
-            clock: 0,
         }
     }
 
     /// Length of the longest prefix of `key` held in `namespace`.
     pub(crate) fn match_len(&mut self, namespace: &str, key: &[u8]) -> usize {
-        self.clock += 1;
-        let mut best: Option<(usize, usize)> = None;
-        for (at, entry) in self.entries.iter().enumerate() {
-            if entry.namespace != namespace {
-                continue;
-            }
-            let len = common_prefix(&entry.key, key);
-            if len > 0 && best.is_none_or(|(_, longest)| len > longest) {
-                best = Some((at, len));
-            }
-        }
-        match best {
-            Some((at, len)) => {
-                self.entries[at].used = self.clock;
-                len
-            }
-            None => 0,
-        }
+        self.tree.match_prefix(namespace, key).len
     }
 
     /// Records that `key` was sent, evicting least recently used keys
     /// beyond the byte bound.
     pub(crate) fn insert(&mut self, namespace: &str, key: &[u8]) {
-        self.clock += 1;
         if key.is_empty() || key.len() > self.max_bytes {
             return;
         }
-        let clock = self.clock;
-        if let Some(entry) = self
-            .entries
-            .iter_mut()
-            .find(|entry| entry.namespace == namespace && entry.key.starts_with(key))
-        {
-            entry.used = clock;
-            return;
-        }
-        self.entries.retain(|entry| {
-            let covered = entry.namespace == namespace && key.starts_with(&entry.key);
-            if covered {
-                self.bytes -= entry.key.len();
-            }
-            !covered
-        });
-        self.entries.push(Entry {
-            namespace: namespace.to_string(),
-            key: key.to_vec(),
-            used: clock,
-        });
-        self.bytes += key.len();
-        while self.bytes > self.max_bytes {
-            let Some(oldest) = (0..self.entries.len()).min_by_key(|&at| self.entries[at].used)
-            else {
-                break;
-            };
-            let entry = self.entries.swap_remove(oldest);
-            self.bytes -= entry.key.len();
+        self.tree.insert(namespace, key, &[]);
+        let held = self.tree.total_tokens();
+        if held > self.max_bytes {
+            self.tree.evict(held - self.max_bytes);
         }
     }
 
     /// Bytes of keys held.
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
-        self.bytes
+        self.tree.total_tokens()
     }
-}
-
-fn common_prefix(a: &[u8], b: &[u8]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// The bytes cache-aware routing matches on: the prompt text, the chat turns
