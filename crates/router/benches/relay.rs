@@ -1,0 +1,223 @@
+//! Router overhead over real loopback TCP, with a trivial echo worker:
+//!
+//! - throughput: relayed messages (chunks + done) per second reaching the
+//!   client, pipelined with many requests in flight;
+//! - latency: ping-pong of one non-streamed request through the router vs
+//!   the same echo worker reached directly; the difference is what the
+//!   router adds.
+//!
+//! `cargo bench -p zinfer-router --bench relay`. Knobs (environment):
+//! `RELAY_ROUNDS` (5), `RELAY_REQUESTS` (20000), `RELAY_CHUNKS` (8),
+//! `RELAY_WINDOW` (1000), `RELAY_PINGS` (3000).
+
+#[path = "../tests/support/echo.rs"]
+mod echo;
+
+use std::time::{Duration, Instant};
+
+use echo::EchoWorker;
+use zinfer_protocol::{
+    ClientReply, ClientRequest, GenerateRequest, Limits, RouterToWorker, WorkerToRouter, decode,
+    encode,
+};
+use zinfer_router::{Router, RouterConfig};
+
+fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+fn main() {
+    let rounds = knob("RELAY_ROUNDS", 5);
+    let requests = knob("RELAY_REQUESTS", 20_000);
+    let chunks = knob("RELAY_CHUNKS", 8) as u32;
+    let window = knob("RELAY_WINDOW", 1_000);
+    let pings = knob("RELAY_PINGS", 3_000);
+
+    let config = RouterConfig {
+        clients: "tcp://127.0.0.1:*".into(),
+        workers: "tcp://127.0.0.1:*".into(),
+        control: "tcp://127.0.0.1:*".into(),
+        metrics: None,
+        max_inflight_per_worker: Some(1_000_000),
+        ..RouterConfig::default()
+    };
+    let router = Router::bind(config).expect("router binds");
+    let endpoints = router.endpoints().clone();
+    let (shutdown, receiver) = crossbeam_channel::bounded(1);
+    let thread = std::thread::spawn(move || router.serve(receiver));
+
+    let context = zmq::Context::new();
+    let _worker = EchoWorker::connect(&context, &endpoints.workers, "echo-1", "m");
+    let (_direct_worker, direct_endpoint) = EchoWorker::bind(&context, "tcp://127.0.0.1:*");
+    let client = dealer(&context, &endpoints.clients);
+    let direct = dealer(&context, &direct_endpoint);
+    wait_for_worker(&client);
+
+    println!(
+        "relay bench: {requests} requests x ({chunks} chunks + done), window {window}; \
+         {pings} ping-pongs; {rounds} rounds"
+    );
+    let mut rates = Vec::new();
+    let mut router_p50 = Vec::new();
+    let mut router_p99 = Vec::new();
+    let mut direct_p50 = Vec::new();
+    let mut direct_p99 = Vec::new();
+    for round in 0..rounds {
+        let rate = throughput(&client, requests, chunks, window, round);
+        let via_router = ping_pong(pings, || {
+            router_round_trip(&client);
+        });
+        let baseline = ping_pong(pings, || {
+            direct_round_trip(&direct);
+        });
+        println!(
+            "round {round}: {:>9.0} relayed msg/s | router p50 {:>6.1} us p99 {:>6.1} us | \
+             direct p50 {:>6.1} us p99 {:>6.1} us | added p50 {:>6.1} us",
+            rate,
+            via_router.0,
+            via_router.1,
+            baseline.0,
+            baseline.1,
+            via_router.0 - baseline.0
+        );
+        rates.push(rate);
+        router_p50.push(via_router.0);
+        router_p99.push(via_router.1);
+        direct_p50.push(baseline.0);
+        direct_p99.push(baseline.1);
+    }
+    let added_p50 = median(&router_p50) - median(&direct_p50);
+    let added_p99 = median(&router_p99) - median(&direct_p99);
+    println!(
+        "median: {:.0} relayed msg/s (target >= 200000); router p50 {:.1} us, p99 {:.1} us; \
+         direct p50 {:.1} us, p99 {:.1} us; added p50 {:.1} us (target <= 50), added p99 {:.1} us",
+        median(&rates),
+        median(&router_p50),
+        median(&router_p99),
+        median(&direct_p50),
+        median(&direct_p99),
+        added_p50,
+        added_p99
+    );
+    shutdown.send(()).expect("router alive");
+    thread
+        .join()
+        .expect("router thread")
+        .expect("router ended cleanly");
+}
+
+fn dealer(context: &zmq::Context, endpoint: &str) -> zmq::Socket {
+    let socket = context.socket(zmq::DEALER).expect("dealer");
+    socket.set_sndhwm(1_000_000).expect("hwm");
+    socket.set_rcvhwm(1_000_000).expect("hwm");
+    socket.set_rcvtimeo(10_000).expect("timeout");
+    socket.set_linger(0).expect("linger");
+    socket.connect(endpoint).expect("connect");
+    socket
+}
+
+fn wait_for_worker(client: &zmq::Socket) {
+    let limits = Limits::default();
+    loop {
+        let ping = encode(&ClientRequest::Models { id: None }).expect("encode");
+        client.send(ping, 0).expect("send");
+        let frame = client.recv_bytes(0).expect("models reply");
+        if let Ok(ClientReply::Models { models, .. }) = decode(&frame, &limits)
+            && !models.is_empty()
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn request(id: String, tokens: u32, stream: bool) -> GenerateRequest {
+    let mut request = GenerateRequest::from_prompt(id, "benchmark prompt");
+    request.max_tokens = tokens;
+    request.stream = stream;
+    request
+}
+
+/// Relayed messages per second with `window` requests in flight.
+fn throughput(
+    client: &zmq::Socket,
+    requests: usize,
+    chunks: u32,
+    window: usize,
+    round: usize,
+) -> f64 {
+    let limits = Limits::default();
+    let frames: Vec<Vec<u8>> = (0..requests)
+        .map(|i| {
+            let generate = ClientRequest::Generate(request(format!("t{round}-{i}"), chunks, true));
+            encode(&generate).expect("encode")
+        })
+        .collect();
+    let start = Instant::now();
+    let (mut sent, mut done, mut messages) = (0usize, 0usize, 0usize);
+    while done < requests {
+        while sent < requests && sent - done < window {
+            client.send(&frames[sent][..], 0).expect("send");
+            sent += 1;
+        }
+        let frame = client.recv_bytes(0).expect("reply within 10 s");
+        messages += 1;
+        match decode::<ClientReply>(&frame, &limits) {
+            Ok(ClientReply::Done { .. }) => done += 1,
+            Ok(ClientReply::Chunk { .. }) => {}
+            other => panic!("unexpected reply {other:?}"),
+        }
+    }
+    messages as f64 / start.elapsed().as_secs_f64()
+}
+
+/// (p50, p99) in microseconds of `count` calls of `round_trip`.
+fn ping_pong(count: usize, mut round_trip: impl FnMut()) -> (f64, f64) {
+    for _ in 0..count / 10 {
+        round_trip();
+    }
+    let mut samples: Vec<f64> = (0..count)
+        .map(|_| {
+            let start = Instant::now();
+            round_trip();
+            start.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
+    (at(0.50), at(0.99))
+}
+
+fn router_round_trip(client: &zmq::Socket) {
+    let frame = encode(&ClientRequest::Generate(request("ping".into(), 1, false))).expect("encode");
+    client.send(frame, 0).expect("send");
+    let reply = client.recv_bytes(0).expect("reply");
+    match decode::<ClientReply>(&reply, &Limits::default()) {
+        Ok(ClientReply::Done { .. }) => {}
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+fn direct_round_trip(direct: &zmq::Socket) {
+    let generate = RouterToWorker::Generate {
+        rid: 1,
+        request: request("ping".into(), 1, false),
+    };
+    direct
+        .send(encode(&generate).expect("encode"), 0)
+        .expect("send");
+    let reply = direct.recv_bytes(0).expect("reply");
+    match decode::<WorkerToRouter>(&reply, &Limits::default()) {
+        Ok(WorkerToRouter::Done { .. }) => {}
+        other => panic!("unexpected reply {other:?}"),
+    }
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
