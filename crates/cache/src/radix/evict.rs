@@ -22,7 +22,7 @@ impl<K: Copy + Eq + Hash> RadixCache<K> {
             self.arena[id].indexed = None;
             let parent = self.arena[id].parent;
             self.detach(id);
-            evicted += self.release_subtree_into(id, &mut freed);
+            evicted += self.release_node(id, &mut freed);
             if self.arena[parent].parent == ROOT {
                 self.drop_namespace_if_empty(parent);
             } else {
@@ -102,23 +102,30 @@ impl<K: Copy + Eq + Hash> RadixCache<K> {
         self.arena[parent].children.remove(hash);
     }
 
-    /// Frees a detached, unlocked subtree of element-holding nodes, appending its slots to `freed`.
-    /// Returns how many elements it held.
+    /// Frees a detached, unlocked subtree of element-holding nodes,
+    /// appending its slots to `freed`. Returns how many elements it held.
     fn release_subtree_into(&mut self, id: NodeId, freed: &mut Vec<u32>) -> usize {
         let mut removed = 0;
         let mut stack = vec![id];
         while let Some(id) = stack.pop() {
             stack.extend(self.arena[id].children.ids());
-            if let Some(priority) = self.arena[id].indexed {
-                self.index.remove(&(priority, id));
-            }
-            let node = &self.arena[id];
-            removed += node.key.len();
-            self.nodes -= 1;
-            freed.extend_from_slice(&node.slots);
-            self.arena.release(id);
+            removed += self.release_node(id, freed);
         }
-        self.evictable -= removed;
         removed
+    }
+
+    /// Frees one unlocked node whose children are already gone or being
+    /// freed, appending its slots to `freed`. Returns its element count.
+    fn release_node(&mut self, id: NodeId, freed: &mut Vec<u32>) -> usize {
+        if let Some(priority) = self.arena[id].indexed {
+            self.index.remove(&(priority, id));
+        }
+        let node = &self.arena[id];
+        let len = node.key.len();
+        freed.extend_from_slice(&node.slots);
+        self.arena.release(id);
+        self.nodes -= 1;
+        self.evictable -= len;
+        len
     }
 }
