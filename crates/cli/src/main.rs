@@ -4,6 +4,7 @@
 mod bench;
 mod ctl;
 mod generate;
+mod router_cmd;
 mod zmq_util;
 
 use clap::{Parser, Subcommand};
@@ -21,6 +22,8 @@ struct Cli {
 enum Command {
     /// Send one prompt to a running router and stream the answer.
     Generate(generate::GenerateArgs),
+    /// Run the router alone: clients and workers connect to it.
+    Router(router_cmd::RouterArgs),
     /// Administer a running router: list, drain or migrate workers.
     Ctl(ctl::CtlArgs),
 }
@@ -31,6 +34,7 @@ fn main() -> anyhow::Result<()> {
     zmq_util::check_zmq_version()?;
     match &cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Router(args) => router_cmd::run(args),
         Command::Ctl(args) => ctl::run(args),
     }
 }

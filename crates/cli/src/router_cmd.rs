@@ -1,0 +1,82 @@
+//! `zinfer router`: the gateway alone; workers connect to it.
+
+use std::net::SocketAddr;
+
+use anyhow::Context;
+use zinfer_router::{Policy, RouterConfig};
+
+/// Flags of `zinfer router` (and the router half of `zinfer serve`).
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct RouterArgs {
+    /// Endpoint clients connect their DEALER sockets to.
+    #[arg(long, default_value = "tcp://*:5555")]
+    pub(crate) clients: String,
+    /// Endpoint workers connect to.
+    #[arg(long, default_value = "tcp://*:5556")]
+    pub(crate) workers: String,
+    /// Control endpoint for `zinfer ctl`. It has no authentication: keep it
+    /// on localhost.
+    #[arg(long, default_value = "tcp://127.0.0.1:5557")]
+    pub(crate) control: String,
+    /// Address of the router's Prometheus /metrics endpoint.
+    #[arg(long, default_value = "0.0.0.0:9100")]
+    pub(crate) metrics: SocketAddr,
+    /// Turn the metrics endpoint off.
+    #[arg(long)]
+    pub(crate) no_metrics: bool,
+    /// Routing policy: cache_aware (longest cached prefix unless load is
+    /// imbalanced), least_load, or round_robin.
+    #[arg(long, default_value_t = Policy::CacheAware)]
+    pub(crate) policy: Policy,
+    /// Load is imbalanced when the busiest worker has more than this many
+    /// requests over the idlest (and --balance-rel holds).
+    #[arg(long, default_value_t = 32)]
+    pub(crate) balance_abs: u32,
+    /// Load is imbalanced when the busiest worker has more than this times
+    /// the idlest's requests (and --balance-abs holds).
+    #[arg(long, default_value_t = 1.5)]
+    pub(crate) balance_rel: f64,
+    /// Follow the best prefix match only when it covers more than this
+    /// share of the prompt.
+    #[arg(long, default_value_t = 0.5)]
+    pub(crate) cache_threshold: f64,
+    /// Requests the router holds while every worker is busy; beyond it,
+    /// new requests get `overloaded` at once.
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) queue_capacity: usize,
+}
+
+impl RouterArgs {
+    /// The library configuration these flags describe.
+    pub(crate) fn config(&self) -> RouterConfig {
+        RouterConfig {
+            clients: self.clients.clone(),
+            workers: self.workers.clone(),
+            control: self.control.clone(),
+            metrics: (!self.no_metrics).then_some(self.metrics),
+            policy: self.policy,
+            balance_abs: self.balance_abs,
+            balance_rel: self.balance_rel,
+            cache_threshold: self.cache_threshold,
+            queue_capacity: self.queue_capacity,
+            ..RouterConfig::default()
+        }
+    }
+}
+
+/// Runs the router until Ctrl-C or SIGTERM.
+pub(crate) fn run(args: &RouterArgs) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+    ctrlc::set_handler(move || {
+        let _ = stop_tx.try_send(());
+    })
+    .context("installing the Ctrl-C handler")?;
+    let config = args.config();
+    eprintln!(
+        "zinfer router: clients on {}, workers on {}, control on {}, policy {}",
+        config.clients, config.workers, config.control, config.policy
+    );
+    zinfer_router::run(config, stop_rx)?;
+    eprintln!("zinfer router: stopped");
+    Ok(())
+}
