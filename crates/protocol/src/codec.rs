@@ -146,8 +146,9 @@ fn from_slice<T: DeserializeOwned>(
     limits: &Limits,
 ) -> Result<T, rmp_serde::decode::Error> {
     let mut de = rmp_serde::Deserializer::from_read_ref(frame);
-    // `check_frame` already bounded the depth; rmp-serde counts one level
-    // more than we do and must never be given 0, so this is only a backstop.
+    // `check_frame` already bounded the depth, so this is only a backstop.
+    // rmp-serde allows one level fewer than its setting, and 0 would
+    // underflow its counter.
     de.set_max_depth(limits.max_depth.saturating_add(1));
     T::deserialize(&mut de)
 }
