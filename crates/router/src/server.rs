@@ -93,10 +93,8 @@ impl Router {
                 Ok(()) | Err(TryRecvError::Disconnected) => break,
                 Err(TryRecvError::Empty) => {}
             }
-            let now = Instant::now();
-            let due = core.poll_timeout().min(next_tick);
-            let timeout = due
-                .saturating_duration_since(now)
+            let timeout = next_tick
+                .saturating_duration_since(Instant::now())
                 .min(self.config.poll_interval);
             let readable = self.wait(timeout)?;
             for (socket, ready) in [Side::Front, Side::Back, Side::Control]

@@ -15,6 +15,8 @@ mod routing;
 mod workers;
 
 #[cfg(test)]
+mod invariants;
+#[cfg(test)]
 mod tests;
 
 use std::{
@@ -169,22 +171,6 @@ impl Core {
     /// Requests waiting in the router queue.
     pub fn queued_requests(&self) -> usize {
         self.queue.len()
-    }
-
-    /// When `tick` next has work (heartbeat, expiry or deadline).
-    pub fn poll_timeout(&self) -> Instant {
-        let mut due = self.next_heartbeat;
-        for worker in self.workers.values() {
-            if worker.is_live() {
-                due = due.min(worker.last_seen + self.config.heartbeat_expiry);
-            }
-        }
-        for (_, rid) in &self.queue {
-            if let Some(deadline) = self.requests.get(rid).and_then(|r| r.deadline) {
-                due = due.min(deadline);
-            }
-        }
-        due
     }
 
     /// Timers: heartbeats to workers, worker expiry, queued deadlines.

@@ -646,6 +646,42 @@ fn lost_worker_request_is_retried_once_then_worker_lost() {
 }
 
 #[test]
+fn retry_happens_once_even_with_workers_left() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.generate("c", prompt("a", "x"));
+    let (first, rid, _) = h.dispatched().remove(0);
+    h.ready("w2", &["m"], 8);
+    h.ready("w3", &["m"], 8);
+    let lose = |h: &mut Harness, worker: &str| {
+        h.core.handle_send_failure(
+            h.now,
+            &Peer::Worker(Addr::new(worker.as_bytes())),
+            SendFailure::Unreachable,
+        );
+    };
+    lose(&mut h, &first);
+    let (second, again, _) = h.dispatched().remove(0);
+    assert_eq!(again, rid);
+    lose(&mut h, &second);
+    let sent = h.sent();
+    assert!(
+        !sent
+            .iter()
+            .any(|o| matches!(o, Out::Worker(_, RouterToWorker::Generate { .. }))),
+        "no second retry: {sent:?}"
+    );
+    let errors: Vec<_> = sent
+        .iter()
+        .filter_map(|o| match o {
+            Out::Client(_, reply) => Some(error_code(reply)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors, [(Some("a"), ErrorCode::WorkerLost)]);
+}
+
+#[test]
 fn lost_worker_with_streamed_output_fails_at_once() {
     let mut h = Harness::new(config(Policy::RoundRobin));
     h.ready("w1", &["m"], 8);
