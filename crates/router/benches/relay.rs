@@ -6,6 +6,9 @@
 //!   the same echo worker reached directly; the difference is what the
 //!   router adds.
 //!
+//! - core cost: the sans-IO core alone relaying chunks in memory, the
+//!   router's own CPU time per message without sockets.
+//!
 //! `cargo bench -p zinfer-router --bench relay`. Knobs (environment):
 //! `RELAY_ROUNDS` (5), `RELAY_REQUESTS` (20000), `RELAY_CHUNKS` (8),
 //! `RELAY_WINDOW` (1000), `RELAY_PINGS` (3000).
@@ -13,14 +16,17 @@
 #[path = "../tests/support/echo.rs"]
 mod echo;
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use echo::EchoWorker;
 use zinfer_protocol::{
     ClientReply, ClientRequest, GenerateRequest, Limits, RouterToWorker, WorkerToRouter, decode,
     encode,
 };
-use zinfer_router::{Router, RouterConfig};
+use zinfer_router::{Action, Addr, Core, Metrics, Router, RouterConfig};
 
 fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -59,6 +65,14 @@ fn main() {
     println!(
         "relay bench: {requests} requests x ({chunks} chunks + done), window {window}; \
          {pings} ping-pongs; {rounds} rounds"
+    );
+    let mut core_ns = Vec::new();
+    for _ in 0..rounds {
+        core_ns.push(core_cost_ns(200_000));
+    }
+    println!(
+        "core only: {:.0} ns per relayed chunk (median of {rounds})",
+        median(&core_ns)
     );
     let mut rates = Vec::new();
     let mut router_p50 = Vec::new();
@@ -214,6 +228,54 @@ fn direct_round_trip(direct: &zmq::Socket) {
         Ok(WorkerToRouter::Done { .. }) => {}
         other => panic!("unexpected reply {other:?}"),
     }
+}
+
+/// Nanoseconds the core spends per chunk relayed (decode, rewrite, encode).
+fn core_cost_ns(chunks: u32) -> f64 {
+    let metrics = Arc::new(Metrics::new().expect("metrics"));
+    let now = Instant::now();
+    let mut core = Core::new(RouterConfig::default(), metrics, now);
+    let worker = Addr::new("w");
+    let client = Addr::new("c");
+    let ready = WorkerToRouter::Ready {
+        worker_id: "w".into(),
+        protocol: zinfer_protocol::PROTOCOL_VERSION,
+        models: vec!["m".into()],
+        device: "cpu".into(),
+        kv_capacity: 1,
+        max_batch: 8,
+    };
+    core.handle_worker(now, &worker, &encode(&ready).expect("encode"));
+    let generate = ClientRequest::Generate(request("r".into(), 128, true));
+    core.handle_client(now, &client, &encode(&generate).expect("encode"));
+    let mut rid = None;
+    while let Some(Action::Send { frame, .. }) = core.poll_action() {
+        if let Ok(RouterToWorker::Generate { rid: r, .. }) = decode(&frame, &Limits::default()) {
+            rid = Some(r);
+        }
+    }
+    let rid = rid.expect("dispatched");
+    let frames: Vec<Vec<u8>> = (0..chunks)
+        .map(|index| {
+            let chunk = WorkerToRouter::Chunk {
+                rid,
+                index,
+                text: " token".into(),
+                tokens: vec![index],
+            };
+            encode(&chunk).expect("encode")
+        })
+        .collect();
+    let start = Instant::now();
+    let mut relayed = 0u64;
+    for frame in &frames {
+        core.handle_worker(now, &worker, frame);
+        while let Some(Action::Send { frame, .. }) = core.poll_action() {
+            relayed += u64::from(!frame.is_empty());
+        }
+    }
+    assert_eq!(relayed, u64::from(chunks));
+    start.elapsed().as_nanos() as f64 / f64::from(chunks)
 }
 
 fn median(values: &[f64]) -> f64 {

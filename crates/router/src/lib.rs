@@ -7,6 +7,38 @@
 //!
 //! The logic lives in [`Core`], a state machine without I/O; [`Router`]
 //! owns the sockets and drives it. [`run`] is what the CLI calls.
+//!
+//! # Rules a client or worker can rely on
+//!
+//! - Every accepted `generate` ends in exactly one `done` or `error`.
+//!   Rejections (`bad_request`, `unknown_model`, `unavailable`,
+//!   `overloaded`) are that terminal reply.
+//! - No `model`: the model served by the most live workers; ties go to the
+//!   first by name. A named model no live worker serves is
+//!   `unknown_model` (the message lists the models served); no worker at
+//!   all, or only draining ones, is `unavailable`.
+//! - A worker takes at most `max_inflight_per_worker` requests (default
+//!   twice its `max_batch`); beyond that requests wait in the router queue
+//!   (highest `priority` first, then oldest), and when the queue is full
+//!   the answer is `overloaded` at once. `deadline_ms` counts from arrival
+//!   at the router: a queued request past it gets `deadline`, and a worker
+//!   is sent what is left of it.
+//! - Load, for `least_load` and `cache_aware`, is the requests the router
+//!   has in flight on a worker plus the `waiting` of its last load report.
+//! - A worker silent for `heartbeat_expiry` (3 s) is lost. Its requests
+//!   that showed the client nothing yet (no chunk relayed; non-streamed
+//!   requests always qualify) are re-sent once to another worker; the
+//!   rest end with `worker_lost` (retryable). A `ready` from a worker the
+//!   router already knows means it restarted: same treatment.
+//! - `cancel` of a queued request answers `done`/`cancelled` at once; of a
+//!   running one, it is forwarded and the worker's `done` is relayed; of an
+//!   unknown or finished id, it is ignored (it raced the terminal reply).
+//! - Messages from unregistered or lost workers get `disconnect`, so they
+//!   register again; a `ready` with another protocol version gets
+//!   `disconnect` naming both versions (the worker should back off rather
+//!   than re-register at once).
+//! - REQ clients work for `ping`, `models` and non-streamed `generate`
+//!   (one reply per request); streaming needs a DEALER.
 
 mod config;
 mod core;
