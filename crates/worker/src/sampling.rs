@@ -1,1 +1,422 @@
-//! Token sampling.
+//! Token sampling: turns one step's logits into the next token id.
+//!
+//! Greedy when the temperature is 0. Otherwise, in order: repetition
+//! penalty, temperature, top-k, min-p, top-p, then one draw from a
+//! per-request RNG seeded from the request's seed, so the same seed,
+//! parameters and prompt give the same tokens. Top-k and top-p use partial
+//! selection, so a 49k vocabulary is never fully sorted.
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use zinfer_protocol::{FinishReason, GenerateRequest};
+
+/// Top-p starts by ordering this many candidates and widens only when
+/// their mass falls short.
+const TOP_P_FIRST_WINDOW: usize = 64;
+
+/// Why no token could be drawn; a bug in the model, never the request.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum SamplingError {
+    /// The model returned an empty logits row.
+    #[error("the model returned no logits; check its vocab_size")]
+    EmptyLogits,
+    /// Every logit was NaN or -inf.
+    #[error("every logit is NaN or -inf; the forward pass is broken")]
+    NoFiniteLogit,
+}
+
+/// The sampling part of a request, in engine units.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// Softmax temperature; 0 means greedy.
+    pub temperature: f32,
+    /// Keep only the k most likely tokens; 0 is off.
+    pub top_k: usize,
+    /// Keep the smallest set whose probability reaches this mass; 1 is off.
+    pub top_p: f32,
+    /// Drop tokens below `min_p` times the top probability; 0 is off.
+    pub min_p: f32,
+    /// Divides positive (multiplies negative) logits of tokens already
+    /// seen in the prompt or output; 1 is off.
+    pub repetition_penalty: f32,
+    /// Seed of the request's RNG.
+    pub seed: u64,
+}
+
+impl SamplingParams {
+    /// Takes the request's parameters; `fallback_seed` is used when the
+    /// request names no seed.
+    pub fn from_request(request: &GenerateRequest, fallback_seed: u64) -> Self {
+        SamplingParams {
+            temperature: request.temperature,
+            top_k: request.top_k as usize,
+            top_p: request.top_p,
+            min_p: request.min_p,
+            repetition_penalty: request.repetition_penalty,
+            seed: request.seed.unwrap_or(fallback_seed),
+        }
+    }
+
+    /// Greedy decoding with no penalty: the deterministic reference.
+    pub fn greedy() -> Self {
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+/// Samples the tokens of one request; owns its RNG and the set of tokens
+/// seen so far (for the repetition penalty).
+#[derive(Debug)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: StdRng,
+    seen: SeenTokens,
+    candidates: Vec<(u32, f32)>,
+}
+
+impl Sampler {
+    /// A sampler for a request whose prompt is `prompt`.
+    pub fn new(params: SamplingParams, prompt: &[u32]) -> Self {
+        let mut seen = SeenTokens::default();
+        if params.repetition_penalty != 1.0 {
+            prompt.iter().for_each(|&token| seen.insert(token));
+        }
+        Sampler {
+            rng: StdRng::seed_from_u64(params.seed),
+            params,
+            seen,
+            candidates: Vec::new(),
+        }
+    }
+
+    /// Draws the next token from `logits` (modified in place by the
+    /// penalty) and remembers it for the repetition penalty.
+    pub fn sample(&mut self, logits: &mut [f32]) -> Result<u32, SamplingError> {
+        if logits.is_empty() {
+            return Err(SamplingError::EmptyLogits);
+        }
+        self.apply_repetition_penalty(logits);
+        let token = if self.params.temperature <= 0.0 {
+            argmax(logits).ok_or(SamplingError::NoFiniteLogit)?
+        } else {
+            self.draw(logits)?
+        };
+        if self.params.repetition_penalty != 1.0 {
+            self.seen.insert(token);
+        }
+        Ok(token)
+    }
+
+    fn apply_repetition_penalty(&self, logits: &mut [f32]) {
+        let penalty = self.params.repetition_penalty;
+        if penalty == 1.0 {
+            return;
+        }
+        for token in self.seen.iter() {
+            if let Some(logit) = logits.get_mut(token as usize) {
+                *logit = if *logit > 0.0 {
+                    *logit / penalty
+                } else {
+                    *logit * penalty
+                };
+            }
+        }
+    }
+
+    fn draw(&mut self, logits: &[f32]) -> Result<u32, SamplingError> {
+        let params = &self.params;
+        let candidates = &mut self.candidates;
+        candidates.clear();
+        candidates.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, logit)| logit.is_finite())
+                .map(|(id, &logit)| (id as u32, logit)),
+        );
+        if candidates.is_empty() {
+            return Err(SamplingError::NoFiniteLogit);
+        }
+        if params.top_k > 0 && params.top_k < candidates.len() {
+            candidates.select_nth_unstable_by(params.top_k - 1, by_weight_desc);
+            candidates.truncate(params.top_k);
+        }
+        // Weights relative to the best token: the best has weight 1, so
+        // min-p compares weights directly.
+        let max = candidates
+            .iter()
+            .map(|&(_, logit)| logit)
+            .fold(f32::NEG_INFINITY, f32::max);
+        let inv_t = 1.0 / params.temperature;
+        for (_, value) in candidates.iter_mut() {
+            *value = ((*value - max) * inv_t).exp();
+        }
+        if params.min_p > 0.0 {
+            candidates.retain(|&(_, weight)| weight >= params.min_p);
+        }
+        if params.top_p < 1.0 {
+            keep_top_p(candidates, params.top_p);
+        }
+        let total: f32 = candidates.iter().map(|&(_, weight)| weight).sum();
+        let mut target = self.rng.random::<f32>() * total;
+        for &(id, weight) in candidates.iter() {
+            if target < weight {
+                return Ok(id);
+            }
+            target -= weight;
+        }
+        // Rounding left a sliver past the last candidate.
+        candidates
+            .last()
+            .map(|&(id, _)| id)
+            .ok_or(SamplingError::NoFiniteLogit)
+    }
+}
+
+/// Orders by weight, highest first, then by id, so equal weights sort the
+/// same way on every run.
+fn by_weight_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// Keeps the smallest highest-weight prefix whose mass reaches `top_p` of
+/// the total, ordering only as many candidates as needed.
+fn keep_top_p(candidates: &mut Vec<(u32, f32)>, top_p: f32) {
+    let total: f32 = candidates.iter().map(|&(_, weight)| weight).sum();
+    let target = top_p * total;
+    let len = candidates.len();
+    let mut window = TOP_P_FIRST_WINDOW.min(len);
+    loop {
+        if window < len {
+            candidates.select_nth_unstable_by(window - 1, by_weight_desc);
+        }
+        candidates[..window].sort_unstable_by(by_weight_desc);
+        let mut mass = 0.0;
+        for (index, &(_, weight)) in candidates[..window].iter().enumerate() {
+            mass += weight;
+            if mass >= target {
+                candidates.truncate(index + 1);
+                return;
+            }
+        }
+        if window == len {
+            return;
+        }
+        window = (window * 4).min(len);
+    }
+}
+
+/// Index of the largest finite logit; the lowest index wins ties.
+pub fn argmax(logits: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (index, &logit) in logits.iter().enumerate() {
+        if logit.is_nan() || logit == f32::NEG_INFINITY {
+            continue;
+        }
+        if best.is_none_or(|(_, top)| logit > top) {
+            best = Some((index, logit));
+        }
+    }
+    best.map(|(index, _)| index as u32)
+}
+
+/// A set of token ids as a bitset plus the list of members, so the
+/// penalty visits only seen tokens.
+#[derive(Debug, Default)]
+struct SeenTokens {
+    bits: Vec<u64>,
+    members: Vec<u32>,
+}
+
+impl SeenTokens {
+    fn insert(&mut self, token: u32) {
+        let (word, bit) = (token as usize / 64, token % 64);
+        if word >= self.bits.len() {
+            self.bits.resize(word + 1, 0);
+        }
+        if self.bits[word] & (1 << bit) == 0 {
+            self.bits[word] |= 1 << bit;
+            self.members.push(token);
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.members.iter().copied()
+    }
+}
+
+/// When generation ends on a token: EOS, a stop token id, or `max_tokens`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StopTokens {
+    ids: Vec<u32>,
+    max_tokens: usize,
+}
+
+impl StopTokens {
+    /// Stops on any of `eos` or `stop_token_ids`, or after `max_tokens`.
+    pub fn new(eos: &[u32], stop_token_ids: &[u32], max_tokens: usize) -> Self {
+        let mut ids: Vec<u32> = eos.iter().chain(stop_token_ids).copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        StopTokens { ids, max_tokens }
+    }
+
+    /// Whether `token` ends generation by itself (its text is not shown).
+    pub fn is_stop_token(&self, token: u32) -> bool {
+        self.ids.binary_search(&token).is_ok()
+    }
+
+    /// Why generation ends after `token`, the `generated`-th output token.
+    pub fn check(&self, token: u32, generated: usize) -> Option<FinishReason> {
+        if self.is_stop_token(token) {
+            Some(FinishReason::Stop)
+        } else if generated >= self.max_tokens {
+            Some(FinishReason::Length)
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32, seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            seed,
+            ..SamplingParams::greedy()
+        }
+    }
+
+    /// A 49k-vocab row with a few clear winners and noise elsewhere.
+    fn logits() -> Vec<f32> {
+        (0..49_152u32)
+            .map(|i| ((i.wrapping_mul(2_654_435_761) >> 16) % 1000) as f32 / 250.0)
+            .collect()
+    }
+
+    #[test]
+    fn greedy_takes_the_largest_and_the_lowest_index_on_ties() {
+        let mut sampler = Sampler::new(SamplingParams::greedy(), &[]);
+        assert_eq!(sampler.sample(&mut [0.1, 3.0, -1.0, 3.0]).unwrap(), 1);
+        assert_eq!(sampler.sample(&mut [f32::NAN, -2.0, -1.0]).unwrap(), 2);
+    }
+
+    #[test]
+    fn empty_or_non_finite_logits_are_errors_not_panics() {
+        let mut sampler = Sampler::new(params(1.0, 1), &[]);
+        assert_eq!(sampler.sample(&mut []), Err(SamplingError::EmptyLogits));
+        assert_eq!(
+            sampler.sample(&mut [f32::NAN, f32::NEG_INFINITY]),
+            Err(SamplingError::NoFiniteLogit)
+        );
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_other_tokens() {
+        let run = |seed| {
+            let mut sampler = Sampler::new(params(1.5, seed), &[]);
+            (0..32)
+                .map(|_| sampler.sample(&mut logits()).unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn top_k_keeps_only_the_k_best() {
+        let row = logits();
+        let mut order: Vec<u32> = (0..row.len() as u32).collect();
+        order.sort_by(|&a, &b| row[b as usize].total_cmp(&row[a as usize]).then(a.cmp(&b)));
+        let best: std::collections::HashSet<u32> = order[..5].iter().copied().collect();
+        let mut sampler = Sampler::new(
+            SamplingParams {
+                top_k: 5,
+                ..params(5.0, 3)
+            },
+            &[],
+        );
+        let drawn: std::collections::HashSet<u32> = (0..400)
+            .map(|_| sampler.sample(&mut row.clone()).unwrap())
+            .collect();
+        assert!(drawn.is_subset(&best), "{drawn:?} not within {best:?}");
+        assert!(drawn.len() > 1, "a hot top-5 draw should vary");
+    }
+
+    #[test]
+    fn top_p_keeps_the_smallest_set_reaching_the_mass() {
+        // Probabilities 0.5, 0.3, 0.15, 0.05 at temperature 1.
+        let probs = [0.05f32, 0.5, 0.15, 0.3];
+        let row: Vec<f32> = probs.iter().map(|p| p.ln()).collect();
+        let mut sampler = Sampler::new(
+            SamplingParams {
+                top_p: 0.75,
+                ..params(1.0, 11)
+            },
+            &[],
+        );
+        let drawn: std::collections::HashSet<u32> = (0..500)
+            .map(|_| sampler.sample(&mut row.clone()).unwrap())
+            .collect();
+        assert_eq!(drawn, [1, 3].into_iter().collect());
+    }
+
+    #[test]
+    fn top_p_widens_its_window_over_a_flat_vocabulary() {
+        let mut candidates: Vec<(u32, f32)> = (0..10_000).map(|i| (i, 1.0)).collect();
+        keep_top_p(&mut candidates, 0.5);
+        assert_eq!(candidates.len(), 5_000);
+        let mut ids: Vec<u32> = candidates.iter().map(|&(id, _)| id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..5_000).collect::<Vec<_>>(), "ties go to low ids");
+    }
+
+    #[test]
+    fn min_p_drops_tokens_far_below_the_best() {
+        let row = [0.0f32, -0.1, -5.0, -6.0];
+        let mut sampler = Sampler::new(
+            SamplingParams {
+                min_p: 0.1,
+                ..params(1.0, 5)
+            },
+            &[],
+        );
+        for _ in 0..300 {
+            assert!(sampler.sample(&mut row.clone()).unwrap() < 2);
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_pushes_seen_tokens_down() {
+        let penalized = SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::greedy()
+        };
+        // Token 0 was in the prompt: 3.0 / 2 = 1.5 < 2.0.
+        let mut sampler = Sampler::new(penalized.clone(), &[0]);
+        assert_eq!(sampler.sample(&mut [3.0, 2.0, -1.0]).unwrap(), 1);
+        // Now token 1 is seen as output too: 2.0 / 2 = 1.0 < 1.5.
+        assert_eq!(sampler.sample(&mut [3.0, 2.0, -1.0]).unwrap(), 0);
+        // Negative logits are multiplied, so they sink further.
+        let mut sampler = Sampler::new(penalized, &[0]);
+        assert_eq!(sampler.sample(&mut [-1.0, -1.5, -9.0]).unwrap(), 1);
+    }
+
+    #[test]
+    fn stop_tokens_and_max_tokens_end_generation() {
+        let stop = StopTokens::new(&[2], &[7, 2], 3);
+        assert_eq!(stop.check(2, 1), Some(FinishReason::Stop));
+        assert_eq!(stop.check(7, 1), Some(FinishReason::Stop));
+        assert_eq!(stop.check(5, 2), None);
+        assert_eq!(stop.check(5, 3), Some(FinishReason::Length));
+        assert!(!stop.is_stop_token(5));
+    }
+}

@@ -1,1 +1,0 @@
-//! Continuous batching scheduler (sans-IO).

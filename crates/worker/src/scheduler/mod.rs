@@ -1,0 +1,640 @@
+//! Continuous batching scheduler (sans-IO).
+//!
+//! The scheduler decides what the model computes each step and who owns
+//! every KV slot. It owns the [`TokenPool`] and the [`RadixCache`]; the
+//! engine feeds it events (submit, cancel, deadlines via [`Scheduler::expire`],
+//! step results via [`Scheduler::complete`]) and asks it for the next batch
+//! with [`Scheduler::schedule`]. It never touches the model, so it is tested
+//! with a fake one.
+//!
+//! A sequence's tokens are its prompt followed by its output; all but the
+//! newest have K/V in the pool. Each step feeds a sequence the tokens that
+//! still lack K/V: a chunk of the prompt while prefilling, then one token per
+//! step while decoding. Decodes go in every step; prefill chunks fill the
+//! rest of a token budget, so a long prompt never stalls running streams.
+//!
+//! Slot ownership: the first `cache_len` slots of a running sequence belong
+//! to the radix cache (kept from eviction by a lock on the cache node), the
+//! rest to the sequence itself. When a prompt's prefill completes it goes
+//! into the cache at once, so later requests with the same prefix hit while
+//! the first still decodes; on finish the whole sequence goes in and the
+//! lock is released.
+
+mod kv;
+#[cfg(test)]
+mod tests;
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+use std::time::Instant;
+
+use zinfer_cache::{NodeHandle, RadixCache, TokenPool};
+
+use kv::Kv;
+
+/// Tuning of the scheduler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Most sequences in the running batch.
+    pub max_batch: usize,
+    /// Most tokens computed per step; decodes count one each, prefill
+    /// chunks share the rest.
+    pub step_token_budget: usize,
+    /// Slots each running sequence is expected to need soon; admission
+    /// leaves this much room per sequence to avoid preempting right away.
+    pub decode_reserve: usize,
+    /// A waiting request that shares at least this many uncached prompt
+    /// tokens with a prompt being prefilled waits for that prompt to reach
+    /// the cache, so the shared prefix is computed once; 0 turns it off.
+    pub shared_prefix_hold: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_batch: 32,
+            step_token_budget: 512,
+            decode_reserve: 16,
+            shared_prefix_hold: 32,
+        }
+    }
+}
+
+/// Why a sequence was refused or an operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SchedulerError {
+    /// The prompt and one generated token do not fit the whole pool.
+    #[error(
+        "prompt of {prompt} tokens does not fit the KV pool of {capacity} tokens; \
+         shorten it below {capacity} tokens"
+    )]
+    PromptTooLong {
+        /// Prompt length in tokens.
+        prompt: usize,
+        /// Pool capacity in tokens.
+        capacity: usize,
+    },
+    /// A request must give at least one prompt token.
+    #[error("the prompt is empty; give at least one token")]
+    EmptyPrompt,
+    /// The id is already in use.
+    #[error("sequence {0} is already scheduled; use a fresh id")]
+    DuplicateId(u64),
+    /// No sequence has this id (finished or never submitted).
+    #[error("no sequence with id {0}")]
+    Unknown(u64),
+}
+
+/// A request ready to be scheduled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSequence {
+    /// Engine-wide id (the router's rid).
+    pub id: u64,
+    /// Prefix-cache namespace.
+    pub namespace: String,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Most tokens to generate.
+    pub max_new_tokens: usize,
+    /// Higher is admitted first.
+    pub priority: i32,
+    /// When to give up.
+    pub deadline: Option<Instant>,
+}
+
+/// One sequence's part of a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlanItem {
+    /// Sequence id.
+    pub id: u64,
+    /// First position fed this step (positions before it have K/V).
+    pub start: usize,
+    /// Number of tokens fed.
+    pub len: usize,
+    /// The chunk ends at the newest token: sample the next one.
+    pub sample: bool,
+}
+
+/// A sequence admitted to the running batch this step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// Sequence id.
+    pub id: u64,
+    /// Tokens served from the prefix cache.
+    pub cached_tokens: usize,
+    /// Whether this is a re-admission after preemption.
+    pub resumed: bool,
+}
+
+/// What to compute in one step, and what changed while planning it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use]
+pub struct StepPlan {
+    /// Chunks to run, in batch order.
+    pub items: Vec<PlanItem>,
+    /// Sequences that entered the running batch.
+    pub admitted: Vec<Admission>,
+    /// Sequences sent back to the waiting queue for lack of slots.
+    pub preempted: Vec<u64>,
+    /// Sequences that alone fill the pool and cannot grow: finished
+    /// already; the engine reports them with finish reason `length`.
+    pub exhausted: Vec<u64>,
+}
+
+impl StepPlan {
+    /// Whether there is nothing to compute.
+    pub fn is_idle(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// The data of one chunk, borrowed for the forward pass.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkView<'a> {
+    /// Tokens to feed.
+    pub tokens: &'a [u32],
+    /// Slots of positions `0..start_pos + tokens.len()`.
+    pub slots: &'a [u32],
+    /// Positions already holding K/V.
+    pub start_pos: usize,
+}
+
+/// Counts for load reports and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SchedulerStats {
+    /// Sequences in the running batch.
+    pub running: usize,
+    /// Sequences waiting for admission.
+    pub waiting: usize,
+    /// Pool capacity in slots.
+    pub kv_capacity: usize,
+    /// Free slots.
+    pub kv_free: usize,
+    /// Slots owned by running sequences (not in the cache).
+    pub kv_held: usize,
+    /// Slots owned by the radix cache (locked or not).
+    pub kv_cached: usize,
+    /// Cached slots that may be evicted.
+    pub kv_evictable: usize,
+    /// Prompt tokens served from the cache since start.
+    pub cache_hit_tokens: u64,
+    /// Prompt tokens looked up in the cache since start.
+    pub cache_query_tokens: u64,
+    /// Sequences preempted since start.
+    pub preemptions: u64,
+}
+
+/// One sequence, waiting or running.
+#[derive(Debug)]
+struct Seq {
+    id: u64,
+    namespace: String,
+    /// Prompt, then output.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_new_tokens: usize,
+    priority: i32,
+    /// Arrival order; kept across preemption.
+    order: u64,
+    deadline: Option<Instant>,
+    /// Slot of each position that has (or is about to get) K/V.
+    slots: Vec<u32>,
+    /// Positions whose K/V is written.
+    kv_len: usize,
+    /// Leading slots owned by the cache through `node`.
+    cache_len: usize,
+    /// Locked cache node covering at least `cache_len` tokens.
+    node: Option<NodeHandle>,
+    /// All tokens but the newest have K/V: decoding.
+    prefilled: bool,
+    /// Admitted at least once (for hit accounting and `resumed`).
+    admitted_before: bool,
+}
+
+impl Seq {
+    fn key(&self) -> WaitKey {
+        (Reverse(self.priority), self.order, self.id)
+    }
+
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Slots this sequence may still ask for, capped by `reserve`.
+    fn reserve(&self, reserve: usize) -> usize {
+        self.max_new_tokens
+            .saturating_sub(self.generated())
+            .min(reserve)
+    }
+}
+
+/// Waiting order: priority high first, then arrival.
+type WaitKey = (Reverse<i32>, u64, u64);
+
+/// The continuous batching scheduler.
+pub struct Scheduler {
+    config: SchedulerConfig,
+    kv: Kv,
+    seqs: HashMap<u64, Seq>,
+    waiting: BTreeSet<WaitKey>,
+    /// Running ids, oldest (highest priority, earliest) first.
+    running: Vec<u64>,
+    next_order: u64,
+    cache_hit_tokens: u64,
+    cache_query_tokens: u64,
+    preemptions: u64,
+}
+
+impl Scheduler {
+    /// A scheduler over `pool` and `cache`, which it owns from now on.
+    pub fn new(config: SchedulerConfig, pool: TokenPool, cache: RadixCache<u32>) -> Self {
+        Scheduler {
+            config,
+            kv: Kv { pool, cache },
+            seqs: HashMap::new(),
+            waiting: BTreeSet::new(),
+            running: Vec::new(),
+            next_order: 0,
+            cache_hit_tokens: 0,
+            cache_query_tokens: 0,
+            preemptions: 0,
+        }
+    }
+
+    /// Pool capacity in slots.
+    pub fn capacity(&self) -> usize {
+        self.kv.pool.capacity()
+    }
+
+    /// Queues a sequence; refuses one that could never fit the pool.
+    pub fn submit(&mut self, new: NewSequence) -> Result<(), SchedulerError> {
+        if new.prompt.is_empty() {
+            return Err(SchedulerError::EmptyPrompt);
+        }
+        if new.prompt.len() + 1 > self.capacity() {
+            return Err(SchedulerError::PromptTooLong {
+                prompt: new.prompt.len(),
+                capacity: self.capacity(),
+            });
+        }
+        if self.seqs.contains_key(&new.id) {
+            return Err(SchedulerError::DuplicateId(new.id));
+        }
+        let seq = Seq {
+            id: new.id,
+            namespace: new.namespace,
+            prompt_len: new.prompt.len(),
+            tokens: new.prompt,
+            max_new_tokens: new.max_new_tokens,
+            priority: new.priority,
+            order: self.next_order,
+            deadline: new.deadline,
+            slots: Vec::new(),
+            kv_len: 0,
+            cache_len: 0,
+            node: None,
+            prefilled: false,
+            admitted_before: false,
+        };
+        self.next_order += 1;
+        self.waiting.insert(seq.key());
+        self.seqs.insert(seq.id, seq);
+        Ok(())
+    }
+
+    /// Ends a sequence (finished, cancelled or past its deadline): its
+    /// computed tokens go into the cache, its lock and spare slots are
+    /// released at once.
+    pub fn finish(&mut self, id: u64) -> Result<(), SchedulerError> {
+        let mut seq = self.remove(id)?;
+        self.kv.release(&mut seq, true);
+        Ok(())
+    }
+
+    /// Ends a sequence whose last step failed: its slots are freed without
+    /// caching anything.
+    pub fn abort(&mut self, id: u64) -> Result<(), SchedulerError> {
+        let mut seq = self.remove(id)?;
+        self.kv.release(&mut seq, false);
+        Ok(())
+    }
+
+    /// Finishes every sequence whose deadline is at or before `now`;
+    /// returns their ids.
+    pub fn expire(&mut self, now: Instant) -> Vec<u64> {
+        let mut expired: Vec<u64> = self
+            .seqs
+            .values()
+            .filter(|seq| seq.deadline.is_some_and(|deadline| deadline <= now))
+            .map(|seq| seq.id)
+            .collect();
+        expired.sort_unstable();
+        for &id in &expired {
+            // Present: just listed.
+            let _ = self.finish(id);
+        }
+        expired
+    }
+
+    /// The earliest deadline of any sequence, for the engine's idle wait.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.seqs.values().filter_map(|seq| seq.deadline).min()
+    }
+
+    /// Whether the sequence is still scheduled (waiting or running).
+    pub fn contains(&self, id: u64) -> bool {
+        self.seqs.contains_key(&id)
+    }
+
+    /// Whether nothing is waiting or running.
+    pub fn is_empty(&self) -> bool {
+        self.seqs.is_empty()
+    }
+
+    /// Plans the next step: decodes first, then prefill chunks of running
+    /// sequences, then admissions from the waiting queue while budget,
+    /// batch size and pool room allow.
+    pub fn schedule(&mut self) -> StepPlan {
+        let mut plan = StepPlan::default();
+        self.plan_decodes(&mut plan);
+        let mut budget = self
+            .config
+            .step_token_budget
+            .saturating_sub(plan.items.len());
+        for &id in &self.running {
+            if budget == 0 {
+                break;
+            }
+            let Some(seq) = self.seqs.get(&id) else {
+                continue;
+            };
+            if !seq.prefilled {
+                let len = (seq.tokens.len() - seq.kv_len).min(budget);
+                plan.items.push(chunk_item(seq, len));
+                budget -= len;
+            }
+        }
+        // Admitting right after a preemption would only preempt again.
+        if plan.preempted.is_empty() && plan.exhausted.is_empty() {
+            self.admit(&mut plan, budget);
+        }
+        plan
+    }
+
+    /// Gives every decoding sequence its next slot, preempting the newest
+    /// sequences while the pool is dry.
+    fn plan_decodes(&mut self, plan: &mut StepPlan) {
+        let mut index = 0;
+        while index < self.running.len() {
+            let id = self.running[index];
+            let Some(seq) = self.seqs.get(&id) else {
+                self.running.remove(index);
+                continue;
+            };
+            if !seq.prefilled {
+                index += 1;
+                continue;
+            }
+            if seq.slots.len() <= seq.kv_len {
+                if let Some(slots) = self.kv.alloc(1) {
+                    if let Some(seq) = self.seqs.get_mut(&id) {
+                        seq.slots.extend(slots);
+                    }
+                } else {
+                    let newest = self.running.len() - 1;
+                    if newest == 0 {
+                        // Alone and the pool is full: it cannot grow.
+                        let _ = self.finish(id);
+                        plan.exhausted.push(id);
+                    } else {
+                        let victim = self.running[newest];
+                        self.preempt(victim);
+                        plan.preempted.push(victim);
+                    }
+                    continue;
+                }
+            }
+            if let Some(seq) = self.seqs.get(&id) {
+                plan.items.push(chunk_item(seq, 1));
+            }
+            index += 1;
+        }
+    }
+
+    /// Admits waiting sequences in priority order while they fit.
+    fn admit(&mut self, plan: &mut StepPlan, mut budget: usize) {
+        let candidates: Vec<WaitKey> = self.waiting.iter().copied().collect();
+        for key in candidates {
+            if budget == 0 || self.running.len() >= self.config.max_batch {
+                break;
+            }
+            let id = key.2;
+            match self.try_admit(id) {
+                Admit::Held => continue,
+                Admit::NoRoom => break,
+                Admit::Admitted(admission) => {
+                    self.waiting.remove(&key);
+                    self.insert_running(id);
+                    plan.admitted.push(admission);
+                    if let Some(seq) = self.seqs.get(&id) {
+                        let len = (seq.tokens.len() - seq.kv_len).min(budget);
+                        plan.items.push(chunk_item(seq, len));
+                        budget -= len;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Matches the cached prefix, checks room, locks and allocates.
+    fn try_admit(&mut self, id: u64) -> Admit {
+        let running_reserve: usize = self
+            .running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .map(|seq| seq.reserve(self.config.decode_reserve))
+            .sum();
+        let Some(seq) = self.seqs.get(&id) else {
+            return Admit::NoRoom;
+        };
+        let matched = self.kv.cache.match_prefix(&seq.namespace, &seq.tokens);
+        // The newest token is always fed, so it never counts as cached.
+        let usable = matched.len.min(seq.tokens.len() - 1);
+        if self.should_hold(seq, usable) {
+            return Admit::Held;
+        }
+        let uncached = seq.tokens.len() - usable;
+        let capacity = self.capacity();
+        let reserve = if self.running.is_empty() {
+            seq.reserve(self.config.decode_reserve)
+                .min(capacity.saturating_sub(seq.tokens.len()))
+        } else {
+            seq.reserve(self.config.decode_reserve) + running_reserve
+        };
+        self.kv.cache.lock(matched.node);
+        if self.kv.room() < uncached + reserve {
+            self.kv.unlock(matched.node);
+            return Admit::NoRoom;
+        }
+        let Some(fresh) = self.kv.alloc(uncached) else {
+            self.kv.unlock(matched.node);
+            return Admit::NoRoom;
+        };
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            self.kv.free(&fresh);
+            self.kv.unlock(matched.node);
+            return Admit::NoRoom;
+        };
+        let resumed = seq.admitted_before;
+        if !resumed {
+            self.cache_query_tokens += seq.tokens.len() as u64;
+            self.cache_hit_tokens += usable as u64;
+        }
+        seq.admitted_before = true;
+        seq.slots.clear();
+        seq.slots.extend_from_slice(&matched.slots[..usable]);
+        seq.slots.extend(fresh);
+        seq.kv_len = usable;
+        seq.cache_len = usable;
+        seq.node = Some(matched.node);
+        seq.prefilled = false;
+        Admit::Admitted(Admission {
+            id,
+            cached_tokens: usable,
+            resumed,
+        })
+    }
+
+    /// Whether `seq` should wait for a running prefill of the same prefix.
+    fn should_hold(&self, seq: &Seq, cached: usize) -> bool {
+        let hold = self.config.shared_prefix_hold;
+        hold > 0
+            && self
+                .running
+                .iter()
+                .filter_map(|id| self.seqs.get(id))
+                .filter(|other| !other.prefilled && other.namespace == seq.namespace)
+                .any(|other| common_prefix(&other.tokens, &seq.tokens) >= cached + hold)
+    }
+
+    /// Sends a running sequence back to wait; its computed tokens go into
+    /// the cache (unlocked), so they are evicted only if needed.
+    fn preempt(&mut self, id: u64) {
+        self.running.retain(|&running| running != id);
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            self.kv.release(seq, true);
+            self.waiting.insert(seq.key());
+            self.preemptions += 1;
+            tracing::debug!(id, tokens = seq.tokens.len(), "preempted");
+        }
+    }
+
+    fn insert_running(&mut self, id: u64) {
+        let Some(key) = self.seqs.get(&id).map(Seq::key) else {
+            return;
+        };
+        let at = self
+            .running
+            .partition_point(|other| self.seqs.get(other).is_some_and(|s| s.key() < key));
+        self.running.insert(at, id);
+    }
+
+    fn remove(&mut self, id: u64) -> Result<Seq, SchedulerError> {
+        let seq = self.seqs.remove(&id).ok_or(SchedulerError::Unknown(id))?;
+        self.waiting.remove(&seq.key());
+        self.running.retain(|&running| running != id);
+        Ok(seq)
+    }
+
+    /// The tokens and slots of a planned chunk.
+    pub fn chunk(&self, item: &PlanItem) -> Option<ChunkView<'_>> {
+        let seq = self.seqs.get(&item.id)?;
+        let end = item.start + item.len;
+        Some(ChunkView {
+            tokens: seq.tokens.get(item.start..end)?,
+            slots: seq.slots.get(..end)?,
+            start_pos: item.start,
+        })
+    }
+
+    /// Records a computed step: K/V of every item is written, and each
+    /// sampling item got `sampled[i]` (None when the engine drew nothing).
+    /// A prompt whose prefill just completed goes into the cache.
+    pub fn complete(&mut self, plan: &StepPlan, sampled: &[Option<u32>]) {
+        for (index, item) in plan.items.iter().enumerate() {
+            let Some(seq) = self.seqs.get_mut(&item.id) else {
+                continue;
+            };
+            if seq.kv_len != item.start || seq.node.is_none() {
+                continue;
+            }
+            seq.kv_len = item.start + item.len;
+            if item.sample && !seq.prefilled {
+                seq.prefilled = true;
+                self.kv.cache_prefix(seq);
+            }
+            if let Some(token) = sampled.get(index).copied().flatten() {
+                seq.tokens.push(token);
+            }
+        }
+    }
+
+    /// The tokens of a sequence so far (prompt, then output).
+    pub fn tokens(&self, id: u64) -> Option<&[u32]> {
+        self.seqs.get(&id).map(|seq| seq.tokens.as_slice())
+    }
+
+    /// Drops unlocked cache entries of one namespace, or all; returns the
+    /// number of slots freed.
+    pub fn flush_cache(&mut self, namespace: Option<&str>) -> usize {
+        let freed = match namespace {
+            Some(namespace) => self.kv.cache.clear(namespace),
+            None => self.kv.cache.clear_all(),
+        };
+        self.kv.free(&freed);
+        freed.len()
+    }
+
+    /// Current counts.
+    pub fn stats(&self) -> SchedulerStats {
+        let kv_held = self
+            .running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .map(|seq| seq.slots.len() - seq.cache_len)
+            .sum();
+        SchedulerStats {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            kv_capacity: self.capacity(),
+            kv_free: self.kv.pool.available(),
+            kv_held,
+            kv_cached: self.kv.cache.total_tokens(),
+            kv_evictable: self.kv.cache.evictable_tokens(),
+            cache_hit_tokens: self.cache_hit_tokens,
+            cache_query_tokens: self.cache_query_tokens,
+            preemptions: self.preemptions,
+        }
+    }
+}
+
+enum Admit {
+    Admitted(Admission),
+    /// Waits for a shared prefix being prefilled; others may go first.
+    Held,
+    /// Does not fit now; nothing behind it goes first.
+    NoRoom,
+}
+
+fn chunk_item(seq: &Seq, len: usize) -> PlanItem {
+    PlanItem {
+        id: seq.id,
+        start: seq.kv_len,
+        len,
+        sample: seq.kv_len + len == seq.tokens.len(),
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}

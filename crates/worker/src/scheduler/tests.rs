@@ -1,0 +1,483 @@
+//! The scheduler driven by a fake model whose "K/V" is a hash of the prefix
+//! each slot was computed under, so every read of a slot can be checked.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use zinfer_cache::{CacheConfig, RadixCache, TokenPool};
+
+use super::*;
+
+const EOS: u32 = 0;
+
+fn prefix_hash(tokens: &[u32]) -> u64 {
+    tokens
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |hash, &token| {
+            (hash ^ u64::from(token) ^ 0x9e37).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// The fake model's next token: a pure function of the whole prefix, so a
+/// sequence's output cannot depend on batching, caching or preemption.
+fn next_token(tokens: &[u32], vocab: u32) -> u32 {
+    1 + (prefix_hash(tokens) >> 17) as u32 % (vocab - 1)
+}
+
+struct Harness {
+    sched: Scheduler,
+    /// What each slot holds: the hash of the prefix it was computed for.
+    kv: HashMap<u32, u64>,
+    outputs: HashMap<u64, Vec<u32>>,
+    max_new: HashMap<u64, usize>,
+    finished: Vec<u64>,
+    vocab: u32,
+    /// Stop at EOS (off for tests that count tokens).
+    eos: bool,
+}
+
+impl Harness {
+    fn new(capacity: usize, config: SchedulerConfig) -> Self {
+        Harness {
+            sched: Scheduler::new(
+                config,
+                TokenPool::new(capacity),
+                RadixCache::new(CacheConfig::default()),
+            ),
+            kv: HashMap::new(),
+            outputs: HashMap::new(),
+            max_new: HashMap::new(),
+            finished: Vec::new(),
+            vocab: 50,
+            eos: false,
+        }
+    }
+
+    fn submit(&mut self, id: u64, prompt: Vec<u32>, max_new: usize, priority: i32) {
+        self.sched
+            .submit(NewSequence {
+                id,
+                namespace: String::new(),
+                prompt,
+                max_new_tokens: max_new,
+                priority,
+                deadline: None,
+            })
+            .unwrap();
+        self.outputs.insert(id, Vec::new());
+        self.max_new.insert(id, max_new);
+    }
+
+    /// One step: plan, "compute" with K/V checks, sample, finish.
+    fn step(&mut self) -> StepPlan {
+        let plan = self.sched.schedule();
+        self.finished.extend(&plan.exhausted);
+        let mut written = HashSet::new();
+        let mut sampled = Vec::new();
+        for item in &plan.items {
+            let all = self.sched.tokens(item.id).unwrap().to_vec();
+            let view = self.sched.chunk(item).unwrap();
+            assert_eq!(view.start_pos, item.start);
+            assert_eq!(view.slots.len(), item.start + item.len);
+            for pos in 0..view.start_pos {
+                assert_eq!(
+                    self.kv.get(&view.slots[pos]),
+                    Some(&prefix_hash(&all[..=pos])),
+                    "seq {} reads wrong K/V at position {pos}",
+                    item.id
+                );
+            }
+            for pos in view.start_pos..view.slots.len() {
+                assert!(
+                    written.insert(view.slots[pos]),
+                    "slot written twice in a step"
+                );
+                self.kv.insert(view.slots[pos], prefix_hash(&all[..=pos]));
+            }
+            let end = item.start + item.len;
+            sampled.push(item.sample.then(|| next_token(&all[..end], self.vocab)));
+        }
+        self.sched.complete(&plan, &sampled);
+        for (item, token) in plan.items.iter().zip(&sampled) {
+            let Some(token) = *token else { continue };
+            let out = self.outputs.get_mut(&item.id).unwrap();
+            out.push(token);
+            if out.len() >= self.max_new[&item.id] || (self.eos && token == EOS) {
+                self.sched.finish(item.id).unwrap();
+                self.finished.push(item.id);
+            }
+        }
+        self.check_accounting();
+        plan
+    }
+
+    fn check_accounting(&self) {
+        let stats = self.sched.stats();
+        assert_eq!(
+            stats.kv_free + stats.kv_held + stats.kv_cached,
+            stats.kv_capacity,
+            "{stats:?}"
+        );
+    }
+
+    fn run_until_idle(&mut self, max_steps: usize) {
+        for _ in 0..max_steps {
+            if self.sched.is_empty() {
+                return;
+            }
+            let _ = self.step();
+        }
+        panic!("not idle after {max_steps} steps");
+    }
+}
+
+fn reference_output(prompt: &[u32], max_new: usize, vocab: u32) -> Vec<u32> {
+    let mut tokens = prompt.to_vec();
+    for _ in 0..max_new {
+        tokens.push(next_token(&tokens, vocab));
+    }
+    tokens[prompt.len()..].to_vec()
+}
+
+fn config(budget: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        max_batch: 8,
+        step_token_budget: budget,
+        decode_reserve: 2,
+        shared_prefix_hold: 0,
+    }
+}
+
+#[test]
+fn prefill_is_chunked_and_decodes_run_every_step() {
+    let mut h = Harness::new(256, config(8));
+    h.submit(1, vec![5, 6, 7], 10, 0);
+    h.submit(2, (1..=20).collect(), 10, 0);
+    let shape = |plan: &StepPlan| -> Vec<(u64, usize, usize, bool)> {
+        plan.items
+            .iter()
+            .map(|i| (i.id, i.start, i.len, i.sample))
+            .collect()
+    };
+    assert_eq!(shape(&h.step()), [(1, 0, 3, true), (2, 0, 5, false)]);
+    assert_eq!(shape(&h.step()), [(1, 3, 1, true), (2, 5, 7, false)]);
+    assert_eq!(shape(&h.step()), [(1, 4, 1, true), (2, 12, 7, false)]);
+    assert_eq!(shape(&h.step()), [(1, 5, 1, true), (2, 19, 1, true)]);
+    assert_eq!(shape(&h.step()), [(1, 6, 1, true), (2, 20, 1, true)]);
+}
+
+#[test]
+fn outputs_match_a_lone_run_whatever_the_batching() {
+    let mut h = Harness::new(512, config(16));
+    let prompts: Vec<Vec<u32>> = (0..6u32)
+        .map(|i| (0..(3 + 7 * i)).map(|t| 1 + (t * 7 + i) % 40).collect())
+        .collect();
+    for (id, prompt) in prompts.iter().enumerate() {
+        h.submit(id as u64, prompt.clone(), 12, 0);
+    }
+    h.run_until_idle(200);
+    for (id, prompt) in prompts.iter().enumerate() {
+        assert_eq!(h.outputs[&(id as u64)], reference_output(prompt, 12, 50));
+    }
+    let stats = h.sched.stats();
+    assert_eq!(stats.kv_held, 0);
+    assert_eq!(stats.kv_free + stats.kv_cached, 512);
+}
+
+#[test]
+fn a_cached_prefix_is_reused_and_only_the_rest_allocated() {
+    let mut h = Harness::new(256, config(64));
+    let prompt: Vec<u32> = (1..=30).collect();
+    h.submit(1, prompt.clone(), 4, 0);
+    h.run_until_idle(50);
+    // Prompt (30) and the first 3 outputs have K/V; the 4th was never fed.
+    assert_eq!(h.sched.stats().kv_cached, 33);
+    let mut turn2 = prompt.clone();
+    turn2.extend(&h.outputs[&1][..3]);
+    turn2.extend([41, 42]);
+    h.submit(2, turn2.clone(), 4, 0);
+    let free_before = h.sched.stats().kv_free;
+    let plan = h.step();
+    assert_eq!(
+        plan.admitted,
+        [Admission {
+            id: 2,
+            cached_tokens: 33,
+            resumed: false
+        }]
+    );
+    assert_eq!(plan.items[0].start, 33);
+    assert_eq!(plan.items[0].len, 2);
+    assert_eq!(free_before - h.sched.stats().kv_free, 2);
+    h.run_until_idle(50);
+    assert_eq!(h.outputs[&2], reference_output(&turn2, 4, 50));
+    let stats = h.sched.stats();
+    assert_eq!((stats.cache_hit_tokens, stats.cache_query_tokens), (33, 65));
+}
+
+#[test]
+fn a_fully_cached_prompt_still_feeds_its_last_token() {
+    let mut h = Harness::new(128, config(64));
+    let prompt: Vec<u32> = (1..=10).collect();
+    h.submit(1, prompt.clone(), 1, 0);
+    h.run_until_idle(10);
+    h.submit(2, prompt.clone(), 3, 0);
+    let plan = h.step();
+    assert_eq!(plan.admitted[0].cached_tokens, 9);
+    assert_eq!((plan.items[0].start, plan.items[0].len), (9, 1));
+    h.run_until_idle(10);
+    assert_eq!(h.outputs[&2], reference_output(&prompt, 3, 50));
+    // The duplicate slot for position 9 was given back.
+    let stats = h.sched.stats();
+    assert_eq!(stats.kv_free + stats.kv_cached, 128);
+    assert_eq!(stats.kv_cached, 12);
+}
+
+#[test]
+fn a_prompt_is_cached_as_soon_as_its_prefill_completes() {
+    let mut h = Harness::new(256, config(64));
+    let prompt: Vec<u32> = (1..=40).collect();
+    h.submit(1, prompt.clone(), 50, 0);
+    let _ = h.step();
+    let _ = h.step();
+    assert!(h.sched.contains(1), "still decoding");
+    let mut other = prompt.clone();
+    other.push(45);
+    h.submit(2, other, 2, 0);
+    let plan = h.step();
+    assert_eq!(plan.admitted[0].cached_tokens, 40);
+    let stats = h.sched.stats();
+    assert!(
+        stats.kv_cached >= 40 && stats.kv_evictable == 0,
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn waiting_order_is_priority_then_arrival_and_batch_size_is_capped() {
+    let mut h = Harness::new(
+        256,
+        SchedulerConfig {
+            max_batch: 2,
+            ..config(64)
+        },
+    );
+    h.submit(1, vec![1, 2], 3, 0);
+    h.submit(2, vec![3, 4], 3, 5);
+    h.submit(3, vec![5, 6], 3, 0);
+    h.submit(4, vec![7, 8], 3, 5);
+    let plan = h.step();
+    let admitted: Vec<u64> = plan.admitted.iter().map(|a| a.id).collect();
+    assert_eq!(admitted, [2, 4]);
+    assert_eq!(h.sched.stats().waiting, 2);
+    h.run_until_idle(10);
+    let plan_order: Vec<u64> = h.finished.clone();
+    assert_eq!(plan_order, [2, 4, 1, 3]);
+}
+
+#[test]
+fn a_dry_pool_preempts_the_newest_which_resumes_with_the_same_output() {
+    let mut h = Harness::new(
+        40,
+        SchedulerConfig {
+            decode_reserve: 0,
+            ..config(64)
+        },
+    );
+    let a: Vec<u32> = (1..=10).collect();
+    let b: Vec<u32> = (11..=20).collect();
+    h.submit(1, a.clone(), 16, 0);
+    h.submit(2, b.clone(), 16, 0);
+    let mut preempted = Vec::new();
+    for _ in 0..100 {
+        if h.sched.is_empty() {
+            break;
+        }
+        preempted.extend(h.step().preempted);
+    }
+    assert!(h.sched.is_empty());
+    assert_eq!(preempted.first(), Some(&2), "the newest goes first");
+    assert!(h.sched.stats().preemptions >= 1);
+    assert_eq!(h.outputs[&1], reference_output(&a, 16, 50));
+    assert_eq!(h.outputs[&2], reference_output(&b, 16, 50));
+}
+
+#[test]
+fn a_sequence_that_alone_fills_the_pool_ends_and_frees_it() {
+    let mut h = Harness::new(16, config(64));
+    h.submit(1, (1..=10).collect(), 100, 0);
+    let mut exhausted = Vec::new();
+    for _ in 0..20 {
+        exhausted.extend(h.step().exhausted);
+    }
+    assert_eq!(exhausted, [1]);
+    assert_eq!(h.outputs[&1].len(), 7, "10 prompt + 6 fed outputs fill 16");
+    assert!(h.sched.is_empty());
+}
+
+#[test]
+fn prompts_that_cannot_fit_are_refused_at_submit() {
+    let mut h = Harness::new(16, config(64));
+    let new = |prompt: Vec<u32>| NewSequence {
+        id: 9,
+        namespace: String::new(),
+        prompt,
+        max_new_tokens: 1,
+        priority: 0,
+        deadline: None,
+    };
+    assert_eq!(
+        h.sched.submit(new((0..16).collect())),
+        Err(SchedulerError::PromptTooLong {
+            prompt: 16,
+            capacity: 16
+        })
+    );
+    assert_eq!(
+        h.sched.submit(new(vec![])),
+        Err(SchedulerError::EmptyPrompt)
+    );
+    h.sched.submit(new((0..15).collect())).unwrap();
+    assert_eq!(
+        h.sched.submit(new(vec![1])),
+        Err(SchedulerError::DuplicateId(9))
+    );
+}
+
+#[test]
+fn cancel_and_deadline_free_slots_at_once() {
+    let mut h = Harness::new(128, config(64));
+    let now = Instant::now();
+    h.submit(1, (1..=20).collect(), 50, 0);
+    h.sched
+        .submit(NewSequence {
+            id: 2,
+            namespace: "other".into(),
+            prompt: (30..=45).collect(),
+            max_new_tokens: 50,
+            priority: 0,
+            deadline: Some(now + Duration::from_millis(10)),
+        })
+        .unwrap();
+    h.outputs.insert(2, Vec::new());
+    h.max_new.insert(2, 50);
+    let _ = h.step();
+    let _ = h.step();
+    assert!(h.sched.stats().kv_held > 0);
+    assert_eq!(
+        h.sched.next_deadline(),
+        Some(now + Duration::from_millis(10))
+    );
+    assert!(h.sched.expire(now).is_empty());
+    assert_eq!(h.sched.expire(now + Duration::from_millis(10)), [2]);
+    h.sched.finish(1).unwrap();
+    let stats = h.sched.stats();
+    assert_eq!(
+        (stats.running, stats.kv_held, stats.kv_evictable),
+        (0, 0, stats.kv_cached)
+    );
+    assert_eq!(h.sched.finish(1), Err(SchedulerError::Unknown(1)));
+    assert_eq!(h.sched.flush_cache(Some("other")), 17);
+    assert_eq!(h.sched.flush_cache(None), 21);
+    assert_eq!(h.sched.stats().kv_free, 128);
+}
+
+#[test]
+fn requests_sharing_an_uncached_prefix_wait_for_the_first_prefill() {
+    let mut h = Harness::new(
+        1024,
+        SchedulerConfig {
+            shared_prefix_hold: 16,
+            ..config(64)
+        },
+    );
+    let system: Vec<u32> = (1..=100).map(|t| t % 45 + 1).collect();
+    for id in 0..3u64 {
+        let mut prompt = system.clone();
+        prompt.push(46 + id as u32);
+        h.submit(id, prompt, 2, 0);
+    }
+    let first = h.step();
+    assert_eq!(first.admitted.len(), 1, "the others are held");
+    let _ = h.step();
+    let third = h.step();
+    let cached: Vec<usize> = third.admitted.iter().map(|a| a.cached_tokens).collect();
+    assert_eq!(cached, [100, 100]);
+    h.run_until_idle(20);
+    assert_eq!(h.sched.stats().cache_hit_tokens, 200);
+}
+
+#[test]
+fn random_traffic_keeps_every_slot_accounted_for() {
+    let (mut total_preemptions, mut total_hits) = (0, 0);
+    for seed in 0..4u64 {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut h = Harness::new(
+            96,
+            SchedulerConfig {
+                max_batch: 6,
+                step_token_budget: 24,
+                decode_reserve: 2,
+                shared_prefix_hold: if seed % 2 == 0 { 8 } else { 0 },
+            },
+        );
+        h.eos = true;
+        let stems: Vec<Vec<u32>> = (0..4)
+            .map(|_| {
+                (0..rng.random_range(5..40))
+                    .map(|_| rng.random_range(1..50))
+                    .collect()
+            })
+            .collect();
+        let mut prompts = HashMap::new();
+        let mut cancelled = HashSet::new();
+        let mut next_id = 0u64;
+        for _ in 0..400 {
+            if next_id < 60 && rng.random_bool(0.3) {
+                let mut prompt = stems[rng.random_range(0..stems.len())].clone();
+                prompt.extend((0..rng.random_range(1..20)).map(|_| rng.random_range(1..50)));
+                h.submit(
+                    next_id,
+                    prompt.clone(),
+                    rng.random_range(1..24),
+                    rng.random_range(0..3),
+                );
+                prompts.insert(next_id, prompt);
+                next_id += 1;
+            }
+            if next_id > 0 && rng.random_bool(0.05) {
+                let id = rng.random_range(0..next_id);
+                if h.sched.contains(id) {
+                    h.sched.finish(id).unwrap();
+                    cancelled.insert(id);
+                }
+            }
+            let _ = h.step();
+        }
+        h.run_until_idle(2_000);
+        let stats = h.sched.stats();
+        assert_eq!(stats.kv_held, 0);
+        assert_eq!(stats.kv_evictable, stats.kv_cached, "a lock leaked");
+        assert_eq!(stats.kv_free + stats.kv_cached, 96);
+        let done: HashSet<u64> = h.finished.iter().copied().collect();
+        assert_eq!(done.len(), h.finished.len(), "finished twice");
+        for (id, prompt) in &prompts {
+            if cancelled.contains(id) {
+                assert!(!done.contains(id));
+                continue;
+            }
+            assert!(
+                done.contains(id),
+                "seed {seed}: request {id} never finished"
+            );
+            let out = &h.outputs[id];
+            let reference = reference_output(prompt, out.len(), 50);
+            assert_eq!(out, &reference, "seed {seed}: request {id} diverged");
+        }
+        total_preemptions += stats.preemptions;
+        total_hits += stats.cache_hit_tokens;
+    }
+    assert!(total_preemptions > 0, "the trace should force preemption");
+    assert!(total_hits > 0, "the trace should hit the cache");
+}
