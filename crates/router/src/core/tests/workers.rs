@@ -1,0 +1,245 @@
+//! Worker lifecycle: registration, heartbeats, loss, retry once, send failures.
+
+use super::*;
+
+#[test]
+fn lost_worker_request_is_retried_once_then_worker_lost() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.generate("c", prompt("quiet", "a"));
+    let (first, rid, _) = h.dispatched().remove(0);
+    h.ready("w2", &["m"], 8);
+    let second = if first == "w1" { "w2" } else { "w1" };
+    for _ in 0..4 {
+        h.worker(second, &WorkerToRouter::Heartbeat {});
+        h.advance(1_000);
+    }
+    let sent = h.sent();
+    let resent: Vec<_> = sent
+        .iter()
+        .filter_map(|out| match out {
+            Out::Worker(to, RouterToWorker::Generate { rid: r, .. }) => Some((to.clone(), *r)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        resent,
+        [(second.as_bytes().to_vec(), rid)],
+        "re-sent to the other worker"
+    );
+    assert!(!sent.iter().any(|out| matches!(out, Out::Client(..))));
+    assert_eq!(h.metrics.retries.get(), 1);
+    h.advance(4_000);
+    let replies = h.client_replies();
+    assert_eq!(
+        error_code(&replies[0]),
+        (Some("quiet"), ErrorCode::WorkerLost)
+    );
+    let ClientReply::Error { retryable, .. } = replies[0] else {
+        unreachable!()
+    };
+    assert!(retryable);
+}
+
+#[test]
+fn retry_happens_once_even_with_workers_left() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.generate("c", prompt("a", "x"));
+    let (first, rid, _) = h.dispatched().remove(0);
+    h.ready("w2", &["m"], 8);
+    h.ready("w3", &["m"], 8);
+    let lose = |h: &mut Harness, worker: &str| {
+        h.core.handle_send_failure(
+            h.now,
+            &Peer::Worker(Addr::new(worker.as_bytes())),
+            SendFailure::Unreachable,
+        );
+    };
+    lose(&mut h, &first);
+    let (second, again, _) = h.dispatched().remove(0);
+    assert_eq!(again, rid);
+    lose(&mut h, &second);
+    let sent = h.sent();
+    assert!(
+        !sent
+            .iter()
+            .any(|o| matches!(o, Out::Worker(_, RouterToWorker::Generate { .. }))),
+        "no second retry: {sent:?}"
+    );
+    let errors: Vec<_> = sent
+        .iter()
+        .filter_map(|o| match o {
+            Out::Client(_, reply) => Some(error_code(reply)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors, [(Some("a"), ErrorCode::WorkerLost)]);
+}
+
+#[test]
+fn lost_worker_with_streamed_output_fails_at_once() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.generate("c", prompt("talky", "a"));
+    let rid = h.dispatched()[0].1;
+    h.chunk("w1", rid, 0, "tok");
+    h.ready("w2", &["m"], 8);
+    for _ in 0..4 {
+        h.worker("w2", &WorkerToRouter::Heartbeat {});
+        h.advance(1_000);
+    }
+    let sent = h.sent();
+    assert!(
+        !sent
+            .iter()
+            .any(|out| matches!(out, Out::Worker(_, RouterToWorker::Generate { .. })))
+    );
+    let errors: Vec<_> = sent
+        .iter()
+        .filter_map(|out| match out {
+            Out::Client(_, reply @ ClientReply::Error { .. }) => Some(error_code(reply)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(errors, [(Some("talky"), ErrorCode::WorkerLost)]);
+    let reply = h.admin(&AdminRequest::Workers {});
+    let AdminReply::Workers { workers } = reply else {
+        panic!("expected workers");
+    };
+    let states: Vec<_> = workers.iter().map(|w| (w.id.as_str(), w.state)).collect();
+    assert_eq!(
+        states,
+        [("w1", WorkerState::Lost), ("w2", WorkerState::Ready)]
+    );
+    assert_eq!(h.metrics.workers.with_label_values(&["lost"]).get(), 1);
+}
+
+#[test]
+fn lost_only_worker_leaves_queue_unavailable() {
+    let mut h = Harness::new(RouterConfig {
+        max_inflight_per_worker: Some(1),
+        ..config(Policy::RoundRobin)
+    });
+    h.ready("w1", &["m"], 8);
+    h.generate("c", prompt("running", "a"));
+    h.generate("c", prompt("waiting", "b"));
+    h.advance(3_500);
+    let codes: Vec<_> = h
+        .client_replies()
+        .iter()
+        .map(|r| {
+            let (id, code) = error_code(r);
+            (id.map(str::to_string), code)
+        })
+        .collect();
+    assert!(
+        codes.contains(&(Some("waiting".into()), ErrorCode::Unavailable)),
+        "{codes:?}"
+    );
+    assert!(
+        codes.contains(&(Some("running".into()), ErrorCode::WorkerLost)),
+        "{codes:?}"
+    );
+    assert_eq!(h.core.active_requests(), 0);
+}
+
+#[test]
+fn restarted_worker_registering_again_gets_its_requests_back() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.generate("c", prompt("a", "x"));
+    let rid = h.dispatched()[0].1;
+    h.ready("w1", &["m"], 8);
+    let dispatched = h.dispatched();
+    assert_eq!(dispatched.len(), 1);
+    assert_eq!((dispatched[0].0.as_str(), dispatched[0].1), ("w1", rid));
+    assert!(h.client_replies().is_empty());
+}
+
+#[test]
+fn unknown_worker_and_bad_protocol_get_disconnect() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.worker("ghost", &WorkerToRouter::Heartbeat {});
+    let sent = h.sent();
+    assert!(
+        matches!(&sent[0], Out::Worker(to, RouterToWorker::Disconnect { .. }) if to == b"ghost")
+    );
+    h.worker(
+        "old",
+        &WorkerToRouter::Ready {
+            worker_id: "old".into(),
+            protocol: PROTOCOL_VERSION + 1,
+            models: vec!["m".into()],
+            device: "cpu".into(),
+            kv_capacity: 1,
+            max_batch: 1,
+        },
+    );
+    let sent = h.sent();
+    assert!(
+        matches!(&sent[0], Out::Worker(_, RouterToWorker::Disconnect { reason }) if reason.contains("protocol version"))
+    );
+    let AdminReply::Workers { workers } = h.admin(&AdminRequest::Workers {}) else {
+        panic!("expected workers");
+    };
+    assert!(workers.is_empty());
+}
+
+#[test]
+fn router_heartbeats_workers_every_interval() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.advance(500);
+    assert!(h.sent().is_empty());
+    h.advance(600);
+    let sent = h.sent();
+    assert!(matches!(&sent[..], [Out::Worker(to, RouterToWorker::Heartbeat {})] if to == b"w1"));
+}
+
+#[test]
+fn vanished_client_gets_its_requests_cancelled() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.generate("gone", prompt("a", "x"));
+    let rid = h.dispatched()[0].1;
+    h.core.handle_send_failure(
+        h.now,
+        &Peer::Client(Addr::new("gone")),
+        SendFailure::Unreachable,
+    );
+    let sent = h.sent();
+    assert!(matches!(&sent[..], [Out::Worker(_, RouterToWorker::Cancel { rid: r })] if *r == rid));
+}
+
+#[test]
+fn unreachable_worker_is_lost_and_its_request_retried() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.ready("w2", &["m"], 8);
+    h.generate("c", prompt("a", "x"));
+    let (first, rid, _) = h.dispatched().remove(0);
+    h.core.handle_send_failure(
+        h.now,
+        &Peer::Worker(Addr::new(first.as_bytes())),
+        SendFailure::Unreachable,
+    );
+    let dispatched = h.dispatched();
+    assert_eq!(dispatched.len(), 1);
+    assert_ne!(dispatched[0].0, first);
+    assert_eq!(dispatched[0].1, rid);
+}
+
+#[test]
+fn chunk_from_a_worker_not_running_the_request_is_dropped() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.ready("w2", &["m"], 8);
+    h.generate("c", prompt("a", "x"));
+    let (owner, rid, _) = h.dispatched().remove(0);
+    let other = if owner == "w1" { "w2" } else { "w1" };
+    h.chunk(other, rid, 0, "spoofed");
+    h.done(other, rid, FinishReason::Stop);
+    assert!(h.client_replies().is_empty());
+    assert_eq!(h.core.active_requests(), 1);
+}
