@@ -1,1 +1,664 @@
-//! `zinfer bench`: a serving benchmark over the real protocol.
+//! `zinfer bench`: a serving benchmark over the real protocol, modelled on
+//! SGLang's `bench_serving` and vLLM's `benchmark_serving`.
+//!
+//! It drives a running router with a seeded workload ([`workload`]), either
+//! closed loop (N clients, each sending its next request when the last one
+//! finished) or open loop (Poisson arrivals at a rate), until a request count
+//! or a duration is spent. It measures time to first token at the first
+//! streamed chunk, inter-token latency between chunks and end-to-end latency
+//! at `done` ([`driver`]), and reports throughput and percentiles
+//! ([`report`], [`stats`]). `--compare-url` reruns the same workload, same
+//! seed, against an OpenAI-compatible `/v1/completions` server ([`openai`])
+//! and prints both side by side.
+
+mod client;
+mod driver;
+#[cfg(test)]
+mod fakes;
+mod openai;
+mod progress;
+mod report;
+mod stats;
+mod workload;
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, bail};
+
+use self::{
+    client::{RequestSettings, ZmqTransport},
+    driver::{Driver, Event, EventKind, Load, Outgoing, Stop},
+    openai::OpenAiTransport,
+    progress::Display,
+    report::{BenchConfig, BenchReport},
+    workload::{LenRange, Workload, WorkloadSpec},
+};
+
+/// How long to wait for the router's `pong` before giving up.
+const PING_WAIT: Duration = Duration::from_secs(5);
+
+/// The longest the I/O loop sleeps, so progress and time budgets stay fresh.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Which requests to send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum WorkloadKind {
+    /// Independent prompts, lengths drawn from --input-len.
+    Random,
+    /// K system prompts of P words, each shared by M questions.
+    SharedPrefix,
+    /// Chats that grow turn by turn, each turn resending the history.
+    MultiTurn,
+    /// Prompts from a JSONL file (--file).
+    File,
+}
+
+/// `zinfer bench` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// Router front socket to benchmark.
+    #[arg(long, env = "ZINFER_ROUTER", default_value = "tcp://127.0.0.1:5555")]
+    pub(crate) router: String,
+
+    /// Workload to send.
+    #[arg(long, value_enum, default_value = "random")]
+    pub(crate) workload: WorkloadKind,
+
+    /// Prompt length in words (~tokens), N or MIN-MAX: the whole prompt for
+    /// random (default 128-512), each question for shared-prefix (default
+    /// 16-64), each user turn for multi-turn (default 32-128).
+    #[arg(long, value_name = "N|MIN-MAX")]
+    pub(crate) input_len: Option<LenRange>,
+
+    /// max_tokens of each request, N or MIN-MAX. Generation may stop
+    /// earlier at end of sequence; the report counts the tokens produced.
+    #[arg(
+        long,
+        visible_alias = "max-tokens",
+        value_name = "N|MIN-MAX",
+        default_value = "64-128"
+    )]
+    pub(crate) output_len: LenRange,
+
+    /// shared-prefix: number of distinct system prompts (K).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) prefix_groups: u32,
+
+    /// shared-prefix: words in each system prompt (P).
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) prefix_len: u32,
+
+    /// shared-prefix: questions sharing each system prompt (M).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) questions_per_prefix: u32,
+
+    /// multi-turn: user turns per chat.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) turns: u32,
+
+    /// file: JSONL prompts, one {"prompt": "...", "max_tokens": N} per line
+    /// (max_tokens optional).
+    #[arg(long, required_if_eq("workload", "file"))]
+    pub(crate) file: Option<PathBuf>,
+
+    /// Requests to send. Default: K x M for shared-prefix, the line count
+    /// for file, 100 otherwise (unless --duration is given).
+    #[arg(long, short = 'n', value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) num_prompts: Option<u64>,
+
+    /// Stop starting requests after this many seconds (requests in flight
+    /// are awaited). With --num-prompts, whichever comes first.
+    #[arg(long, value_name = "SECONDS")]
+    pub(crate) duration: Option<f64>,
+
+    /// Closed loop: this many clients, each sending its next request as soon
+    /// as its last one finished (default 4). With --request-rate: the most
+    /// requests in flight at once.
+    #[arg(long, short = 'c', value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) concurrency: Option<u64>,
+
+    /// Open loop: Poisson arrivals at this mean rate per second, regardless
+    /// of how fast the server answers. A multi-turn chat arrives as a whole;
+    /// its later turns follow their predecessors at once.
+    #[arg(long, value_name = "PER_SECOND")]
+    pub(crate) request_rate: Option<f64>,
+
+    /// Seed of the workload, the arrivals and each request's sampling seed:
+    /// the same seed sends the same requests.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+
+    /// Model name to ask for (the router's only model when absent).
+    #[arg(long)]
+    pub(crate) model: Option<String>,
+
+    /// Prefix-cache namespace to send requests in.
+    #[arg(long)]
+    pub(crate) namespace: Option<String>,
+
+    /// Sampling temperature; 0 (greedy) keeps outputs reproducible.
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) temperature: f32,
+
+    /// Fail a request with no terminal reply after this many seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    pub(crate) timeout: f64,
+
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub(crate) json: bool,
+
+    /// Also run the workload against this OpenAI-compatible server
+    /// (e.g. http://127.0.0.1:8080 for llama-server) and print both.
+    #[arg(long, value_name = "URL")]
+    pub(crate) compare_url: Option<String>,
+
+    /// Model name for --compare-url (default: --model, else the first model
+    /// the server lists).
+    #[arg(long)]
+    pub(crate) compare_model: Option<String>,
+
+    /// Always show progress on stderr (a bar on a terminal, lines otherwise).
+    #[arg(long, overrides_with = "no_progress")]
+    pub(crate) progress: bool,
+
+    /// Never show progress (default: a bar when stderr is a terminal).
+    #[arg(long, overrides_with = "progress")]
+    pub(crate) no_progress: bool,
+}
+
+/// Sends requests and reports replies as events; one per server kind.
+pub(crate) trait Transport {
+    /// Starts request `key`.
+    fn send(&mut self, key: u64, request: &Outgoing) -> anyhow::Result<()>;
+    /// Asks the server to stop request `key`, if it can.
+    fn cancel(&mut self, key: u64);
+    /// Waits until `until` for events, then appends every event available.
+    fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> anyhow::Result<()>;
+}
+
+/// Runs the bench and prints its report: a table, or JSON with `--json`.
+pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
+    let report = run_report(args)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report.to_table());
+    }
+    Ok(())
+}
+
+/// Runs the bench against the router, then against `--compare-url` if set.
+pub(crate) fn run_report(args: &BenchArgs) -> anyhow::Result<BenchReport> {
+    let plan = Plan::from_args(args)?;
+    let settings = RequestSettings {
+        model: args.model.clone(),
+        namespace: args.namespace.clone(),
+        temperature: args.temperature,
+    };
+    let context = zmq::Context::new();
+    let mut zmq = ZmqTransport::connect(&context, &args.router, settings.clone(), PING_WAIT)?;
+    let mut report = plan.run("zinfer", &args.router, &mut zmq, args)?;
+    if let Some(base) = &args.compare_url {
+        let compare_settings = RequestSettings {
+            model: args.compare_model.clone().or(settings.model),
+            ..settings
+        };
+        let mut http = OpenAiTransport::new(base, &compare_settings, plan.timeout);
+        let url = http.url().to_string();
+        let compare = plan.run("openai", &url, &mut http, args)?;
+        report.compare = Some(Box::new(compare));
+    }
+    Ok(report)
+}
+
+/// Everything a run needs, validated from the flags.
+struct Plan {
+    spec: WorkloadSpec,
+    seed: u64,
+    load: Load,
+    stop: Stop,
+    timeout: Duration,
+    config: BenchConfig,
+}
+
+impl Plan {
+    fn from_args(args: &BenchArgs) -> anyhow::Result<Plan> {
+        let spec = workload_spec(args)?;
+        let positive = |name: &str, value: Option<f64>| match value {
+            Some(v) if !(v.is_finite() && v > 0.0) => {
+                bail!("--{name} must be a positive number of seconds or requests, not {v}")
+            }
+            _ => Ok(value),
+        };
+        let duration = positive("duration", args.duration)?;
+        let rate = positive("request-rate", args.request_rate)?;
+        let timeout = positive("timeout", Some(args.timeout))?.unwrap_or(300.0);
+        let concurrency = args.concurrency.map(|c| c as usize);
+        let load = match rate {
+            Some(rate) => Load::Open {
+                rate,
+                max_concurrency: concurrency,
+            },
+            None => Load::Closed {
+                concurrency: concurrency.unwrap_or(4),
+            },
+        };
+        let natural = Workload::new(spec.clone(), args.seed).natural_requests();
+        let max_requests = match (args.num_prompts, duration) {
+            (Some(n), _) => Some(n as usize),
+            (None, Some(_)) => None,
+            (None, None) => Some(natural),
+        };
+        let stop = Stop {
+            max_requests,
+            duration: duration.map(Duration::from_secs_f64),
+        };
+        let config = BenchConfig {
+            workload: clap::ValueEnum::to_possible_value(&args.workload)
+                .map_or_else(String::new, |v| v.get_name().to_string()),
+            seed: args.seed,
+            num_prompts: max_requests,
+            duration_s: duration,
+            concurrency: match load {
+                Load::Closed { concurrency } => Some(concurrency),
+                Load::Open {
+                    max_concurrency, ..
+                } => max_concurrency,
+            },
+            request_rate: rate,
+            input_len: input_len(&spec).map(|r| r.to_string()),
+            output_len: args.output_len.to_string(),
+            shared_prefix: matches!(spec, WorkloadSpec::SharedPrefix { .. }).then(|| {
+                format!(
+                    "{}x{}@{}",
+                    args.prefix_groups, args.questions_per_prefix, args.prefix_len
+                )
+            }),
+            turns: matches!(spec, WorkloadSpec::MultiTurn { .. }).then_some(args.turns),
+            model: args.model.clone(),
+            temperature: args.temperature,
+        };
+        Ok(Plan {
+            spec,
+            seed: args.seed,
+            load,
+            stop,
+            timeout: Duration::from_secs_f64(timeout),
+            config,
+        })
+    }
+
+    /// One run of the workload through `transport`.
+    fn run(
+        &self,
+        backend: &str,
+        url: &str,
+        transport: &mut dyn Transport,
+        args: &BenchArgs,
+    ) -> anyhow::Result<BenchReport> {
+        let forced = match (args.progress, args.no_progress) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
+        };
+        let mut display = Display::new(backend, forced, self.stop.max_requests, self.stop.duration);
+        let start = Instant::now();
+        let workload = Workload::new(self.spec.clone(), self.seed);
+        let mut driver = Driver::new(
+            workload,
+            self.load,
+            self.stop,
+            self.timeout,
+            self.seed,
+            start,
+        );
+        run_loop(&mut driver, transport, &mut display)
+            .with_context(|| format!("benchmarking {url}"))?;
+        let duration_s = start.elapsed().as_secs_f64();
+        display.finish();
+        let records = driver.into_records();
+        Ok(BenchReport::from_records(
+            backend,
+            url,
+            self.config.clone(),
+            &records,
+            duration_s,
+        ))
+    }
+}
+
+/// The I/O loop: send what is due, wait for replies, repeat until done.
+fn run_loop(
+    driver: &mut Driver,
+    transport: &mut dyn Transport,
+    display: &mut Display,
+) -> anyhow::Result<()> {
+    let mut events = Vec::new();
+    loop {
+        let now = Instant::now();
+        for key in driver.poll_timeouts(now) {
+            transport.cancel(key);
+        }
+        while let Some((key, request)) = driver.poll_send(now) {
+            if let Err(e) = transport.send(key, &request) {
+                let kind = EventKind::Error {
+                    code: "send_failed".into(),
+                    message: format!("{e:#}"),
+                };
+                driver.handle(Event { key, at: now, kind });
+            }
+        }
+        display.update(driver.progress());
+        if driver.is_done(now) {
+            return Ok(());
+        }
+        let until = driver
+            .next_wakeup(now)
+            .map_or(now + TICK, |at| at.min(now + TICK));
+        transport.poll(until, &mut events)?;
+        for event in events.drain(..) {
+            driver.handle(event);
+        }
+    }
+}
+
+fn workload_spec(args: &BenchArgs) -> anyhow::Result<WorkloadSpec> {
+    let input = |default: &str| match args.input_len {
+        Some(range) => Ok(range),
+        None => default.parse::<LenRange>().map_err(anyhow::Error::msg),
+    };
+    let output = args.output_len;
+    Ok(match args.workload {
+        WorkloadKind::Random => WorkloadSpec::Random {
+            input: input("128-512")?,
+            output,
+        },
+        WorkloadKind::SharedPrefix => WorkloadSpec::SharedPrefix {
+            groups: args.prefix_groups,
+            prefix_len: args.prefix_len,
+            questions: args.questions_per_prefix,
+            question: input("16-64")?,
+            output,
+        },
+        WorkloadKind::MultiTurn => WorkloadSpec::MultiTurn {
+            turns: args.turns,
+            turn: input("32-128")?,
+            output,
+        },
+        WorkloadKind::File => {
+            let Some(path) = &args.file else {
+                bail!("--workload file needs --file PATH (a JSONL file of prompts)");
+            };
+            WorkloadSpec::File {
+                prompts: workload::read_prompt_file(path)?,
+                output,
+            }
+        }
+    })
+}
+
+fn input_len(spec: &WorkloadSpec) -> Option<LenRange> {
+    match spec {
+        WorkloadSpec::Random { input, .. } => Some(*input),
+        WorkloadSpec::SharedPrefix { question, .. } => Some(*question),
+        WorkloadSpec::MultiTurn { turn, .. } => Some(*turn),
+        WorkloadSpec::File { .. } => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+    use serde_json::Value;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn args(flags: &[&str]) -> BenchArgs {
+        let argv = std::iter::once("bench").chain(flags.iter().copied());
+        Cli::try_parse_from(argv).unwrap().bench
+    }
+
+    #[test]
+    fn flags_are_consistent_and_documented() {
+        Cli::command().debug_assert();
+        let help = Cli::command().render_long_help().to_string();
+        for flag in [
+            "--router",
+            "--workload",
+            "--request-rate",
+            "--compare-url",
+            "--no-progress",
+        ] {
+            assert!(help.contains(flag), "{flag} missing from --help");
+        }
+        let defaults = args(&[]);
+        assert_eq!(defaults.router, "tcp://127.0.0.1:5555");
+        assert_eq!(defaults.temperature, 0.0);
+        assert!(
+            Cli::try_parse_from(["bench", "--workload", "file"]).is_err(),
+            "file needs --file"
+        );
+        assert!(Cli::try_parse_from(["bench", "--output-len", "9-3"]).is_err());
+        assert_eq!(
+            args(&["--max-tokens", "32"]).output_len,
+            LenRange { min: 32, max: 32 }
+        );
+    }
+
+    #[test]
+    fn plans_pick_the_loop_and_the_budget_from_the_flags() {
+        let closed = Plan::from_args(&args(&[
+            "--workload",
+            "shared-prefix",
+            "--prefix-groups",
+            "3",
+            "--questions-per-prefix",
+            "5",
+        ]))
+        .unwrap();
+        assert_eq!(closed.load, Load::Closed { concurrency: 4 });
+        assert_eq!(closed.stop.max_requests, Some(15), "K x M by default");
+        assert_eq!(closed.config.workload, "shared-prefix");
+        assert_eq!(closed.config.shared_prefix.as_deref(), Some("3x5@512"));
+        let open = Plan::from_args(&args(&[
+            "--request-rate",
+            "2.5",
+            "-c",
+            "3",
+            "--duration",
+            "9",
+        ]))
+        .unwrap();
+        assert_eq!(
+            open.load,
+            Load::Open {
+                rate: 2.5,
+                max_concurrency: Some(3)
+            }
+        );
+        assert_eq!(
+            open.stop,
+            Stop {
+                max_requests: None,
+                duration: Some(Duration::from_secs(9))
+            }
+        );
+        assert!(Plan::from_args(&args(&["--request-rate", "0"])).is_err());
+        assert!(Plan::from_args(&args(&["--duration=-1"])).is_err());
+    }
+
+    #[test]
+    fn a_short_bench_against_a_fake_router_and_a_fake_openai_server() {
+        let router = fakes::router();
+        let openai = fakes::openai();
+        let bench = args(&[
+            "--router",
+            &router.url,
+            "--compare-url",
+            &openai.url,
+            "--workload",
+            "random",
+            "--input-len",
+            "3-6",
+            "--output-len",
+            "3",
+            "-n",
+            "12",
+            "-c",
+            "3",
+            "--seed",
+            "5",
+            "--json",
+            "--no-progress",
+        ]);
+        let report = run_report(&bench).unwrap();
+        let seen_router = router.stop();
+        let seen_openai = openai.stop();
+
+        assert_eq!(
+            (report.requests, report.completed, report.failed),
+            (12, 12, 0)
+        );
+        assert_eq!(report.completion_tokens, 36);
+        assert_eq!(report.ttft.count, 12);
+        assert_eq!(report.itl.count, 24, "two gaps between three chunks");
+        assert!(report.ttft.p50 <= report.e2e.p50);
+        let prompt_words: u64 = seen_router
+            .iter()
+            .map(|r| r.prompt.as_deref().unwrap().split_whitespace().count() as u64)
+            .sum();
+        assert_eq!(
+            report.prompt_tokens, prompt_words,
+            "prompt tokens come from done.usage"
+        );
+        assert!(report.cached_ratio.unwrap() > 0.0);
+
+        let compare = report.compare.as_deref().unwrap();
+        assert_eq!(
+            (compare.backend.as_str(), compare.completed),
+            ("openai", 12)
+        );
+        assert_eq!(compare.prompt_tokens, prompt_words);
+        let mut zinfer_prompts: Vec<String> = seen_router
+            .iter()
+            .map(|r| r.prompt.clone().unwrap())
+            .collect();
+        let mut openai_prompts: Vec<String> = seen_openai
+            .iter()
+            .map(|b| b["prompt"].as_str().unwrap().to_string())
+            .collect();
+        zinfer_prompts.sort();
+        openai_prompts.sort();
+        assert_eq!(
+            zinfer_prompts, openai_prompts,
+            "the same seed sends the same workload"
+        );
+
+        let json: Value = serde_json::to_value(&report).unwrap();
+        for field in [
+            "requests",
+            "completed",
+            "failed",
+            "errors_by_code",
+            "duration_s",
+            "request_throughput",
+            "output_throughput",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "cached_ratio",
+            "config",
+            "compare",
+        ] {
+            assert!(json.get(field).is_some(), "JSON lacks {field}");
+        }
+        for latency in ["ttft", "itl", "e2e"] {
+            for stat in ["mean", "p50", "p90", "p99"] {
+                assert!(
+                    json[latency][stat].as_f64().unwrap() > 0.0,
+                    "{latency}.{stat}"
+                );
+            }
+        }
+        assert_eq!(json["config"]["seed"], 5);
+        let table = report.to_table();
+        assert!(
+            table.contains("tcp://") && table.contains("/v1/completions"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn failures_are_counted_by_code_and_multi_turn_chats_resend_their_history() {
+        let router = fakes::router();
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("prompts.jsonl");
+        std::fs::write(
+            &file,
+            "{\"prompt\": \"hello\"}\n{\"prompt\": \"FAIL me\", \"max_tokens\": 2}\n",
+        )
+        .unwrap();
+        let file_args = [
+            "--router",
+            &router.url,
+            "--workload",
+            "file",
+            "--file",
+            file.to_str().unwrap(),
+            "-n",
+            "6",
+            "--no-progress",
+        ];
+        let report = run_report(&args(&file_args)).unwrap();
+        assert_eq!(
+            (report.requests, report.completed, report.failed),
+            (6, 3, 3)
+        );
+        assert_eq!(report.errors_by_code.get("overloaded"), Some(&3));
+
+        let chat_args = [
+            "--router",
+            &router.url,
+            "--workload",
+            "multi-turn",
+            "--turns",
+            "3",
+            "--input-len",
+            "2",
+            "-n",
+            "6",
+            "-c",
+            "2",
+            "--no-progress",
+        ];
+        let report = run_report(&args(&chat_args)).unwrap();
+        assert_eq!(report.completed, 6);
+        let seen = router.stop();
+        let chats: Vec<&str> = seen[6..]
+            .iter()
+            .map(|r| r.prompt.as_deref().unwrap())
+            .collect();
+        let third_turns: Vec<&&str> = chats
+            .iter()
+            .filter(|p| p.matches("User: ").count() == 3)
+            .collect();
+        assert_eq!(third_turns.len(), 2, "two chats of three turns");
+        for prompt in third_turns {
+            assert_eq!(
+                prompt.matches("\nAssistant: a b c\n").count(),
+                2,
+                "{prompt}"
+            );
+        }
+    }
+}

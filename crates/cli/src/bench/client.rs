@@ -1,0 +1,275 @@
+//! The zinfer client: one DEALER socket to the router's front socket,
+//! multiplexing every in-flight request by its id. The socket lives on the
+//! bench's one I/O thread, which stamps each reply as it reads it.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use zinfer_protocol::{ClientReply, ClientRequest, GenerateRequest, Limits, decode, encode};
+
+use super::{
+    Transport,
+    driver::{Event, EventKind, Outgoing, TokenCounts},
+};
+
+/// Prefix of the request ids this client sends; the rest is the driver key.
+const ID_PREFIX: &str = "bench-";
+
+/// Sampling settings shared by every request of a run.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RequestSettings {
+    /// Model name, if any.
+    pub(crate) model: Option<String>,
+    /// Prefix-cache namespace, if any.
+    pub(crate) namespace: Option<String>,
+    /// Sampling temperature (0 is greedy).
+    pub(crate) temperature: f32,
+}
+
+/// A DEALER connected to a router.
+pub(crate) struct ZmqTransport {
+    socket: zmq::Socket,
+    settings: RequestSettings,
+    limits: Limits,
+}
+
+impl ZmqTransport {
+    /// Connects to `endpoint` and checks with a `ping` that a router answers
+    /// within `wait`, so a wrong address fails at once rather than as a run
+    /// of timeouts.
+    pub(crate) fn connect(
+        context: &zmq::Context,
+        endpoint: &str,
+        settings: RequestSettings,
+        wait: Duration,
+    ) -> anyhow::Result<ZmqTransport> {
+        let limits = Limits::default();
+        let socket = context
+            .socket(zmq::DEALER)
+            .context("creating a DEALER socket")?;
+        socket.set_linger(0)?;
+        socket.set_rcvhwm(0)?;
+        socket.set_maxmsgsize(i64::try_from(limits.max_frame_bytes).unwrap_or(i64::MAX))?;
+        socket
+            .connect(endpoint)
+            .with_context(|| format!("connecting to the router at {endpoint}"))?;
+        let transport = ZmqTransport {
+            socket,
+            settings,
+            limits,
+        };
+        transport.ping(endpoint, wait)?;
+        Ok(transport)
+    }
+
+    fn ping(&self, endpoint: &str, wait: Duration) -> anyhow::Result<()> {
+        let ping = encode(&ClientRequest::Ping {
+            id: Some(format!("{ID_PREFIX}ping")),
+        })?;
+        self.socket.send(ping, 0)?;
+        let deadline = Instant::now() + wait;
+        while let Some(frame) = self.recv_frame(deadline)? {
+            match decode::<ClientReply>(&frame, &self.limits) {
+                Ok(ClientReply::Pong { .. }) => return Ok(()),
+                Ok(ClientReply::Error { code, message, .. }) => {
+                    bail!("the router at {endpoint} refused a ping: {code}: {message}")
+                }
+                _ => continue,
+            }
+        }
+        bail!(
+            "no answer from a router at {endpoint} within {wait:?}: start one \
+             (`zinfer serve`) or point --router at it"
+        )
+    }
+
+    /// One frame, or `None` once `deadline` passed. Multipart messages are
+    /// reduced to their last frame, so a router that adds an empty
+    /// delimiter still works.
+    fn recv_frame(&self, deadline: Instant) -> anyhow::Result<Option<Vec<u8>>> {
+        loop {
+            match self.socket.recv_multipart(zmq::DONTWAIT) {
+                Ok(mut frames) => return Ok(frames.pop()),
+                Err(zmq::Error::EAGAIN) => {}
+                Err(e) => return Err(e).context("receiving from the router"),
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let millis = i64::try_from(left.as_millis().max(1)).unwrap_or(i64::MAX);
+            let mut items = [self.socket.as_poll_item(zmq::POLLIN)];
+            zmq::poll(&mut items, millis).context("polling the router socket")?;
+        }
+    }
+
+    fn event(&self, frame: &[u8], at: Instant) -> Option<Event> {
+        let reply = match decode::<ClientReply>(frame, &self.limits) {
+            Ok(reply) => reply,
+            Err(e) => {
+                tracing::warn!("ignoring an unreadable reply from the router: {e}");
+                return None;
+            }
+        };
+        let (id, kind) = match reply {
+            ClientReply::Chunk { id, text, .. } => (id, EventKind::Chunk { text }),
+            ClientReply::Done { id, usage, .. } => {
+                let counts = TokenCounts {
+                    prompt: Some(u64::from(usage.prompt_tokens)),
+                    completion: u64::from(usage.completion_tokens),
+                    cached: Some(u64::from(usage.cached_tokens)),
+                };
+                (id, EventKind::Done { counts })
+            }
+            ClientReply::Error {
+                id: Some(id),
+                code,
+                message,
+                ..
+            } => {
+                let code = code.as_str().to_string();
+                (id, EventKind::Error { code, message })
+            }
+            ClientReply::Error {
+                id: None, message, ..
+            } => {
+                tracing::warn!("the router could not read a request: {message}");
+                return None;
+            }
+            ClientReply::Models { .. } | ClientReply::Pong { .. } => return None,
+        };
+        let key = id.strip_prefix(ID_PREFIX)?.parse().ok()?;
+        Some(Event { key, at, kind })
+    }
+}
+
+impl Transport for ZmqTransport {
+    fn send(&mut self, key: u64, request: &Outgoing) -> anyhow::Result<()> {
+        let mut generate =
+            GenerateRequest::from_prompt(format!("{ID_PREFIX}{key}"), &request.prompt);
+        generate.model.clone_from(&self.settings.model);
+        generate.namespace.clone_from(&self.settings.namespace);
+        generate.max_tokens = request.max_tokens;
+        generate.temperature = self.settings.temperature;
+        generate.seed = Some(request.seed);
+        generate.stream = true;
+        let frame = encode(&ClientRequest::Generate(generate))?;
+        self.socket
+            .send(frame, zmq::DONTWAIT)
+            .context("sending to the router (its queue is full or the socket closed)")
+    }
+
+    fn cancel(&mut self, key: u64) {
+        let cancel = ClientRequest::Cancel {
+            id: format!("{ID_PREFIX}{key}"),
+        };
+        if let Ok(frame) = encode(&cancel)
+            && let Err(e) = self.socket.send(frame, zmq::DONTWAIT)
+        {
+            tracing::debug!("could not cancel request {key}: {e}");
+        }
+    }
+
+    fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> anyhow::Result<()> {
+        if let Some(frame) = self.recv_frame(until)? {
+            events.extend(self.event(&frame, Instant::now()));
+            while let Some(frame) = self.recv_frame(Instant::now())? {
+                events.extend(self.event(&frame, Instant::now()));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bench::fakes;
+
+    fn settings() -> RequestSettings {
+        RequestSettings {
+            model: Some("smol".into()),
+            namespace: None,
+            temperature: 0.0,
+        }
+    }
+
+    fn outgoing(prompt: &str) -> Outgoing {
+        Outgoing {
+            prompt: prompt.into(),
+            max_tokens: 3,
+            seed: 11,
+        }
+    }
+
+    #[test]
+    fn streams_chunks_and_done_from_a_router_multiplexed_by_id() {
+        let router = fakes::router();
+        let context = zmq::Context::new();
+        let mut transport =
+            ZmqTransport::connect(&context, &router.url, settings(), Duration::from_secs(5))
+                .unwrap();
+        transport.send(7, &outgoing("one two three four")).unwrap();
+        transport.send(8, &outgoing("please FAIL")).unwrap();
+        let mut events = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let terminal = |e: &Event| !matches!(e.kind, EventKind::Chunk { .. });
+        while events.iter().filter(|e| terminal(e)).count() < 2 && Instant::now() < deadline {
+            transport
+                .poll(Instant::now() + Duration::from_millis(50), &mut events)
+                .unwrap();
+        }
+        let of = |key| {
+            events
+                .iter()
+                .filter(move |e: &&Event| e.key == key)
+                .map(|e| e.kind.clone())
+        };
+        let first: Vec<EventKind> = of(7).collect();
+        assert_eq!(first.len(), 4);
+        assert_eq!(first[0], EventKind::Chunk { text: " a".into() });
+        let counts = TokenCounts {
+            prompt: Some(4),
+            completion: 3,
+            cached: Some(2),
+        };
+        assert_eq!(first[3], EventKind::Done { counts });
+        assert!(
+            events.windows(2).all(|w| w[0].at <= w[1].at),
+            "stamped in order"
+        );
+        let failed: Vec<EventKind> = of(8).collect();
+        assert!(matches!(&failed[..], [EventKind::Error { code, .. }] if code == "overloaded"));
+        let seen = router.stop();
+        assert_eq!(seen.len(), 2);
+        let request = &seen[0];
+        assert_eq!(
+            (request.id.as_str(), request.max_tokens, request.seed),
+            ("bench-7", 3, Some(11))
+        );
+        assert_eq!(
+            (
+                request.model.as_deref(),
+                request.temperature,
+                request.stream
+            ),
+            (Some("smol"), 0.0, true)
+        );
+    }
+
+    #[test]
+    fn a_missing_router_is_reported_at_connect() {
+        let context = zmq::Context::new();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let error =
+            ZmqTransport::connect(&context, &endpoint, settings(), Duration::from_millis(200))
+                .err()
+                .unwrap();
+        assert!(
+            error.to_string().contains("no answer from a router"),
+            "{error}"
+        );
+    }
+}
