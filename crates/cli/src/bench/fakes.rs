@@ -1,5 +1,6 @@
 //! Test servers: a fake router speaking the zinfer protocol on a loopback
-//! ROUTER socket, and a fake OpenAI-compatible HTTP server. Each answers a
+//! ROUTER socket, a fake worker for the real router, and a fake
+//! OpenAI-compatible HTTP server. Each answers a
 //! generation with three chunks (" a", " b", " c") and a terminal reply,
 //! and fails prompts containing `FAIL` with `overloaded` / HTTP 503.
 
@@ -16,8 +17,8 @@ use std::{
 
 use serde_json::{Value, json};
 use zinfer_protocol::{
-    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, Limits, Timings, Usage,
-    decode, encode,
+    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, Limits, RouterToWorker,
+    Timings, Usage, WorkerToRouter, decode, encode,
 };
 
 /// A fake server on a thread; [`Fake::stop`] ends it and returns what it saw.
@@ -107,6 +108,92 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
         timings: Timings::default(),
         worker: "fake".into(),
     });
+}
+
+/// A worker on a DEALER connected to a real router's back socket: it
+/// registers as `fake-worker` serving `smol`, heartbeats, and answers each
+/// `generate` the way [`router`] does.
+pub(crate) fn worker(back: &str) -> Fake<u64> {
+    let context = zmq::Context::new();
+    let socket = context.socket(zmq::DEALER).unwrap();
+    socket.set_linger(0).unwrap();
+    socket.set_identity(b"fake-worker").unwrap();
+    socket.connect(back).unwrap();
+    let send = move |socket: &zmq::Socket, message: &WorkerToRouter| {
+        socket.send(encode(message).unwrap(), 0).unwrap();
+    };
+    send(
+        &socket,
+        &WorkerToRouter::Ready {
+            worker_id: "fake-worker".into(),
+            protocol: zinfer_protocol::PROTOCOL_VERSION,
+            models: vec!["smol".into()],
+            device: "cpu".into(),
+            kv_capacity: 4096,
+            max_batch: 4,
+        },
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let thread = std::thread::spawn(move || {
+        let _context = context;
+        let mut served = 0;
+        let mut beat = std::time::Instant::now();
+        while !stopped.load(Ordering::SeqCst) {
+            if beat.elapsed() > Duration::from_millis(300) {
+                send(&socket, &WorkerToRouter::Heartbeat {});
+                beat = std::time::Instant::now();
+            }
+            if socket.poll(zmq::POLLIN, 20).unwrap() == 0 {
+                continue;
+            }
+            let frame = socket.recv_multipart(0).unwrap().pop().unwrap();
+            let Ok(RouterToWorker::Generate { rid, request }) = decode(&frame, &Limits::default())
+            else {
+                continue;
+            };
+            served += 1;
+            answer(&request, |reply| {
+                let message = match reply.clone() {
+                    ClientReply::Chunk {
+                        index,
+                        text,
+                        tokens,
+                        ..
+                    } => WorkerToRouter::Chunk {
+                        rid,
+                        index,
+                        text,
+                        tokens,
+                    },
+                    ClientReply::Done {
+                        finish_reason,
+                        text,
+                        usage,
+                        timings,
+                        ..
+                    } => WorkerToRouter::Done {
+                        rid,
+                        finish_reason,
+                        text,
+                        usage,
+                        timings,
+                    },
+                    ClientReply::Error { code, message, .. } => {
+                        WorkerToRouter::Error { rid, code, message }
+                    }
+                    _ => return,
+                };
+                send(&socket, &message);
+            });
+        }
+        served
+    });
+    Fake {
+        url: back.to_string(),
+        stop,
+        thread,
+    }
 }
 
 /// An HTTP server on a free loopback port answering `GET /v1/models` and

@@ -599,6 +599,64 @@ mod tests {
     }
 
     #[test]
+    fn a_shared_prefix_bench_through_the_real_router_to_a_fake_worker() {
+        let config = zinfer_router::RouterConfig {
+            clients: "tcp://127.0.0.1:*".into(),
+            workers: "tcp://127.0.0.1:*".into(),
+            control: "tcp://127.0.0.1:*".into(),
+            metrics: None,
+            ..zinfer_router::RouterConfig::default()
+        };
+        let router = zinfer_router::Router::bind(config).unwrap();
+        let endpoints = router.endpoints().clone();
+        let (stop_router, stopped) = crossbeam_channel::bounded(1);
+        let serving = std::thread::spawn(move || router.serve(stopped));
+        let worker = fakes::worker(&endpoints.workers);
+        let bench = args(&[
+            "--router",
+            &endpoints.clients,
+            "--workload",
+            "shared-prefix",
+            "--prefix-groups",
+            "2",
+            "--questions-per-prefix",
+            "3",
+            "--prefix-len",
+            "20",
+            "--input-len",
+            "4",
+            "-c",
+            "4",
+            "--model",
+            "smol",
+            "--no-progress",
+        ]);
+        // The worker registers asynchronously; retry while the router has none.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let report = loop {
+            let report = run_report(&bench).unwrap();
+            if report.errors_by_code.contains_key("unavailable") && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+            break report;
+        };
+        let served = worker.stop();
+        stop_router.send(()).unwrap();
+        serving.join().unwrap().unwrap();
+        assert_eq!(
+            (report.requests, report.completed, report.failed),
+            (6, 6, 0),
+            "{report:?}"
+        );
+        assert!(served >= 6);
+        assert_eq!(report.completion_tokens, 18);
+        assert_eq!(report.itl.count, 12);
+        // Prompts are 20 + 4 words plus "Question:" and "Answer:" lines.
+        assert_eq!(report.prompt_tokens, 6 * 26);
+    }
+
+    #[test]
     fn failures_are_counted_by_code_and_multi_turn_chats_resend_their_history() {
         let router = fakes::router();
         let dir = tempfile::tempdir().unwrap();
