@@ -2,11 +2,12 @@
 //!
 //! Prompts are built from [`WORDS`], common English words that are each one
 //! token, with or without a leading space, in the default model's GPT-2 style
-//! vocabulary (checked against SmolLM2's vocabulary; Llama-style vocabularies
-//! hold them too). Lengths given to the generators are therefore counted in
-//! words, which come out as about that many tokens; the report never trusts
-//! that estimate and takes the true prompt token counts from the server's
-//! usage.
+//! vocabulary. Lengths given to the generators are counted in words: for
+//! the default model N space-separated words are exactly N tokens (a test
+//! checks it), and other BPE vocabularies come close. The formatting around
+//! them (`Question:`, `User:`, newlines) adds a few tokens more. The report
+//! never trusts the estimate: it takes the true prompt token counts from
+//! the server's usage.
 //!
 //! Every generator is an endless stream of [`Session`]s: the driver decides
 //! how many to take. A session is one request, except in `multi-turn`, where
@@ -672,6 +673,28 @@ mod tests {
         );
         let distinct: std::collections::HashSet<_> = WORDS.iter().collect();
         assert_eq!(distinct.len(), WORDS.len());
+    }
+
+    #[test]
+    fn a_prompt_of_n_words_is_n_tokens_for_the_default_model() {
+        let path = zinfer_worker::fetch::test_model_path().unwrap();
+        let options = zinfer_worker::model::LoadOptions {
+            kv_capacity: 64,
+            ..Default::default()
+        };
+        let model = zinfer_worker::model::load(&path, &options).unwrap();
+        let tokenizer = &model.tokenizer;
+        for word in WORDS {
+            assert_eq!(tokenizer.encode(word).unwrap().len(), 1, "{word:?}");
+            assert_eq!(
+                tokenizer.encode(&format!(" {word}")).unwrap().len(),
+                1,
+                "{word:?}"
+            );
+        }
+        let mut rng = StdRng::seed_from_u64(0);
+        let text = words(&mut rng, 500);
+        assert_eq!(tokenizer.encode(&text).unwrap().len(), 500);
     }
 
     #[test]
