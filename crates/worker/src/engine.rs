@@ -1,1 +1,0 @@
-//! The engine thread: owns model, pool, cache and scheduler.

@@ -1,0 +1,231 @@
+//! The socket loop's side of an engine: validation, tokenization and
+//! bounded queueing on the caller's thread.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+use zinfer_protocol::GenerateRequest;
+
+use super::{EngineConfig, EngineError, EngineEvent, EngineStats, TextCodec};
+
+/// What the handle knows of the model without asking the engine thread.
+pub(super) struct ModelInfo {
+    pub(super) name: String,
+    pub(super) vocab_size: usize,
+    pub(super) kv_capacity: usize,
+}
+
+/// A request on its way to the engine thread.
+pub(super) struct Submission {
+    pub(super) rid: u64,
+    pub(super) request: GenerateRequest,
+    pub(super) prompt: Vec<u32>,
+    pub(super) arrival: Instant,
+}
+
+/// What the handle asks of the engine thread.
+pub(super) enum Command {
+    Submit(Box<Submission>),
+    Cancel(u64),
+    FlushCache(Option<String>),
+    Shutdown,
+}
+
+/// State both sides read: the stats snapshot, the rids in flight, and the
+/// stop flag (seen even while the engine waits on a full event channel).
+#[derive(Default)]
+pub(super) struct Shared {
+    stats: Mutex<EngineStats>,
+    inflight: Mutex<HashSet<u64>>,
+    stopping: AtomicBool,
+}
+
+impl Shared {
+    /// The latest stats, even if a panicking thread poisoned the lock.
+    pub(super) fn stats(&self) -> MutexGuard<'_, EngineStats> {
+        self.stats.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the handle asked the engine to stop.
+    pub(super) fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Acquire)
+    }
+
+    pub(super) fn inflight(&self) -> MutexGuard<'_, HashSet<u64>> {
+        self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The socket loop's side of an engine. Dropping it stops the engine and
+/// fails what is still running.
+pub struct EngineHandle {
+    commands: Sender<Command>,
+    events: Receiver<EngineEvent>,
+    shared: Arc<Shared>,
+    text: Arc<dyn TextCodec>,
+    info: ModelInfo,
+    config: EngineConfig,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EngineHandle {
+    pub(super) fn new(
+        commands: Sender<Command>,
+        events: Receiver<EngineEvent>,
+        shared: Arc<Shared>,
+        text: Arc<dyn TextCodec>,
+        info: ModelInfo,
+        config: EngineConfig,
+        thread: Option<JoinHandle<()>>,
+    ) -> Self {
+        EngineHandle {
+            commands,
+            events,
+            shared,
+            text,
+            info,
+            config,
+            thread,
+        }
+    }
+
+    /// Validates, tokenizes and queues a request. On `Ok` exactly one
+    /// terminal event for `rid` follows; on `Err` none does.
+    pub fn submit(&self, request: GenerateRequest, rid: u64) -> Result<(), EngineError> {
+        let arrival = Instant::now();
+        request
+            .validate(&self.config.limits)
+            .map_err(|error| EngineError::BadRequest(error.to_string()))?;
+        let prompt = self.tokenize(&request)?;
+        if prompt.len() + 1 > self.info.kv_capacity {
+            return Err(EngineError::PromptTooLong {
+                prompt: prompt.len(),
+                capacity: self.info.kv_capacity,
+            });
+        }
+        if !self.shared.inflight().insert(rid) {
+            return Err(EngineError::DuplicateRid(rid));
+        }
+        let submission = Box::new(Submission {
+            rid,
+            request,
+            prompt,
+            arrival,
+        });
+        match self.commands.try_send(Command::Submit(submission)) {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                self.shared.inflight().remove(&rid);
+                match error {
+                    TrySendError::Full(_) => {
+                        Err(EngineError::Overloaded(self.config.queue_capacity))
+                    }
+                    TrySendError::Disconnected(_) => Err(EngineError::Stopped),
+                }
+            }
+        }
+    }
+
+    fn tokenize(&self, request: &GenerateRequest) -> Result<Vec<u32>, EngineError> {
+        let prompt = if let Some(tokens) = &request.tokens {
+            if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.info.vocab_size) {
+                return Err(EngineError::BadRequest(format!(
+                    "token id {bad} is outside the vocabulary of {} tokens",
+                    self.info.vocab_size
+                )));
+            }
+            tokens.clone()
+        } else if let Some(messages) = &request.messages {
+            let text = self
+                .text
+                .render_chat(messages)
+                .map_err(EngineError::Tokenizer)?;
+            self.text.encode(&text).map_err(EngineError::Tokenizer)?
+        } else {
+            let text = request.prompt.as_deref().unwrap_or_default();
+            self.text.encode(text).map_err(EngineError::Tokenizer)?
+        };
+        if prompt.is_empty() {
+            return Err(EngineError::BadRequest(
+                "the prompt is empty after tokenization; give some text".into(),
+            ));
+        }
+        Ok(prompt)
+    }
+
+    /// Cancels a request; it ends with `done` (cancelled). Unknown or
+    /// finished rids are ignored.
+    pub fn cancel(&self, rid: u64) {
+        // A full queue delays nothing important: the rid is still in flight
+        // and the deadline, if any, still applies.
+        if self.commands.try_send(Command::Cancel(rid)).is_err() {
+            tracing::warn!(rid, "engine queue full; cancel dropped");
+        }
+    }
+
+    /// Drops cached prefixes: of one namespace, or all of them.
+    pub fn flush_cache(&self, namespace: Option<String>) {
+        if self
+            .commands
+            .try_send(Command::FlushCache(namespace))
+            .is_err()
+        {
+            tracing::warn!("engine queue full; flush_cache dropped");
+        }
+    }
+
+    /// Events of every request, in order per request.
+    pub fn events(&self) -> &Receiver<EngineEvent> {
+        &self.events
+    }
+
+    /// The latest measures (refreshed after every step; never blocks on a
+    /// forward pass).
+    pub fn stats(&self) -> EngineStats {
+        let mut stats = *self.shared.stats();
+        stats.waiting += self.commands.len();
+        stats
+    }
+
+    /// Model name, as given at load.
+    pub fn model_name(&self) -> &str {
+        &self.info.name
+    }
+
+    /// KV pool capacity in tokens.
+    pub fn kv_capacity(&self) -> usize {
+        self.info.kv_capacity
+    }
+
+    /// Most sequences decoded together.
+    pub fn max_batch(&self) -> usize {
+        self.config.scheduler.max_batch
+    }
+
+    /// Stops the engine: running requests end with an `unavailable` error.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        let Some(thread) = self.thread.take() else {
+            return;
+        };
+        self.shared.stopping.store(true, Ordering::Release);
+        // Wakes an idle engine; a busy one (full queue) sees the flag.
+        let _ = self.commands.try_send(Command::Shutdown);
+        if thread.join().is_err() {
+            tracing::error!("the engine thread panicked");
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,317 @@
+//! The engine thread: owns the model, the KV pool, the radix cache and the
+//! scheduler outright, so no request ever waits on a lock held during a
+//! forward pass.
+//!
+//! The worker's socket loop talks to it through an [`EngineHandle`]:
+//! [`EngineHandle::submit`] validates and tokenizes on the caller's thread
+//! and queues the request on a bounded channel (a full one answers
+//! `overloaded` at once); the engine streams [`EngineEvent`]s back on another
+//! bounded channel, mirroring the `chunk` / `done` / `error` messages of the
+//! protocol. Every accepted request gets exactly one terminal event.
+
+mod handle;
+mod run;
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use zinfer_cache::CacheConfig;
+use zinfer_protocol::{ChatMessage, ErrorCode, FinishReason, Limits, Timings, Usage};
+
+use crate::detokenize::{DetokenizeError, TokenDecoder};
+use crate::model::{ForwardModel, LoadedModel, ModelTokenizer};
+use crate::scheduler::SchedulerConfig;
+
+pub use handle::EngineHandle;
+
+/// Settings of one engine.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Batching and admission.
+    pub scheduler: SchedulerConfig,
+    /// Radix cache eviction policy and page size.
+    pub cache: CacheConfig,
+    /// Requests queued between the handle and the engine thread; beyond
+    /// this `submit` answers `overloaded`.
+    pub queue_capacity: usize,
+    /// Events buffered for the socket loop; a full buffer pauses the engine.
+    pub event_capacity: usize,
+    /// Limits every request is validated against.
+    pub limits: Limits,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            scheduler: SchedulerConfig::default(),
+            cache: CacheConfig::default(),
+            queue_capacity: 1024,
+            event_capacity: 4096,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// What the engine reports about one request; maps 1:1 onto the
+/// `chunk` / `done` / `error` messages of `WorkerToRouter`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineEvent {
+    /// New output of a streamed request.
+    Chunk {
+        /// Router request id.
+        rid: u64,
+        /// 0, 1, 2, ... within the request.
+        index: u32,
+        /// Text delta: never part of a UTF-8 character or a stop string.
+        text: String,
+        /// Token ids since the previous chunk (stop tokens left out).
+        tokens: Vec<u32>,
+    },
+    /// The request finished; terminal.
+    Done {
+        /// Router request id.
+        rid: u64,
+        /// Why it ended.
+        finish_reason: FinishReason,
+        /// The whole output when the request was not streamed.
+        text: Option<String>,
+        /// Token counts.
+        usage: Usage,
+        /// Where the time went inside the worker.
+        timings: Timings,
+    },
+    /// The request failed; terminal.
+    Error {
+        /// Router request id.
+        rid: u64,
+        /// Stable error code.
+        code: ErrorCode,
+        /// For a person.
+        message: String,
+    },
+}
+
+impl EngineEvent {
+    /// The request the event belongs to.
+    pub fn rid(&self) -> u64 {
+        match self {
+            EngineEvent::Chunk { rid, .. }
+            | EngineEvent::Done { rid, .. }
+            | EngineEvent::Error { rid, .. } => *rid,
+        }
+    }
+
+    /// Whether this is the request's last event.
+    pub fn is_terminal(&self) -> bool {
+        !matches!(self, EngineEvent::Chunk { .. })
+    }
+}
+
+/// Why `submit` refused a request; no event follows a refusal.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    /// The request is malformed or names an impossible token.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The prompt does not fit the KV pool.
+    #[error(
+        "prompt of {prompt} tokens does not fit this worker's KV pool of {capacity} tokens; \
+         shorten the prompt"
+    )]
+    PromptTooLong {
+        /// Prompt tokens.
+        prompt: usize,
+        /// Pool capacity.
+        capacity: usize,
+    },
+    /// The engine's queue is full.
+    #[error("engine queue is full ({0} requests); retry with backoff")]
+    Overloaded(usize),
+    /// This rid is still in flight.
+    #[error("request id {0} is already in flight; use a fresh id")]
+    DuplicateRid(u64),
+    /// The engine thread has stopped.
+    #[error("the engine has stopped; restart the worker")]
+    Stopped,
+    /// Tokenizing or templating failed.
+    #[error("tokenizer failed: {0}")]
+    Tokenizer(String),
+}
+
+impl EngineError {
+    /// The protocol error code for this refusal.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            EngineError::BadRequest(_) | EngineError::DuplicateRid(_) => ErrorCode::BadRequest,
+            EngineError::PromptTooLong { .. } => ErrorCode::PromptTooLong,
+            EngineError::Overloaded(_) => ErrorCode::Overloaded,
+            EngineError::Stopped => ErrorCode::Unavailable,
+            EngineError::Tokenizer(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+/// A latency series: enough for a mean and a maximum.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LatencySummary {
+    /// Samples.
+    pub count: u64,
+    /// Sum of samples, seconds.
+    pub sum_s: f64,
+    /// Largest sample, seconds.
+    pub max_s: f64,
+}
+
+impl LatencySummary {
+    fn record(&mut self, seconds: f64) {
+        self.count += 1;
+        self.sum_s += seconds;
+        self.max_s = self.max_s.max(seconds);
+    }
+
+    /// Mean in seconds, 0 with no samples.
+    pub fn mean_s(&self) -> f64 {
+        if self.count == 0 {
+            0.0
+        } else {
+            self.sum_s / self.count as f64
+        }
+    }
+}
+
+/// The engine's own measures, refreshed after every step; for load
+/// reports, metrics and `zinfer ctl`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineStats {
+    /// Sequences in the running batch.
+    pub running: usize,
+    /// Requests waiting for admission (queued in the channel included).
+    pub waiting: usize,
+    /// KV pool capacity in tokens.
+    pub kv_capacity: usize,
+    /// Slots in use (running sequences and prefix cache).
+    pub kv_used: usize,
+    /// Free slots.
+    pub kv_free: usize,
+    /// Slots held by the prefix cache.
+    pub kv_cached: usize,
+    /// Prompt tokens served from the prefix cache since start.
+    pub cache_hit_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache since start.
+    pub cache_query_tokens: u64,
+    /// Sequences preempted for lack of slots since start.
+    pub preemptions: u64,
+    /// Requests accepted by `submit`.
+    pub requests_accepted: u64,
+    /// Requests ended with `done`, by finish reason: stop, length,
+    /// cancelled, deadline.
+    pub requests_done: [u64; 4],
+    /// Requests ended with `error`.
+    pub requests_failed: u64,
+    /// Prompt tokens of finished requests.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// Prompt tokens of finished requests served from the cache.
+    pub cached_tokens: u64,
+    /// Forward steps run.
+    pub steps: u64,
+    /// Tokens fed to the model in prefill chunks (uncached prompt).
+    pub prefill_tokens: u64,
+    /// Time spent in forward passes, seconds.
+    pub forward_s: f64,
+    /// Submission to admission.
+    pub queue_time: LatencySummary,
+    /// Admission to first token.
+    pub prefill_time: LatencySummary,
+    /// Submission to first token.
+    pub ttft: LatencySummary,
+    /// Time between consecutive tokens of one request.
+    pub inter_token: LatencySummary,
+}
+
+/// The text side of a model as the engine uses it; implemented by
+/// [`ModelTokenizer`], and by fakes in tests.
+pub trait TextCodec: Send + Sync {
+    /// Token ids of `text`, no special tokens added.
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    /// Text of `ids`, special tokens skipped.
+    fn decode(&self, ids: &[u32]) -> Result<String, String>;
+    /// The prompt text for a conversation.
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String>;
+    /// Tokens that end generation.
+    fn eos_token_ids(&self) -> &[u32];
+}
+
+impl TextCodec for ModelTokenizer {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        ModelTokenizer::encode(self, text).map_err(|e| e.to_string())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        ModelTokenizer::decode(self, ids).map_err(|e| e.to_string())
+    }
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        self.apply_chat_template(messages)
+            .map_err(|e| e.to_string())
+    }
+    fn eos_token_ids(&self) -> &[u32] {
+        ModelTokenizer::eos_token_ids(self)
+    }
+}
+
+/// Lets the detokenizer decode through any [`TextCodec`].
+struct Decode<'a>(&'a dyn TextCodec);
+
+impl TokenDecoder for Decode<'_> {
+    fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokenizeError> {
+        self.0.decode(ids).map_err(DetokenizeError)
+    }
+}
+
+/// Starts engines.
+pub struct Engine;
+
+impl Engine {
+    /// Starts the engine thread for a loaded model.
+    pub fn start(loaded: LoadedModel, config: EngineConfig) -> EngineHandle {
+        Engine::start_with(
+            loaded.name,
+            loaded.model,
+            Arc::new(loaded.tokenizer),
+            config,
+        )
+    }
+
+    /// Starts the engine thread for any forward pass and text codec (a
+    /// model from elsewhere, or fakes in tests).
+    pub fn start_with(
+        name: String,
+        model: Box<dyn ForwardModel + Send>,
+        text: Arc<dyn TextCodec>,
+        config: EngineConfig,
+    ) -> EngineHandle {
+        let (command_tx, command_rx) = crossbeam_channel::bounded(config.queue_capacity.max(1));
+        let (event_tx, event_rx) = crossbeam_channel::bounded(config.event_capacity.max(1));
+        let shared = Arc::new(handle::Shared::default());
+        let info = handle::ModelInfo {
+            name,
+            vocab_size: model.vocab_size(),
+            kv_capacity: model.kv_capacity(),
+        };
+        let engine = run::EngineLoop::new(
+            model,
+            Arc::clone(&text),
+            &config,
+            command_rx,
+            event_tx,
+            Arc::clone(&shared),
+        );
+        let thread = std::thread::Builder::new()
+            .name("zinfer-engine".into())
+            .spawn(move || engine.run())
+            .map_err(|error| tracing::error!(%error, "cannot start the engine thread"))
+            .ok();
+        EngineHandle::new(command_tx, event_rx, shared, text, info, config, thread)
+    }
+}

@@ -1,0 +1,499 @@
+//! The engine thread's loop: commands in, one scheduled step and forward
+//! pass at a time, events out.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
+use zinfer_cache::{RadixCache, TokenPool};
+use zinfer_protocol::{ErrorCode, FinishReason, Timings, Usage};
+
+use super::handle::{Command, Shared, Submission};
+use super::{Decode, EngineConfig, EngineEvent, EngineStats, TextCodec};
+use crate::detokenize::Detokenizer;
+use crate::model::{ForwardModel, SeqChunk};
+use crate::sampling::{Sampler, SamplingParams, StopTokens};
+use crate::scheduler::{NewSequence, Scheduler, SchedulerError, StepPlan};
+
+/// How long an engine with work it cannot schedule waits before retrying;
+/// only reached if admission is stuck, which is a bug.
+const STUCK_WAIT: Duration = Duration::from_millis(20);
+
+/// How often a send blocked on a full event channel checks the stop flag.
+const SEND_POLL: Duration = Duration::from_millis(50);
+
+/// Engine-side state of one request.
+struct Request {
+    rid: u64,
+    stream: bool,
+    prompt_tokens: usize,
+    sampler: Sampler,
+    stop: StopTokens,
+    detok: Detokenizer,
+    /// Full output text (for non-streamed requests).
+    text: String,
+    /// Tokens not yet sent in a chunk.
+    unsent: Vec<u32>,
+    generated: usize,
+    chunks: u32,
+    cached_tokens: usize,
+    arrival: Instant,
+    admitted: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+/// The engine thread's state.
+pub(super) struct EngineLoop {
+    model: Box<dyn ForwardModel + Send>,
+    text: Arc<dyn TextCodec>,
+    scheduler: Scheduler,
+    requests: HashMap<u64, Request>,
+    commands: Receiver<Command>,
+    events: Sender<EngineEvent>,
+    shared: Arc<Shared>,
+    stats: EngineStats,
+    shutting_down: bool,
+}
+
+impl EngineLoop {
+    pub(super) fn new(
+        model: Box<dyn ForwardModel + Send>,
+        text: Arc<dyn TextCodec>,
+        config: &EngineConfig,
+        commands: Receiver<Command>,
+        events: Sender<EngineEvent>,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let kv_capacity = model.kv_capacity();
+        let scheduler = Scheduler::new(
+            config.scheduler.clone(),
+            TokenPool::new(kv_capacity),
+            RadixCache::new(config.cache.clone()),
+        );
+        EngineLoop {
+            model,
+            text,
+            scheduler,
+            requests: HashMap::new(),
+            commands,
+            events,
+            shared,
+            stats: EngineStats {
+                kv_capacity,
+                ..EngineStats::default()
+            },
+            shutting_down: false,
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        tracing::info!(kv_capacity = self.stats.kv_capacity, "engine started");
+        while !self.shutting_down && !self.shared.stopping() {
+            if !self.wait_for_work() {
+                break;
+            }
+            while let Ok(command) = self.commands.try_recv() {
+                self.handle(command);
+            }
+            if self.shutting_down || self.shared.stopping() {
+                break;
+            }
+            for rid in self.scheduler.expire(Instant::now()) {
+                self.finish(rid, FinishReason::Deadline);
+            }
+            self.step();
+            self.publish();
+        }
+        self.fail_all(
+            ErrorCode::Unavailable,
+            "the engine shut down; retry the request",
+        );
+        self.publish();
+        tracing::info!("engine stopped");
+    }
+
+    /// Blocks while there is nothing to do; false when every handle is gone.
+    fn wait_for_work(&mut self) -> bool {
+        if !self.scheduler.is_empty() {
+            return true;
+        }
+        match self.commands.recv() {
+            Ok(command) => {
+                self.handle(command);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit(submission) => self.admit(*submission),
+            Command::Cancel(rid) => {
+                if self.requests.contains_key(&rid) {
+                    self.finish(rid, FinishReason::Cancelled);
+                }
+            }
+            Command::FlushCache(namespace) => {
+                let freed = self.scheduler.flush_cache(namespace.as_deref());
+                tracing::info!(?namespace, freed, "prefix cache flushed");
+            }
+            Command::Shutdown => self.shutting_down = true,
+        }
+    }
+
+    fn admit(&mut self, submission: Submission) {
+        let Submission {
+            rid,
+            request,
+            prompt,
+            arrival,
+        } = submission;
+        self.stats.requests_accepted += 1;
+        let params = SamplingParams::from_request(&request, rand::random());
+        let request_state = Request {
+            rid,
+            stream: request.stream,
+            prompt_tokens: prompt.len(),
+            sampler: Sampler::new(params, &prompt),
+            stop: StopTokens::new(
+                self.text.eos_token_ids(),
+                &request.stop_token_ids,
+                request.max_tokens as usize,
+            ),
+            detok: Detokenizer::new(&request.stop),
+            text: String::new(),
+            unsent: Vec::new(),
+            generated: 0,
+            chunks: 0,
+            cached_tokens: 0,
+            arrival,
+            admitted: None,
+            first_token: None,
+            last_token: None,
+        };
+        self.requests.insert(rid, request_state);
+        if request.max_tokens == 0 {
+            self.finish(rid, FinishReason::Length);
+            return;
+        }
+        let deadline = request
+            .deadline_ms
+            .map(|ms| arrival + Duration::from_millis(ms));
+        let new = NewSequence {
+            id: rid,
+            namespace: request.namespace.unwrap_or_default(),
+            prompt,
+            max_new_tokens: request.max_tokens as usize,
+            priority: request.priority,
+            deadline,
+        };
+        if let Err(error) = self.scheduler.submit(new) {
+            let code = match error {
+                SchedulerError::PromptTooLong { .. } => ErrorCode::PromptTooLong,
+                SchedulerError::EmptyPrompt | SchedulerError::DuplicateId(_) => {
+                    ErrorCode::BadRequest
+                }
+                SchedulerError::Unknown(_) => ErrorCode::Internal,
+            };
+            self.fail(rid, code, &error.to_string());
+        }
+    }
+
+    /// One scheduling step and forward pass.
+    fn step(&mut self) {
+        let plan = self.scheduler.schedule();
+        let now = Instant::now();
+        for &rid in &plan.exhausted {
+            self.finish(rid, FinishReason::Length);
+        }
+        for admission in &plan.admitted {
+            if let Some(request) = self.requests.get_mut(&admission.id)
+                && request.admitted.is_none()
+            {
+                request.admitted = Some(now);
+                request.cached_tokens = admission.cached_tokens;
+                self.stats
+                    .queue_time
+                    .record((now - request.arrival).as_secs_f64());
+            }
+        }
+        if plan.is_idle() {
+            if !self.scheduler.is_empty() {
+                self.wait_a_little();
+            }
+            return;
+        }
+        let logits = match self.forward(&plan) {
+            Ok(logits) => logits,
+            Err(message) => {
+                tracing::error!(%message, "forward pass failed");
+                for item in &plan.items {
+                    let _ = self.scheduler.abort(item.id);
+                    self.fail(item.id, ErrorCode::Internal, &message);
+                }
+                return;
+            }
+        };
+        let mut sampled = vec![None; plan.items.len()];
+        for ((item, mut row), slot) in plan.items.iter().zip(logits).zip(&mut sampled) {
+            if !item.sample {
+                self.stats.prefill_tokens += item.len as u64;
+                continue;
+            }
+            if item.len > 1 || item.start == 0 {
+                self.stats.prefill_tokens += item.len as u64;
+            }
+            let Some(request) = self.requests.get_mut(&item.id) else {
+                continue;
+            };
+            match request.sampler.sample(&mut row) {
+                Ok(token) => *slot = Some(token),
+                Err(error) => {
+                    let _ = self.scheduler.abort(item.id);
+                    self.fail(item.id, ErrorCode::Internal, &error.to_string());
+                }
+            }
+        }
+        self.scheduler.complete(&plan, &sampled);
+        let now = Instant::now();
+        for (item, token) in plan.items.iter().zip(sampled) {
+            if let Some(token) = token {
+                self.on_token(item.id, token, now);
+            }
+        }
+    }
+
+    fn forward(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, String> {
+        let chunks = plan
+            .items
+            .iter()
+            .map(|item| {
+                self.scheduler.chunk(item).map(|view| SeqChunk {
+                    tokens: view.tokens,
+                    slots: view.slots,
+                    start_pos: view.start_pos,
+                })
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or("the scheduler planned a chunk it cannot show (bug)")?;
+        let started = Instant::now();
+        let logits = self.model.forward(&chunks).map_err(|e| e.to_string())?;
+        self.stats.forward_s += started.elapsed().as_secs_f64();
+        self.stats.steps += 1;
+        if logits.len() != chunks.len() {
+            return Err(format!(
+                "the model returned {} logit rows for {} chunks",
+                logits.len(),
+                chunks.len()
+            ));
+        }
+        Ok(logits)
+    }
+
+    /// Handles one generated token: timing, stop checks, text, events.
+    fn on_token(&mut self, rid: u64, token: u32, now: Instant) {
+        let Some(request) = self.requests.get_mut(&rid) else {
+            return;
+        };
+        request.generated += 1;
+        self.stats.generated_tokens += 1;
+        match request.last_token {
+            None => {
+                request.first_token = Some(now);
+                self.stats
+                    .ttft
+                    .record((now - request.arrival).as_secs_f64());
+                if let Some(admitted) = request.admitted {
+                    self.stats
+                        .prefill_time
+                        .record((now - admitted).as_secs_f64());
+                }
+            }
+            Some(last) => self.stats.inter_token.record((now - last).as_secs_f64()),
+        }
+        request.last_token = Some(now);
+        let mut reason = request.stop.check(token, request.generated);
+        if !request.stop.is_stop_token(token) {
+            request.unsent.push(token);
+            match request.detok.push(&Decode(self.text.as_ref()), token) {
+                Ok(delta) => {
+                    request.text.push_str(&delta.text);
+                    if delta.stopped {
+                        reason = Some(FinishReason::Stop);
+                    }
+                    if reason.is_none() && request.stream && !delta.text.is_empty() {
+                        let event = chunk_event(request, delta.text);
+                        self.send(event);
+                    }
+                }
+                Err(error) => {
+                    let _ = self.scheduler.abort(rid);
+                    self.fail(rid, ErrorCode::Internal, &error.to_string());
+                    return;
+                }
+            }
+        }
+        if let Some(reason) = reason {
+            self.finish(rid, reason);
+        }
+    }
+
+    /// Ends a request with `done`, flushing its held-back text; frees its
+    /// sequence if still scheduled.
+    fn finish(&mut self, rid: u64, reason: FinishReason) {
+        if self.scheduler.contains(rid) {
+            let _ = self.scheduler.finish(rid);
+        }
+        let Some(mut request) = self.requests.remove(&rid) else {
+            return;
+        };
+        let tail = match request.detok.finish(&Decode(self.text.as_ref())) {
+            Ok(delta) => delta.text,
+            Err(error) => {
+                tracing::warn!(rid, %error, "final detokenization failed");
+                String::new()
+            }
+        };
+        request.text.push_str(&tail);
+        if request.stream && (!tail.is_empty() || !request.unsent.is_empty()) {
+            let event = chunk_event(&mut request, tail);
+            self.send(event);
+        }
+        let usage = Usage {
+            prompt_tokens: request.prompt_tokens as u32,
+            cached_tokens: request.cached_tokens as u32,
+            completion_tokens: request.generated as u32,
+        };
+        let timings = timings(&request, Instant::now());
+        self.stats.requests_done[reason_index(reason)] += 1;
+        self.stats.prompt_tokens += request.prompt_tokens as u64;
+        self.stats.cached_tokens += request.cached_tokens as u64;
+        tracing::debug!(rid, ?reason, generated = request.generated, "request done");
+        self.shared.inflight().remove(&rid);
+        self.send(EngineEvent::Done {
+            rid,
+            finish_reason: reason,
+            text: (!request.stream).then_some(request.text),
+            usage,
+            timings,
+        });
+    }
+
+    /// Ends a request with `error`; the caller has released its sequence.
+    fn fail(&mut self, rid: u64, code: ErrorCode, message: &str) {
+        if self.requests.remove(&rid).is_none() {
+            return;
+        }
+        if self.scheduler.contains(rid) {
+            let _ = self.scheduler.abort(rid);
+        }
+        self.stats.requests_failed += 1;
+        tracing::warn!(rid, %code, message, "request failed");
+        self.shared.inflight().remove(&rid);
+        self.send(EngineEvent::Error {
+            rid,
+            code,
+            message: message.to_string(),
+        });
+    }
+
+    fn fail_all(&mut self, code: ErrorCode, message: &str) {
+        while let Ok(command) = self.commands.try_recv() {
+            if let Command::Submit(submission) = command {
+                self.shared.inflight().remove(&submission.rid);
+                self.send(EngineEvent::Error {
+                    rid: submission.rid,
+                    code,
+                    message: message.to_string(),
+                });
+            }
+        }
+        let rids: Vec<u64> = self.requests.keys().copied().collect();
+        for rid in rids {
+            self.fail(rid, code, message);
+        }
+    }
+
+    /// Sends an event; a full channel pauses the engine until the socket
+    /// loop catches up, except once the handle asked it to stop (nobody
+    /// may be reading then).
+    fn send(&self, mut event: EngineEvent) {
+        loop {
+            if self.shutting_down || self.shared.stopping() {
+                if self.events.try_send(event).is_err() {
+                    tracing::debug!("engine event dropped while stopping");
+                }
+                return;
+            }
+            match self.events.send_timeout(event, SEND_POLL) {
+                Ok(()) => return,
+                Err(SendTimeoutError::Timeout(back)) => event = back,
+                Err(SendTimeoutError::Disconnected(_)) => {
+                    tracing::debug!("engine event dropped: no reader");
+                    return;
+                }
+            }
+        }
+    }
+
+    fn wait_a_little(&mut self) {
+        match self.commands.recv_timeout(STUCK_WAIT) {
+            Ok(command) => self.handle(command),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => self.shutting_down = true,
+        }
+    }
+
+    fn publish(&mut self) {
+        let sched = self.scheduler.stats();
+        self.stats.running = sched.running;
+        self.stats.waiting = sched.waiting;
+        self.stats.kv_capacity = sched.kv_capacity;
+        self.stats.kv_free = sched.kv_free;
+        self.stats.kv_used = sched.kv_capacity - sched.kv_free;
+        self.stats.kv_cached = sched.kv_cached;
+        self.stats.cache_hit_tokens = sched.cache_hit_tokens;
+        self.stats.cache_query_tokens = sched.cache_query_tokens;
+        self.stats.preemptions = sched.preemptions;
+        *self.shared.stats() = self.stats;
+    }
+}
+
+fn chunk_event(request: &mut Request, text: String) -> EngineEvent {
+    let index = request.chunks;
+    request.chunks += 1;
+    EngineEvent::Chunk {
+        rid: request.rid,
+        index,
+        text,
+        tokens: std::mem::take(&mut request.unsent),
+    }
+}
+
+fn timings(request: &Request, now: Instant) -> Timings {
+    let secs = |from: Instant, to: Instant| to.saturating_duration_since(from).as_secs_f64();
+    let admitted = request.admitted.unwrap_or(now);
+    Timings {
+        queue_s: secs(request.arrival, admitted),
+        prefill_s: request.first_token.map_or(0.0, |t| secs(admitted, t)),
+        ttft_s: request
+            .first_token
+            .map_or(0.0, |t| secs(request.arrival, t)),
+        decode_s: match (request.first_token, request.last_token) {
+            (Some(first), Some(last)) => secs(first, last),
+            _ => 0.0,
+        },
+    }
+}
+
+fn reason_index(reason: FinishReason) -> usize {
+    match reason {
+        FinishReason::Stop => 0,
+        FinishReason::Length => 1,
+        FinishReason::Cancelled => 2,
+        FinishReason::Deadline => 3,
+    }
+}

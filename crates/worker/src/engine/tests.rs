@@ -1,0 +1,451 @@
+//! The engine with a fake model (byte tokens, a K/V pool of prefix hashes)
+//! and a fake codec: the event protocol, stops, cancellation, deadlines,
+//! overload, shutdown and slot accounting, without loading weights.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use zinfer_protocol::GenerateRequest;
+
+use super::*;
+use crate::model::{ModelError, SeqChunk};
+use crate::scheduler::SchedulerConfig;
+
+const EOS: u32 = 256;
+const VOCAB: usize = 257;
+const SCRIPT: &str = "Hello, wörld! 🎉 STOP here.";
+
+/// Byte-level text: token id = byte; 256 is EOS (skipped on decode).
+struct Bytes;
+
+impl TextCodec for Bytes {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+        Ok(text.bytes().map(u32::from).collect())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+        let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
+        Ok(messages
+            .iter()
+            .map(|m| format!("{}: {}\n", m.role, m.content))
+            .collect())
+    }
+    fn eos_token_ids(&self) -> &[u32] {
+        &[EOS]
+    }
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Greedy output spells SCRIPT after each newline, then EOS.
+    Script,
+    /// Output is a hash of the whole prefix, so a wrong K/V read shows.
+    Hash,
+}
+
+/// Per position: (hash of the prefix, tokens since the last newline).
+type State = (u64, usize);
+
+struct FakeModel {
+    mode: Mode,
+    delay: Duration,
+    kv: Vec<Option<State>>,
+}
+
+fn chain(state: Option<State>, token: u32) -> State {
+    let (hash, since) = state.unwrap_or((0xcbf2_9ce4_8422_2325, 0));
+    let hash = (hash ^ u64::from(token) ^ 0x9e37).wrapping_mul(0x0100_0000_01b3);
+    (hash, if token == 10 { 0 } else { since + 1 })
+}
+
+fn next_token(mode: Mode, (hash, since): State) -> u32 {
+    let script: Vec<u32> = SCRIPT.bytes().map(u32::from).chain([EOS]).collect();
+    match mode {
+        Mode::Script => script[since % script.len()],
+        Mode::Hash => (hash >> 20) as u32 % 256,
+    }
+}
+
+impl ForwardModel for FakeModel {
+    fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        std::thread::sleep(self.delay);
+        let mut rows = Vec::new();
+        let mut written = std::collections::HashSet::new();
+        for chunk in batch {
+            let bad = |what: &str| Err(ModelError::InvalidBatch(what.to_string()));
+            if chunk.slots.len() != chunk.start_pos + chunk.tokens.len() {
+                return bad("slot count");
+            }
+            let mut state = match chunk.start_pos {
+                0 => None,
+                p => match self.kv.get(chunk.slots[p - 1] as usize) {
+                    Some(Some(state)) => Some(*state),
+                    _ => return bad("read of an unwritten slot"),
+                },
+            };
+            for (&token, &slot) in chunk.tokens.iter().zip(&chunk.slots[chunk.start_pos..]) {
+                if !written.insert(slot) || slot as usize >= self.kv.len() {
+                    return bad("slot written twice or out of range");
+                }
+                let next = chain(state, token);
+                self.kv[slot as usize] = Some(next);
+                state = Some(next);
+            }
+            let state = state.ok_or(ModelError::InvalidBatch("empty chunk".into()))?;
+            let mut row: Vec<f32> = (0..VOCAB)
+                .map(|i| ((state.0 >> (i % 40)) & 0xff) as f32 / 128.0)
+                .collect();
+            row[next_token(self.mode, state) as usize] += 4.0;
+            rows.push(row);
+        }
+        Ok(rows)
+    }
+    fn vocab_size(&self) -> usize {
+        VOCAB
+    }
+    fn kv_capacity(&self) -> usize {
+        self.kv.len()
+    }
+}
+
+fn engine(mode: Mode, capacity: usize, delay_ms: u64, config: EngineConfig) -> EngineHandle {
+    let model = FakeModel {
+        mode,
+        delay: Duration::from_millis(delay_ms),
+        kv: vec![None; capacity],
+    };
+    Engine::start_with("fake".into(), Box::new(model), Arc::new(Bytes), config)
+}
+
+fn greedy(prompt: &str, max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        temperature: 0.0,
+        max_tokens,
+        ..GenerateRequest::from_prompt("c", prompt)
+    }
+}
+
+/// Every event of `rid` until its terminal one.
+fn collect(handle: &EngineHandle, rid: u64) -> Vec<EngineEvent> {
+    let mut out = Vec::new();
+    loop {
+        let event = handle
+            .events()
+            .recv_timeout(Duration::from_secs(20))
+            .expect("engine went quiet");
+        assert_eq!(event.rid(), rid);
+        let terminal = event.is_terminal();
+        out.push(event);
+        if terminal {
+            return out;
+        }
+    }
+}
+
+fn streamed_text(events: &[EngineEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Chunk { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn done(events: &[EngineEvent]) -> (FinishReason, Option<String>, Usage) {
+    match events.last() {
+        Some(EngineEvent::Done {
+            finish_reason,
+            text,
+            usage,
+            ..
+        }) => (*finish_reason, text.clone(), *usage),
+        other => panic!("expected done, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_streamed_request_spells_the_script_in_ordered_chunks() {
+    let handle = engine(Mode::Script, 256, 0, EngineConfig::default());
+    handle.submit(greedy("hi\n", 100), 1).unwrap();
+    let events = collect(&handle, 1);
+    assert_eq!(streamed_text(&events), SCRIPT);
+    for (expected, event) in events.iter().filter(|e| !e.is_terminal()).enumerate() {
+        let EngineEvent::Chunk { index, text, .. } = event else {
+            unreachable!()
+        };
+        assert_eq!(*index as usize, expected);
+        assert!(!text.contains('\u{FFFD}'), "split character in {text:?}");
+    }
+    let (reason, text, usage) = done(&events);
+    assert_eq!((reason, text), (FinishReason::Stop, None));
+    assert_eq!(usage.prompt_tokens, 3);
+    assert_eq!(
+        usage.completion_tokens as usize,
+        SCRIPT.len() + 1,
+        "EOS counts"
+    );
+}
+
+#[test]
+fn a_non_streamed_request_gets_its_text_in_done_only() {
+    let handle = engine(Mode::Script, 256, 0, EngineConfig::default());
+    let request = GenerateRequest {
+        stream: false,
+        ..greedy("hi\n", 5)
+    };
+    handle.submit(request, 2).unwrap();
+    let events = collect(&handle, 2);
+    assert_eq!(events.len(), 1);
+    let (reason, text, usage) = done(&events);
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!(text.as_deref(), Some("Hello"));
+    assert_eq!(usage.completion_tokens, 5);
+}
+
+#[test]
+fn stop_strings_end_the_output_and_never_leak() {
+    let handle = engine(Mode::Script, 256, 0, EngineConfig::default());
+    let request = GenerateRequest {
+        stop: vec!["STOP".into(), "never".into()],
+        ..greedy("x\n", 100)
+    };
+    handle.submit(request, 3).unwrap();
+    let events = collect(&handle, 3);
+    assert_eq!(streamed_text(&events), "Hello, wörld! 🎉 ");
+    for event in &events {
+        if let EngineEvent::Chunk { text, .. } = event {
+            assert!(
+                !text.contains('S'),
+                "part of the stop string leaked: {text:?}"
+            );
+        }
+    }
+    assert_eq!(done(&events).0, FinishReason::Stop);
+}
+
+#[test]
+fn stop_token_ids_and_chat_messages_work() {
+    let handle = engine(Mode::Script, 256, 0, EngineConfig::default());
+    let request = GenerateRequest {
+        prompt: None,
+        messages: Some(vec![ChatMessage {
+            role: "user".into(),
+            content: "hey".into(),
+        }]),
+        stop_token_ids: vec![u32::from(b'!')],
+        ..greedy("", 100)
+    };
+    handle.submit(request, 4).unwrap();
+    let events = collect(&handle, 4);
+    assert_eq!(streamed_text(&events), "Hello, wörld");
+    let (reason, _, usage) = done(&events);
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(usage.prompt_tokens as usize, "user: hey\n".len());
+}
+
+#[test]
+fn refusals_come_from_submit_with_their_codes() {
+    let handle = engine(Mode::Script, 16, 0, EngineConfig::default());
+    let code = |result: Result<(), EngineError>| result.unwrap_err().code();
+    assert_eq!(
+        code(handle.submit(greedy(&"a".repeat(16), 4), 1)),
+        ErrorCode::PromptTooLong
+    );
+    let bad_token = GenerateRequest {
+        prompt: None,
+        tokens: Some(vec![5, 999]),
+        ..greedy("", 4)
+    };
+    assert_eq!(code(handle.submit(bad_token, 1)), ErrorCode::BadRequest);
+    assert_eq!(code(handle.submit(greedy("", 4), 1)), ErrorCode::BadRequest);
+    let both = GenerateRequest {
+        tokens: Some(vec![1]),
+        ..greedy("a", 4)
+    };
+    assert_eq!(code(handle.submit(both, 1)), ErrorCode::BadRequest);
+    assert!(handle.events().is_empty(), "refusals send no events");
+}
+
+#[test]
+fn a_full_queue_answers_overloaded_and_a_busy_rid_is_refused() {
+    let config = EngineConfig {
+        queue_capacity: 2,
+        event_capacity: 1,
+        ..EngineConfig::default()
+    };
+    let handle = engine(Mode::Script, 256, 0, config);
+    // Nobody reads events: the engine blocks on the second chunk, so the
+    // queue fills up.
+    handle.submit(greedy("a\n", 100), 1).unwrap();
+    assert_eq!(
+        handle.submit(greedy("a\n", 1), 1),
+        Err(EngineError::DuplicateRid(1))
+    );
+    let mut refused = None;
+    for rid in 2..50 {
+        if let Err(error) = handle.submit(greedy("b\n", 1), rid) {
+            refused = Some(error);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(refused.map(|e| e.code()), Some(ErrorCode::Overloaded));
+}
+
+#[test]
+fn cancel_and_deadline_end_requests_and_free_their_slots() {
+    let handle = engine(Mode::Hash, 512, 5, EngineConfig::default());
+    handle.submit(greedy("slow\n", 10_000), 1).unwrap();
+    let deadline = GenerateRequest {
+        deadline_ms: Some(60),
+        ..greedy("late\n", 10_000)
+    };
+    handle.submit(deadline, 2).unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    handle.cancel(1);
+    handle.cancel(77);
+    let mut terminal = HashMap::new();
+    while terminal.len() < 2 {
+        let event = handle
+            .events()
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap();
+        if let EngineEvent::Done { finish_reason, .. } = event {
+            assert!(terminal.insert(event.rid(), finish_reason).is_none());
+        }
+    }
+    assert_eq!(terminal[&1], FinishReason::Cancelled);
+    assert_eq!(terminal[&2], FinishReason::Deadline);
+    let stats = wait_idle(&handle);
+    assert_eq!(stats.kv_used, stats.kv_cached, "nothing held after the end");
+    assert_eq!(stats.requests_done[2..], [1, 1]);
+}
+
+fn wait_idle(handle: &EngineHandle) -> EngineStats {
+    let start = Instant::now();
+    loop {
+        let stats = handle.stats();
+        if stats.running == 0 && stats.waiting == 0 {
+            return stats;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{stats:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+#[test]
+fn seeds_reproduce_and_differ() {
+    let handle = engine(Mode::Hash, 1024, 0, EngineConfig::default());
+    let sampled = |seed: u64, rid: u64| {
+        let request = GenerateRequest {
+            temperature: 1.0,
+            top_k: 50,
+            top_p: 0.9,
+            seed: Some(seed),
+            ..greedy("seeded\n", 24)
+        };
+        handle.submit(request, rid).unwrap();
+        collect(&handle, rid)
+            .iter()
+            .flat_map(|e| match e {
+                EngineEvent::Chunk { tokens, .. } => tokens.clone(),
+                _ => Vec::new(),
+            })
+            .collect::<Vec<u32>>()
+    };
+    let first = sampled(42, 1);
+    assert_eq!(first.len(), 24);
+    assert_eq!(first, sampled(42, 2), "same seed, same prompt (now cached)");
+    assert_ne!(first, sampled(43, 3));
+}
+
+#[test]
+fn random_traffic_with_a_small_pool_ends_every_request_once_with_correct_tokens() {
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_batch: 6,
+            step_token_budget: 32,
+            decode_reserve: 2,
+            shared_prefix_hold: 8,
+        },
+        ..EngineConfig::default()
+    };
+    let handle = engine(Mode::Hash, 160, 0, config);
+    let mut rng = StdRng::seed_from_u64(9);
+    let stems = ["system prompt one\n", "another shared stem\n", "x\n"];
+    let mut prompts = HashMap::new();
+    for rid in 0..80u64 {
+        let stem = stems[rng.random_range(0..stems.len())];
+        let prompt = format!("{stem}{}\n", "q".repeat(rng.random_range(1..30)));
+        handle
+            .submit(greedy(&prompt, rng.random_range(1..40)), rid)
+            .unwrap();
+        prompts.insert(rid, prompt);
+        if rng.random_bool(0.15) {
+            handle.cancel(rng.random_range(0..=rid));
+        }
+    }
+    let mut tokens: HashMap<u64, Vec<u32>> = HashMap::new();
+    let mut terminal: HashMap<u64, EngineEvent> = HashMap::new();
+    while terminal.len() < prompts.len() {
+        let event = handle
+            .events()
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap();
+        let rid = event.rid();
+        assert!(!terminal.contains_key(&rid), "event after the terminal one");
+        match event {
+            EngineEvent::Chunk { tokens: t, .. } => tokens.entry(rid).or_default().extend(t),
+            other => {
+                terminal.insert(rid, other);
+            }
+        }
+    }
+    for (rid, event) in &terminal {
+        let EngineEvent::Done { usage, .. } = event else {
+            panic!("request {rid} failed: {event:?}");
+        };
+        let out = tokens.get(rid).cloned().unwrap_or_default();
+        assert_eq!(out.len(), usage.completion_tokens as usize);
+        let mut state = None;
+        for &t in prompts[rid].as_bytes() {
+            state = Some(chain(state, u32::from(t)));
+        }
+        for &t in &out {
+            let expected = next_token(Mode::Hash, state.unwrap());
+            assert_eq!(t, expected, "request {rid} diverged: bad K/V reuse");
+            state = Some(chain(state, t));
+        }
+    }
+    let stats = wait_idle(&handle);
+    assert_eq!(stats.kv_used, stats.kv_cached);
+    assert!(
+        stats.preemptions > 0,
+        "the small pool should force preemption"
+    );
+    assert!(stats.cache_hit_tokens > 0);
+    assert_eq!(stats.requests_accepted, 80);
+}
+
+#[test]
+fn dropping_the_handle_fails_what_is_still_running() {
+    let handle = engine(Mode::Hash, 512, 5, EngineConfig::default());
+    let events = handle.events().clone();
+    for rid in 0..3 {
+        handle.submit(greedy("forever\n", 10_000), rid).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    drop(handle);
+    let mut terminal = HashMap::new();
+    for event in events.try_iter() {
+        if let EngineEvent::Error { rid, code, .. } = event {
+            assert!(terminal.insert(rid, code).is_none());
+        }
+    }
+    assert_eq!(terminal.len(), 3);
+    assert!(terminal.values().all(|&c| c == ErrorCode::Unavailable));
+}
