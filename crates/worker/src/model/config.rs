@@ -1,0 +1,60 @@
+//! Shape and hyper-parameters of a llama-architecture model.
+
+/// What the forward pass needs to know about a llama model, read from GGUF
+/// metadata or a Hugging Face `config.json`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Transformer blocks.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (fewer than `n_heads` with grouped-query attention).
+    pub n_kv_heads: usize,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Width of one attention head.
+    pub head_dim: usize,
+    /// Inner width of the MLP.
+    pub ffn: usize,
+    /// Token vocabulary size (rows of the embedding).
+    pub vocab: usize,
+    /// RoPE base frequency.
+    pub rope_theta: f32,
+    /// RMSNorm epsilon.
+    pub rms_eps: f32,
+    /// Longest sequence the RoPE tables cover.
+    pub max_positions: usize,
+    /// GGUF files store Q/K rows permuted for interleaved RoPE; Hugging Face
+    /// checkpoints rotate the two halves of each head instead.
+    pub rope_interleaved: bool,
+}
+
+impl LlamaConfig {
+    /// Width of the key (and value) projection output.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Checks the relations the forward pass relies on.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 || self.vocab == 0 {
+            return Err(format!("model config has a zero dimension: {self:?}"));
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return Err(format!(
+                "{} query heads are not a multiple of {} KV heads",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) || self.head_dim * self.n_heads != self.hidden {
+            return Err(format!(
+                "head_dim {} x {} heads does not match hidden size {}",
+                self.head_dim, self.n_heads, self.hidden
+            ));
+        }
+        if self.max_positions == 0 {
+            return Err("model config has no context length".to_string());
+        }
+        Ok(())
+    }
+}
