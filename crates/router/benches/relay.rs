@@ -4,7 +4,9 @@
 //!   client, pipelined with many requests in flight;
 //! - latency: ping-pong of one non-streamed request through the router vs
 //!   the same echo worker reached directly; the difference is what the
-//!   router adds.
+//!   router adds. A third path goes through a forwarder with no logic at
+//!   all (two ROUTER sockets copying frames), the floor for any broker
+//!   hop on this machine;
 //!
 //! - core cost: the sans-IO core alone relaying chunks in memory, the
 //!   router's own CPU time per message without sockets.
@@ -17,7 +19,11 @@
 mod echo;
 
 use std::{
-    sync::Arc,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -61,6 +67,11 @@ fn main() {
     let client = dealer(&context, &endpoints.clients);
     let direct = dealer(&context, &direct_endpoint);
     wait_for_worker(&client);
+    let forwarder = Forwarder::start();
+    let _forwarded_worker = EchoWorker::connect(&context, &forwarder.back, "echo-2", "m");
+    let via_forwarder = dealer(&context, &forwarder.front);
+    // The forwarder learns the worker's identity from its `ready`.
+    std::thread::sleep(Duration::from_millis(300));
 
     println!(
         "relay bench: {requests} requests x ({chunks} chunks + done), window {window}; \
@@ -79,6 +90,7 @@ fn main() {
     let mut router_p99 = Vec::new();
     let mut direct_p50 = Vec::new();
     let mut direct_p99 = Vec::new();
+    let mut forwarder_p50 = Vec::new();
     for round in 0..rounds {
         let rate = throughput(&client, requests, chunks, window, round);
         let via_router = ping_pong(pings, || {
@@ -87,16 +99,22 @@ fn main() {
         let baseline = ping_pong(pings, || {
             direct_round_trip(&direct);
         });
+        let floor = ping_pong(pings, || {
+            direct_round_trip(&via_forwarder);
+        });
         println!(
             "round {round}: {:>9.0} relayed msg/s | router p50 {:>6.1} us p99 {:>6.1} us | \
-             direct p50 {:>6.1} us p99 {:>6.1} us | added p50 {:>6.1} us",
+             direct p50 {:>6.1} us p99 {:>6.1} us | forwarder p50 {:>6.1} us | \
+             added p50 {:>6.1} us",
             rate,
             via_router.0,
             via_router.1,
             baseline.0,
             baseline.1,
+            floor.0,
             via_router.0 - baseline.0
         );
+        forwarder_p50.push(floor.0);
         rates.push(rate);
         router_p50.push(via_router.0);
         router_p99.push(via_router.1);
@@ -107,15 +125,18 @@ fn main() {
     let added_p99 = median(&router_p99) - median(&direct_p99);
     println!(
         "median: {:.0} relayed msg/s (target >= 200000); router p50 {:.1} us, p99 {:.1} us; \
-         direct p50 {:.1} us, p99 {:.1} us; added p50 {:.1} us (target <= 50), added p99 {:.1} us",
+         direct p50 {:.1} us, p99 {:.1} us; added p50 {:.1} us (target <= 50), added p99 {:.1} us; \
+         a no-logic forwarder adds {:.1} us at p50",
         median(&rates),
         median(&router_p50),
         median(&router_p99),
         median(&direct_p50),
         median(&direct_p99),
         added_p50,
-        added_p99
+        added_p99,
+        median(&forwarder_p50) - median(&direct_p50)
     );
+    drop(forwarder);
     shutdown.send(()).expect("router alive");
     thread
         .join()
@@ -215,6 +236,8 @@ fn router_round_trip(client: &zmq::Socket) {
     }
 }
 
+/// One `generate` straight to an echo worker (or through the forwarder),
+/// skipping the worker's heartbeats.
 fn direct_round_trip(direct: &zmq::Socket) {
     let generate = RouterToWorker::Generate {
         rid: 1,
@@ -223,10 +246,84 @@ fn direct_round_trip(direct: &zmq::Socket) {
     direct
         .send(encode(&generate).expect("encode"), 0)
         .expect("send");
-    let reply = direct.recv_bytes(0).expect("reply");
-    match decode::<WorkerToRouter>(&reply, &Limits::default()) {
-        Ok(WorkerToRouter::Done { .. }) => {}
-        other => panic!("unexpected reply {other:?}"),
+    loop {
+        let reply = direct.recv_bytes(0).expect("reply");
+        match decode::<WorkerToRouter>(&reply, &Limits::default()) {
+            Ok(WorkerToRouter::Done { .. }) => return,
+            Ok(WorkerToRouter::Heartbeat {} | WorkerToRouter::Ready { .. }) => {}
+            other => panic!("unexpected reply {other:?}"),
+        }
+    }
+}
+
+/// Two ROUTER sockets copying frames between one client and one worker,
+/// with no decoding: what any broker hop costs here. Like the router, it
+/// has its own context, so its own I/O thread.
+struct Forwarder {
+    _context: zmq::Context,
+    front: String,
+    back: String,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Forwarder {
+    fn start() -> Self {
+        let context = zmq::Context::new();
+        let bind = |endpoint: &str| {
+            let socket = context.socket(zmq::ROUTER).expect("router");
+            socket.set_linger(0).expect("linger");
+            socket.bind(endpoint).expect("bind");
+            let bound = socket
+                .get_last_endpoint()
+                .expect("endpoint")
+                .expect("utf-8");
+            (socket, bound)
+        };
+        let (front, front_endpoint) = bind("tcp://127.0.0.1:*");
+        let (back, back_endpoint) = bind("tcp://127.0.0.1:*");
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || {
+            let (mut client, mut worker): (Option<Vec<u8>>, Option<Vec<u8>>) = (None, None);
+            while !flag.load(Ordering::Relaxed) {
+                let mut items = [
+                    front.as_poll_item(zmq::POLLIN),
+                    back.as_poll_item(zmq::POLLIN),
+                ];
+                if zmq::poll(&mut items, 10).unwrap_or(0) == 0 {
+                    continue;
+                }
+                while let Ok(parts) = front.recv_multipart(zmq::DONTWAIT) {
+                    client = Some(parts[0].clone());
+                    if let Some(worker) = &worker {
+                        let _ = back.send_multipart([&worker[..], &parts[1][..]], zmq::DONTWAIT);
+                    }
+                }
+                while let Ok(parts) = back.recv_multipart(zmq::DONTWAIT) {
+                    worker = Some(parts[0].clone());
+                    if let Some(client) = &client {
+                        let _ = front.send_multipart([&client[..], &parts[1][..]], zmq::DONTWAIT);
+                    }
+                }
+            }
+        });
+        Forwarder {
+            _context: context,
+            front: front_endpoint,
+            back: back_endpoint,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
     }
 }
 
