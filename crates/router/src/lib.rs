@@ -34,9 +34,10 @@
 //!   running one, it is forwarded and the worker's `done` is relayed; of an
 //!   unknown or finished id, it is ignored (it raced the terminal reply).
 //! - Messages from unregistered or lost workers get `disconnect`, so they
-//!   register again; a `ready` with another protocol version gets
-//!   `disconnect` naming both versions (the worker should back off rather
-//!   than re-register at once).
+//!   register again. A refused `ready` (another protocol version, no
+//!   model, a bad id) gets `disconnect` saying why, and further `ready`s
+//!   from that worker are ignored for a heartbeat interval, so a worker
+//!   that re-registers at once cannot spin the router.
 //! - REQ clients work for `ping`, `models` and non-streamed `generate`
 //!   (one reply per request); streaming needs a DEALER.
 

@@ -137,6 +137,10 @@ pub struct Core {
     rr_cursor: usize,
     next_heartbeat: Instant,
     actions: VecDeque<Action>,
+    /// Workers whose `ready` was refused, and when: further `ready`s from
+    /// them are ignored for a heartbeat interval, so a worker that
+    /// re-registers at once on `disconnect` cannot start a tight loop.
+    refused: HashMap<Vec<u8>, Instant>,
 }
 
 impl Core {
@@ -154,6 +158,7 @@ impl Core {
             next_rid: 1,
             rr_cursor: 0,
             actions: VecDeque::new(),
+            refused: HashMap::new(),
         }
     }
 
@@ -180,6 +185,9 @@ impl Core {
             self.heartbeat_workers();
         }
         self.expire_workers(now);
+        let interval = self.config.heartbeat_interval;
+        self.refused
+            .retain(|_, at| now.saturating_duration_since(*at) < interval);
         let expired: Vec<u64> = self
             .queue
             .iter()

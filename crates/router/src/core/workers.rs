@@ -153,6 +153,9 @@ impl Core {
     }
 
     fn register(&mut self, now: Instant, from: &Addr, ready: Registration) {
+        if self.refused.contains_key(&from.identity) {
+            return;
+        }
         let problem = if ready.protocol != PROTOCOL_VERSION {
             Some(format!(
                 "protocol version {} is not supported; this router speaks version \
@@ -170,6 +173,7 @@ impl Core {
         };
         if let Some(reason) = problem {
             tracing::warn!(worker = %ready.worker_id, reason, "registration refused");
+            self.refused.insert(from.identity.clone(), now);
             self.send(
                 Peer::Worker(from.clone()),
                 &RouterToWorker::Disconnect { reason },

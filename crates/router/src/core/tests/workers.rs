@@ -165,25 +165,36 @@ fn unknown_worker_and_bad_protocol_get_disconnect() {
     assert!(
         matches!(&sent[0], Out::Worker(to, RouterToWorker::Disconnect { .. }) if to == b"ghost")
     );
-    h.worker(
-        "old",
-        &WorkerToRouter::Ready {
-            worker_id: "old".into(),
-            protocol: PROTOCOL_VERSION + 1,
-            models: vec!["m".into()],
-            device: "cpu".into(),
-            kv_capacity: 1,
-            max_batch: 1,
-        },
-    );
+    let future = WorkerToRouter::Ready {
+        worker_id: "old".into(),
+        protocol: PROTOCOL_VERSION + 1,
+        models: vec!["m".into()],
+        device: "cpu".into(),
+        kv_capacity: 1,
+        max_batch: 1,
+    };
+    h.worker("old", &future);
     let sent = h.sent();
     assert!(
         matches!(&sent[0], Out::Worker(_, RouterToWorker::Disconnect { reason }) if reason.contains("protocol version"))
+    );
+    h.worker("old", &future);
+    assert!(
+        h.sent().is_empty(),
+        "a refused worker is not answered again at once"
     );
     let AdminReply::Workers { workers } = h.admin(&AdminRequest::Workers {}) else {
         panic!("expected workers");
     };
     assert!(workers.is_empty());
+    h.advance(1_100);
+    h.sent();
+    h.ready("old", &["m"], 1);
+    h.client("c", &ClientRequest::Models { id: None });
+    let ClientReply::Models { models, .. } = &h.client_replies()[0] else {
+        panic!("expected models");
+    };
+    assert_eq!(models.len(), 1, "a fixed worker registers after the pause");
 }
 
 #[test]
