@@ -79,7 +79,8 @@ impl Core {
         };
         let rid = self.next_rid;
         self.next_rid += 1;
-        tracing::debug!(rid, id = %request.id, %model, "accepted");
+        let span = tracing::debug_span!("request", rid, id = %request.id);
+        span.in_scope(|| tracing::debug!(%model, "accepted"));
         let entry = Request {
             client: from.clone(),
             id: request.id.clone(),
@@ -94,6 +95,7 @@ impl Core {
             cancel_sent: false,
             dispatched: false,
             last_chunk: None,
+            span,
         };
         self.requests.insert(rid, entry);
         self.by_client.insert(client_key, rid);

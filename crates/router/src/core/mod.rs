@@ -114,6 +114,8 @@ struct Request {
     cancel_sent: bool,
     dispatched: bool,
     last_chunk: Option<Instant>,
+    /// Span carrying `rid` and the client's `id` for this request's logs.
+    span: tracing::Span,
 }
 
 impl Request {
@@ -291,7 +293,9 @@ impl Core {
     /// Ends a request with an error reply.
     fn fail(&mut self, now: Instant, rid: u64, code: ErrorCode, message: &str) {
         if let Some(request) = self.take(now, rid) {
-            tracing::debug!(rid, id = %request.id, %code, message, "request failed");
+            request
+                .span
+                .in_scope(|| tracing::debug!(%code, message, "request failed"));
             self.reply_error(&request.client, Some(request.id), code, message.to_string());
         }
     }

@@ -181,7 +181,9 @@ impl Core {
         worker.inflight.insert(rid);
         self.metrics.inflight.inc();
         let to = Peer::Worker(worker.addr.clone());
-        tracing::debug!(rid, worker = %worker.id, "dispatched");
+        request
+            .span
+            .in_scope(|| tracing::debug!(worker = %worker.id, "dispatched"));
         self.send(
             to,
             &RouterToWorker::Generate {

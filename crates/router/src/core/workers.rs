@@ -420,6 +420,9 @@ impl Core {
         let Some(request) = self.take(now, rid) else {
             return;
         };
+        request
+            .span
+            .in_scope(|| tracing::debug!(?finish_reason, worker = %worker_id, "done"));
         let outcome = serde_label(finish_reason);
         self.metrics.requests.with_label_values(&[outcome]).inc();
         self.metrics
