@@ -5,6 +5,8 @@ mod bench;
 mod ctl;
 mod generate;
 mod router_cmd;
+mod serve;
+mod worker_cmd;
 mod zmq_util;
 
 use clap::{Parser, Subcommand};
@@ -20,10 +22,16 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Serve a model: a router plus one worker per device, supervised.
+    Serve(serve::ServeArgs),
+    /// Run one worker: a model on a device, connected to a router.
+    Worker(worker_cmd::WorkerArgs),
     /// Send one prompt to a running router and stream the answer.
     Generate(generate::GenerateArgs),
     /// Run the router alone: clients and workers connect to it.
     Router(router_cmd::RouterArgs),
+    /// Benchmark a running router with a reproducible workload.
+    Bench(bench::BenchArgs),
     /// Administer a running router: list, drain or migrate workers.
     Ctl(ctl::CtlArgs),
 }
@@ -33,8 +41,11 @@ fn main() -> anyhow::Result<()> {
     init_tracing();
     zmq_util::check_zmq_version()?;
     match &cli.command {
+        Command::Serve(args) => serve::run(args),
+        Command::Worker(args) => worker_cmd::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Router(args) => router_cmd::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Ctl(args) => ctl::run(args),
     }
 }

@@ -1,9 +1,7 @@
 //! The worker's Prometheus metrics and the HTTP endpoint that serves them.
 //!
-//! Names follow Prometheus conventions: `zinfer_` prefix, base units
-//! (seconds, tokens), `_total` on counters. The router exports the same
-//! request-level names from its own point of view; the scrape job label
-//! tells them apart.
+//! Names follow Prometheus conventions: `zinfer_worker_` prefix (the router
+//! uses `zinfer_router_`), base units (seconds, tokens), `_total` on counters.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -99,7 +97,7 @@ impl WorkerMetrics {
         };
         let requests = IntCounterVec::new(
             Opts::new(
-                "zinfer_requests_total",
+                "zinfer_worker_requests_total",
                 "Finished requests by outcome (finish reason or error code).",
             ),
             &["outcome"],
@@ -107,48 +105,60 @@ impl WorkerMetrics {
         registry.register(Box::new(requests.clone()))?;
         Ok(WorkerMetrics {
             requests,
-            running: int_gauge("zinfer_running_requests", "Sequences in the running batch.")?,
-            waiting: int_gauge("zinfer_waiting_requests", "Requests waiting for admission.")?,
+            running: int_gauge(
+                "zinfer_worker_running_requests",
+                "Sequences in the running batch.",
+            )?,
+            waiting: int_gauge(
+                "zinfer_worker_waiting_requests",
+                "Requests waiting for admission.",
+            )?,
             ttft: histogram(
-                "zinfer_time_to_first_token_seconds",
+                "zinfer_worker_time_to_first_token_seconds",
                 "Time from arrival to the first generated token.",
             )?,
             inter_token: histogram(
-                "zinfer_inter_token_latency_seconds",
+                "zinfer_worker_inter_token_latency_seconds",
                 "Time between consecutive chunks of one request.",
             )?,
             e2e: histogram(
-                "zinfer_e2e_request_latency_seconds",
+                "zinfer_worker_e2e_request_latency_seconds",
                 "Time from arrival to the terminal message.",
             )?,
             queue_time: histogram(
-                "zinfer_queue_time_seconds",
+                "zinfer_worker_queue_time_seconds",
                 "Time a request waited before admission.",
             )?,
-            prompt_tokens: counter("zinfer_prompt_tokens_total", "Prompt tokens processed.")?,
-            generation_tokens: counter("zinfer_generation_tokens_total", "Tokens generated.")?,
+            prompt_tokens: counter(
+                "zinfer_worker_prompt_tokens_total",
+                "Prompt tokens processed.",
+            )?,
+            generation_tokens: counter(
+                "zinfer_worker_generation_tokens_total",
+                "Tokens generated.",
+            )?,
             cached_tokens: counter(
-                "zinfer_cached_tokens_total",
+                "zinfer_worker_cached_tokens_total",
                 "Prompt tokens served from the prefix cache.",
             )?,
             kv_usage: gauge(
-                "zinfer_kv_cache_usage_ratio",
+                "zinfer_worker_kv_cache_usage_ratio",
                 "Fraction of KV slots in use.",
             )?,
             kv_capacity: int_gauge(
-                "zinfer_kv_cache_capacity_tokens",
+                "zinfer_worker_kv_cache_capacity_tokens",
                 "KV pool capacity in tokens.",
             )?,
             prefix_hit_ratio: gauge(
-                "zinfer_prefix_cache_hit_ratio",
+                "zinfer_worker_prefix_cache_hit_ratio",
                 "Prompt tokens served from the prefix cache over prompt tokens looked up.",
             )?,
             preemptions: counter(
-                "zinfer_preemptions_total",
+                "zinfer_worker_preemptions_total",
                 "Sequences preempted for lack of KV slots.",
             )?,
             dropped_sends: counter(
-                "zinfer_dropped_sends_total",
+                "zinfer_worker_dropped_sends_total",
                 "Messages to the router that could not be sent.",
             )?,
             registry,
@@ -179,7 +189,7 @@ pub fn serve(
         addr,
         reason: e.to_string(),
     })?;
-    Ok(std::thread::Builder::new()
+    std::thread::Builder::new()
         .name("metrics-http".into())
         .spawn(move || {
             for request in server.incoming_requests() {
@@ -205,7 +215,7 @@ pub fn serve(
         .map_err(|e| MetricsError::Bind {
             addr,
             reason: e.to_string(),
-        })?)
+        })
 }
 
 #[cfg(test)]
@@ -220,10 +230,10 @@ mod tests {
         metrics.kv_usage.set(0.25);
         let text = metrics.render();
         for name in [
-            "zinfer_requests_total{outcome=\"stop\"} 1",
-            "zinfer_time_to_first_token_seconds_bucket",
-            "zinfer_kv_cache_usage_ratio 0.25",
-            "# TYPE zinfer_preemptions_total counter",
+            "zinfer_worker_requests_total{outcome=\"stop\"} 1",
+            "zinfer_worker_time_to_first_token_seconds_bucket",
+            "zinfer_worker_kv_cache_usage_ratio 0.25",
+            "# TYPE zinfer_worker_preemptions_total counter",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

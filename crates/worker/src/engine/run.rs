@@ -324,7 +324,9 @@ impl EngineLoop {
                     if delta.stopped {
                         reason = Some(FinishReason::Stop);
                     }
-                    if reason.is_none() && request.stream && !delta.text.is_empty() {
+                    // The last token's text goes out too: `finish` only sends
+                    // what the detokenizer still holds back.
+                    if request.stream && !delta.text.is_empty() {
                         let event = chunk_event(request, delta.text);
                         self.send(event);
                     }

@@ -1,0 +1,180 @@
+//! `zinfer worker`: one model on one device, connected to a router.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use zinfer_worker::engine::{Engine, EngineConfig};
+use zinfer_worker::metrics::WorkerMetrics;
+use zinfer_worker::model::{self, LoadOptions};
+use zinfer_worker::scheduler::SchedulerConfig;
+use zinfer_worker::server::{self, ServerConfig};
+
+/// Model and engine flags, shared by `zinfer worker` and `zinfer serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct EngineArgs {
+    /// A local `.gguf` file or a safetensors directory (config.json,
+    /// tokenizer.json, *.safetensors). Default: SmolLM2-135M-Instruct Q4_1,
+    /// fetched into $ZINFER_HOME/models on first use.
+    #[arg(long, env = "ZINFER_MODEL")]
+    pub(crate) model: Option<PathBuf>,
+    /// CPU threads for the forward pass. Default: all cores (split evenly
+    /// between workers under `serve`).
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// KV pool size in tokens, shared by running sequences and the prefix cache.
+    #[arg(long, default_value_t = 32_768)]
+    pub(crate) kv_tokens: usize,
+    /// Most sequences decoded together in one step.
+    #[arg(long, default_value_t = 32)]
+    pub(crate) max_batch: usize,
+    /// Most prompt tokens prefilled per step, so running decodes keep going
+    /// while a long prompt is processed.
+    #[arg(long, default_value_t = 512)]
+    pub(crate) prefill_chunk: usize,
+}
+
+impl EngineArgs {
+    /// The flags again, for a child `zinfer worker` process.
+    pub(crate) fn to_args(&self, threads: usize) -> Vec<String> {
+        vec![
+            "--threads".into(),
+            threads.to_string(),
+            "--kv-tokens".into(),
+            self.kv_tokens.to_string(),
+            "--max-batch".into(),
+            self.max_batch.to_string(),
+            "--prefill-chunk".into(),
+            self.prefill_chunk.to_string(),
+        ]
+    }
+}
+
+/// Flags of `zinfer worker`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WorkerArgs {
+    /// The router's worker endpoint.
+    #[arg(long, default_value = "tcp://127.0.0.1:5556")]
+    router: String,
+    /// Worker id, unique among the router's workers (also its ZeroMQ
+    /// routing id). Default: hostname-pid.
+    #[arg(long)]
+    id: Option<String>,
+    /// Device: `cpu`, or `auto` for the best one present.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Address of this worker's Prometheus /metrics endpoint.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+    /// Seconds to finish in-flight requests after SIGTERM or Ctrl-C.
+    #[arg(long, default_value_t = 10)]
+    grace: u64,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// The model to serve: the given path, or the default model, fetched when missing.
+pub(crate) fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match model {
+        Some(path) => {
+            if !path.exists() {
+                anyhow::bail!(
+                    "model {} does not exist; pass a .gguf file or a safetensors directory, or leave out --model for the default",
+                    path.display()
+                );
+            }
+            Ok(path.to_path_buf())
+        }
+        None => zinfer_worker::fetch::default_model_path()
+            .context("fetching the default model (or pass --model PATH)"),
+    }
+}
+
+/// Loads the model, connects to the router and serves until stopped.
+///
+/// Must run before this process starts any thread: it sets the thread-count
+/// environment variables candle reads when its pool starts.
+pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
+    let threads = args
+        .engine
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    set_thread_count(threads);
+    let device = match args.device.as_str() {
+        "auto" | "cpu" => "cpu".to_string(),
+        other => anyhow::bail!(
+            "device {other:?} is not available in this build (CPU only); use --device cpu"
+        ),
+    };
+    let model_path = resolve_model(args.engine.model.as_deref())?;
+    let id = args
+        .id
+        .clone()
+        .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    eprintln!(
+        "zinfer worker {id}: loading {} on {device} with {threads} thread(s)",
+        model_path.display()
+    );
+    let loaded = model::load(
+        &model_path,
+        &LoadOptions {
+            kv_capacity: args.engine.kv_tokens,
+            threads: Some(threads),
+            device: device.clone(),
+        },
+    )
+    .with_context(|| format!("loading {}", model_path.display()))?;
+    let config = EngineConfig {
+        scheduler: SchedulerConfig {
+            max_batch: args.engine.max_batch,
+            step_token_budget: args.engine.prefill_chunk,
+            ..SchedulerConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let engine = Engine::start(loaded, config);
+
+    let metrics = WorkerMetrics::new()?;
+    metrics.kv_capacity.set(engine.kv_capacity() as i64);
+    if let Some(addr) = args.metrics {
+        let exported = metrics.clone();
+        zinfer_worker::metrics::serve(addr, Arc::new(move || exported.render()))?;
+    }
+
+    let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
+    ctrlc::set_handler(move || {
+        let _ = stop_tx.try_send(());
+    })
+    .context("installing the Ctrl-C handler")?;
+
+    let server_config = ServerConfig {
+        device,
+        models: vec![engine.model_name().to_string()],
+        kv_capacity: engine.kv_capacity() as u64,
+        max_batch: engine.max_batch() as u32,
+        grace: Duration::from_secs(args.grace),
+        ..ServerConfig::new(args.router.clone(), id.clone())
+    };
+    eprintln!(
+        "zinfer worker {id}: serving {} ({} KV tokens), connecting to {}",
+        engine.model_name(),
+        engine.kv_capacity(),
+        args.router
+    );
+    server::run(server_config, engine, metrics, stop_rx)?;
+    eprintln!("zinfer worker {id}: stopped");
+    Ok(())
+}
+
+/// candle sizes its thread pool from these variables when it first starts
+/// it, so they are set before any thread exists.
+#[allow(unsafe_code)]
+fn set_thread_count(threads: usize) {
+    for name in ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"] {
+        // SAFETY: called from `main` before this process spawns any thread,
+        // so nothing reads the environment concurrently.
+        unsafe { std::env::set_var(name, threads.to_string()) };
+    }
+}

@@ -1,0 +1,309 @@
+//! Real processes on loopback ports: a router, workers, and DEALER clients
+//! speaking the wire protocol.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use zinfer_protocol::{
+    AdminReply, AdminRequest, ClientReply, ClientRequest, GenerateRequest, Limits, WorkerInfo,
+    WorkerState,
+};
+
+/// Clusters run one at a time: each worker is a model process and the
+/// machine may have only two cores.
+static CLUSTER_LOCK: Mutex<()> = Mutex::new(());
+
+pub fn zinfer() -> &'static str {
+    env!("CARGO_BIN_EXE_zinfer")
+}
+
+pub fn model_path() -> PathBuf {
+    zinfer_worker::fetch::test_model_path().expect("fetching the default model for the e2e tests")
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// A child process killed when dropped.
+pub struct Proc {
+    pub child: Child,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Cluster {
+    pub clients: String,
+    pub workers_endpoint: String,
+    pub control: String,
+    pub router_metrics: String,
+    /// Kept so the router process lives as long as the cluster.
+    _router: Proc,
+    pub workers: Vec<(String, Proc, String)>,
+    _guard: MutexGuard<'static, ()>,
+}
+
+pub struct WorkerSpec {
+    pub kv_tokens: usize,
+}
+
+impl Default for WorkerSpec {
+    fn default() -> Self {
+        WorkerSpec { kv_tokens: 8192 }
+    }
+}
+
+impl Cluster {
+    /// Starts a router with `policy` and `n` one-thread workers, and waits
+    /// until every worker is ready.
+    pub fn start(policy: &str, n: usize) -> Cluster {
+        Cluster::start_with(policy, n, WorkerSpec::default())
+    }
+
+    pub fn start_with(policy: &str, n: usize, spec: WorkerSpec) -> Cluster {
+        let guard = CLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let (pc, pw, pctl, pm) = (free_port(), free_port(), free_port(), free_port());
+        let clients = format!("tcp://127.0.0.1:{pc}");
+        let workers_endpoint = format!("tcp://127.0.0.1:{pw}");
+        let control = format!("tcp://127.0.0.1:{pctl}");
+        let router_metrics = format!("127.0.0.1:{pm}");
+        let router = spawn(
+            "router",
+            &[
+                "router",
+                "--clients",
+                &clients,
+                "--workers",
+                &workers_endpoint,
+                "--control",
+                &control,
+                "--metrics",
+                &router_metrics,
+                "--policy",
+                policy,
+            ],
+        );
+        let mut cluster = Cluster {
+            clients,
+            workers_endpoint,
+            control,
+            router_metrics,
+            _router: router,
+            workers: Vec::new(),
+            _guard: guard,
+        };
+        for i in 0..n {
+            cluster.add_worker(&format!("w{i}"), &spec);
+        }
+        cluster.wait_ready(n);
+        cluster
+    }
+
+    pub fn add_worker(&mut self, id: &str, spec: &WorkerSpec) {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let model = model_path();
+        let proc = spawn(
+            id,
+            &[
+                "worker",
+                "--router",
+                &self.workers_endpoint,
+                "--model",
+                &model.display().to_string(),
+                "--id",
+                id,
+                "--threads",
+                "1",
+                "--kv-tokens",
+                &spec.kv_tokens.to_string(),
+                "--metrics",
+                &metrics,
+            ],
+        );
+        self.workers.push((id.to_string(), proc, metrics));
+    }
+
+    pub fn wait_ready(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let ready = self
+                .workers_info()
+                .iter()
+                .filter(|w| w.state == WorkerState::Ready)
+                .count();
+            if ready >= n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{n} workers did not become ready"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn workers_info(&self) -> Vec<WorkerInfo> {
+        match admin(&self.control, &AdminRequest::Workers {}) {
+            Some(AdminReply::Workers { workers }) => workers,
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn worker_info(&self, id: &str) -> Option<WorkerInfo> {
+        self.workers_info().into_iter().find(|w| w.id == id)
+    }
+
+    pub fn client(&self) -> Client {
+        Client::connect(&self.clients)
+    }
+}
+
+pub fn spawn(name: &str, args: &[&str]) -> Proc {
+    let child = Command::new(zinfer())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+    Proc { child }
+}
+
+/// One request-reply on the control socket; `None` when nobody answers.
+pub fn admin(control: &str, request: &AdminRequest) -> Option<AdminReply> {
+    let context = zmq::Context::new();
+    let socket = context.socket(zmq::DEALER).ok()?;
+    socket.set_linger(0).ok()?;
+    socket.connect(control).ok()?;
+    socket
+        .send(zinfer_protocol::encode(request).ok()?, 0)
+        .ok()?;
+    if socket.poll(zmq::POLLIN, 1000).ok()? == 0 {
+        return None;
+    }
+    let frame = socket.recv_bytes(0).ok()?;
+    zinfer_protocol::decode(&frame, &Limits::default()).ok()
+}
+
+/// A DEALER client of the router's front socket.
+pub struct Client {
+    pub socket: zmq::Socket,
+    _context: zmq::Context,
+}
+
+/// Everything the router sent for one request.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub chunks: Vec<ClientReply>,
+    pub terminal: Option<ClientReply>,
+}
+
+impl Outcome {
+    pub fn streamed_text(&self) -> String {
+        self.chunks
+            .iter()
+            .map(|c| match c {
+                ClientReply::Chunk { text, .. } => text.as_str(),
+                _ => "",
+            })
+            .collect()
+    }
+}
+
+impl Client {
+    pub fn connect(endpoint: &str) -> Client {
+        let context = zmq::Context::new();
+        let socket = context.socket(zmq::DEALER).expect("a DEALER");
+        socket.set_linger(0).expect("linger");
+        socket.connect(endpoint).expect("connect");
+        Client {
+            socket,
+            _context: context,
+        }
+    }
+
+    pub fn send(&self, request: &ClientRequest) {
+        self.send_raw(&zinfer_protocol::encode(request).expect("encode"));
+    }
+
+    pub fn send_raw(&self, frame: &[u8]) {
+        self.socket.send(frame, 0).expect("send");
+    }
+
+    /// The next reply, or `None` after `timeout`.
+    pub fn recv(&self, timeout: Duration) -> Option<ClientReply> {
+        if self
+            .socket
+            .poll(zmq::POLLIN, timeout.as_millis() as i64)
+            .ok()?
+            == 0
+        {
+            return None;
+        }
+        let frame = self.socket.recv_bytes(0).ok()?;
+        Some(zinfer_protocol::decode(&frame, &Limits::default()).expect("a valid reply"))
+    }
+
+    /// Sends `request` and collects replies until its terminal message.
+    pub fn generate(&self, request: GenerateRequest) -> Outcome {
+        self.send(&ClientRequest::Generate(request));
+        self.collect(Duration::from_secs(120))
+    }
+
+    pub fn collect(&self, timeout: Duration) -> Outcome {
+        let mut outcome = Outcome::default();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            let Some(reply) = self.recv(deadline - Instant::now()) else {
+                break;
+            };
+            match reply {
+                ClientReply::Chunk { .. } => outcome.chunks.push(reply),
+                ClientReply::Done { .. } | ClientReply::Error { .. } => {
+                    outcome.terminal = Some(reply);
+                    return outcome;
+                }
+                _ => {}
+            }
+        }
+        outcome
+    }
+}
+
+/// A greedy request for `prompt`.
+pub fn greedy(id: &str, prompt: &str, max_tokens: u32) -> GenerateRequest {
+    let mut request = GenerateRequest::from_prompt(id, prompt);
+    request.temperature = 0.0;
+    request.max_tokens = max_tokens;
+    request
+}
+
+/// Fetches `http://addr/metrics`.
+pub fn scrape(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("metrics endpoint reachable");
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("write");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("read");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    body
+}

@@ -1,0 +1,348 @@
+//! End-to-end tests: the real `zinfer` binary as router and worker
+//! processes on loopback ports, the real default model, and DEALER clients.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    unreachable_pub
+)]
+
+mod harness;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use harness::{Client, Cluster, WorkerSpec, greedy, scrape};
+use zinfer_protocol::{ClientReply, ClientRequest, ErrorCode, FinishReason};
+
+const SHORT: &str = "The three primary colors are";
+
+#[test]
+fn streaming_and_non_streaming_generate() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let client = cluster.client();
+
+    let streamed = client.generate(greedy("s1", SHORT, 12));
+    let Some(ClientReply::Done {
+        id,
+        finish_reason,
+        text,
+        usage,
+        worker,
+        ..
+    }) = streamed.terminal.clone()
+    else {
+        panic!("no done: {streamed:?}");
+    };
+    assert_eq!(id, "s1");
+    assert_eq!(finish_reason, FinishReason::Length);
+    assert_eq!(text, None, "streamed requests carry text in chunks");
+    assert_eq!(usage.completion_tokens, 12);
+    assert!(usage.prompt_tokens > 3);
+    assert_eq!(worker, "w0");
+    assert!(!streamed.chunks.is_empty());
+    for (i, chunk) in streamed.chunks.iter().enumerate() {
+        let ClientReply::Chunk { id, index, .. } = chunk else {
+            unreachable!()
+        };
+        assert_eq!(id, "s1");
+        assert_eq!(*index as usize, i, "chunk indices count from 0");
+    }
+    let streamed_text = streamed.streamed_text();
+    assert!(!streamed_text.trim().is_empty());
+
+    let mut request = greedy("n1", SHORT, 12);
+    request.stream = false;
+    let whole = client.generate(request);
+    assert!(whole.chunks.is_empty(), "no chunks when stream=false");
+    let Some(ClientReply::Done { text, .. }) = whole.terminal else {
+        panic!("no done: {whole:?}");
+    };
+    assert_eq!(
+        text.as_deref(),
+        Some(streamed_text.as_str()),
+        "greedy output is the same streamed or not"
+    );
+}
+
+#[test]
+fn concurrent_clients_each_get_one_terminal_message() {
+    let cluster = Cluster::start("least_load", 1);
+    let clients: Vec<Client> = (0..32).map(|_| cluster.client()).collect();
+    for (i, client) in clients.iter().enumerate() {
+        let mut request = greedy("same-id", &format!("Count to {i}:"), 6);
+        request.temperature = 0.8;
+        request.seed = Some(i as u64);
+        client.send(&ClientRequest::Generate(request));
+    }
+    for client in &clients {
+        let outcome = client.collect(Duration::from_secs(180));
+        match outcome.terminal {
+            Some(ClientReply::Done { id, .. }) => assert_eq!(id, "same-id"),
+            other => panic!("expected done, got {other:?}"),
+        }
+        assert!(
+            client.recv(Duration::from_millis(50)).is_none(),
+            "exactly one terminal message"
+        );
+    }
+}
+
+#[test]
+fn cancel_mid_stream_frees_the_sequence() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let idle_running = cluster.worker_info("w0").unwrap().load.running;
+    assert_eq!(idle_running, 0);
+    let client = cluster.client();
+    client.send(&ClientRequest::Generate(greedy(
+        "c1",
+        "1, 2, 3, 4, 5, 6, 7, 8,",
+        2000,
+    )));
+    let first = client.recv(Duration::from_secs(60));
+    assert!(
+        matches!(first, Some(ClientReply::Chunk { .. })),
+        "{first:?}"
+    );
+    client.send(&ClientRequest::Cancel { id: "c1".into() });
+    let outcome = client.collect(Duration::from_secs(30));
+    match outcome.terminal {
+        Some(ClientReply::Done { finish_reason, .. }) => {
+            assert_eq!(finish_reason, FinishReason::Cancelled)
+        }
+        other => panic!("expected done/cancelled, got {other:?}"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let load = cluster.worker_info("w0").unwrap().load;
+        if load.running == 0 && load.waiting == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sequence still running: {load:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn cache_aware_keeps_a_shared_prefix_on_one_worker_round_robin_spreads() {
+    let system = "You are a meticulous assistant for a shipping company. \
+        Answer questions about parcels, customs forms, tracking numbers and delivery windows. \
+        Always be concise, polite and accurate, and never invent tracking data. "
+        .repeat(4);
+    let questions = [
+        "Where is my parcel?",
+        "How do I fill a customs form?",
+        "What is a delivery window?",
+        "Can I change the address?",
+    ];
+    let run = |policy: &str| -> (HashMap<String, usize>, u32) {
+        let cluster = Cluster::start(policy, 2);
+        let client = cluster.client();
+        let mut per_worker = HashMap::new();
+        let mut cached = 0;
+        for (i, q) in questions.iter().enumerate() {
+            let outcome = client.generate(greedy(&format!("q{i}"), &format!("{system}{q}"), 2));
+            let Some(ClientReply::Done { worker, usage, .. }) = outcome.terminal else {
+                panic!("no done: {outcome:?}");
+            };
+            *per_worker.entry(worker).or_insert(0) += 1;
+            cached += usage.cached_tokens;
+        }
+        (per_worker, cached)
+    };
+    let (sticky, cached) = run("cache_aware");
+    assert_eq!(sticky.len(), 1, "cache_aware used {sticky:?}");
+    assert!(cached > 0, "later requests reuse the cached system prompt");
+    let (spread, _) = run("round_robin");
+    assert_eq!(spread.len(), 2, "round_robin used {spread:?}");
+}
+
+#[test]
+fn killing_a_worker_mid_stream_gives_worker_lost_and_the_router_keeps_serving() {
+    let mut cluster = Cluster::start("least_load", 1);
+    let client = cluster.client();
+    client.send(&ClientRequest::Generate(greedy(
+        "k1",
+        "1, 2, 3, 4, 5, 6, 7, 8,",
+        4000,
+    )));
+    let first = client.recv(Duration::from_secs(60));
+    assert!(
+        matches!(first, Some(ClientReply::Chunk { .. })),
+        "{first:?}"
+    );
+    let killed_at = Instant::now();
+    let (_, mut proc, _) = cluster.workers.remove(0);
+    proc.child.kill().unwrap();
+    let outcome = client.collect(Duration::from_secs(10));
+    match outcome.terminal {
+        Some(ClientReply::Error {
+            id,
+            code,
+            retryable,
+            ..
+        }) => {
+            assert_eq!(id.as_deref(), Some("k1"));
+            assert_eq!(code, ErrorCode::WorkerLost);
+            assert!(retryable);
+        }
+        other => panic!("expected worker_lost, got {other:?}"),
+    }
+    assert!(killed_at.elapsed() < Duration::from_secs(5));
+
+    client.send(&ClientRequest::Ping {
+        id: Some("p".into()),
+    });
+    assert!(matches!(
+        client.recv(Duration::from_secs(2)),
+        Some(ClientReply::Pong { .. })
+    ));
+    cluster.add_worker("w1", &WorkerSpec::default());
+    cluster.wait_ready(1);
+    let outcome = client.generate(greedy("k2", SHORT, 3));
+    assert!(
+        matches!(outcome.terminal, Some(ClientReply::Done { ref worker, .. }) if worker == "w1"),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn malformed_frames_get_bad_request_and_the_router_keeps_serving() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let client = cluster.client();
+    for garbage in [
+        &b"\xc1\xff not msgpack"[..],
+        &b"\x81\xa4type\xa7explode"[..],
+        &b"\x80"[..],
+    ] {
+        client.send_raw(garbage);
+        match client.recv(Duration::from_secs(2)) {
+            Some(ClientReply::Error { code, message, .. }) => {
+                assert_eq!(code, ErrorCode::BadRequest);
+                assert!(!message.is_empty());
+            }
+            other => panic!("expected bad_request, got {other:?}"),
+        }
+    }
+    let outcome = client.generate(greedy("ok", SHORT, 2));
+    assert!(
+        matches!(outcome.terminal, Some(ClientReply::Done { .. })),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn prompt_longer_than_the_pool_is_rejected_clearly() {
+    let cluster = Cluster::start_with("cache_aware", 1, WorkerSpec { kv_tokens: 256 });
+    let client = cluster.client();
+    let outcome = client.generate(greedy("long", &"word ".repeat(600), 4));
+    match outcome.terminal {
+        Some(ClientReply::Error { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::PromptTooLong, "{message}");
+        }
+        other => panic!("expected prompt_too_long, got {other:?}"),
+    }
+    let outcome = client.generate(greedy("short", SHORT, 2));
+    assert!(matches!(outcome.terminal, Some(ClientReply::Done { .. })));
+}
+
+#[test]
+fn metrics_endpoints_pass_promtool() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let client = cluster.client();
+    let outcome = client.generate(greedy("m1", SHORT, 4));
+    assert!(matches!(outcome.terminal, Some(ClientReply::Done { .. })));
+    std::thread::sleep(Duration::from_millis(300));
+    let worker_metrics = &cluster.workers[0].2;
+    for (who, addr) in [
+        ("router", cluster.router_metrics.as_str()),
+        ("worker", worker_metrics.as_str()),
+    ] {
+        let text = scrape(addr);
+        assert!(
+            text.contains(&format!("zinfer_{who}_requests_total")),
+            "{who} metrics:\n{text}"
+        );
+        promtool_check(who, &text);
+    }
+    let worker_text = scrape(worker_metrics);
+    assert!(worker_text.contains("zinfer_worker_time_to_first_token_seconds_count 1"));
+}
+
+fn promtool_check(who: &str, text: &str) {
+    use std::io::Write;
+    let mut child = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool not found: run scripts/setup.sh or apt-get install prometheus");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "promtool check metrics failed for the {who}:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn python_client_example_streams_from_a_real_router() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/python/client.py"
+    );
+    let output = std::process::Command::new("python3")
+        .args([
+            script,
+            "--router",
+            &cluster.clients,
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "0",
+            "Name a fruit:",
+        ])
+        .output()
+        .expect(
+            "python3 not found: install Python 3 (and run scripts/setup.sh for pyzmq and msgpack)",
+        );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "client failed:\n{stdout}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("finish_reason=length") && stderr.contains("completion_tokens=8"),
+        "client summary missing:\n{stderr}"
+    );
+    assert!(!stdout.trim().is_empty(), "streamed text missing");
+}
+
+#[test]
+fn deploy_prometheus_config_passes_promtool() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/prometheus.yml");
+    let output = std::process::Command::new("promtool")
+        .args(["check", "config", config])
+        .output()
+        .expect("promtool not found: run scripts/setup.sh or apt-get install prometheus");
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
