@@ -1,0 +1,221 @@
+//! Engine throughput and latency through the public Engine API, on the
+//! default model: prefill of a 512-token prompt, decode with 1/4/8/16
+//! streams, TTFT of a 1,000-token prompt cold and with 950 tokens cached,
+//! and peak RSS. Run: `cargo bench -p zinfer-worker --bench engine`.
+//! Set CANDLE_NUM_THREADS to pin the thread count.
+#![allow(clippy::unwrap_used)] // a benchmark may unwrap (team rules)
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use zinfer_protocol::{GenerateRequest, Timings, Usage};
+use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
+use zinfer_worker::fetch::test_model_path;
+use zinfer_worker::model::{LoadOptions, load};
+
+/// Runs per figure; the median is reported.
+const REPEATS: usize = 3;
+/// Tokens generated per stream in the decode figures.
+const DECODE_TOKENS: u32 = 64;
+
+struct Finished {
+    usage: Usage,
+    timings: Timings,
+    first_chunk: Option<Instant>,
+    done: Instant,
+}
+
+/// Submits all requests at once and waits for every one to finish.
+fn run(handle: &EngineHandle, requests: Vec<GenerateRequest>, first_rid: u64) -> Vec<Finished> {
+    let mut first_chunk: HashMap<u64, Instant> = HashMap::new();
+    let mut finished = HashMap::new();
+    let count = requests.len();
+    for (i, request) in requests.into_iter().enumerate() {
+        handle.submit(request, first_rid + i as u64).unwrap();
+    }
+    while finished.len() < count {
+        let event = handle
+            .events()
+            .recv_timeout(Duration::from_secs(600))
+            .unwrap();
+        let now = Instant::now();
+        match event {
+            EngineEvent::Chunk { rid, .. } => {
+                first_chunk.entry(rid).or_insert(now);
+            }
+            EngineEvent::Done {
+                rid,
+                usage,
+                timings,
+                ..
+            } => {
+                finished.insert(
+                    rid,
+                    Finished {
+                        usage,
+                        timings,
+                        first_chunk: first_chunk.get(&rid).copied(),
+                        done: now,
+                    },
+                );
+            }
+            EngineEvent::Error { code, message, .. } => panic!("{code}: {message}"),
+        }
+    }
+    let mut out: Vec<(u64, Finished)> = finished.into_iter().collect();
+    out.sort_by_key(|(rid, _)| *rid);
+    out.into_iter().map(|(_, f)| f).collect()
+}
+
+fn tokens_request(tokens: &[u32], max_tokens: u32) -> GenerateRequest {
+    GenerateRequest {
+        prompt: None,
+        tokens: Some(tokens.to_vec()),
+        temperature: 0.0,
+        max_tokens,
+        ..GenerateRequest::from_prompt("bench", "")
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// A long, varied text to cut prompts of exact token counts from.
+fn long_text() -> String {
+    let topics = [
+        "rivers",
+        "bridges",
+        "clocks",
+        "gardens",
+        "ships",
+        "libraries",
+        "markets",
+        "trains",
+    ];
+    (0..400)
+        .map(|i| {
+            format!(
+                "Chapter {i} tells how the {} of the old town changed over {} years. ",
+                topics[i % topics.len()],
+                i * 7 + 3
+            )
+        })
+        .collect()
+}
+
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+fn main() {
+    let path = test_model_path().unwrap();
+    let load_start = Instant::now();
+    let loaded = load(&path, &LoadOptions::default()).unwrap();
+    let load_s = load_start.elapsed().as_secs_f64();
+    let corpus = loaded.tokenizer.encode(&long_text()).unwrap();
+    assert!(corpus.len() >= 1000, "corpus too short: {}", corpus.len());
+    let handle = Engine::start(loaded, EngineConfig::default());
+    let threads = std::env::var("CANDLE_NUM_THREADS").unwrap_or_else(|_| "default".into());
+    let mut rid = 0u64;
+    let mut rows: Vec<(String, String)> = Vec::new();
+
+    // Prefill: a cold 512-token prompt, one output token.
+    let prefill: Vec<f64> = (0..REPEATS)
+        .map(|_| {
+            handle.flush_cache(None);
+            let f = run(&handle, vec![tokens_request(&corpus[..512], 1)], rid);
+            rid += 1;
+            512.0 / f[0].timings.prefill_s
+        })
+        .collect();
+    rows.push((
+        "prefill, 512-token prompt".into(),
+        format!("{:.0} tok/s", median(prefill)),
+    ));
+
+    // Decode: N streams with distinct short prompts, generated together.
+    for streams in [1usize, 4, 8, 16] {
+        let mut rates = Vec::new();
+        let mut per_stream = Vec::new();
+        let mut generated = 0;
+        for _ in 0..REPEATS {
+            handle.flush_cache(None);
+            let requests = (0..streams)
+                .map(|s| tokens_request(&corpus[s * 16..s * 16 + 12], DECODE_TOKENS))
+                .collect();
+            let done = run(&handle, requests, rid);
+            rid += streams as u64;
+            let start = done.iter().filter_map(|f| f.first_chunk).max().unwrap();
+            let end = done.iter().map(|f| f.done).max().unwrap();
+            let tokens: u32 = done
+                .iter()
+                .map(|f| f.usage.completion_tokens.saturating_sub(1))
+                .sum();
+            generated = done.iter().map(|f| f.usage.completion_tokens).sum::<u32>();
+            rates.push(f64::from(tokens) / (end - start).as_secs_f64());
+            let decode_s: f64 = done.iter().map(|f| f.timings.decode_s).sum();
+            per_stream.push(f64::from(tokens) / decode_s);
+        }
+        rows.push((
+            format!("decode, {streams} stream(s), aggregate"),
+            format!(
+                "{:.1} tok/s ({:.1} per stream, {generated} tokens)",
+                median(rates),
+                median(per_stream)
+            ),
+        ));
+    }
+
+    // TTFT of a 1,000-token prompt: cold, then with its first 950 cached.
+    let prompt = &corpus[..1000];
+    let mut cold = Vec::new();
+    let mut warm = Vec::new();
+    let mut cached = 0;
+    for _ in 0..REPEATS {
+        handle.flush_cache(None);
+        let f = run(&handle, vec![tokens_request(prompt, 1)], rid);
+        cold.push(f[0].timings.ttft_s);
+        handle.flush_cache(None);
+        let _ = run(&handle, vec![tokens_request(&prompt[..950], 1)], rid + 1);
+        let f = run(&handle, vec![tokens_request(prompt, 1)], rid + 2);
+        cached = f[0].usage.cached_tokens;
+        warm.push(f[0].timings.ttft_s);
+        rid += 3;
+    }
+    rows.push((
+        "TTFT, 1,000-token prompt, cold".into(),
+        format!("{:.0} ms", median(cold) * 1e3),
+    ));
+    rows.push((
+        format!("TTFT, 1,000-token prompt, {cached} cached"),
+        format!("{:.1} ms", median(warm) * 1e3),
+    ));
+    let stats = handle.stats();
+    rows.push((
+        "peak RSS (VmHWM)".into(),
+        peak_rss_mib().map_or("n/a".into(), |m| format!("{m:.0} MiB")),
+    ));
+    drop(handle);
+
+    println!(
+        "\nzinfer engine bench: {} (load {load_s:.1} s), threads {threads}, \
+         kv capacity {}, median of {REPEATS}\n",
+        path.display(),
+        stats.kv_capacity
+    );
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    println!("| {:width$} | value |", "measure");
+    println!("|{}|-------|", "-".repeat(width + 2));
+    for (key, value) in rows {
+        println!("| {key:width$} | {value} |");
+    }
+    println!(
+        "\nsteps {}, forward time {:.1} s, preemptions {}",
+        stats.steps, stats.forward_s, stats.preemptions
+    );
+}
