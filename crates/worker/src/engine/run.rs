@@ -231,7 +231,6 @@ impl EngineLoop {
             Err(message) => {
                 tracing::error!(%message, "forward pass failed");
                 for item in &plan.items {
-                    let _ = self.scheduler.abort(item.id);
                     self.fail(item.id, ErrorCode::Internal, &message);
                 }
                 return;
@@ -239,22 +238,15 @@ impl EngineLoop {
         };
         let mut sampled = vec![None; plan.items.len()];
         for ((item, mut row), slot) in plan.items.iter().zip(logits).zip(&mut sampled) {
-            if !item.sample {
-                self.stats.prefill_tokens += item.len as u64;
-                continue;
-            }
-            if item.len > 1 || item.start == 0 {
+            if item.prefill {
                 self.stats.prefill_tokens += item.len as u64;
             }
-            let Some(request) = self.requests.get_mut(&item.id) else {
+            let Some(request) = self.requests.get_mut(&item.id).filter(|_| item.sample) else {
                 continue;
             };
             match request.sampler.sample(&mut row) {
                 Ok(token) => *slot = Some(token),
-                Err(error) => {
-                    let _ = self.scheduler.abort(item.id);
-                    self.fail(item.id, ErrorCode::Internal, &error.to_string());
-                }
+                Err(error) => self.fail(item.id, ErrorCode::Internal, &error.to_string()),
             }
         }
         self.scheduler.complete(&plan, &sampled);
@@ -332,7 +324,6 @@ impl EngineLoop {
                     }
                 }
                 Err(error) => {
-                    let _ = self.scheduler.abort(rid);
                     self.fail(rid, ErrorCode::Internal, &error.to_string());
                     return;
                 }
@@ -384,13 +375,14 @@ impl EngineLoop {
         });
     }
 
-    /// Ends a request with `error`; the caller has released its sequence.
+    /// Ends a request with `error`, freeing its sequence without caching
+    /// it (its last step may not have written valid K/V).
     fn fail(&mut self, rid: u64, code: ErrorCode, message: &str) {
-        if self.requests.remove(&rid).is_none() {
-            return;
-        }
         if self.scheduler.contains(rid) {
             let _ = self.scheduler.abort(rid);
+        }
+        if self.requests.remove(&rid).is_none() {
+            return;
         }
         self.stats.requests_failed += 1;
         tracing::warn!(rid, %code, message, "request failed");

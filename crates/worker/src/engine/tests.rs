@@ -44,6 +44,8 @@ enum Mode {
     Script,
     /// Output is a hash of the whole prefix, so a wrong K/V read shows.
     Hash,
+    /// Every forward pass fails.
+    Broken,
 }
 
 /// Per position: (hash of the prefix, tokens since the last newline).
@@ -65,13 +67,16 @@ fn next_token(mode: Mode, (hash, since): State) -> u32 {
     let script: Vec<u32> = SCRIPT.bytes().map(u32::from).chain([EOS]).collect();
     match mode {
         Mode::Script => script[since % script.len()],
-        Mode::Hash => (hash >> 20) as u32 % 256,
+        Mode::Hash | Mode::Broken => (hash >> 20) as u32 % 256,
     }
 }
 
 impl ForwardModel for FakeModel {
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         std::thread::sleep(self.delay);
+        if self.mode == Mode::Broken {
+            return Err(ModelError::InvalidBatch("broken on purpose".into()));
+        }
         let mut rows = Vec::new();
         let mut written = std::collections::HashSet::new();
         for chunk in batch {
@@ -188,6 +193,36 @@ fn a_streamed_request_spells_the_script_in_ordered_chunks() {
         SCRIPT.len() + 1,
         "EOS counts"
     );
+    let stats = wait_idle(&handle);
+    assert_eq!(stats.prefill_tokens, 3);
+    assert_eq!(stats.generated_tokens as usize, SCRIPT.len() + 1);
+    assert_eq!(stats.steps as usize, SCRIPT.len() + 1);
+    assert_eq!(stats.requests_done, [1, 0, 0, 0]);
+    assert_eq!(stats.ttft.count, 1);
+    assert_eq!(stats.inter_token.count as usize, SCRIPT.len());
+}
+
+#[test]
+fn a_failing_forward_pass_ends_its_requests_with_internal_errors() {
+    let handle = engine(Mode::Broken, 64, 0, EngineConfig::default());
+    handle.submit(greedy("a\n", 4), 1).unwrap();
+    handle.submit(greedy("b\n", 4), 2).unwrap();
+    let mut codes = HashMap::new();
+    while codes.len() < 2 {
+        match handle
+            .events()
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap()
+        {
+            EngineEvent::Error { rid, code, .. } => {
+                assert!(codes.insert(rid, code).is_none());
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(codes.values().all(|&code| code == ErrorCode::Internal));
+    let stats = wait_idle(&handle);
+    assert_eq!((stats.kv_used, stats.requests_failed), (0, 2));
 }
 
 #[test]

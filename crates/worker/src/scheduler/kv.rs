@@ -54,7 +54,7 @@ impl Kv {
     /// locked under the new node, as SGLang's `cache_unfinished_req` does:
     /// requests arriving later with the same prefix hit at once.
     pub(super) fn cache_prefix(&mut self, seq: &mut Seq) {
-        let len = seq.kv_len;
+        let len = seq.kv_len.min(seq.slots.len());
         let outcome = self
             .cache
             .insert(&seq.namespace, &seq.tokens[..len], &seq.slots[..len]);
@@ -65,7 +65,7 @@ impl Kv {
             // the cache's slots from now on and give ours back. Slots past
             // what the cache stored (a partial page) stay ours.
             let matched = self.cache.match_prefix(&seq.namespace, &seq.tokens[..len]);
-            let still_ours = &seq.slots[matched.len..len];
+            let still_ours = seq.slots.get(matched.len..len).unwrap_or_default();
             let unused: Vec<u32> = outcome
                 .duplicate_slots
                 .iter()
@@ -73,9 +73,11 @@ impl Kv {
                 .filter(|slot| !still_ours.contains(slot))
                 .collect();
             self.free(&unused);
-            seq.slots[..matched.len].copy_from_slice(&matched.slots);
+            for (mine, theirs) in seq.slots.iter_mut().zip(&matched.slots) {
+                *mine = *theirs;
+            }
             node = matched.node;
-            cached = matched.len;
+            cached = matched.len.min(matched.slots.len());
         }
         self.cache.lock(node);
         if let Some(old) = seq.node.replace(node) {

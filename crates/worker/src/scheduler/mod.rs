@@ -113,6 +113,8 @@ pub struct PlanItem {
     pub len: usize,
     /// The chunk ends at the newest token: sample the next one.
     pub sample: bool,
+    /// Part of a prompt (or of a resumed sequence) rather than a decode.
+    pub prefill: bool,
 }
 
 /// A sequence admitted to the running batch this step.
@@ -432,6 +434,10 @@ impl Scheduler {
             match self.try_admit(id) {
                 Admit::Held => continue,
                 Admit::NoRoom => break,
+                Admit::Never => {
+                    let _ = self.finish(id);
+                    plan.exhausted.push(id);
+                }
                 Admit::Admitted(admission) => {
                     self.waiting.remove(&key);
                     self.insert_running(id);
@@ -459,22 +465,28 @@ impl Scheduler {
         };
         let matched = self.kv.cache.match_prefix(&seq.namespace, &seq.tokens);
         // The newest token is always fed, so it never counts as cached.
-        let usable = matched.len.min(seq.tokens.len() - 1);
+        let usable = matched
+            .len
+            .min(matched.slots.len())
+            .min(seq.tokens.len() - 1);
         if self.should_hold(seq, usable) {
             return Admit::Held;
         }
         let uncached = seq.tokens.len() - usable;
-        let capacity = self.capacity();
-        let reserve = if self.running.is_empty() {
-            seq.reserve(self.config.decode_reserve)
-                .min(capacity.saturating_sub(seq.tokens.len()))
+        // Alone, a sequence may use the whole pool; next to others it
+        // leaves room for everyone's next few tokens.
+        let alone = self.running.is_empty();
+        let reserve = if alone {
+            0
         } else {
             seq.reserve(self.config.decode_reserve) + running_reserve
         };
         self.kv.cache.lock(matched.node);
         if self.kv.room() < uncached + reserve {
             self.kv.unlock(matched.node);
-            return Admit::NoRoom;
+            // Alone with the pool to itself and still no room: only a
+            // resumed sequence as long as the pool can get here.
+            return if alone { Admit::Never } else { Admit::NoRoom };
         }
         let Some(fresh) = self.kv.alloc(uncached) else {
             self.kv.unlock(matched.node);
@@ -624,6 +636,8 @@ enum Admit {
     Held,
     /// Does not fit now; nothing behind it goes first.
     NoRoom,
+    /// Can never fit (it fills the pool by itself): ends as exhausted.
+    Never,
 }
 
 fn chunk_item(seq: &Seq, len: usize) -> PlanItem {
@@ -632,6 +646,7 @@ fn chunk_item(seq: &Seq, len: usize) -> PlanItem {
         start: seq.kv_len,
         len,
         sample: seq.kv_len + len == seq.tokens.len(),
+        prefill: !seq.prefilled,
     }
 }
 
