@@ -308,3 +308,130 @@ fn failures_are_counted_by_code_and_multi_turn_chats_resend_their_history() {
         );
     }
 }
+
+/// A real router and a real worker (the default model, 1 thread) in this
+/// process, for a short bench over real sockets.
+struct RealCluster {
+    clients: String,
+    stop_router: crossbeam_channel::Sender<()>,
+    stop_worker: crossbeam_channel::Sender<()>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl RealCluster {
+    fn start() -> RealCluster {
+        use zinfer_worker::{engine, metrics, model, server};
+        let config = zinfer_router::RouterConfig {
+            clients: "tcp://127.0.0.1:*".into(),
+            workers: "tcp://127.0.0.1:*".into(),
+            control: "tcp://127.0.0.1:*".into(),
+            metrics: None,
+            ..zinfer_router::RouterConfig::default()
+        };
+        let router = zinfer_router::Router::bind(config).unwrap();
+        let endpoints = router.endpoints().clone();
+        let (stop_router, router_stopped) = crossbeam_channel::bounded(1);
+        let router_thread = std::thread::spawn(move || router.serve(router_stopped).unwrap());
+
+        let path = zinfer_worker::fetch::test_model_path().unwrap();
+        let options = model::LoadOptions {
+            kv_capacity: 4096,
+            threads: Some(1),
+            ..Default::default()
+        };
+        let engine =
+            engine::Engine::start(model::load(&path, &options).unwrap(), Default::default());
+        let server_config = server::ServerConfig {
+            models: vec![engine.model_name().to_string()],
+            kv_capacity: engine.kv_capacity() as u64,
+            max_batch: engine.max_batch() as u32,
+            ..server::ServerConfig::new(endpoints.workers.clone(), "bench-test-worker")
+        };
+        let (stop_worker, worker_stopped) = crossbeam_channel::bounded(1);
+        let worker_metrics = metrics::WorkerMetrics::new().unwrap();
+        let worker_thread = std::thread::spawn(move || {
+            server::run(server_config, engine, worker_metrics, worker_stopped).unwrap();
+        });
+        RealCluster {
+            clients: endpoints.clients,
+            stop_router,
+            stop_worker,
+            threads: vec![worker_thread, router_thread],
+        }
+    }
+
+    /// Benches until the worker has registered (`unavailable` before that).
+    fn bench(&self, flags: &[&str]) -> BenchReport {
+        let mut all = vec!["--router", &self.clients, "--no-progress"];
+        all.extend_from_slice(flags);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let report = run_report(&args(&all)).unwrap();
+            if report.errors_by_code.contains_key("unavailable") && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+            return report;
+        }
+    }
+
+    fn stop(self) {
+        self.stop_worker.send(()).unwrap();
+        self.stop_router.send(()).unwrap();
+        for thread in self.threads {
+            thread.join().unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_short_bench_against_a_real_router_and_worker() {
+    let cluster = RealCluster::start();
+    let report = cluster.bench(&[
+        "--workload",
+        "shared-prefix",
+        "--prefix-groups",
+        "2",
+        "--questions-per-prefix",
+        "3",
+        "--prefix-len",
+        "64",
+        "--input-len",
+        "8",
+        "--output-len",
+        "8",
+        "-c",
+        "2",
+        "--seed",
+        "1",
+    ]);
+    cluster.stop();
+
+    let json: Value = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["requests"], 6, "{json:#}");
+    assert_eq!(json["completed"], 6, "{json:#}");
+    assert_eq!(json["failed"], 0);
+    assert_eq!(json["errors_by_code"], serde_json::json!({}));
+    // Each prompt: 64 prefix words, "\nQuestion: ", 8 words, "\nAnswer:".
+    let prompt_tokens = json["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        (6 * 72..=6 * 80).contains(&prompt_tokens),
+        "{prompt_tokens}"
+    );
+    let completion_tokens = json["completion_tokens"].as_u64().unwrap();
+    assert!((6..=48).contains(&completion_tokens), "{completion_tokens}");
+    let cached = json["cached_tokens"].as_u64().unwrap();
+    assert!(
+        cached >= 64,
+        "later questions reuse their group's prefix: {cached}"
+    );
+    assert!(json["cached_ratio"].as_f64().unwrap() > 0.0);
+    assert_eq!(json["ttft"]["count"], 6);
+    assert_eq!(json["e2e"]["count"], 6);
+    assert!(report.ttft.p50 > 0.0 && report.ttft.p50 <= report.e2e.p50);
+    assert!(report.ttft.p99 <= report.e2e.p99);
+    assert!(json["request_throughput"].as_f64().unwrap() > 0.0);
+    assert!(json["output_throughput"].as_f64().unwrap() > 0.0);
+    assert_eq!(json["config"]["workload"], "shared-prefix");
+    assert_eq!(json["config"]["shared_prefix"], "2x3@64");
+}
