@@ -15,6 +15,9 @@ use super::{
 /// Prefix of the request ids this client sends; the rest is the driver key.
 const ID_PREFIX: &str = "bench-";
 
+/// Most frames read in one [`Transport::poll`] call.
+const MAX_DRAIN: usize = 1024;
+
 /// Sampling settings shared by every request of a run.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct RequestSettings {
@@ -173,7 +176,12 @@ impl Transport for ZmqTransport {
     fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> anyhow::Result<()> {
         if let Some(frame) = self.recv_frame(until)? {
             events.extend(self.event(&frame, Instant::now()));
-            while let Some(frame) = self.recv_frame(Instant::now())? {
+            // Bounded, so a steady stream of chunks cannot hold off sends
+            // and timeouts.
+            for _ in 0..MAX_DRAIN {
+                let Some(frame) = self.recv_frame(Instant::now())? else {
+                    break;
+                };
                 events.extend(self.event(&frame, Instant::now()));
             }
         }

@@ -127,7 +127,7 @@ impl Transport for OpenAiTransport {
         let wait = until.saturating_duration_since(Instant::now());
         if let Ok(event) = self.receiver.recv_timeout(wait) {
             events.push(event);
-            events.extend(self.receiver.try_iter());
+            events.extend(self.receiver.try_iter().take(1024));
         }
         Ok(())
     }
