@@ -82,6 +82,10 @@ pub struct GenerateRequest {
     /// Token ids that end generation (in addition to the model's EOS).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stop_token_ids: Vec<u32>,
+    /// Keep generating past the model's end-of-sequence token until
+    /// `max_tokens` (default false); for benchmarks with fixed output lengths.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub ignore_eos: bool,
     /// Stream `chunk` messages (default true); otherwise only `done`,
     /// carrying the full text.
     #[serde(default = "default_true")]
@@ -113,6 +117,7 @@ impl GenerateRequest {
             seed: None,
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
+            ignore_eos: false,
             stream: true,
             priority: 0,
             deadline_ms: None,

@@ -38,6 +38,7 @@ pub fn full_generate() -> GenerateRequest {
         seed: Some(42),
         stop: vec!["\n\n".into(), "END".into()],
         stop_token_ids: vec![2, 7],
+        ignore_eos: true,
         stream: false,
         priority: -3,
         deadline_ms: Some(30_000),

@@ -37,6 +37,7 @@ def check_generate(frame):
         "seed": 42,
         "stop": ["\n\n", "END"],
         "stop_token_ids": [2, 7],
+        "ignore_eos": True,
         "stream": False,
         "priority": -3,
         "deadline_ms": 30000,
