@@ -7,6 +7,8 @@
 
 use std::sync::Mutex;
 
+use super::kernels;
+
 /// Head layout of the attention.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct HeadShape {
@@ -39,12 +41,14 @@ pub(crate) fn attend(
             // Each row index is handed to exactly one thread, so the lock is uncontended.
             let mut o = out_rows[r].lock().unwrap_or_else(|e| e.into_inner());
             let q_row = &q[r * row_len..(r + 1) * row_len];
-            attend_row(q_row, k_pool, v_pool, keys[r], shape, &mut scores, &mut o);
+            kernels::attend_row(q_row, k_pool, v_pool, keys[r], shape, &mut scores, &mut o);
         }
     });
 }
 
-fn attend_row(
+/// One query row against its keys; inlined into each SIMD build in [`kernels`].
+#[inline(always)]
+pub(crate) fn attend_row_impl(
     q: &[f32],
     k_pool: &[f32],
     v_pool: &[f32],
@@ -84,6 +88,7 @@ fn attend_row(
 }
 
 /// Dot product with eight independent accumulators so it vectorizes.
+#[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0.0f32; 8];
     let chunks = a.len() / 8 * 8;
@@ -100,6 +105,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// `y += a * x`.
+#[inline(always)]
 fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += a * xi;

@@ -4,14 +4,13 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::BufReader;
 use std::path::Path;
-use std::sync::Arc;
 
+use candle_core::Device;
+use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::{Content, Value};
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{DType, Device, Tensor};
 
-use super::linear::{Linear, has_fast_kernel, requantize};
-use super::llama::{Block, Embedding, Weights};
+use super::linear::{Embedding, Linear};
+use super::llama::{Block, Weights};
 use super::{Llama, LlamaConfig, LoadOptions, ModelError, ModelTokenizer};
 
 /// Reads the model, its tokenizer and chat template from one GGUF file.
@@ -63,9 +62,12 @@ impl<R: std::io::Read + std::io::Seek> Gguf<'_, R> {
         Linear::from_qtensor(name, qt)
     }
 
-    fn vector(&mut self, name: &str) -> Result<Tensor, ModelError> {
+    fn vector(&mut self, name: &str) -> Result<Vec<f32>, ModelError> {
         let qt = self.qtensor(name)?;
-        Ok(qt.dequantize(&Device::Cpu)?.to_dtype(DType::F32)?)
+        Ok(qt
+            .dequantize(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
     }
 }
 
@@ -74,18 +76,14 @@ fn weights<R: std::io::Read + std::io::Seek>(
     cfg: &LlamaConfig,
 ) -> Result<Weights, ModelError> {
     let embd = g.qtensor("token_embd.weight")?;
-    check_quant("token_embd.weight", embd.dtype())?;
-    let embd = Arc::new(embd);
-    let output = if g.content.tensor_infos.contains_key("output.weight") {
-        g.linear("output.weight")?
+    let (token_embd, output) = if g.content.tensor_infos.contains_key("output.weight") {
+        (
+            Embedding::from_qtensor("token_embd.weight", embd)?,
+            g.linear("output.weight")?,
+        )
     } else {
-        // Tied embeddings: the table doubles as the LM head when its type has a
-        // fast kernel; otherwise the head gets its own requantized copy.
-        if has_fast_kernel(embd.dtype()) {
-            Linear::from_arc(embd.clone())?
-        } else {
-            Linear::from_arc(Arc::new(requantize(&embd)?))?
-        }
+        // Tied embeddings: the table doubles as the LM head.
+        Embedding::with_tied_head("token_embd.weight", embd)?
     };
     let mut blocks = Vec::with_capacity(cfg.n_layers);
     for i in 0..cfg.n_layers {
@@ -102,28 +100,12 @@ fn weights<R: std::io::Read + std::io::Seek>(
             ffn_down: g.linear(&format!("{p}.ffn_down.weight"))?,
         });
     }
-    let token_embd = match embd.dtype() {
-        GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
-            Embedding::Dense(embd.dequantize(&Device::Cpu)?.to_dtype(DType::F32)?)
-        }
-        _ => Embedding::Quant(embd),
-    };
     Ok(Weights {
         token_embd,
         blocks,
         output_norm: g.vector("output_norm.weight")?,
         output,
     })
-}
-
-fn check_quant(name: &str, dtype: GgmlDType) -> Result<(), ModelError> {
-    match dtype {
-        GgmlDType::Q8_1 | GgmlDType::Q8K => Err(ModelError::UnsupportedQuant {
-            tensor: name.to_string(),
-            dtype: format!("{dtype:?}"),
-        }),
-        _ => Ok(()),
-    }
 }
 
 fn config(ct: &Content) -> Result<LlamaConfig, ModelError> {

@@ -1,89 +1,218 @@
-//! Weight matrices and the matmuls over them.
+//! Weight matrices, embedding tables and the matmuls over them.
 //!
-//! Quantized weights stay quantized (candle's vec-dot kernels); types that
-//! candle only has a scalar fallback for (Q4_1, Q5_0, Q5_1) are requantized
-//! to Q8_0 once at load, which keeps memory near the file size and runs on
-//! candle's AVX kernels. Float weights become dense f32 matrices.
+//! Q4_1 and Q8_0 weights stay as shipped and run on our own kernels
+//! ([`super::kernels`]): int8 dot products for decode-sized batches, and
+//! dequantize + f32 GEMM for long prefill chunks. Q5_0/Q5_1 are requantized
+//! to Q8_0 at load. Q4_0 and the K-quants go through candle's quantized
+//! matmul. Float weights are dense f32.
 
 use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{DType, Module, Tensor};
+use candle_core::{DType, Device, Module, Tensor};
 
 use super::ModelError;
+use super::kernels::{Q8Acts, QKind, QMatrix, matmul_dense};
 
-/// A `[out, in]` weight matrix applied as `x @ W^T`.
+/// Batches of at least this many rows use dequantize + f32 GEMM.
+const GEMM_MIN_ROWS: usize = 32;
+
+/// Reusable buffers for matmuls, owned by the model.
+#[derive(Debug, Default)]
+pub(crate) struct Workspace {
+    acts: Q8Acts,
+    scratch: Vec<f32>,
+}
+
+/// A `[rows, cols]` weight matrix applied as `x @ W^T`.
 #[derive(Debug)]
 pub(crate) enum Linear {
-    /// Quantized rows, multiplied by candle's quantized matmul.
-    Quant(QMatMul),
+    /// Q4_1 / Q8_0 blocks on our kernels.
+    Quant(Arc<QMatrix>),
+    /// Other quantized types on candle's kernels.
+    Candle {
+        m: QMatMul,
+        rows: usize,
+        cols: usize,
+    },
     /// Dense f32 rows.
-    Dense(Tensor),
+    Dense {
+        w: Arc<Vec<f32>>,
+        rows: usize,
+        cols: usize,
+    },
+}
+
+/// Token embedding table (possibly sharing storage with a tied LM head).
+#[derive(Debug)]
+pub(crate) enum Embedding {
+    /// Q4_1 / Q8_0 rows, dequantized on lookup.
+    Quant(Arc<QMatrix>),
+    /// Other quantized types, looked up by candle.
+    Candle(Arc<QTensor>),
+    /// Dense f32 rows.
+    Dense { w: Arc<Vec<f32>>, cols: usize },
 }
 
 impl Linear {
-    /// Wraps a checkpoint tensor, requantizing types without a fast kernel.
+    /// Wraps a checkpoint tensor in the fastest form that keeps its size.
     pub(crate) fn from_qtensor(name: &str, qt: QTensor) -> Result<Self, ModelError> {
-        let qt = fast_quant(name, qt)?;
-        Self::from_arc(Arc::new(qt))
+        Self::from_arc(name, Arc::new(qt))
     }
 
-    /// Wraps a tensor that may also be used elsewhere (a tied embedding).
-    pub(crate) fn from_arc(qt: Arc<QTensor>) -> Result<Self, ModelError> {
-        match qt.dtype() {
-            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => Ok(Self::Dense(
-                qt.dequantize(&qt.device())?.to_dtype(DType::F32)?,
-            )),
-            _ => Ok(Self::Quant(QMatMul::from_arc(qt)?)),
-        }
-    }
-
-    /// Wraps a dense `[out, in]` matrix.
-    pub(crate) fn from_dense(w: Tensor) -> Result<Self, ModelError> {
-        Ok(Self::Dense(w.to_dtype(DType::F32)?.contiguous()?))
-    }
-
-    /// `x: [n, in]` (f32, contiguous) -> `[n, out]`.
-    pub(crate) fn forward(&self, x: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(match self {
-            Self::Quant(m) => m.forward(x)?,
-            Self::Dense(w) => x.matmul(&w.t()?)?,
-        })
-    }
-}
-
-/// Whether candle has a SIMD kernel for this weight type (floats become dense f32).
-pub(crate) fn has_fast_kernel(dtype: GgmlDType) -> bool {
-    matches!(
-        dtype,
-        GgmlDType::F32
-            | GgmlDType::F16
-            | GgmlDType::BF16
-            | GgmlDType::Q4_0
-            | GgmlDType::Q8_0
+    fn from_arc(name: &str, qt: Arc<QTensor>) -> Result<Self, ModelError> {
+        let (rows, cols) = qt.shape().dims2()?;
+        Ok(match qt.dtype() {
+            GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
+                Self::Quant(Arc::new(qmatrix(name, &qt)?))
+            }
+            GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
+                let w = qt
+                    .dequantize(&Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?;
+                Self::Dense {
+                    w: Arc::new(w),
+                    rows,
+                    cols,
+                }
+            }
+            GgmlDType::Q4_0
             | GgmlDType::Q2K
             | GgmlDType::Q3K
             | GgmlDType::Q4K
             | GgmlDType::Q5K
-            | GgmlDType::Q6K
-    )
-}
+            | GgmlDType::Q6K => Self::Candle {
+                m: QMatMul::from_arc(qt)?,
+                rows,
+                cols,
+            },
+            other => return Err(unsupported(name, other)),
+        })
+    }
 
-/// The tensor as it is kept for matmuls: as stored when candle has a SIMD
-/// kernel for its type, requantized to Q8_0 when it is Q4_1, Q5_0 or Q5_1.
-pub(crate) fn fast_quant(name: &str, qt: QTensor) -> Result<QTensor, ModelError> {
-    match qt.dtype() {
-        d if has_fast_kernel(d) => Ok(qt),
-        GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => requantize(&qt),
-        other => Err(ModelError::UnsupportedQuant {
-            tensor: name.to_string(),
-            dtype: format!("{other:?}"),
-        }),
+    /// Wraps a dense `[rows, cols]` matrix.
+    pub(crate) fn dense(w: &Tensor) -> Result<Self, ModelError> {
+        let (rows, cols) = w.dims2()?;
+        let w = w.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+        Ok(Self::Dense {
+            w: Arc::new(w),
+            rows,
+            cols,
+        })
+    }
+
+    /// Output width.
+    pub(crate) fn rows(&self) -> usize {
+        match self {
+            Self::Quant(q) => q.rows(),
+            Self::Candle { rows, .. } | Self::Dense { rows, .. } => *rows,
+        }
+    }
+
+    /// Input width.
+    pub(crate) fn cols(&self) -> usize {
+        match self {
+            Self::Quant(q) => q.cols(),
+            Self::Candle { cols, .. } | Self::Dense { cols, .. } => *cols,
+        }
+    }
+
+    /// `out[m, rows] = x[m, cols] @ W^T`.
+    pub(crate) fn forward(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        ws: &mut Workspace,
+    ) -> Result<(), ModelError> {
+        match self {
+            Self::Quant(q) if m >= GEMM_MIN_ROWS => q.matmul_f32(x, m, out, &mut ws.scratch),
+            Self::Quant(q) => {
+                ws.acts.quantize(x, m, q.cols());
+                q.matmul_q8(&ws.acts, m, out);
+            }
+            Self::Candle { m: mm, rows, cols } => {
+                let xt = Tensor::from_slice(&x[..m * cols], (m, *cols), &Device::Cpu)?;
+                let y = mm.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
+                out[..m * rows].copy_from_slice(&y);
+            }
+            Self::Dense { w, rows, cols } => matmul_dense(w, *rows, *cols, x, m, out),
+        }
+        Ok(())
     }
 }
 
-/// A Q8_0 copy of `qt`.
-pub(crate) fn requantize(qt: &QTensor) -> Result<QTensor, ModelError> {
-    let dense = qt.dequantize(&qt.device())?;
-    Ok(QTensor::quantize(&dense, GgmlDType::Q8_0)?)
+impl Embedding {
+    /// The table and, for tied embeddings, an LM head over the same storage.
+    pub(crate) fn with_tied_head(name: &str, qt: QTensor) -> Result<(Self, Linear), ModelError> {
+        let head = Linear::from_qtensor(name, qt)?;
+        let table = match &head {
+            Linear::Quant(q) => Self::Quant(q.clone()),
+            Linear::Dense { w, cols, .. } => Self::Dense {
+                w: w.clone(),
+                cols: *cols,
+            },
+            Linear::Candle {
+                m: QMatMul::QTensor(t),
+                ..
+            } => Self::Candle(t.clone()),
+            Linear::Candle { .. } => {
+                return Err(ModelError::Format(format!(
+                    "`{name}` could not be used as an embedding table"
+                )));
+            }
+        };
+        Ok((table, head))
+    }
+
+    /// The table alone (the checkpoint has a separate LM head).
+    pub(crate) fn from_qtensor(name: &str, qt: QTensor) -> Result<Self, ModelError> {
+        Ok(Self::with_tied_head(name, qt)?.0)
+    }
+
+    /// Writes row `ids[i]` of the table to `out[i]`.
+    pub(crate) fn lookup(&self, ids: &[u32], out: &mut [f32]) -> Result<(), ModelError> {
+        match self {
+            Self::Quant(q) => {
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(q.cols())) {
+                    q.dequantize_row(id as usize, row);
+                }
+            }
+            Self::Dense { w, cols } => {
+                for (&id, row) in ids.iter().zip(out.chunks_exact_mut(*cols)) {
+                    let at = id as usize * cols;
+                    row.copy_from_slice(&w[at..at + cols]);
+                }
+            }
+            Self::Candle(t) => {
+                let ids = Tensor::from_slice(ids, ids.len(), &Device::Cpu)?;
+                let rows = t.embedding(&ids)?.flatten_all()?.to_vec1::<f32>()?;
+                out[..rows.len()].copy_from_slice(&rows);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Q4_1 and Q8_0 as shipped; Q5_0/Q5_1 requantized to Q8_0.
+fn qmatrix(name: &str, qt: &QTensor) -> Result<QMatrix, ModelError> {
+    let (rows, cols) = qt.shape().dims2()?;
+    let (kind, data) = match qt.dtype() {
+        GgmlDType::Q4_1 => (QKind::Q4_1, qt.data()?.into_owned()),
+        GgmlDType::Q8_0 => (QKind::Q8_0, qt.data()?.into_owned()),
+        GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
+            let q8 = QTensor::quantize(&qt.dequantize(&Device::Cpu)?, GgmlDType::Q8_0)?;
+            (QKind::Q8_0, q8.data()?.into_owned())
+        }
+        other => return Err(unsupported(name, other)),
+    };
+    QMatrix::new(kind, rows, cols, data).map_err(|e| ModelError::Format(format!("`{name}`: {e}")))
+}
+
+fn unsupported(name: &str, dtype: GgmlDType) -> ModelError {
+    ModelError::UnsupportedQuant {
+        tensor: name.to_string(),
+        dtype: format!("{dtype:?}"),
+    }
 }

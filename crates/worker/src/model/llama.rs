@@ -4,47 +4,23 @@
 //! alike) through the projections and MLP as a single `[n_tokens, hidden]`
 //! matrix; only attention looks at sequences separately, each row reading
 //! its own sequence's slots from the pool. The LM head runs only on the last
-//! row of each chunk.
-
-use std::sync::Arc;
-
-use candle_core::quantized::QTensor;
-use candle_core::{DType, Device, Tensor};
-use candle_nn::ops::rms_norm;
-use candle_nn::rotary_emb::{rope, rope_i};
+//! row of each chunk. Activations are plain f32 buffers; the matmuls and
+//! attention run on [`super::kernels`].
 
 use super::attention::{HeadShape, attend};
 use super::kv::KvPool;
-use super::linear::Linear;
+use super::linear::{Embedding, Linear, Workspace};
 use super::{ForwardModel, LlamaConfig, ModelError, SeqChunk};
-
-/// Token embedding table; quantized tables are dequantized one row at a time.
-#[derive(Debug)]
-pub(crate) enum Embedding {
-    /// Quantized `[vocab, hidden]` (possibly shared with a tied LM head).
-    Quant(Arc<QTensor>),
-    /// Dense f32 `[vocab, hidden]`.
-    Dense(Tensor),
-}
-
-impl Embedding {
-    fn forward(&self, ids: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(match self {
-            Self::Quant(t) => t.embedding(ids)?,
-            Self::Dense(t) => t.index_select(ids, 0)?,
-        })
-    }
-}
 
 /// One transformer block's weights, by their GGUF names.
 #[derive(Debug)]
 pub(crate) struct Block {
-    pub(crate) attn_norm: Tensor,
+    pub(crate) attn_norm: Vec<f32>,
     pub(crate) attn_q: Linear,
     pub(crate) attn_k: Linear,
     pub(crate) attn_v: Linear,
     pub(crate) attn_output: Linear,
-    pub(crate) ffn_norm: Tensor,
+    pub(crate) ffn_norm: Vec<f32>,
     pub(crate) ffn_gate: Linear,
     pub(crate) ffn_up: Linear,
     pub(crate) ffn_down: Linear,
@@ -55,7 +31,7 @@ pub(crate) struct Block {
 pub(crate) struct Weights {
     pub(crate) token_embd: Embedding,
     pub(crate) blocks: Vec<Block>,
-    pub(crate) output_norm: Tensor,
+    pub(crate) output_norm: Vec<f32>,
     pub(crate) output: Linear,
 }
 
@@ -65,21 +41,21 @@ pub struct Llama {
     cfg: LlamaConfig,
     w: Weights,
     /// RoPE tables `[max_positions, head_dim / 2]`, computed once at load.
-    cos: Tensor,
-    sin: Tensor,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
     kv: KvPool,
-    device: Device,
+    ws: Workspace,
 }
 
-/// Row bookkeeping for one step, built from the batch before any tensor op.
+/// Row bookkeeping for one step, built from the batch before any compute.
 struct StepPlan<'a> {
     ids: Vec<u32>,
-    positions: Vec<u32>,
+    positions: Vec<usize>,
     new_slots: Vec<u32>,
     /// For each row, the slots it attends to (its sequence up to itself).
     keys: Vec<&'a [u32]>,
     /// Index of each chunk's last row.
-    last_rows: Vec<u32>,
+    last_rows: Vec<usize>,
 }
 
 impl Llama {
@@ -89,25 +65,19 @@ impl Llama {
         kv_capacity: usize,
     ) -> Result<Self, ModelError> {
         cfg.validate().map_err(ModelError::Format)?;
-        if w.blocks.len() != cfg.n_layers {
-            return Err(ModelError::Format(format!(
-                "config says {} layers, checkpoint has {}",
-                cfg.n_layers,
-                w.blocks.len()
-            )));
-        }
-        let device = Device::Cpu;
+        check_shapes(&cfg, &w)?;
         let half = cfg.head_dim / 2;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f32 / cfg.head_dim as f32))
-            .collect();
-        let inv_freq = Tensor::from_vec(inv_freq, (1, half), &device)?;
-        let pos = Tensor::arange(0u32, cfg.max_positions as u32, &device)?
-            .to_dtype(DType::F32)?
-            .reshape((cfg.max_positions, 1))?;
-        let freqs = pos.broadcast_mul(&inv_freq)?;
-        let cos = freqs.cos()?.contiguous()?;
-        let sin = freqs.sin()?.contiguous()?;
+        let mut cos = Vec::with_capacity(cfg.max_positions * half);
+        let mut sin = Vec::with_capacity(cfg.max_positions * half);
+        for p in 0..cfg.max_positions {
+            for i in 0..half {
+                let inv_freq =
+                    1.0 / f64::from(cfg.rope_theta).powf(2.0 * i as f64 / cfg.head_dim as f64);
+                let angle = p as f64 * inv_freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
         let kv = KvPool::new(cfg.n_layers, kv_capacity, cfg.kv_dim())?;
         Ok(Self {
             cfg,
@@ -115,7 +85,7 @@ impl Llama {
             cos,
             sin,
             kv,
-            device,
+            ws: Workspace::default(),
         })
     }
 
@@ -135,59 +105,43 @@ impl Llama {
         };
         for (i, c) in batch.iter().enumerate() {
             let end = c.start_pos + c.tokens.len();
+            let bad = |what: String| Err(ModelError::InvalidBatch(format!("chunk {i}: {what}")));
             if c.tokens.is_empty() || c.slots.len() != end {
-                return Err(ModelError::InvalidBatch(format!(
-                    "chunk {i}: {} tokens at start_pos {} need {end} slots, got {}",
+                return bad(format!(
+                    "{} tokens at start_pos {} need {end} slots, got {}",
                     c.tokens.len(),
                     c.start_pos,
                     c.slots.len()
-                )));
+                ));
             }
             if end > self.cfg.max_positions {
-                return Err(ModelError::InvalidBatch(format!(
-                    "chunk {i}: sequence of {end} tokens exceeds the model's {} positions",
+                return bad(format!(
+                    "{end} positions exceed the model's {}",
                     self.cfg.max_positions
-                )));
+                ));
             }
-            if let Some(&bad) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
-                return Err(ModelError::InvalidBatch(format!(
-                    "chunk {i}: token {bad} is outside the vocabulary of {}",
+            if let Some(t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+                return bad(format!(
+                    "token {t} is outside the vocabulary of {}",
                     self.cfg.vocab
-                )));
+                ));
             }
-            if let Some(&bad) = c.slots.iter().find(|&&s| s as usize >= self.kv.capacity()) {
-                return Err(ModelError::InvalidBatch(format!(
-                    "chunk {i}: slot {bad} is outside the KV pool of {}",
+            if let Some(s) = c.slots.iter().find(|&&s| s as usize >= self.kv.capacity()) {
+                return bad(format!(
+                    "slot {s} is outside the KV pool of {}",
                     self.kv.capacity()
-                )));
+                ));
             }
             for (j, &t) in c.tokens.iter().enumerate() {
                 let pos = c.start_pos + j;
                 plan.ids.push(t);
-                plan.positions.push(pos as u32);
+                plan.positions.push(pos);
                 plan.new_slots.push(c.slots[pos]);
                 plan.keys.push(&c.slots[..=pos]);
             }
-            plan.last_rows.push(plan.ids.len() as u32 - 1);
+            plan.last_rows.push(plan.ids.len() - 1);
         }
         Ok(plan)
-    }
-
-    fn rotate(
-        &self,
-        x: &Tensor,
-        heads: usize,
-        cos: &Tensor,
-        sin: &Tensor,
-    ) -> Result<Tensor, ModelError> {
-        let n = x.dim(0)?;
-        let x = x.reshape((n, heads, 1, self.cfg.head_dim))?;
-        let x = if self.cfg.rope_interleaved {
-            rope_i(&x, cos, sin)?
-        } else {
-            rope(&x, cos, sin)?
-        };
-        Ok(x.reshape((n, heads * self.cfg.head_dim))?)
     }
 }
 
@@ -198,47 +152,69 @@ impl ForwardModel for Llama {
         }
         let plan = self.plan(batch)?;
         let n = plan.ids.len();
-        let cfg = &self.cfg;
-        let (eps, q_dim) = (cfg.rms_eps, cfg.n_heads * cfg.head_dim);
+        let (hidden, kv_dim, ffn) = (self.cfg.hidden, self.cfg.kv_dim(), self.cfg.ffn);
+        let q_dim = self.cfg.n_heads * self.cfg.head_dim;
         let shape = HeadShape {
-            n_heads: cfg.n_heads,
-            n_kv_heads: cfg.n_kv_heads,
-            head_dim: cfg.head_dim,
+            n_heads: self.cfg.n_heads,
+            n_kv_heads: self.cfg.n_kv_heads,
+            head_dim: self.cfg.head_dim,
         };
+        let eps = self.cfg.rms_eps;
 
-        let ids = Tensor::from_slice(&plan.ids, n, &self.device)?;
-        let positions = Tensor::from_slice(&plan.positions, n, &self.device)?;
-        let rope_shape = (n, 1, cfg.head_dim / 2);
-        let cos = self.cos.index_select(&positions, 0)?.reshape(rope_shape)?;
-        let sin = self.sin.index_select(&positions, 0)?.reshape(rope_shape)?;
-
-        let mut x = self.w.token_embd.forward(&ids)?;
-        let mut attn_out = vec![0f32; n * q_dim];
+        let mut x = vec![0f32; n * hidden];
+        self.w.token_embd.lookup(&plan.ids, &mut x)?;
+        let (mut h, mut tmp) = (vec![0f32; n * hidden], vec![0f32; n * hidden]);
+        let (mut q, mut attn) = (vec![0f32; n * q_dim], vec![0f32; n * q_dim]);
+        let (mut k, mut v) = (vec![0f32; n * kv_dim], vec![0f32; n * kv_dim]);
+        let (mut gate, mut up) = (vec![0f32; n * ffn], vec![0f32; n * ffn]);
+        let ws = &mut self.ws;
         for (layer, b) in self.w.blocks.iter().enumerate() {
-            let h = rms_norm(&x, &b.attn_norm, eps)?;
-            let q = self.rotate(&b.attn_q.forward(&h)?, cfg.n_heads, &cos, &sin)?;
-            let k = self.rotate(&b.attn_k.forward(&h)?, cfg.n_kv_heads, &cos, &sin)?;
-            let v = b.attn_v.forward(&h)?;
-            let (k, v) = (
-                k.flatten_all()?.to_vec1::<f32>()?,
-                v.flatten_all()?.to_vec1::<f32>()?,
+            rms_norm(&x, &b.attn_norm, eps, &mut h);
+            b.attn_q.forward(&h, n, &mut q, ws)?;
+            b.attn_k.forward(&h, n, &mut k, ws)?;
+            b.attn_v.forward(&h, n, &mut v, ws)?;
+            rope_rows(
+                &self.cfg,
+                &self.cos,
+                &self.sin,
+                &mut q,
+                self.cfg.n_heads,
+                &plan.positions,
+            );
+            rope_rows(
+                &self.cfg,
+                &self.cos,
+                &self.sin,
+                &mut k,
+                self.cfg.n_kv_heads,
+                &plan.positions,
             );
             self.kv.write(layer, &plan.new_slots, &k, &v);
-
-            let q = q.flatten_all()?.to_vec1::<f32>()?;
             let (k_pool, v_pool) = self.kv.layer(layer);
-            attend(&q, k_pool, v_pool, &plan.keys, shape, &mut attn_out);
-            let attn = Tensor::from_slice(&attn_out, (n, q_dim), &self.device)?;
-            x = (x + b.attn_output.forward(&attn)?)?;
+            attend(&q, k_pool, v_pool, &plan.keys, shape, &mut attn);
+            b.attn_output.forward(&attn, n, &mut tmp, ws)?;
+            add(&mut x, &tmp);
 
-            let h = rms_norm(&x, &b.ffn_norm, eps)?;
-            let gate = candle_nn::ops::silu(&b.ffn_gate.forward(&h)?)?;
-            let mlp = (gate * b.ffn_up.forward(&h)?)?;
-            x = (x + b.ffn_down.forward(&mlp)?)?;
+            rms_norm(&x, &b.ffn_norm, eps, &mut h);
+            b.ffn_gate.forward(&h, n, &mut gate, ws)?;
+            b.ffn_up.forward(&h, n, &mut up, ws)?;
+            for (g, u) in gate.iter_mut().zip(&up) {
+                *g = *g / (1.0 + (-*g).exp()) * u;
+            }
+            b.ffn_down.forward(&gate, n, &mut tmp, ws)?;
+            add(&mut x, &tmp);
         }
-        let last = Tensor::from_slice(&plan.last_rows, batch.len(), &self.device)?;
-        let x = rms_norm(&x.index_select(&last, 0)?, &self.w.output_norm, eps)?;
-        Ok(self.w.output.forward(&x)?.to_vec2::<f32>()?)
+        let rows = plan.last_rows.len();
+        let mut last = Vec::with_capacity(rows * hidden);
+        for &r in &plan.last_rows {
+            last.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+        }
+        let mut normed = vec![0f32; rows * hidden];
+        rms_norm(&last, &self.w.output_norm, eps, &mut normed);
+        let vocab = self.cfg.vocab;
+        let mut logits = vec![0f32; rows * vocab];
+        self.w.output.forward(&normed, rows, &mut logits, ws)?;
+        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }
 
     fn vocab_size(&self) -> usize {
@@ -248,4 +224,97 @@ impl ForwardModel for Llama {
     fn kv_capacity(&self) -> usize {
         self.kv.capacity()
     }
+}
+
+/// Rotates each head of each row of `x` by its row's position.
+fn rope_rows(
+    cfg: &LlamaConfig,
+    cos: &[f32],
+    sin: &[f32],
+    x: &mut [f32],
+    heads: usize,
+    positions: &[usize],
+) {
+    let d = cfg.head_dim;
+    let half = d / 2;
+    for (row, &p) in x.chunks_exact_mut(heads * d).zip(positions) {
+        let (cos, sin) = (
+            &cos[p * half..(p + 1) * half],
+            &sin[p * half..(p + 1) * half],
+        );
+        for h in row.chunks_exact_mut(d) {
+            for i in 0..half {
+                // GGUF stores Q/K for pairs (2i, 2i+1); Hugging Face rotates (i, i + d/2).
+                let (a, b) = if cfg.rope_interleaved {
+                    (2 * i, 2 * i + 1)
+                } else {
+                    (i, i + half)
+                };
+                let (x0, x1) = (h[a], h[b]);
+                h[a] = x0 * cos[i] - x1 * sin[i];
+                h[b] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+    }
+}
+
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let d = w.len();
+    for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let mean_sq = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let scale = 1.0 / (mean_sq + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = v * scale * g;
+        }
+    }
+}
+
+fn add(x: &mut [f32], y: &[f32]) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+fn check_shapes(cfg: &LlamaConfig, w: &Weights) -> Result<(), ModelError> {
+    if w.blocks.len() != cfg.n_layers {
+        return Err(ModelError::Format(format!(
+            "config says {} layers, checkpoint has {}",
+            cfg.n_layers,
+            w.blocks.len()
+        )));
+    }
+    let q_dim = cfg.n_heads * cfg.head_dim;
+    let mut expect = vec![("output", &w.output, cfg.vocab, cfg.hidden)];
+    for b in &w.blocks {
+        expect.extend([
+            ("attn_q", &b.attn_q, q_dim, cfg.hidden),
+            ("attn_k", &b.attn_k, cfg.kv_dim(), cfg.hidden),
+            ("attn_v", &b.attn_v, cfg.kv_dim(), cfg.hidden),
+            ("attn_output", &b.attn_output, cfg.hidden, q_dim),
+            ("ffn_gate", &b.ffn_gate, cfg.ffn, cfg.hidden),
+            ("ffn_up", &b.ffn_up, cfg.ffn, cfg.hidden),
+            ("ffn_down", &b.ffn_down, cfg.hidden, cfg.ffn),
+        ]);
+    }
+    for (name, lin, rows, cols) in expect {
+        if lin.rows() != rows || lin.cols() != cols {
+            return Err(ModelError::Format(format!(
+                "`{name}` is {}x{}, the config needs {rows}x{cols}",
+                lin.rows(),
+                lin.cols()
+            )));
+        }
+    }
+    let norms = w
+        .blocks
+        .iter()
+        .flat_map(|b| [&b.attn_norm, &b.ffn_norm])
+        .chain([&w.output_norm]);
+    if norms.into_iter().any(|n| n.len() != cfg.hidden) {
+        return Err(ModelError::Format(format!(
+            "a norm weight is not {} wide",
+            cfg.hidden
+        )));
+    }
+    Ok(())
 }

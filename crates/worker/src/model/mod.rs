@@ -9,6 +9,7 @@ mod attention;
 mod chat;
 mod config;
 mod gguf;
+mod kernels;
 mod kv;
 mod linear;
 mod llama;

@@ -11,8 +11,8 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use super::linear::Linear;
-use super::llama::{Block, Embedding, Weights};
+use super::linear::{Embedding, Linear};
+use super::llama::{Block, Weights};
 use super::{Llama, LlamaConfig, LoadOptions, ModelError, ModelTokenizer};
 
 /// The fields of `config.json` the llama forward pass uses.
@@ -130,33 +130,49 @@ fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
     Ok(all)
 }
 
+fn take(t: &mut HashMap<String, Tensor>, name: &str) -> Result<Tensor, ModelError> {
+    let w = t
+        .remove(name)
+        .ok_or_else(|| ModelError::Format(format!("checkpoint has no tensor `{name}`")))?;
+    match w.dtype() {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(w.to_dtype(DType::F32)?),
+        other => Err(ModelError::UnsupportedQuant {
+            tensor: name.to_string(),
+            dtype: format!("{other:?}"),
+        }),
+    }
+}
+
+fn vector(t: &mut HashMap<String, Tensor>, name: &str) -> Result<Vec<f32>, ModelError> {
+    Ok(take(t, name)?.flatten_all()?.to_vec1::<f32>()?)
+}
+
 fn weights(
     t: &mut HashMap<String, Tensor>,
     cfg: &LlamaConfig,
     tied: bool,
 ) -> Result<Weights, ModelError> {
-    let mut take = |name: &str| -> Result<Tensor, ModelError> {
-        let w = t
-            .remove(name)
-            .ok_or_else(|| ModelError::Format(format!("checkpoint has no tensor `{name}`")))?;
-        match w.dtype() {
-            DType::F32 | DType::F16 | DType::BF16 => Ok(w.to_dtype(DType::F32)?.contiguous()?),
-            other => Err(ModelError::UnsupportedQuant {
-                tensor: name.to_string(),
-                dtype: format!("{other:?}"),
-            }),
+    let embed = Linear::dense(&take(t, "model.embed_tokens.weight")?)?;
+    let token_embd = match &embed {
+        Linear::Dense { w, cols, .. } => Embedding::Dense {
+            w: w.clone(),
+            cols: *cols,
+        },
+        _ => {
+            return Err(ModelError::Format(
+                "embedding table is not dense".to_string(),
+            ));
         }
     };
-    let embed = take("model.embed_tokens.weight")?;
     let output = if tied {
-        Linear::from_dense(embed.clone())?
+        embed
     } else {
-        Linear::from_dense(take("lm_head.weight")?)?
+        Linear::dense(&take(t, "lm_head.weight")?)?
     };
     let mut blocks = Vec::with_capacity(cfg.n_layers);
     for i in 0..cfg.n_layers {
         let p = format!("model.layers.{i}");
-        let mut lin = |name: &str| Linear::from_dense(take(&format!("{p}.{name}.weight"))?);
+        let mut lin = |name: &str| Linear::dense(&take(t, &format!("{p}.{name}.weight"))?);
         blocks.push(Block {
             attn_q: lin("self_attn.q_proj")?,
             attn_k: lin("self_attn.k_proj")?,
@@ -165,14 +181,14 @@ fn weights(
             ffn_gate: lin("mlp.gate_proj")?,
             ffn_up: lin("mlp.up_proj")?,
             ffn_down: lin("mlp.down_proj")?,
-            attn_norm: take(&format!("{p}.input_layernorm.weight"))?,
-            ffn_norm: take(&format!("{p}.post_attention_layernorm.weight"))?,
+            attn_norm: vector(t, &format!("{p}.input_layernorm.weight"))?,
+            ffn_norm: vector(t, &format!("{p}.post_attention_layernorm.weight"))?,
         });
     }
     Ok(Weights {
-        token_embd: Embedding::Dense(embed),
+        token_embd,
         blocks,
-        output_norm: take("model.norm.weight")?,
+        output_norm: vector(t, "model.norm.weight")?,
         output,
     })
 }

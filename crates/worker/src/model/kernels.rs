@@ -1,0 +1,666 @@
+//! CPU kernels: quantized matmuls (Q4_1 and Q8_0 weights against 8-bit
+//! activations), dequantize + f32 GEMM for long prefill chunks, and the
+//! attention row kernel compiled for AVX2.
+//!
+//! The int8 path follows ggml: activations are quantized per block of 32 to
+//! i8 with an f32 scale, weight nibbles (Q4_1) or bytes (Q8_0) are multiplied
+//! with `maddubs` (AVX2) or `vpdpbusd` (AVX-512 VNNI), and each weight row is
+//! reused for up to four activation rows while it sits in L1, so a batch of
+//! decode tokens reads the weights once. Work is split over weight rows on
+//! candle's thread pool, shared with every other op.
+//!
+//! This is the one module that uses `unsafe`: SIMD intrinsics behind runtime
+//! feature checks, and raw output pointers whose disjointness is argued at
+//! each use.
+#![allow(unsafe_code)]
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use super::attention::{HeadShape, attend_row_impl};
+
+/// Values per quantization block.
+pub(crate) const QK: usize = 32;
+/// Weight rows per unit of parallel work.
+const ROWS_PER_UNIT: usize = 16;
+/// Activation rows sharing one pass over a weight row.
+const ACT_TILE: usize = 4;
+
+/// Weight formats with kernels here (ggml block layouts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QKind {
+    /// `{d: f16, m: f16, qs: [u8; 16]}`: value = d * nibble + m.
+    Q4_1,
+    /// `{d: f16, qs: [i8; 32]}`: value = d * q.
+    Q8_0,
+}
+
+impl QKind {
+    fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_1 => 20,
+            Self::Q8_0 => 34,
+        }
+    }
+}
+
+/// A `[rows, cols]` matrix stored as ggml blocks, row after row.
+#[derive(Debug)]
+pub(crate) struct QMatrix {
+    kind: QKind,
+    rows: usize,
+    cols: usize,
+    data: Vec<u8>,
+}
+
+/// Activations quantized to i8 per block of 32: `x ≈ d * q`, `s = d * sum(q)`.
+#[derive(Debug, Default)]
+pub(crate) struct Q8Acts {
+    blocks: usize,
+    d: Vec<f32>,
+    s: Vec<f32>,
+    q: Vec<i8>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Level {
+    Scalar,
+    Avx2,
+    Avx512Vnni,
+}
+
+fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            if avx2
+                && is_x86_feature_detected!("avx512vnni")
+                && is_x86_feature_detected!("avx512vl")
+            {
+                return Level::Avx512Vnni;
+            }
+            if avx2 {
+                return Level::Avx2;
+            }
+        }
+        Level::Scalar
+    })
+}
+
+/// A raw output pointer shared by the units of one parallel region.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every use writes disjoint elements from different threads and the
+// region ends before the buffer is touched again.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the Sync wrapper, not the field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+impl QMatrix {
+    /// Wraps ggml block bytes; `cols` must be a multiple of 32.
+    pub(crate) fn new(
+        kind: QKind,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Self, String> {
+        let expected = rows * (cols / QK) * kind.block_bytes();
+        if !cols.is_multiple_of(QK) || data.len() != expected {
+            return Err(format!(
+                "{kind:?} matrix {rows}x{cols} needs {expected} bytes, got {}",
+                data.len()
+            ));
+        }
+        Ok(Self {
+            kind,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    /// Output rows.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.cols / QK * self.kind.block_bytes()
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let n = self.row_bytes();
+        &self.data[r * n..(r + 1) * n]
+    }
+
+    /// Row `r` as f32 (embedding lookups).
+    pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        dequantize_row_scalar(self.kind, self.row(r), out);
+    }
+
+    /// `out[m, rows] = x[m, cols] @ self^T` with int8 activations.
+    pub(crate) fn matmul_q8(&self, acts: &Q8Acts, m: usize, out: &mut [f32]) {
+        assert_eq!(acts.blocks * QK, self.cols);
+        assert!(acts.q.len() >= m * self.cols && out.len() >= m * self.rows);
+        let units = self.rows.div_ceil(ROWS_PER_UNIT);
+        let ptr = OutPtr(out.as_mut_ptr());
+        let lvl = level();
+        candle_core::utils::barrier_pool().execute_chunked(units, |range| {
+            let rows = range.start * ROWS_PER_UNIT..(range.end * ROWS_PER_UNIT).min(self.rows);
+            // SAFETY: each unit owns the output columns of its weight rows, in
+            // every activation row; the assert above bounds all writes.
+            unsafe { self.matmul_rows(lvl, acts, m, rows, ptr.get()) };
+        });
+    }
+
+    /// Computes the output columns `rows` for every activation row.
+    ///
+    /// # Safety
+    /// `out` must hold `m * self.rows` floats, and no other thread may write
+    /// these columns meanwhile.
+    unsafe fn matmul_rows(
+        &self,
+        lvl: Level,
+        acts: &Q8Acts,
+        m: usize,
+        rows: Range<usize>,
+        out: *mut f32,
+    ) {
+        let mut vals = [0f32; ACT_TILE];
+        for r in rows {
+            let w = self.row(r);
+            let mut i0 = 0;
+            while i0 < m {
+                let mt = ACT_TILE.min(m - i0);
+                match lvl {
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: the level was detected at run time.
+                    Level::Avx512Vnni => unsafe {
+                        x86::tile_vnni(self.kind, w, acts, i0, mt, &mut vals)
+                    },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    Level::Avx2 => unsafe { x86::tile_avx2(self.kind, w, acts, i0, mt, &mut vals) },
+                    _ => tile_scalar(self.kind, w, acts, i0, mt, &mut vals),
+                }
+                for (j, v) in vals.iter().take(mt).enumerate() {
+                    // SAFETY: (i0 + j) < m and r < self.rows, within the caller's bound.
+                    unsafe { *out.add((i0 + j) * self.rows + r) = *v };
+                }
+                i0 += mt;
+            }
+        }
+    }
+
+    /// `out[m, rows] = x[m, cols] @ self^T` in f32: each thread dequantizes
+    /// its share of weight rows into `scratch` and runs a GEMM on them.
+    pub(crate) fn matmul_f32(&self, x: &[f32], m: usize, out: &mut [f32], scratch: &mut Vec<f32>) {
+        scratch.resize(self.rows * self.cols, 0.0);
+        let wptr = OutPtr(scratch.as_mut_ptr());
+        let (rows, cols) = (self.rows, self.cols);
+        gemm_split(x, m, rows, cols, out, |range| {
+            for r in range {
+                // SAFETY: row r of the scratch belongs to this unit alone, and
+                // the scratch holds rows * cols floats.
+                let dst = unsafe { std::slice::from_raw_parts_mut(wptr.get().add(r * cols), cols) };
+                self.dequantize_row_fast(r, dst);
+            }
+            wptr.get() as *const f32
+        });
+    }
+
+    fn dequantize_row_fast(&self, r: usize, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if level() != Level::Scalar {
+            // SAFETY: AVX2/FMA/F16C were detected at run time.
+            unsafe { x86::dequantize_row_avx2(self.kind, self.row(r), out) };
+            return;
+        }
+        dequantize_row_scalar(self.kind, self.row(r), out);
+    }
+}
+
+/// `out[m, n] = x[m, k] @ W^T` for f32 `W` `[n, k]` given row by row:
+/// `weights(range)` makes rows `range` of W ready and returns W's base pointer.
+fn gemm_split(
+    x: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    weights: impl Fn(Range<usize>) -> *const f32 + Sync,
+) {
+    assert!(x.len() >= m * k && out.len() >= m * n);
+    let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+    let per = n.div_ceil(threads).next_multiple_of(16);
+    let units = n.div_ceil(per);
+    let optr = OutPtr(out.as_mut_ptr());
+    let xptr = x.as_ptr() as usize;
+    candle_core::utils::barrier_pool().execute_chunked(units, |range| {
+        for unit in range {
+            let cols = unit * per..((unit + 1) * per).min(n);
+            let w = weights(cols.clone());
+            // SAFETY: dst columns `cols` of out[m, n] belong to this unit; lhs is
+            // x[m, k] row-major; rhs(kk, j) = W[j * k + kk] for j in `cols`, all
+            // within the asserted bounds.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    cols.len(),
+                    k,
+                    optr.get().add(cols.start),
+                    1,
+                    n as isize,
+                    false,
+                    xptr as *const f32,
+                    1,
+                    k as isize,
+                    w.add(cols.start * k),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        }
+    });
+}
+
+/// `out[m, n] = x[m, k] @ w^T` for a dense row-major f32 `w` `[n, k]`.
+pub(crate) fn matmul_dense(w: &[f32], n: usize, k: usize, x: &[f32], m: usize, out: &mut [f32]) {
+    assert_eq!(w.len(), n * k);
+    gemm_split(x, m, n, k, out, |_| w.as_ptr());
+}
+
+impl Q8Acts {
+    /// Quantizes `x[m, k]` (k a multiple of 32).
+    pub(crate) fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
+        let nb = k / QK;
+        self.blocks = nb;
+        self.d.resize(m * nb, 0.0);
+        self.s.resize(m * nb, 0.0);
+        self.q.resize(m * k, 0);
+        for (b, (xs, qs)) in x[..m * k]
+            .chunks_exact(QK)
+            .zip(self.q.chunks_exact_mut(QK))
+            .enumerate()
+        {
+            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let d = amax / 127.0;
+            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+            let mut sum = 0i32;
+            for (q, v) in qs.iter_mut().zip(xs) {
+                *q = (v * id).round() as i8;
+                sum += i32::from(*q);
+            }
+            self.d[b] = d;
+            self.s[b] = d * sum as f32;
+        }
+    }
+}
+
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+fn dequantize_row_scalar(kind: QKind, row: &[u8], out: &mut [f32]) {
+    let bb = kind.block_bytes();
+    for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(blk, 0);
+        match kind {
+            QKind::Q4_1 => {
+                let mn = f16_at(blk, 2);
+                for (j, &q) in blk[4..20].iter().enumerate() {
+                    o[j] = d * f32::from(q & 15) + mn;
+                    o[j + 16] = d * f32::from(q >> 4) + mn;
+                }
+            }
+            QKind::Q8_0 => {
+                for (j, &q) in blk[2..34].iter().enumerate() {
+                    o[j] = d * f32::from(q as i8);
+                }
+            }
+        }
+    }
+}
+
+fn tile_scalar(
+    kind: QKind,
+    w: &[u8],
+    acts: &Q8Acts,
+    i0: usize,
+    mt: usize,
+    vals: &mut [f32; ACT_TILE],
+) {
+    let nb = acts.blocks;
+    let bb = kind.block_bytes();
+    for (j, v) in vals.iter_mut().take(mt).enumerate() {
+        let i = i0 + j;
+        let mut sum = 0f32;
+        for (b, blk) in w.chunks_exact(bb).enumerate() {
+            let a = &acts.q[(i * nb + b) * QK..(i * nb + b + 1) * QK];
+            let d = f16_at(blk, 0);
+            match kind {
+                QKind::Q4_1 => {
+                    let mut dot = 0i32;
+                    for (t, &q) in blk[4..20].iter().enumerate() {
+                        dot += i32::from(q & 15) * i32::from(a[t])
+                            + i32::from(q >> 4) * i32::from(a[t + 16]);
+                    }
+                    sum +=
+                        d * acts.d[i * nb + b] * dot as f32 + f16_at(blk, 2) * acts.s[i * nb + b];
+                }
+                QKind::Q8_0 => {
+                    let dot: i32 = blk[2..34]
+                        .iter()
+                        .zip(a)
+                        .map(|(&q, &x)| i32::from(q as i8) * i32::from(x))
+                        .sum();
+                    sum += d * acts.d[i * nb + b] * dot as f32;
+                }
+            }
+        }
+        *v = sum;
+    }
+}
+
+/// Runs one attention row with the widest vector unit available.
+pub(crate) fn attend_row(
+    q: &[f32],
+    k_pool: &[f32],
+    v_pool: &[f32],
+    keys: &[u32],
+    shape: HeadShape,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        // SAFETY: AVX2/FMA were detected at run time.
+        unsafe { x86::attend_row_avx2(q, k_pool, v_pool, keys, shape, scores, out) };
+        return;
+    }
+    attend_row_impl(q, k_pool, v_pool, keys, shape, scores, out);
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{ACT_TILE, HeadShape, Q8Acts, QK, QKind, attend_row_impl};
+
+    /// `sum_j w[j] * a[j]` in eight i32 lanes, `w` unsigned bytes, `a` signed.
+    trait Dot {
+        unsafe fn dot(w: __m256i, a: __m256i) -> __m256i;
+    }
+
+    struct Avx2Dot;
+    impl Dot for Avx2Dot {
+        #[inline(always)]
+        unsafe fn dot(w: __m256i, a: __m256i) -> __m256i {
+            // Products fit i16: at most 2 * 128 * 127.
+            unsafe { _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)) }
+        }
+    }
+
+    struct VnniDot;
+    impl Dot for VnniDot {
+        #[inline(always)]
+        unsafe fn dot(w: __m256i, a: __m256i) -> __m256i {
+            unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a) }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn f16_to_f32(p: *const u8) -> f32 {
+        let bits = unsafe { std::ptr::read_unaligned(p as *const u16) };
+        unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits)))) }
+    }
+
+    #[inline(always)]
+    unsafe fn hsum(v: __m256) -> f32 {
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile<D: Dot, const MT: usize>(
+        kind: QKind,
+        w: &[u8],
+        acts: &Q8Acts,
+        i0: usize,
+        vals: &mut [f32; ACT_TILE],
+    ) {
+        // SAFETY: `w` holds nb blocks of `bb` bytes and activation rows
+        // i0..i0+MT exist in `acts` (matmul_q8 asserts both).
+        unsafe {
+            let nb = acts.blocks;
+            let bb = kind.block_bytes();
+            let mut acc = [_mm256_setzero_ps(); MT];
+            let mut mins = [0f32; MT];
+            let low = _mm_set1_epi8(15);
+            let wp = w.as_ptr();
+            for b in 0..nb {
+                let blk = wp.add(b * bb);
+                let d = f16_to_f32(blk);
+                let (wv, mn) = match kind {
+                    QKind::Q4_1 => {
+                        let qs = _mm_loadu_si128(blk.add(4) as *const __m128i);
+                        let lo = _mm_and_si128(qs, low);
+                        let hi = _mm_and_si128(_mm_srli_epi16(qs, 4), low);
+                        (_mm256_set_m128i(hi, lo), f16_to_f32(blk.add(2)))
+                    }
+                    QKind::Q8_0 => (_mm256_loadu_si256(blk.add(2) as *const __m256i), 0.0),
+                };
+                for j in 0..MT {
+                    let at = (i0 + j) * nb + b;
+                    let a = _mm256_loadu_si256(acts.q.as_ptr().add(at * QK) as *const __m256i);
+                    let da = *acts.d.get_unchecked(at);
+                    let p = match kind {
+                        QKind::Q4_1 => D::dot(wv, a),
+                        // Signed x signed: move the sign of w onto a.
+                        QKind::Q8_0 => D::dot(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(a, wv)),
+                    };
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(d * da), acc[j]);
+                    if kind == QKind::Q4_1 {
+                        mins[j] += mn * *acts.s.get_unchecked(at);
+                    }
+                }
+            }
+            for j in 0..MT {
+                vals[j] = hsum(acc[j]) + mins[j];
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile_any<D: Dot>(
+        kind: QKind,
+        w: &[u8],
+        acts: &Q8Acts,
+        i0: usize,
+        mt: usize,
+        vals: &mut [f32; ACT_TILE],
+    ) {
+        unsafe {
+            match mt {
+                1 => tile::<D, 1>(kind, w, acts, i0, vals),
+                2 => tile::<D, 2>(kind, w, acts, i0, vals),
+                3 => tile::<D, 3>(kind, w, acts, i0, vals),
+                _ => tile::<D, 4>(kind, w, acts, i0, vals),
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile_avx2(
+        kind: QKind,
+        w: &[u8],
+        acts: &Q8Acts,
+        i0: usize,
+        mt: usize,
+        vals: &mut [f32; ACT_TILE],
+    ) {
+        unsafe { tile_any::<Avx2Dot>(kind, w, acts, i0, mt, vals) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    pub(super) unsafe fn tile_vnni(
+        kind: QKind,
+        w: &[u8],
+        acts: &Q8Acts,
+        i0: usize,
+        mt: usize,
+        vals: &mut [f32; ACT_TILE],
+    ) {
+        unsafe { tile_any::<VnniDot>(kind, w, acts, i0, mt, vals) }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dequantize_row_avx2(kind: QKind, row: &[u8], out: &mut [f32]) {
+        let bb = kind.block_bytes();
+        assert!(out.len() >= row.len() / bb * QK);
+        let low = _mm_set1_epi8(15);
+        for (b, o) in out.chunks_exact_mut(QK).enumerate().take(row.len() / bb) {
+            // SAFETY: block b lies within `row`; `o` holds 32 floats.
+            let blk = unsafe { row.as_ptr().add(b * bb) };
+            let d = _mm256_set1_ps(unsafe { f16_to_f32(blk) });
+            let op = o.as_mut_ptr();
+            match kind {
+                QKind::Q4_1 => {
+                    let mn = _mm256_set1_ps(unsafe { f16_to_f32(blk.add(2)) });
+                    let qs = unsafe { _mm_loadu_si128(blk.add(4) as *const __m128i) };
+                    let halves = [
+                        _mm_and_si128(qs, low),
+                        _mm_and_si128(_mm_srli_epi16(qs, 4), low),
+                    ];
+                    for (h, bytes) in halves.into_iter().enumerate() {
+                        let a = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+                        let c = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8)));
+                        unsafe {
+                            _mm256_storeu_ps(op.add(16 * h), _mm256_fmadd_ps(a, d, mn));
+                            _mm256_storeu_ps(op.add(16 * h + 8), _mm256_fmadd_ps(c, d, mn));
+                        }
+                    }
+                }
+                QKind::Q8_0 => {
+                    for part in 0..4 {
+                        let bytes =
+                            unsafe { _mm_loadl_epi64(blk.add(2 + 8 * part) as *const __m128i) };
+                        let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                        unsafe { _mm256_storeu_ps(op.add(8 * part), _mm256_mul_ps(v, d)) };
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn attend_row_avx2(
+        q: &[f32],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        keys: &[u32],
+        shape: HeadShape,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        attend_row_impl(q, k_pool, v_pool, keys, shape, scores, out);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn random(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn q4_1_matrix(rows: usize, cols: usize) -> QMatrix {
+        let mut data = Vec::new();
+        let vals = random(rows * cols / 2, 7);
+        for (b, chunk) in vals.chunks(16).enumerate() {
+            data.extend_from_slice(&half::f16::from_f32(0.01 + b as f32 * 1e-4).to_le_bytes());
+            data.extend_from_slice(&half::f16::from_f32(-0.07).to_le_bytes());
+            data.extend(chunk.iter().map(|v| (v.abs() * 255.0) as u8));
+        }
+        QMatrix::new(QKind::Q4_1, rows, cols, data).unwrap()
+    }
+
+    fn q8_0_matrix(rows: usize, cols: usize) -> QMatrix {
+        let mut data = Vec::new();
+        for (b, chunk) in random(rows * cols, 3).chunks(32).enumerate() {
+            data.extend_from_slice(&half::f16::from_f32(0.002 + b as f32 * 1e-5).to_le_bytes());
+            data.extend(chunk.iter().map(|v| (v * 127.0) as i8 as u8));
+        }
+        QMatrix::new(QKind::Q8_0, rows, cols, data).unwrap()
+    }
+
+    /// The SIMD int8 kernels, the f32 GEMM path and a plain f64 product of
+    /// the dequantized weights agree, for every activation tile size.
+    #[test]
+    fn matmuls_agree_with_dequantized_reference() {
+        for w in [q4_1_matrix(40, 96), q8_0_matrix(40, 96)] {
+            for m in [1, 3, 4, 7] {
+                let x = random(m * w.cols(), 11 + m as u32);
+                let mut dense = vec![0f32; w.rows() * w.cols()];
+                for r in 0..w.rows() {
+                    w.dequantize_row(r, &mut dense[r * w.cols()..(r + 1) * w.cols()]);
+                }
+                let mut acts = Q8Acts::default();
+                acts.quantize(&x, m, w.cols());
+                let mut int8 = vec![0f32; m * w.rows()];
+                w.matmul_q8(&acts, m, &mut int8);
+                let mut f32_out = vec![0f32; m * w.rows()];
+                w.matmul_f32(&x, m, &mut f32_out, &mut Vec::new());
+                let mut scalar = [0f32; ACT_TILE];
+                for i in 0..m {
+                    tile_scalar(w.kind, w.row(5), &acts, i, 1, &mut scalar);
+                    assert!((scalar[0] - int8[i * w.rows() + 5]).abs() < 1e-4);
+                    for r in 0..w.rows() {
+                        let exact: f64 = (0..w.cols())
+                            .map(|c| {
+                                f64::from(x[i * w.cols() + c]) * f64::from(dense[r * w.cols() + c])
+                            })
+                            .sum();
+                        let (a, b) = (int8[i * w.rows() + r], f32_out[i * w.rows() + r]);
+                        assert!((f64::from(b) - exact).abs() < 1e-4, "f32 {b} vs {exact}");
+                        assert!(
+                            (f64::from(a) - exact).abs() < 0.02 * (1.0 + exact.abs()),
+                            "int8 {a} vs {exact}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
