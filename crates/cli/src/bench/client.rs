@@ -27,6 +27,8 @@ pub(crate) struct RequestSettings {
     pub(crate) namespace: Option<String>,
     /// Sampling temperature (0 is greedy).
     pub(crate) temperature: f32,
+    /// Generate exactly `max_tokens`, past the model's end-of-sequence token.
+    pub(crate) ignore_eos: bool,
 }
 
 /// A DEALER connected to a router.
@@ -154,6 +156,7 @@ impl Transport for ZmqTransport {
         generate.namespace.clone_from(&self.settings.namespace);
         generate.max_tokens = request.max_tokens;
         generate.temperature = self.settings.temperature;
+        generate.ignore_eos = self.settings.ignore_eos;
         generate.seed = Some(request.seed);
         generate.stream = true;
         let frame = encode(&ClientRequest::Generate(generate))?;
@@ -199,6 +202,7 @@ mod tests {
             model: Some("smol".into()),
             namespace: None,
             temperature: 0.0,
+            ignore_eos: false,
         }
     }
 

@@ -143,6 +143,12 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 0.0)]
     pub(crate) temperature: f32,
 
+    /// Generate exactly the output length asked for, past the model's
+    /// end-of-sequence token (as vLLM's --ignore-eos), so runs compare
+    /// equal work. Also sent to --compare-url (llama-server and vLLM honour it).
+    #[arg(long)]
+    pub(crate) ignore_eos: bool,
+
     /// Fail a request with no terminal reply after this many seconds.
     #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
     pub(crate) timeout: f64,
@@ -198,6 +204,7 @@ pub(crate) fn run_report(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         model: args.model.clone(),
         namespace: args.namespace.clone(),
         temperature: args.temperature,
+        ignore_eos: args.ignore_eos,
     };
     let context = zmq::Context::new();
     let mut zmq = ZmqTransport::connect(&context, &args.router, settings.clone(), PING_WAIT)?;

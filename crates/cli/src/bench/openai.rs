@@ -32,6 +32,7 @@ pub(crate) struct OpenAiTransport {
     url: String,
     model: Option<String>,
     temperature: f32,
+    ignore_eos: bool,
     sender: mpsc::Sender<Event>,
     receiver: mpsc::Receiver<Event>,
 }
@@ -72,6 +73,7 @@ impl OpenAiTransport {
             url,
             model,
             temperature: settings.temperature,
+            ignore_eos: settings.ignore_eos,
             sender,
             receiver,
         }
@@ -93,6 +95,11 @@ impl Transport for OpenAiTransport {
             "stream": true,
             "stream_options": {"include_usage": true},
         });
+        if self.ignore_eos
+            && let Some(map) = body.as_object_mut()
+        {
+            map.insert("ignore_eos".into(), Value::from(true));
+        }
         if let (Some(model), Some(map)) = (&self.model, body.as_object_mut()) {
             map.insert("model".into(), Value::from(model.clone()));
         }
@@ -311,6 +318,7 @@ mod tests {
             model: None,
             namespace: None,
             temperature: 0.0,
+            ignore_eos: false,
         };
         let mut transport = OpenAiTransport::new(&server.url, &settings, Duration::from_secs(10));
         assert_eq!(transport.model.as_deref(), Some("fake-model"));

@@ -159,7 +159,11 @@ impl EngineLoop {
             prompt_tokens: prompt.len(),
             sampler: Sampler::new(params, &prompt),
             stop: StopTokens::new(
-                self.text.eos_token_ids(),
+                if request.ignore_eos {
+                    &[]
+                } else {
+                    self.text.eos_token_ids()
+                },
                 &request.stop_token_ids,
                 request.max_tokens as usize,
             ),
