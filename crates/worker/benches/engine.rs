@@ -12,6 +12,7 @@ use zinfer_protocol::{GenerateRequest, Timings, Usage};
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, load};
+use zinfer_worker::sampling::{Sampler, SamplingParams};
 
 /// Runs per figure; the median is reported.
 const REPEATS: usize = 3;
@@ -103,6 +104,40 @@ fn long_text() -> String {
             )
         })
         .collect()
+}
+
+/// Median time of one draw with top-k 40 and top-p 0.95, and greedy.
+fn sampling_cost() -> String {
+    let row: Vec<f32> = (0..49_152u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 20) as f32 / 512.0)
+        .collect();
+    let time = |params: SamplingParams| {
+        let mut sampler = Sampler::new(params, &[]);
+        let mut times: Vec<f64> = (0..200)
+            .map(|_| {
+                let mut logits = row.clone();
+                let start = Instant::now();
+                std::hint::black_box(sampler.sample(&mut logits).unwrap());
+                start.elapsed().as_secs_f64() * 1e6
+            })
+            .collect();
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    };
+    let greedy = time(SamplingParams::greedy());
+    let nucleus = time(SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.95,
+        ..SamplingParams::greedy()
+    });
+    let full = time(SamplingParams {
+        temperature: 0.8,
+        top_p: 0.95,
+        repetition_penalty: 1.1,
+        ..SamplingParams::greedy()
+    });
+    format!("greedy {greedy:.0} us, top-k 40 + top-p {nucleus:.0} us, top-p only {full:.0} us")
 }
 
 fn peak_rss_mib() -> Option<f64> {
@@ -215,7 +250,12 @@ fn main() {
         println!("| {key:width$} | {value} |");
     }
     println!(
-        "\nsteps {}, forward time {:.1} s, preemptions {}",
-        stats.steps, stats.forward_s, stats.preemptions
+        "\nsteps {}, forward {:.1} s, engine overhead (step - forward) {:.3} ms/step, \
+         preemptions {}",
+        stats.steps,
+        stats.forward_s,
+        (stats.step_s - stats.forward_s) * 1e3 / stats.steps.max(1) as f64,
+        stats.preemptions
     );
+    println!("sampling one 49,152-logit row: {}", sampling_cost());
 }

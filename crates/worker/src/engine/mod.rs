@@ -221,6 +221,9 @@ pub struct EngineStats {
     pub prefill_tokens: u64,
     /// Time spent in forward passes, seconds.
     pub forward_s: f64,
+    /// Time spent in whole steps (scheduling, forward, sampling, text,
+    /// events), seconds; minus `forward_s` it is the engine's overhead.
+    pub step_s: f64,
     /// Submission to admission.
     pub queue_time: LatencySummary,
     /// Admission to first token.

@@ -103,7 +103,9 @@ impl EngineLoop {
             for rid in self.scheduler.expire(Instant::now()) {
                 self.finish(rid, FinishReason::Deadline);
             }
+            let started = Instant::now();
             self.step();
+            self.stats.step_s += started.elapsed().as_secs_f64();
             self.publish();
         }
         self.fail_all(
