@@ -74,6 +74,7 @@ fn tokens_request(tokens: &[u32], max_tokens: u32) -> GenerateRequest {
         tokens: Some(tokens.to_vec()),
         temperature: 0.0,
         max_tokens,
+        ignore_eos: true,
         ..GenerateRequest::from_prompt("bench", "")
     }
 }

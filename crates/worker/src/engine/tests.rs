@@ -283,6 +283,22 @@ fn stop_token_ids_and_chat_messages_work() {
 }
 
 #[test]
+fn ignore_eos_generates_past_the_end_of_the_script() {
+    let handle = engine(Mode::Script, 256, 0, EngineConfig::default());
+    let script_tokens = SCRIPT.len() as u32 + 1;
+    let request = GenerateRequest {
+        ignore_eos: true,
+        ..greedy("hi\n", script_tokens + 5)
+    };
+    handle.submit(request, 5).unwrap();
+    let events = collect(&handle, 5);
+    assert_eq!(streamed_text(&events), format!("{SCRIPT}Hello"));
+    let (reason, _, usage) = done(&events);
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!(usage.completion_tokens, script_tokens + 5);
+}
+
+#[test]
 fn refusals_come_from_submit_with_their_codes() {
     let handle = engine(Mode::Script, 16, 0, EngineConfig::default());
     let code = |result: Result<(), EngineError>| result.unwrap_err().code();
