@@ -67,6 +67,46 @@ fn streaming_and_non_streaming_generate() {
 }
 
 #[test]
+fn ignore_eos_generates_exactly_max_tokens() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let client = cluster.client();
+    let mut request = greedy("e1", "", 64);
+    request.prompt = None;
+    request.messages = Some(vec![
+        zinfer_protocol::ChatMessage {
+            role: "system".into(),
+            content: "Answer in one short sentence.".into(),
+        },
+        zinfer_protocol::ChatMessage {
+            role: "user".into(),
+            content: "What is the capital of France?".into(),
+        },
+    ]);
+    let natural = client.generate(request.clone());
+    let Some(ClientReply::Done { usage, .. }) = natural.terminal else {
+        panic!("no done: {natural:?}");
+    };
+    assert!(
+        usage.completion_tokens < 64,
+        "the model stops by itself here, so the test can see ignore_eos matter: {natural:?}"
+    );
+    request.id = "e2".into();
+    request.ignore_eos = true;
+    let forced = client.generate(request);
+    match forced.terminal {
+        Some(ClientReply::Done {
+            finish_reason,
+            usage,
+            ..
+        }) => {
+            assert_eq!(finish_reason, FinishReason::Length);
+            assert_eq!(usage.completion_tokens, 64);
+        }
+        other => panic!("expected done, got {other:?}"),
+    }
+}
+
+#[test]
 fn concurrent_clients_each_get_one_terminal_message() {
     let cluster = Cluster::start("least_load", 1);
     let clients: Vec<Client> = (0..32).map(|_| cluster.client()).collect();
@@ -95,11 +135,9 @@ fn cancel_mid_stream_frees_the_sequence() {
     let idle_running = cluster.worker_info("w0").unwrap().load.running;
     assert_eq!(idle_running, 0);
     let client = cluster.client();
-    client.send(&ClientRequest::Generate(greedy(
-        "c1",
-        "1, 2, 3, 4, 5, 6, 7, 8,",
-        2000,
-    )));
+    let mut request = greedy("c1", "1, 2, 3, 4, 5, 6, 7, 8,", 2000);
+    request.ignore_eos = true;
+    client.send(&ClientRequest::Generate(request));
     let first = client.recv(Duration::from_secs(60));
     assert!(
         matches!(first, Some(ClientReply::Chunk { .. })),
@@ -165,11 +203,9 @@ fn cache_aware_keeps_a_shared_prefix_on_one_worker_round_robin_spreads() {
 fn killing_a_worker_mid_stream_gives_worker_lost_and_the_router_keeps_serving() {
     let mut cluster = Cluster::start("least_load", 1);
     let client = cluster.client();
-    client.send(&ClientRequest::Generate(greedy(
-        "k1",
-        "1, 2, 3, 4, 5, 6, 7, 8,",
-        4000,
-    )));
+    let mut request = greedy("k1", "1, 2, 3, 4, 5, 6, 7, 8,", 4000);
+    request.ignore_eos = true;
+    client.send(&ClientRequest::Generate(request));
     let first = client.recv(Duration::from_secs(60));
     assert!(
         matches!(first, Some(ClientReply::Chunk { .. })),
