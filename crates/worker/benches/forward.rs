@@ -14,6 +14,35 @@ use zinfer_worker::model::{LoadOptions, SeqChunk, load};
 const PROMPT: &str = "The history of the city goes back many centuries, and its streets \
     still show the marks of every age that passed through them. ";
 
+/// CPU seconds this process has used (user + system), from /proc; on a
+/// shared machine `tokens / cpu` with one thread shows the kernel cost that
+/// wall time hides behind other processes.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit(')').next().unwrap_or("");
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| {
+        f.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
+    });
+    ticks / 100.0
+}
+
+/// Runs `f` and returns (wall seconds, CPU seconds).
+fn timed(f: impl FnOnce()) -> (f64, f64) {
+    let (t, c) = (Instant::now(), cpu_seconds());
+    f();
+    (t.elapsed().as_secs_f64(), cpu_seconds() - c)
+}
+
+fn report(what: &str, tokens: f64, runs: Vec<(f64, f64)>) {
+    let wall = median(runs.iter().map(|r| tokens / r.0).collect());
+    let cpu = median(runs.iter().map(|r| tokens / r.1.max(1e-9)).collect());
+    println!(
+        "{what}: {wall:.1} tok/s wall, {cpu:.1} tok/s per CPU-second (median of {})",
+        runs.len()
+    );
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -59,48 +88,43 @@ fn main() {
     let runs = 3;
     let mut prefill = Vec::new();
     for _ in 0..runs {
-        let t = Instant::now();
-        model
-            .forward(&[SeqChunk {
-                tokens: &prompt,
-                slots: &slots[..512],
-                start_pos: 0,
-            }])
-            .unwrap();
-        prefill.push(512.0 / t.elapsed().as_secs_f64());
+        let chunk = [SeqChunk {
+            tokens: &prompt,
+            slots: &slots[..512],
+            start_pos: 0,
+        }];
+        prefill.push(timed(|| {
+            model.forward(&chunk).unwrap();
+        }));
     }
-    println!(
-        "prefill 512 tokens: {:.1} tok/s (median of {runs})",
-        median(prefill)
-    );
+    report("prefill 512 tokens", 512.0, prefill);
 
     let steps = 64;
     let mut single = Vec::new();
     for _ in 0..runs {
         let start = 32;
-        let mut logits = model
-            .forward(&[SeqChunk {
-                tokens: &prompt[..start],
-                slots: &slots[..start],
-                start_pos: 0,
-            }])
-            .unwrap();
-        let t = Instant::now();
-        for pos in start..start + steps {
-            let tok = [argmax(&logits[0])];
-            logits = model
-                .forward(&[SeqChunk {
+        let first = [SeqChunk {
+            tokens: &prompt[..start],
+            slots: &slots[..start],
+            start_pos: 0,
+        }];
+        let mut logits = model.forward(&first).unwrap();
+        single.push(timed(|| {
+            for pos in start..start + steps {
+                let tok = [argmax(&logits[0])];
+                let chunk = [SeqChunk {
                     tokens: &tok,
                     slots: &slots[..=pos],
                     start_pos: pos,
-                }])
-                .unwrap();
-        }
-        single.push(steps as f64 / t.elapsed().as_secs_f64());
+                }];
+                logits = model.forward(&chunk).unwrap();
+            }
+        }));
     }
-    println!(
-        "decode, 1 stream: {:.1} tok/s (median of {runs}, {steps} steps after a 32-token prompt)",
-        median(single)
+    report(
+        "decode, 1 stream (64 steps after a 32-token prompt)",
+        steps as f64,
+        single,
     );
 
     let streams = 16;
@@ -120,22 +144,23 @@ fn main() {
             })
             .collect();
         let mut logits = model.forward(&chunks).unwrap();
-        let t = Instant::now();
-        for pos in prompt_len..prompt_len + steps {
-            let toks: Vec<[u32; 1]> = logits.iter().map(|l| [argmax(l)]).collect();
-            let chunks: Vec<SeqChunk> = (0..streams)
-                .map(|s| SeqChunk {
-                    tokens: &toks[s],
-                    slots: &seq_slots[s][..=pos],
-                    start_pos: pos,
-                })
-                .collect();
-            logits = model.forward(&chunks).unwrap();
-        }
-        multi.push((streams * steps) as f64 / t.elapsed().as_secs_f64());
+        multi.push(timed(|| {
+            for pos in prompt_len..prompt_len + steps {
+                let toks: Vec<[u32; 1]> = logits.iter().map(|l| [argmax(l)]).collect();
+                let chunks: Vec<SeqChunk> = (0..streams)
+                    .map(|s| SeqChunk {
+                        tokens: &toks[s],
+                        slots: &seq_slots[s][..=pos],
+                        start_pos: pos,
+                    })
+                    .collect();
+                logits = model.forward(&chunks).unwrap();
+            }
+        }));
     }
-    println!(
-        "decode, {streams} streams: {:.1} tok/s aggregate (median of {runs})",
-        median(multi)
+    report(
+        &format!("decode, {streams} streams, aggregate"),
+        (streams * steps) as f64,
+        multi,
     );
 }

@@ -17,7 +17,7 @@ const SAME_WEIGHTS_TOL: f32 = 2e-3;
 /// Ours vs `quantized_llama` with f16-stored (f32-computed) weights.
 const FLOAT_WEIGHTS_TOL: f32 = 1e-3;
 /// Ours vs `quantized_llama` on quantized weights (see the test's comment).
-const QUANT_TOL: f32 = 3.0;
+const QUANT_TOL: f32 = 1.5;
 
 fn load_default(kv_capacity: usize) -> LoadedModel {
     load(
@@ -137,6 +137,7 @@ fn last_logits_match_candle_quantized_llama_with_float_weights() {
     let reference = reference_logits(&f16, &ids);
     let _ = std::fs::remove_file(&f16);
     let diff = max_abs_diff(&ours, &reference);
+    eprintln!("float: max |ours - quantized_llama| = {diff}");
     assert!(
         diff < FLOAT_WEIGHTS_TOL,
         "max |ours - quantized_llama| = {diff}"
@@ -144,12 +145,12 @@ fn last_logits_match_candle_quantized_llama_with_float_weights() {
     assert_eq!(argmax(&ours), argmax(&reference));
 }
 
-/// On the shipped Q4_1 file: we compute with our own kernels (Q4_1 weights
-/// requantized to Q8_0, activations quantized to 8 bits), candle with its
-/// Q4_1 path, so requantization error and rounding flips add up over 30
-/// layers (about 1.5 logits here, while the two agree to 4e-5 with float
-/// weights). So: same top token, at least 4 of the same top 5, and logits
-/// within [`QUANT_TOL`].
+/// On the shipped Q4_1 file both sides use the same weights but quantize
+/// activations to 8 bits in their own kernels (ours: 32-value blocks, int8
+/// dot products), so roundings that differ add up over 30 layers: 0.74
+/// logits on this prompt, while the two agree to 3e-5 with float weights.
+/// So: same top token, at least 4 of the same top 5, and logits within
+/// [`QUANT_TOL`] (twice the measured gap).
 #[test]
 fn last_logits_agree_with_candle_quantized_llama_on_quantized_weights() {
     let path = test_model_path().unwrap();
@@ -157,6 +158,7 @@ fn last_logits_agree_with_candle_quantized_llama_on_quantized_weights() {
     let ours = our_logits(&path, &ids);
     let reference = reference_logits(&path, &ids);
     let diff = max_abs_diff(&ours, &reference);
+    eprintln!("quantized: max |ours - quantized_llama| = {diff}");
     assert!(diff < QUANT_TOL, "max |ours - quantized_llama| = {diff}");
     assert_eq!(argmax(&ours), argmax(&reference));
     let (a, b) = (top_k(&ours, 5), top_k(&reference, 5));

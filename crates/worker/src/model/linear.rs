@@ -127,7 +127,9 @@ impl Linear {
         ws: &mut Workspace,
     ) -> Result<(), ModelError> {
         match self {
-            Self::Quant(q) if m >= GEMM_MIN_ROWS => q.matmul_f32(x, m, out, &mut ws.scratch),
+            Self::Quant(q) if m >= GEMM_MIN_ROWS && !q.int8_always() => {
+                q.matmul_f32(x, m, out, &mut ws.scratch)
+            }
             Self::Quant(q) => {
                 ws.acts.quantize(x, m, q.cols());
                 q.matmul_q8(&ws.acts, m, out);

@@ -14,6 +14,7 @@ mod kv;
 mod linear;
 mod llama;
 mod safetensors;
+mod tiled;
 mod tokenizer;
 
 use std::path::{Path, PathBuf};
