@@ -11,12 +11,29 @@ use zinfer_protocol::{FinishReason, GenerateRequest, Usage};
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, load};
+use zinfer_worker::scheduler::SchedulerConfig;
 
 /// One engine at a time: the machine has few cores.
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A step budget under the model's 32-row switch from int8 dot products
+/// (activations quantized to Q8_0) to dequantized f32 GEMM. Across that
+/// switch the same token's logits move by up to ~1 (measured), so a batch
+/// of 8 prefills (160 rows) and the same prompts alone (20 rows each) take
+/// different paths and greedy tokens can differ. Under it every row takes
+/// one path, which is what these tests need to check the engine itself.
+fn one_matmul_path() -> EngineConfig {
+    EngineConfig {
+        scheduler: SchedulerConfig {
+            step_token_budget: 16,
+            ..SchedulerConfig::default()
+        },
+        ..EngineConfig::default()
+    }
 }
 
 fn start(kv_capacity: usize, config: EngineConfig) -> EngineHandle {
@@ -99,16 +116,18 @@ fn run_one(handle: &EngineHandle, rid: u64, request: GenerateRequest) -> Outcome
 #[test]
 fn a_prefix_cache_hit_changes_no_greedy_token() {
     let _serial = serial();
-    let handle = start(4096, EngineConfig::default());
-    let prompt = chat("Write three sentences about the history of the bicycle.");
+    let handle = start(4096, one_matmul_path());
+    let prompt = chat(
+        "The bicycle was invented in the nineteenth century and changed how people in \
+         cities and villages travelled to work, to school and to market. Write three \
+         sentences about the history of the bicycle.",
+    );
     let cold = run_one(&handle, 1, greedy(&prompt, 32));
     assert_eq!(cold.usage.cached_tokens, 0);
     let warm = run_one(&handle, 2, greedy(&prompt, 32));
-    assert!(
-        warm.usage.cached_tokens as usize >= prompt.len() / 8,
-        "expected a cache hit, got {:?}",
-        warm.usage
-    );
+    assert!(cold.usage.prompt_tokens > 32, "long enough for 3 chunks");
+    // Everything but the last prompt token (always fed) comes from the cache.
+    assert_eq!(warm.usage.cached_tokens, warm.usage.prompt_tokens - 1);
     assert_eq!(cold.tokens, warm.tokens);
     // A longer prompt that extends the first one hits too and agrees with
     // its own cold run.
@@ -124,7 +143,7 @@ fn a_prefix_cache_hit_changes_no_greedy_token() {
 #[test]
 fn eight_prompts_decoded_together_match_each_decoded_alone() {
     let _serial = serial();
-    let handle = start(8192, EngineConfig::default());
+    let handle = start(8192, one_matmul_path());
     let questions = [
         "What is the largest planet in the solar system?",
         "Name three primary colors.",
