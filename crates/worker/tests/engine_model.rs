@@ -21,11 +21,13 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 /// A step budget under the model's 32-row switch from int8 dot products
-/// (activations quantized to Q8_0) to dequantized f32 GEMM. Across that
-/// switch the same token's logits move by up to ~1 (measured), so a batch
-/// of 8 prefills (160 rows) and the same prompts alone (20 rows each) take
-/// different paths and greedy tokens can differ. Under it every row takes
-/// one path, which is what these tests need to check the engine itself.
+/// (activations quantized to Q8_0) to dequantized f32 GEMM, which it still
+/// makes on machines without AVX-512 VNNI. Across that switch the same
+/// token's logits moved by up to ~1 (measured before VNNI machines went
+/// int8-only), so a batch of 8 prefills (160 rows) and the same prompts
+/// alone (20 rows each) gave different greedy tokens. Under it every row
+/// takes one path on every machine, which is what these tests need to
+/// check the engine itself.
 fn one_matmul_path() -> EngineConfig {
     EngineConfig {
         scheduler: SchedulerConfig {
