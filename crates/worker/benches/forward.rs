@@ -43,6 +43,17 @@ fn report(what: &str, tokens: f64, runs: Vec<(f64, f64)>) {
     );
 }
 
+/// Resident set size of this process in MiB, from /proc.
+fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -80,9 +91,11 @@ fn main() {
         text.push_str(PROMPT);
     };
     let slots: Vec<u32> = (0..capacity as u32).collect();
+    let file_mib = std::fs::metadata(&path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64);
     println!(
-        "model {} loaded in {load_s:.2} s, {threads} threads",
-        path.display()
+        "model {} ({file_mib:.1} MiB) loaded in {load_s:.2} s, {threads} threads, RSS {:.1} MiB",
+        path.display(),
+        rss_mib()
     );
 
     let runs = 3;
@@ -162,5 +175,11 @@ fn main() {
         &format!("decode, {streams} streams, aggregate"),
         (streams * steps) as f64,
         multi,
+    );
+    // KV rows: 30 layers x (K + V) x 192 f32 = 45 KiB per slot, committed as slots are first written.
+    let touched_slots = (streams * span).max(512);
+    println!(
+        "RSS at the end {:.1} MiB ({touched_slots} KV slots written)",
+        rss_mib()
     );
 }

@@ -365,24 +365,38 @@ impl Q8Acts {
         self.d.resize(m * nb, 0.0);
         self.s.resize(m * nb, 0.0);
         self.q.resize(m * k, 0);
-        for (b, (xs, qs)) in x[..m * k]
-            .chunks_exact(QK)
-            .zip(self.q.chunks_exact_mut(QK))
-            .enumerate()
-        {
-            let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let d = amax / 127.0;
-            let id = if d > 0.0 { 1.0 / d } else { 0.0 };
-            let mut sum = 0i32;
-            for (q, v) in qs.iter_mut().zip(xs) {
-                let t = v * id;
-                // Round half away from zero without a libm call.
-                *q = (t + 0.5f32.copysign(t)) as i8;
-                sum += i32::from(*q);
-            }
-            self.d[b] = d;
-            self.s[b] = d * sum as f32;
+        #[cfg(target_arch = "x86_64")]
+        if level() != Level::Scalar {
+            // SAFETY: AVX2/FMA were detected at run time.
+            unsafe { x86::quantize_avx2(&x[..m * k], &mut self.q, &mut self.d, &mut self.s) };
+            return;
         }
+        quantize_blocks(&x[..m * k], &mut self.q, &mut self.d, &mut self.s);
+    }
+}
+
+/// Per 32-value block: `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
+#[inline(always)]
+fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (((xs, qs), d), s) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d).zip(s) {
+        let mut amax = [0f32; 8];
+        for c in xs.chunks_exact(8) {
+            for (a, v) in amax.iter_mut().zip(c) {
+                *a = a.max(v.abs());
+            }
+        }
+        let scale = amax.iter().fold(0f32, |a, &v| a.max(v)) / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let mut sum = [0i32; 8];
+        for (qc, xc) in qs.chunks_exact_mut(8).zip(xs.chunks_exact(8)) {
+            for ((qv, &v), acc) in qc.iter_mut().zip(xc).zip(sum.iter_mut()) {
+                let r = (v * inv).round_ties_even() as i32;
+                *qv = r as i8;
+                *acc += r;
+            }
+        }
+        *d = scale;
+        *s = scale * sum.iter().sum::<i32>() as f32;
     }
 }
 
@@ -681,6 +695,11 @@ mod x86 {
                 }
             }
         }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn quantize_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+        super::quantize_blocks(x, q, d, s);
     }
 
     #[target_feature(enable = "avx2,fma")]

@@ -118,6 +118,31 @@ impl Linear {
         }
     }
 
+    /// Several matrices applied to the same input (Q/K/V, gate/up): the
+    /// activations are quantized once for all of them.
+    pub(crate) fn forward_shared(
+        lins: &[&Linear],
+        outs: &mut [&mut [f32]],
+        x: &[f32],
+        m: usize,
+        ws: &mut Workspace,
+    ) -> Result<(), ModelError> {
+        let mut quantized = false;
+        for (lin, out) in lins.iter().zip(outs.iter_mut()) {
+            match lin {
+                Self::Quant(q) if q.int8_always() || m < GEMM_MIN_ROWS => {
+                    if !quantized {
+                        ws.acts.quantize(x, m, q.cols());
+                        quantized = true;
+                    }
+                    q.matmul_q8(&ws.acts, m, out);
+                }
+                _ => lin.forward(x, m, out, ws)?,
+            }
+        }
+        Ok(())
+    }
+
     /// `out[m, rows] = x[m, cols] @ W^T`.
     pub(crate) fn forward(
         &self,

@@ -170,9 +170,8 @@ impl ForwardModel for Llama {
         let ws = &mut self.ws;
         for (layer, b) in self.w.blocks.iter().enumerate() {
             rms_norm(&x, &b.attn_norm, eps, &mut h);
-            b.attn_q.forward(&h, n, &mut q, ws)?;
-            b.attn_k.forward(&h, n, &mut k, ws)?;
-            b.attn_v.forward(&h, n, &mut v, ws)?;
+            let qkv = [&b.attn_q, &b.attn_k, &b.attn_v];
+            Linear::forward_shared(&qkv, &mut [&mut q, &mut k, &mut v], &h, n, ws)?;
             rope_rows(
                 &self.cfg,
                 &self.cos,
@@ -196,8 +195,13 @@ impl ForwardModel for Llama {
             add(&mut x, &tmp);
 
             rms_norm(&x, &b.ffn_norm, eps, &mut h);
-            b.ffn_gate.forward(&h, n, &mut gate, ws)?;
-            b.ffn_up.forward(&h, n, &mut up, ws)?;
+            Linear::forward_shared(
+                &[&b.ffn_gate, &b.ffn_up],
+                &mut [&mut gate, &mut up],
+                &h,
+                n,
+                ws,
+            )?;
             for (g, u) in gate.iter_mut().zip(&up) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
             }
