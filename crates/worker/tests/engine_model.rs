@@ -8,6 +8,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use zinfer_protocol::{FinishReason, GenerateRequest, Usage};
+use zinfer_worker::detokenize::Detokenizer;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, load};
@@ -259,4 +260,46 @@ fn stop_strings_are_cut_and_never_streamed() {
     for chunk in &cut.chunks {
         assert!(!chunk.contains(&stop), "stop string leaked in {chunk:?}");
     }
+}
+
+#[test]
+fn the_real_tokenizer_streams_multibyte_text_without_splitting_it() {
+    let _serial = serial();
+    let loaded = load(&test_model_path().unwrap(), &LoadOptions::default()).unwrap();
+    let tokenizer = &loaded.tokenizer;
+    let text = "Grüße aus Köln — 東京タワー 🎉🦀 naïve café, ½ ≠ ∞.";
+    let ids = tokenizer.encode(text).unwrap();
+    assert!(ids.len() > 10);
+    let split = ids
+        .iter()
+        .any(|&id| tokenizer.decode(&[id]).unwrap().contains('\u{FFFD}'));
+    assert!(
+        split,
+        "some character must span tokens for this test to mean anything"
+    );
+    let mut detok = Detokenizer::new(&["∞".to_string()]);
+    let mut streamed = String::new();
+    let mut stopped = false;
+    for &id in &ids {
+        let delta = detok.push(tokenizer, id).unwrap();
+        assert!(
+            !delta.text.contains('\u{FFFD}'),
+            "split character: {delta:?}"
+        );
+        streamed.push_str(&delta.text);
+        if delta.stopped {
+            stopped = true;
+            break;
+        }
+    }
+    assert!(stopped, "the stop string is in the text");
+    assert_eq!(streamed, text[..text.find('∞').unwrap()]);
+    // Without stop strings the pieces add up to the whole text.
+    let mut detok = Detokenizer::new(&[]);
+    let mut whole = String::new();
+    for &id in &ids {
+        whole.push_str(&detok.push(tokenizer, id).unwrap().text);
+    }
+    whole.push_str(&detok.finish(tokenizer).unwrap().text);
+    assert_eq!(whole, text);
 }
