@@ -107,8 +107,15 @@ impl EngineHandle {
                 capacity: self.info.kv_capacity,
             });
         }
-        if !self.shared.inflight().insert(rid) {
-            return Err(EngineError::DuplicateRid(rid));
+        {
+            let mut inflight = self.shared.inflight();
+            if inflight.contains(&rid) {
+                return Err(EngineError::DuplicateRid(rid));
+            }
+            if inflight.len() >= self.config.max_requests {
+                return Err(EngineError::Overloaded(inflight.len()));
+            }
+            inflight.insert(rid);
         }
         let submission = Box::new(Submission {
             rid,
@@ -121,9 +128,7 @@ impl EngineHandle {
             Err(error) => {
                 self.shared.inflight().remove(&rid);
                 match error {
-                    TrySendError::Full(_) => {
-                        Err(EngineError::Overloaded(self.config.queue_capacity))
-                    }
+                    TrySendError::Full(_) => Err(EngineError::Overloaded(self.commands.len())),
                     TrySendError::Disconnected(_) => Err(EngineError::Stopped),
                 }
             }

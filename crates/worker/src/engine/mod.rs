@@ -32,8 +32,11 @@ pub struct EngineConfig {
     pub scheduler: SchedulerConfig,
     /// Radix cache eviction policy and page size.
     pub cache: CacheConfig,
-    /// Requests queued between the handle and the engine thread; beyond
-    /// this `submit` answers `overloaded`.
+    /// Most requests accepted and not yet ended (queued, waiting or
+    /// running); beyond it `submit` answers `overloaded` at once.
+    pub max_requests: usize,
+    /// Commands (submits, cancels, flushes) queued between the handle and
+    /// the engine thread; a full queue also answers `overloaded`.
     pub queue_capacity: usize,
     /// Events buffered for the socket loop; a full buffer pauses the engine.
     pub event_capacity: usize,
@@ -46,7 +49,8 @@ impl Default for EngineConfig {
         EngineConfig {
             scheduler: SchedulerConfig::default(),
             cache: CacheConfig::default(),
-            queue_capacity: 1024,
+            max_requests: 1024,
+            queue_capacity: 2048,
             event_capacity: 4096,
             limits: Limits::default(),
         }
@@ -125,8 +129,8 @@ pub enum EngineError {
         /// Pool capacity.
         capacity: usize,
     },
-    /// The engine's queue is full.
-    #[error("engine queue is full ({0} requests); retry with backoff")]
+    /// The engine holds as many requests as it may.
+    #[error("engine is full ({0} requests in flight or queued); retry with backoff")]
     Overloaded(usize),
     /// This rid is still in flight.
     #[error("request id {0} is already in flight; use a fresh id")]

@@ -348,6 +348,31 @@ fn a_full_queue_answers_overloaded_and_a_busy_rid_is_refused() {
 }
 
 #[test]
+fn more_requests_than_max_requests_are_refused_until_one_ends() {
+    let config = EngineConfig {
+        max_requests: 2,
+        ..EngineConfig::default()
+    };
+    let handle = engine(Mode::Hash, 256, 5, config);
+    handle.submit(greedy("a\n", 1_000), 1).unwrap();
+    handle.submit(greedy("b\n", 1_000), 2).unwrap();
+    let refused = handle.submit(greedy("c\n", 1), 3).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::Overloaded);
+    handle.cancel(1);
+    loop {
+        let event = handle
+            .events()
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap();
+        if event.is_terminal() {
+            assert_eq!(event.rid(), 1);
+            break;
+        }
+    }
+    handle.submit(greedy("c\n", 1), 3).unwrap();
+}
+
+#[test]
 fn cancel_and_deadline_end_requests_and_free_their_slots() {
     let handle = engine(Mode::Hash, 512, 5, EngineConfig::default());
     handle.submit(greedy("slow\n", 10_000), 1).unwrap();
