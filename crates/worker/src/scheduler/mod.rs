@@ -570,14 +570,17 @@ impl Scheduler {
     }
 
     /// Records a computed step: K/V of every item is written, and each
-    /// sampling item got `sampled[i]` (None when the engine drew nothing).
+    /// sampling item got `sampled[i]` (None when the engine drew nothing:
+    /// that chunk is planned again).
     /// A prompt whose prefill just completed goes into the cache.
     pub fn complete(&mut self, plan: &StepPlan, sampled: &[Option<u32>]) {
         for (index, item) in plan.items.iter().enumerate() {
             let Some(seq) = self.seqs.get_mut(&item.id) else {
                 continue;
             };
-            if seq.kv_len != item.start || seq.node.is_none() {
+            let token = sampled.get(index).copied().flatten();
+            // A sampling chunk without a token is recomputed next step.
+            if seq.kv_len != item.start || seq.node.is_none() || (item.sample && token.is_none()) {
                 continue;
             }
             seq.kv_len = item.start + item.len;
@@ -585,9 +588,7 @@ impl Scheduler {
                 seq.prefilled = true;
                 self.kv.cache_prefix(seq);
             }
-            if let Some(token) = sampled.get(index).copied().flatten() {
-                seq.tokens.push(token);
-            }
+            seq.tokens.extend(token);
         }
     }
 
@@ -613,7 +614,7 @@ impl Scheduler {
             .running
             .iter()
             .filter_map(|id| self.seqs.get(id))
-            .map(|seq| seq.slots.len() - seq.cache_len)
+            .map(|seq| seq.slots.len().saturating_sub(seq.cache_len))
             .sum();
         SchedulerStats {
             running: self.running.len(),

@@ -481,3 +481,17 @@ fn random_traffic_keeps_every_slot_accounted_for() {
     assert!(total_preemptions > 0, "the trace should force preemption");
     assert!(total_hits > 0, "the trace should hit the cache");
 }
+
+#[test]
+fn a_sampling_chunk_without_a_token_is_planned_again() {
+    let mut h = Harness::new(64, config(64));
+    h.submit(1, vec![1, 2, 3], 2, 0);
+    let plan = h.sched.schedule();
+    h.sched.complete(&plan, &[None]);
+    let again = h.sched.schedule();
+    assert_eq!(again.items, plan.items);
+    h.sched.complete(&again, &[Some(7)]);
+    assert_eq!(h.sched.tokens(1), Some(&[1, 2, 3, 7][..]));
+    let stats = h.sched.stats();
+    assert_eq!(stats.kv_free + stats.kv_held + stats.kv_cached, 64);
+}
