@@ -2,7 +2,7 @@
 //! prompt, single-stream decode and 16-stream batched decode.
 //!
 //! `cargo bench -p zinfer-worker --bench forward`; set `CANDLE_NUM_THREADS`
-//! to choose the thread count. Prints medians of a few runs.
+//! to choose the thread count (1 keeps every kernel on the calling thread). Prints medians of a few runs.
 
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -70,18 +70,23 @@ fn argmax(v: &[f32]) -> u32 {
 fn main() {
     let path = test_model_path().unwrap();
     let capacity = 16_384;
+    // The thread count follows CANDLE_NUM_THREADS, which also sizes candle's pool.
+    let threads: Option<usize> = std::env::var("CANDLE_NUM_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let t0 = Instant::now();
     let loaded = load(
         &path,
         &LoadOptions {
             kv_capacity: capacity,
+            threads,
             ..LoadOptions::default()
         },
     )
     .unwrap();
     let load_s = t0.elapsed().as_secs_f64();
     let mut model = loaded.model;
-    let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+    let threads = threads.unwrap_or_else(|| candle_core::utils::barrier_pool().n_workers() + 1);
     let mut text = String::new();
     let prompt = loop {
         let ids = loaded.tokenizer.encode(&text).unwrap();

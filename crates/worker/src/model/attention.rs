@@ -32,10 +32,12 @@ pub(crate) fn attend(
     keys: &[&[u32]],
     shape: HeadShape,
     out: &mut [f32],
+    parallel: bool,
 ) {
     let row_len = shape.n_heads * shape.head_dim;
     let out_rows: Vec<Mutex<&mut [f32]>> = out.chunks_mut(row_len).map(Mutex::new).collect();
-    candle_core::utils::barrier_pool().execute_chunked(keys.len(), |range| {
+    let macs = keys.iter().map(|k| k.len()).sum::<usize>() * 2 * row_len;
+    kernels::run_units(keys.len(), macs, parallel, |range| {
         let mut scores = Vec::new();
         for r in range {
             // Each row index is handed to exactly one thread, so the lock is uncontended.
@@ -202,7 +204,7 @@ mod tests {
         let slots: Vec<u32> = (0..rows as u32).map(|i| 37 - 7 * i).collect();
         let keys: Vec<&[u32]> = (0..rows).map(|r| &slots[..=r]).collect();
         let mut out = vec![0f32; rows * qd];
-        attend(&q, &k, &v, &keys, shape, &mut out);
+        attend(&q, &k, &v, &keys, shape, &mut out, true);
         for r in 0..rows {
             for h in 0..6 {
                 let g = h / 3;

@@ -36,7 +36,7 @@ pub(crate) fn load(
         reader: &mut reader,
     };
     let weights = weights(&mut gguf, &cfg)?;
-    let model = Llama::new(cfg, weights, options.kv_capacity)?;
+    let model = Llama::new(cfg, weights, options.kv_capacity, options.threads)?;
     Ok((model, tokenizer))
 }
 

@@ -34,6 +34,31 @@ const ROW_TILE: usize = 4;
 /// Dot products of one tile: `[weight row][activation row]`.
 type TileOut = [[f32; ACT_TILE]; ROW_TILE];
 
+/// Below this many multiply-adds a parallel region costs more than it saves,
+/// and on a busy machine a descheduled helper thread stalls it for a whole
+/// time slice: single-token decode steps stay on the calling thread.
+const PARALLEL_MIN_MACS: usize = 2_000_000;
+
+/// Runs `f` over `0..units`: on candle's pool when `parallel` and `macs` is
+/// worth it, inline otherwise.
+pub(crate) fn run_units(
+    units: usize,
+    macs: usize,
+    parallel: bool,
+    f: impl Fn(Range<usize>) + Sync,
+) {
+    if !parallel || macs < PARALLEL_MIN_MACS {
+        f(0..units);
+        return;
+    }
+    let pool = candle_core::utils::barrier_pool();
+    if pool.n_workers() == 0 {
+        f(0..units);
+    } else {
+        pool.execute_chunked(units, f);
+    }
+}
+
 /// Weight formats with kernels here (ggml block layouts).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum QKind {
@@ -185,14 +210,14 @@ impl QMatrix {
     }
 
     /// `out[m, rows] = x[m, cols] @ self^T` with int8 activations.
-    pub(crate) fn matmul_q8(&self, acts: &Q8Acts, m: usize, out: &mut [f32]) {
+    pub(crate) fn matmul_q8(&self, acts: &Q8Acts, m: usize, out: &mut [f32], parallel: bool) {
         assert_eq!(acts.blocks * QK, self.cols);
         assert!(acts.q.len() >= m * self.cols && out.len() >= m * self.rows);
         #[cfg(target_arch = "x86_64")]
         if self.tiled {
             let ptr = OutPtr(out.as_mut_ptr());
             let (kind, cols, rows, data) = (self.kind, self.cols, self.rows, &self.data);
-            candle_core::utils::barrier_pool().execute_chunked(rows / tiled::TILE, |tiles| {
+            run_units(rows / tiled::TILE, m * rows * cols, parallel, |tiles| {
                 // SAFETY: tiles are only built when AVX-512 VNNI was detected;
                 // each unit owns the 16 output columns of its tiles; the asserts
                 // above bound acts and out.
@@ -203,7 +228,7 @@ impl QMatrix {
         let units = self.rows.div_ceil(ROWS_PER_UNIT);
         let ptr = OutPtr(out.as_mut_ptr());
         let lvl = level();
-        candle_core::utils::barrier_pool().execute_chunked(units, |range| {
+        run_units(units, m * self.rows * self.cols, parallel, |range| {
             let rows = range.start * ROWS_PER_UNIT..(range.end * ROWS_PER_UNIT).min(self.rows);
             // SAFETY: each unit owns the output columns of its weight rows, in
             // every activation row; the assert above bounds all writes.
@@ -271,11 +296,18 @@ impl QMatrix {
 
     /// `out[m, rows] = x[m, cols] @ self^T` in f32: each thread dequantizes
     /// its share of weight rows into `scratch` and runs a GEMM on them.
-    pub(crate) fn matmul_f32(&self, x: &[f32], m: usize, out: &mut [f32], scratch: &mut Vec<f32>) {
+    pub(crate) fn matmul_f32(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+        parallel: bool,
+    ) {
         scratch.resize(self.rows * self.cols, 0.0);
         let wptr = OutPtr(scratch.as_mut_ptr());
         let (rows, cols) = (self.rows, self.cols);
-        gemm_split(x, m, rows, cols, out, |range| {
+        gemm_split(x, m, rows, cols, out, parallel, |range| {
             for r in range {
                 // SAFETY: row r of the scratch belongs to this unit alone, and
                 // the scratch holds rows * cols floats.
@@ -309,15 +341,20 @@ fn gemm_split(
     n: usize,
     k: usize,
     out: &mut [f32],
+    parallel: bool,
     weights: impl Fn(Range<usize>) -> *const f32 + Sync,
 ) {
     assert!(x.len() >= m * k && out.len() >= m * n);
-    let threads = candle_core::utils::barrier_pool().n_workers() + 1;
+    let threads = if parallel {
+        candle_core::utils::barrier_pool().n_workers() + 1
+    } else {
+        1
+    };
     let per = n.div_ceil(threads).next_multiple_of(16);
     let units = n.div_ceil(per);
     let optr = OutPtr(out.as_mut_ptr());
     let xptr = x.as_ptr() as usize;
-    candle_core::utils::barrier_pool().execute_chunked(units, |range| {
+    run_units(units, m * n * k, parallel, |range| {
         for unit in range {
             let cols = unit * per..((unit + 1) * per).min(n);
             let w = weights(cols.clone());
@@ -352,9 +389,18 @@ fn gemm_split(
 }
 
 /// `out[m, n] = x[m, k] @ w^T` for a dense row-major f32 `w` `[n, k]`.
-pub(crate) fn matmul_dense(w: &[f32], n: usize, k: usize, x: &[f32], m: usize, out: &mut [f32]) {
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_dense(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+    parallel: bool,
+) {
     assert_eq!(w.len(), n * k);
-    gemm_split(x, m, n, k, out, |_| w.as_ptr());
+    gemm_split(x, m, n, k, out, parallel, |_| w.as_ptr());
 }
 
 impl Q8Acts {
@@ -791,9 +837,9 @@ mod tests {
                 let mut acts = Q8Acts::default();
                 acts.quantize(&x, m, w.cols());
                 let mut int8 = vec![0f32; m * w.rows()];
-                w.matmul_q8(&acts, m, &mut int8);
+                w.matmul_q8(&acts, m, &mut int8, true);
                 let mut f32_out = vec![0f32; m * w.rows()];
-                w.matmul_f32(&x, m, &mut f32_out, &mut Vec::new());
+                w.matmul_f32(&x, m, &mut f32_out, &mut Vec::new(), true);
                 for i in 0..m {
                     for r in 0..w.rows() {
                         let exact: f64 = (0..w.cols())

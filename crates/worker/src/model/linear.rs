@@ -18,10 +18,12 @@ use super::kernels::{Q8Acts, QKind, QMatrix, matmul_dense};
 const GEMM_MIN_ROWS: usize = 32;
 
 /// Reusable buffers for matmuls, owned by the model.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Workspace {
     acts: Q8Acts,
     scratch: Vec<f32>,
+    /// Whether kernels may use candle's thread pool (false for one thread).
+    pub(crate) parallel: bool,
 }
 
 /// A `[rows, cols]` weight matrix applied as `x @ W^T`.
@@ -52,6 +54,18 @@ pub(crate) enum Embedding {
     Candle(Arc<QTensor>),
     /// Dense f32 rows.
     Dense { w: Arc<Vec<f32>>, cols: usize },
+}
+
+impl Workspace {
+    /// Buffers for a model that runs on `threads` threads (`None`: the pool's size).
+    pub(crate) fn new(threads: Option<usize>) -> Self {
+        let parallel = threads.unwrap_or(2) > 1;
+        Self {
+            acts: Q8Acts::default(),
+            scratch: Vec::new(),
+            parallel,
+        }
+    }
 }
 
 impl Linear {
@@ -135,7 +149,7 @@ impl Linear {
                         ws.acts.quantize(x, m, q.cols());
                         quantized = true;
                     }
-                    q.matmul_q8(&ws.acts, m, out);
+                    q.matmul_q8(&ws.acts, m, out, ws.parallel);
                 }
                 _ => lin.forward(x, m, out, ws)?,
             }
@@ -153,18 +167,18 @@ impl Linear {
     ) -> Result<(), ModelError> {
         match self {
             Self::Quant(q) if m >= GEMM_MIN_ROWS && !q.int8_always() => {
-                q.matmul_f32(x, m, out, &mut ws.scratch)
+                q.matmul_f32(x, m, out, &mut ws.scratch, ws.parallel)
             }
             Self::Quant(q) => {
                 ws.acts.quantize(x, m, q.cols());
-                q.matmul_q8(&ws.acts, m, out);
+                q.matmul_q8(&ws.acts, m, out, ws.parallel);
             }
             Self::Candle { m: mm, rows, cols } => {
                 let xt = Tensor::from_slice(&x[..m * cols], (m, *cols), &Device::Cpu)?;
                 let y = mm.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
                 out[..m * rows].copy_from_slice(&y);
             }
-            Self::Dense { w, rows, cols } => matmul_dense(w, *rows, *cols, x, m, out),
+            Self::Dense { w, rows, cols } => matmul_dense(w, *rows, *cols, x, m, out, ws.parallel),
         }
         Ok(())
     }

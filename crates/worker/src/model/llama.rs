@@ -63,6 +63,7 @@ impl Llama {
         cfg: LlamaConfig,
         w: Weights,
         kv_capacity: usize,
+        threads: Option<usize>,
     ) -> Result<Self, ModelError> {
         cfg.validate().map_err(ModelError::Format)?;
         check_shapes(&cfg, &w)?;
@@ -85,7 +86,7 @@ impl Llama {
             cos,
             sin,
             kv,
-            ws: Workspace::default(),
+            ws: Workspace::new(threads),
         })
     }
 
@@ -190,7 +191,15 @@ impl ForwardModel for Llama {
             );
             self.kv.write(layer, &plan.new_slots, &k, &v);
             let (k_pool, v_pool) = self.kv.layer(layer);
-            attend(&q, k_pool, v_pool, &plan.keys, shape, &mut attn);
+            attend(
+                &q,
+                k_pool,
+                v_pool,
+                &plan.keys,
+                shape,
+                &mut attn,
+                ws.parallel,
+            );
             b.attn_output.forward(&attn, n, &mut tmp, ws)?;
             add(&mut x, &tmp);
 

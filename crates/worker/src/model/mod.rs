@@ -53,8 +53,11 @@ pub trait ForwardModel {
 pub struct LoadOptions {
     /// Token slots in the KV pool (memory grows as slots are first written).
     pub kv_capacity: usize,
-    /// Compute threads; `None` keeps candle's default (one per core, or
-    /// `CANDLE_NUM_THREADS` / `RAYON_NUM_THREADS`).
+    /// Compute threads. `Some(1)` runs every kernel on the engine thread
+    /// (the robust choice when other processes share the cores: candle's pool
+    /// spins, and a descheduled helper stalls each step). `Some(n > 1)` or
+    /// `None` use candle's pool, whose size is read once per process from
+    /// `CANDLE_NUM_THREADS` (or `RAYON_NUM_THREADS`, else one per core).
     pub threads: Option<usize>,
     /// Device name; only `"cpu"` (or `"auto"`, which means cpu in this build).
     pub device: String,
@@ -157,7 +160,9 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelErro
 /// multi-threaded process is not sound, so the worker binary sets the
 /// variable before it starts threads and this only reports a mismatch.
 fn apply_threads(threads: Option<usize>) {
-    let Some(wanted) = threads else { return };
+    let Some(wanted) = threads.filter(|&n| n > 1) else {
+        return;
+    };
     let actual = candle_core::utils::barrier_pool().n_workers() + 1;
     if actual != wanted {
         tracing::warn!(
