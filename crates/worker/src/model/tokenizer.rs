@@ -357,3 +357,80 @@ fn md_f32s(m: &HashMap<String, Value>, key: &str) -> Result<Vec<f32>, ModelError
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
+
+    use super::*;
+
+    fn strings(v: &[&str]) -> Value {
+        Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect())
+    }
+
+    /// A SentencePiece (llama) vocabulary: merges follow the token scores,
+    /// spaces become `▁`, control tokens are special, and decoding drops the
+    /// leading space the normalizer added.
+    #[test]
+    fn sentencepiece_vocabulary_becomes_a_bpe() {
+        let tokens = [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "\u{2581}",
+            "h",
+            "e",
+            "l",
+            "o",
+            "\u{2581}h",
+            "el",
+            "lo",
+            "\u{2581}hel",
+            "\u{2581}hello",
+        ];
+        let scores = [
+            0.0, 0.0, 0.0, -10.0, -11.0, -12.0, -13.0, -14.0, -1.0, -2.0, -3.0, -5.0, -6.0,
+        ];
+        let types = [2u32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1];
+        let mut metadata = HashMap::new();
+        metadata.insert(
+            "tokenizer.ggml.model".to_string(),
+            Value::String("llama".to_string()),
+        );
+        metadata.insert("tokenizer.ggml.tokens".to_string(), strings(&tokens));
+        metadata.insert(
+            "tokenizer.ggml.scores".to_string(),
+            Value::Array(scores.iter().map(|&s| Value::F32(s)).collect()),
+        );
+        metadata.insert(
+            "tokenizer.ggml.token_type".to_string(),
+            Value::Array(types.iter().map(|&t| Value::U32(t)).collect()),
+        );
+        metadata.insert("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1));
+        metadata.insert("tokenizer.ggml.eos_token_id".to_string(), Value::U32(2));
+        let ct = Content {
+            magic: VersionedMagic::GgufV3,
+            metadata,
+            tensor_infos: HashMap::new(),
+            tensor_data_offset: 0,
+        };
+        let tok = ModelTokenizer::from_gguf(&ct).unwrap();
+
+        assert_eq!(tok.encode("hello").unwrap(), [12]);
+        assert_eq!(tok.encode("hell").unwrap(), [11, 6]);
+        assert_eq!(tok.encode("<s>hello hello</s>").unwrap(), [1, 12, 12, 2]);
+        assert_eq!(tok.decode(&[1, 12, 12, 2]).unwrap(), "hello hello");
+        assert_eq!(tok.eos_token_ids(), [2]);
+        // No template in the file: ChatML.
+        let chat = tok
+            .apply_chat_template(&[ChatMessage {
+                role: "user".to_string(),
+                content: "hi".to_string(),
+            }])
+            .unwrap();
+        assert_eq!(
+            chat,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+}
