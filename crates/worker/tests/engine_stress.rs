@@ -15,7 +15,7 @@ use zinfer_worker::scheduler::SchedulerConfig;
 
 #[test]
 fn random_requests_cancels_and_preemptions_leave_the_pool_whole() {
-    let capacity = 512;
+    let capacity = 384;
     let path = test_model_path().unwrap();
     let options = LoadOptions {
         kv_capacity: capacity,
@@ -25,7 +25,7 @@ fn random_requests_cancels_and_preemptions_leave_the_pool_whole() {
         scheduler: SchedulerConfig {
             max_batch: 8,
             step_token_budget: 128,
-            decode_reserve: 4,
+            decode_reserve: 0,
             shared_prefix_hold: 16,
         },
         ..EngineConfig::default()
@@ -37,32 +37,32 @@ fn random_requests_cancels_and_preemptions_leave_the_pool_whole() {
         "<|im_start|>user\nContinue the list: apples, pears, ",
         "Once upon a time",
     ];
-    let mut terminal: HashMap<u64, EngineEvent> = HashMap::new();
-    let mut submitted = 0u64;
+    let words = ["cat", "river", "blue", "seven", "quietly", "mountain"];
     let total = 40u64;
+    // All at once, so the running batch stays full and its decodes outgrow
+    // the pool; a few are cancelled while they wait.
+    for rid in 0..total {
+        let stem = stems[rng.random_range(0..stems.len())];
+        let tail: Vec<&str> = (0..rng.random_range(1..40))
+            .map(|_| words[rng.random_range(0..words.len())])
+            .collect();
+        let request = GenerateRequest {
+            temperature: if rng.random_bool(0.5) { 0.0 } else { 0.8 },
+            seed: Some(rng.random()),
+            max_tokens: rng.random_range(16..96),
+            priority: rng.random_range(0..2),
+            ..GenerateRequest::from_prompt("s", format!("{stem}{}", tail.join(" ")))
+        };
+        handle.submit(request, rid).unwrap();
+        if rng.random_bool(0.1) {
+            handle.cancel(rng.random_range(0..=rid));
+        }
+    }
+    let mut terminal: HashMap<u64, EngineEvent> = HashMap::new();
     let mut last_chunk: HashMap<u64, u32> = HashMap::new();
     let started = Instant::now();
     while terminal.len() < total as usize {
-        if submitted < total && rng.random_bool(0.5) {
-            let stem = stems[rng.random_range(0..stems.len())];
-            let words = ["cat", "river", "blue", "seven", "quietly", "mountain"];
-            let tail: Vec<&str> = (0..rng.random_range(1..40))
-                .map(|_| words[rng.random_range(0..words.len())])
-                .collect();
-            let request = GenerateRequest {
-                temperature: if rng.random_bool(0.5) { 0.0 } else { 0.8 },
-                seed: Some(rng.random()),
-                max_tokens: rng.random_range(1..128),
-                priority: rng.random_range(0..2),
-                ..GenerateRequest::from_prompt("s", format!("{stem}{}", tail.join(" ")))
-            };
-            handle.submit(request, submitted).unwrap();
-            submitted += 1;
-            if rng.random_bool(0.15) {
-                handle.cancel(rng.random_range(0..submitted));
-            }
-        }
-        match handle.events().recv_timeout(Duration::from_millis(20)) {
+        match handle.events().recv_timeout(Duration::from_millis(100)) {
             Ok(event) => {
                 let rid = event.rid();
                 assert!(
@@ -73,6 +73,10 @@ fn random_requests_cancels_and_preemptions_leave_the_pool_whole() {
                     let expected = last_chunk.get(&rid).map_or(0, |i| i + 1);
                     assert_eq!(index, expected, "chunk order of {rid}");
                     last_chunk.insert(rid, index);
+                    // Cancel some while they run.
+                    if rng.random_bool(0.004) {
+                        handle.cancel(rid);
+                    }
                 } else {
                     terminal.insert(rid, event);
                 }
