@@ -367,3 +367,22 @@ fn bad_batches_are_errors_not_panics() {
     assert_eq!(m.model.kv_capacity(), 16);
     assert_eq!(m.model.vocab_size(), 49152);
 }
+
+/// The same model stored as Q4_0 (candle's kernels), Q5_1 (requantized to
+/// Q8_0 at load) and Q8_0 (our kernels) predicts the same next token as
+/// the shipped Q4_1 file, with most of the same top 5.
+#[test]
+fn other_weight_types_load_and_agree() {
+    let path = test_model_path().unwrap();
+    let ids = prompt_ids(&load_default(8));
+    let shipped = our_logits(&path, &ids);
+    for to in [GgmlDType::Q4_0, GgmlDType::Q5_1, GgmlDType::Q8_0] {
+        let converted = write_converted(&path, &[GgmlDType::Q4_1], to, &format!("{to:?}"));
+        let logits = our_logits(&converted, &ids);
+        let _ = std::fs::remove_file(&converted);
+        assert_eq!(argmax(&logits), argmax(&shipped), "{to:?}");
+        let (a, b) = (top_k(&logits, 5), top_k(&shipped, 5));
+        let shared = a.iter().filter(|i| b.contains(i)).count();
+        assert!(shared >= 3, "{to:?}: top-5 {a:?} vs {b:?}");
+    }
+}

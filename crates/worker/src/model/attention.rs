@@ -2,8 +2,9 @@
 //!
 //! Each query row attends to its own sequence's slots up to and including
 //! its position, which gives causal attention within a prefill chunk and
-//! attention over the cached prefix in one rule. Rows run in parallel on
-//! candle's thread pool, so this shares threads with the matmuls.
+//! attention over the cached prefix in one rule. When the model runs on
+//! several threads and the step is big enough, rows run in parallel on
+//! candle's thread pool, shared with the matmuls.
 
 use std::sync::Mutex;
 
