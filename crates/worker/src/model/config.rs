@@ -22,12 +22,20 @@ pub struct LlamaConfig {
     pub rope_theta: f32,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
-    /// Longest sequence the RoPE tables cover.
+    /// Longest sequence the RoPE tables cover: the model's context, capped at
+    /// [`MAX_POSITIONS`] so a 128k-context model does not spend memory on
+    /// tables it will not use.
     pub max_positions: usize,
+    /// Per-frequency RoPE divisors (GGUF `rope_freqs.weight`, Llama 3.1 style
+    /// long-context scaling); empty for plain RoPE.
+    pub rope_freq_factors: Vec<f32>,
     /// GGUF files store Q/K rows permuted for interleaved RoPE; Hugging Face
     /// checkpoints rotate the two halves of each head instead.
     pub rope_interleaved: bool,
 }
+
+/// Upper bound on [`LlamaConfig::max_positions`].
+pub const MAX_POSITIONS: usize = 32_768;
 
 impl LlamaConfig {
     /// Width of the key (and value) projection output.
@@ -54,6 +62,13 @@ impl LlamaConfig {
         }
         if self.max_positions == 0 {
             return Err("model config has no context length".to_string());
+        }
+        if !self.rope_freq_factors.is_empty() && self.rope_freq_factors.len() != self.head_dim / 2 {
+            return Err(format!(
+                "rope_freqs has {} factors, expected {}",
+                self.rope_freq_factors.len(),
+                self.head_dim / 2
+            ));
         }
         Ok(())
     }

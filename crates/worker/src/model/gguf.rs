@@ -9,6 +9,7 @@ use candle_core::Device;
 use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::{Content, Value};
 
+use super::config::MAX_POSITIONS;
 use super::linear::{Embedding, Linear};
 use super::llama::{Block, Weights};
 use super::{Llama, LlamaConfig, LoadOptions, ModelError, ModelTokenizer};
@@ -29,12 +30,15 @@ pub(crate) fn load(
             path.display()
         ))
     })?;
-    let cfg = config(&content)?;
+    let mut cfg = config(&content)?;
     let tokenizer = ModelTokenizer::from_gguf(&content)?;
     let mut gguf = Gguf {
         content: &content,
         reader: &mut reader,
     };
+    if content.tensor_infos.contains_key("rope_freqs.weight") {
+        cfg.rope_freq_factors = gguf.vector("rope_freqs.weight")?;
+    }
     let weights = weights(&mut gguf, &cfg)?;
     let model = Llama::new(cfg, weights, options.kv_capacity, options.threads)?;
     Ok((model, tokenizer))
@@ -151,7 +155,10 @@ fn config(ct: &Content) -> Result<LlamaConfig, ModelError> {
         vocab,
         rope_theta: get_f32(md, "llama.rope.freq_base").unwrap_or(10_000.0),
         rms_eps: get_f32(md, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
-        max_positions: get_usize(md, "llama.context_length").unwrap_or(4096),
+        max_positions: get_usize(md, "llama.context_length")
+            .unwrap_or(4096)
+            .min(MAX_POSITIONS),
+        rope_freq_factors: Vec::new(),
         rope_interleaved: true,
     })
 }

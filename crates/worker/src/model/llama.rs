@@ -72,8 +72,10 @@ impl Llama {
         let mut sin = Vec::with_capacity(cfg.max_positions * half);
         for p in 0..cfg.max_positions {
             for i in 0..half {
-                let inv_freq =
-                    1.0 / f64::from(cfg.rope_theta).powf(2.0 * i as f64 / cfg.head_dim as f64);
+                let factor = cfg.rope_freq_factors.get(i).map_or(1.0, |&f| f64::from(f));
+                let inv_freq = 1.0
+                    / f64::from(cfg.rope_theta).powf(2.0 * i as f64 / cfg.head_dim as f64)
+                    / factor;
                 let angle = p as f64 * inv_freq;
                 cos.push(angle.cos() as f32);
                 sin.push(angle.sin() as f32);

@@ -19,7 +19,7 @@ mod tokenizer;
 
 use std::path::{Path, PathBuf};
 
-pub use config::LlamaConfig;
+pub use config::{LlamaConfig, MAX_POSITIONS};
 pub use llama::Llama;
 pub use tokenizer::ModelTokenizer;
 

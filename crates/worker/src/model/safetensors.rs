@@ -11,6 +11,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
+use super::config::MAX_POSITIONS;
 use super::linear::{Embedding, Linear};
 use super::llama::{Block, Weights};
 use super::{Llama, LlamaConfig, LoadOptions, ModelError, ModelTokenizer};
@@ -83,7 +84,8 @@ pub(crate) fn load(
         vocab: hf.vocab_size,
         rope_theta: hf.rope_theta,
         rms_eps: hf.rms_norm_eps,
-        max_positions: hf.max_position_embeddings,
+        max_positions: hf.max_position_embeddings.min(MAX_POSITIONS),
+        rope_freq_factors: Vec::new(),
         rope_interleaved: false,
     };
     let eos: Vec<u32> = match &hf.eos_token_id {
