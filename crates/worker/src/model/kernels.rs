@@ -522,11 +522,16 @@ pub(crate) fn attend_row(
     out: &mut [f32],
 ) {
     #[cfg(target_arch = "x86_64")]
-    if level() != Level::Scalar {
+    match level() {
+        // SAFETY: AVX-512 was detected at run time.
+        Level::Avx512Vnni => unsafe {
+            x86::attend_row_avx512(q, k_pool, v_pool, keys, shape, scores, out)
+        },
         // SAFETY: AVX2/FMA were detected at run time.
-        unsafe { x86::attend_row_avx2(q, k_pool, v_pool, keys, shape, scores, out) };
-        return;
+        Level::Avx2 => unsafe { x86::attend_row_avx2(q, k_pool, v_pool, keys, shape, scores, out) },
+        Level::Scalar => attend_row_impl(q, k_pool, v_pool, keys, shape, scores, out),
     }
+    #[cfg(not(target_arch = "x86_64"))]
     attend_row_impl(q, k_pool, v_pool, keys, shape, scores, out);
 }
 
@@ -746,6 +751,19 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn quantize_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
         super::quantize_blocks(x, q, d, s);
+    }
+
+    #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+    pub(super) unsafe fn attend_row_avx512(
+        q: &[f32],
+        k_pool: &[f32],
+        v_pool: &[f32],
+        keys: &[u32],
+        shape: HeadShape,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        attend_row_impl(q, k_pool, v_pool, keys, shape, scores, out);
     }
 
     #[target_feature(enable = "avx2,fma")]
