@@ -112,7 +112,7 @@ const MAX_GROUP: usize = 16;
 /// relative: a degree-6 polynomial on `x - n ln 2` scaled by `2^n`. Plain
 /// arithmetic, so the softmax loop vectorizes (libm's `expf` does not).
 #[inline(always)]
-fn exp_nonpositive(x: f32) -> f32 {
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
     let x = x.max(-87.0);
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;

@@ -8,6 +8,7 @@
 //! attention run on [`super::kernels`].
 
 use super::attention::{HeadShape, attend};
+use super::kernels;
 use super::kv::KvPool;
 use super::linear::{Embedding, Linear, Workspace};
 use super::{ForwardModel, LlamaConfig, ModelError, SeqChunk};
@@ -213,9 +214,7 @@ impl ForwardModel for Llama {
                 n,
                 ws,
             )?;
-            for (g, u) in gate.iter_mut().zip(&up) {
-                *g = *g / (1.0 + (-*g).exp()) * u;
-            }
+            kernels::silu_mul(&mut gate, &up);
             b.ffn_down.forward(&gate, n, &mut tmp, ws)?;
             add(&mut x, &tmp);
         }

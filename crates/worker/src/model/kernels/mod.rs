@@ -20,7 +20,7 @@
 use std::ops::Range;
 use std::sync::OnceLock;
 
-use super::attention::{HeadShape, attend_row_impl};
+use super::attention::{HeadShape, attend_row_impl, exp_nonpositive};
 use super::tiled;
 
 /// Values per quantization block.
@@ -508,6 +508,31 @@ fn tile_scalar(
             }
         }
         *v = sum;
+    }
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]`, the llama MLP activation.
+pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        // SAFETY: AVX2/FMA were detected at run time.
+        unsafe { x86::silu_mul_avx2(gate, up) };
+        return;
+    }
+    silu_mul_impl(gate, up);
+}
+
+/// `silu(g) = g * sigmoid(g)`, with `e^-|g|` so the exponent never overflows.
+#[inline(always)]
+fn silu_mul_impl(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        let e = exp_nonpositive(-g.abs());
+        let sigmoid = if *g >= 0.0 {
+            1.0 / (1.0 + e)
+        } else {
+            e / (1.0 + e)
+        };
+        *g = *g * sigmoid * u;
     }
 }
 

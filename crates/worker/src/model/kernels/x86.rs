@@ -227,6 +227,11 @@ pub(super) unsafe fn attend_row_avx512(
 }
 
 #[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    super::silu_mul_impl(gate, up);
+}
+
+#[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn attend_row_avx2(
     q: &[f32],
     k_pool: &[f32],
