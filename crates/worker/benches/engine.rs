@@ -2,7 +2,8 @@
 //! default model: prefill of a 512-token prompt, decode with 1/4/8/16
 //! streams, TTFT of a 1,000-token prompt cold and with 950 tokens cached,
 //! and peak RSS. Run: `cargo bench -p zinfer-worker --bench engine`.
-//! Set CANDLE_NUM_THREADS to pin the thread count.
+//! ZINFER_THREADS=1 keeps every kernel on the engine thread (steadier on
+//! shared cores); CANDLE_NUM_THREADS sizes candle's pool otherwise.
 #![allow(clippy::unwrap_used)] // a benchmark may unwrap (team rules)
 
 use std::collections::HashMap;
@@ -151,12 +152,23 @@ fn peak_rss_mib() -> Option<f64> {
 fn main() {
     let path = test_model_path().unwrap();
     let load_start = Instant::now();
-    let loaded = load(&path, &LoadOptions::default()).unwrap();
+    let threads: Option<usize> = std::env::var("ZINFER_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let options = LoadOptions {
+        threads,
+        ..LoadOptions::default()
+    };
+    let loaded = load(&path, &options).unwrap();
     let load_s = load_start.elapsed().as_secs_f64();
     let corpus = loaded.tokenizer.encode(&long_text()).unwrap();
     assert!(corpus.len() >= 1000, "corpus too short: {}", corpus.len());
     let handle = Engine::start(loaded, EngineConfig::default());
-    let threads = std::env::var("CANDLE_NUM_THREADS").unwrap_or_else(|_| "default".into());
+    let threads = match (threads, std::env::var("CANDLE_NUM_THREADS")) {
+        (Some(1), _) => "1 (engine thread only)".to_string(),
+        (_, Ok(n)) => format!("{n} (CANDLE_NUM_THREADS)"),
+        _ => "candle default".to_string(),
+    };
     let mut rid = 0u64;
     let mut rows: Vec<(String, String)> = Vec::new();
 
