@@ -17,6 +17,8 @@ pub(super) struct ModelInfo {
     pub(super) name: String,
     pub(super) vocab_size: usize,
     pub(super) kv_capacity: usize,
+    /// The model's context length.
+    pub(super) max_positions: usize,
 }
 
 /// A request on its way to the engine thread.
@@ -95,18 +97,22 @@ impl EngineHandle {
 
     /// Validates, tokenizes and queues a request. On `Ok` exactly one
     /// terminal event for `rid` follows; on `Err` none does.
-    pub fn submit(&self, request: GenerateRequest, rid: u64) -> Result<(), EngineError> {
+    pub fn submit(&self, mut request: GenerateRequest, rid: u64) -> Result<(), EngineError> {
         let arrival = Instant::now();
         request
             .validate(&self.config.limits)
             .map_err(|error| EngineError::BadRequest(error.to_string()))?;
         let prompt = self.tokenize(&request)?;
-        if prompt.len() + 1 > self.info.kv_capacity {
+        let capacity = self.info.kv_capacity.min(self.info.max_positions);
+        if prompt.len() + 1 > capacity {
             return Err(EngineError::PromptTooLong {
                 prompt: prompt.len(),
-                capacity: self.info.kv_capacity,
+                capacity,
             });
         }
+        // Output stops at the context length with `length`.
+        let room = u32::try_from(self.info.max_positions - prompt.len()).unwrap_or(u32::MAX);
+        request.max_tokens = request.max_tokens.min(room);
         {
             let mut inflight = self.shared.inflight();
             if inflight.contains(&rid) {

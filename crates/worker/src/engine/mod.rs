@@ -120,8 +120,8 @@ pub enum EngineError {
     BadRequest(String),
     /// The prompt does not fit the KV pool.
     #[error(
-        "prompt of {prompt} tokens does not fit this worker's KV pool of {capacity} tokens; \
-         shorten the prompt"
+        "prompt of {prompt} tokens does not fit this worker, which holds at most {capacity} \
+         tokens per sequence (KV pool and context length); shorten the prompt"
     )]
     PromptTooLong {
         /// Prompt tokens.
@@ -305,6 +305,7 @@ impl Engine {
             name,
             vocab_size: model.vocab_size(),
             kv_capacity: model.kv_capacity(),
+            max_positions: model.max_positions(),
         };
         let engine = run::EngineLoop::new(
             model,

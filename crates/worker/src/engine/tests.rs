@@ -55,6 +55,7 @@ struct FakeModel {
     mode: Mode,
     delay: Duration,
     kv: Vec<Option<State>>,
+    max_positions: usize,
 }
 
 fn chain(state: Option<State>, token: u32) -> State {
@@ -114,6 +115,9 @@ impl ForwardModel for FakeModel {
     fn kv_capacity(&self) -> usize {
         self.kv.len()
     }
+    fn max_positions(&self) -> usize {
+        self.max_positions
+    }
 }
 
 fn engine(mode: Mode, capacity: usize, delay_ms: u64, config: EngineConfig) -> EngineHandle {
@@ -121,6 +125,7 @@ fn engine(mode: Mode, capacity: usize, delay_ms: u64, config: EngineConfig) -> E
         mode,
         delay: Duration::from_millis(delay_ms),
         kv: vec![None; capacity],
+        max_positions: usize::MAX,
     };
     Engine::start_with("fake".into(), Box::new(model), Arc::new(Bytes), config)
 }
@@ -296,6 +301,36 @@ fn ignore_eos_generates_past_the_end_of_the_script() {
     let (reason, _, usage) = done(&events);
     assert_eq!(reason, FinishReason::Length);
     assert_eq!(usage.completion_tokens, script_tokens + 5);
+}
+
+#[test]
+fn the_context_length_ends_a_sequence_with_length_and_bounds_prompts() {
+    let model = FakeModel {
+        mode: Mode::Hash,
+        delay: Duration::ZERO,
+        kv: vec![None; 256],
+        max_positions: 12,
+    };
+    let handle = Engine::start_with(
+        "fake".into(),
+        Box::new(model),
+        Arc::new(Bytes),
+        EngineConfig::default(),
+    );
+    let request = GenerateRequest {
+        ignore_eos: true,
+        ..greedy("0123456789", 100)
+    };
+    handle.submit(request, 1).unwrap();
+    let (reason, _, usage) = done(&collect(&handle, 1));
+    assert_eq!(reason, FinishReason::Length);
+    assert_eq!(
+        usage.completion_tokens, 2,
+        "10 prompt + 2 output = 12 positions"
+    );
+    let refused = handle.submit(greedy(&"a".repeat(12), 1), 2).unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::PromptTooLong);
+    assert!(refused.to_string().contains("context length"), "{refused}");
 }
 
 #[test]

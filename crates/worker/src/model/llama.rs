@@ -238,6 +238,10 @@ impl ForwardModel for Llama {
     fn kv_capacity(&self) -> usize {
         self.kv.capacity()
     }
+
+    fn max_positions(&self) -> usize {
+        self.cfg.max_positions
+    }
 }
 
 /// Rotates each head of each row of `x` by its row's position.

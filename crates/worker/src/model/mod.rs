@@ -46,6 +46,11 @@ pub trait ForwardModel {
     fn vocab_size(&self) -> usize;
     /// Number of token slots in the KV pool (the TokenPool capacity).
     fn kv_capacity(&self) -> usize;
+    /// Longest sequence (prompt + output) the model can run: its context
+    /// length. The engine ends a sequence there instead of failing the batch.
+    fn max_positions(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// How to load a model; the KV pool is sized here because it lives with the model.
