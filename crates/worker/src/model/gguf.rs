@@ -141,9 +141,9 @@ fn config(ct: &Content) -> Result<LlamaConfig, ModelError> {
     let vocab = ct
         .tensor_infos
         .get("token_embd.weight")
-        .map(|t| t.shape.dims()[0])
+        .and_then(|t| t.shape.dims().first().copied())
         .ok_or_else(|| {
-            ModelError::Format("GGUF file has no tensor `token_embd.weight`".to_string())
+            ModelError::Format("GGUF file has no usable tensor `token_embd.weight`".to_string())
         })?;
     Ok(LlamaConfig {
         n_layers: get_usize(md, "llama.block_count")?,

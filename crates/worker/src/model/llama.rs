@@ -301,6 +301,13 @@ fn check_shapes(cfg: &LlamaConfig, w: &Weights) -> Result<(), ModelError> {
             w.blocks.len()
         )));
     }
+    let embd = w.token_embd.shape()?;
+    if embd != (cfg.vocab, cfg.hidden) {
+        return Err(ModelError::Format(format!(
+            "`token_embd` is {}x{}, the config needs {}x{}",
+            embd.0, embd.1, cfg.vocab, cfg.hidden
+        )));
+    }
     let q_dim = cfg.n_heads * cfg.head_dim;
     let mut expect = vec![("output", &w.output, cfg.vocab, cfg.hidden)];
     for b in &w.blocks {
