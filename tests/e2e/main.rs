@@ -382,3 +382,46 @@ fn deploy_prometheus_config_passes_promtool() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn sigterm_lets_a_worker_finish_in_flight_requests_then_exit() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let mut cluster = Cluster::start("cache_aware", 1);
+    let client = cluster.client();
+    let mut request = greedy("t1", "Once upon a time", 200);
+    request.ignore_eos = true;
+    client.send(&ClientRequest::Generate(request));
+    let first = client.recv(Duration::from_secs(60));
+    assert!(
+        matches!(first, Some(ClientReply::Chunk { .. })),
+        "{first:?}"
+    );
+    let worker = &mut cluster.workers[0].1.child;
+    kill(Pid::from_raw(worker.id() as i32), Signal::SIGTERM).unwrap();
+    let outcome = client.collect(Duration::from_secs(30));
+    match outcome.terminal {
+        Some(ClientReply::Done {
+            finish_reason,
+            usage,
+            ..
+        }) => {
+            assert_eq!(finish_reason, FinishReason::Length);
+            assert_eq!(usage.completion_tokens, 200);
+        }
+        other => panic!("expected the request to finish, got {other:?}"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = worker.try_wait().unwrap() {
+            assert!(status.success(), "worker exit status {status}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "worker still running after its grace"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
