@@ -118,16 +118,12 @@ fn workers_table(workers: &[WorkerInfo]) -> String {
                 100.0 * load.cache_hit_tokens as f64 / load.cache_query_tokens as f64
             )
         };
-        let state = serde_json::to_value(worker.state)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
         out.push_str(&format!(
             "{:<24} {:<8} {:<32} {:<10} {:>7} {:>7} {:>9} {:>8}\n",
             worker.id,
             worker.device,
             worker.models.join(","),
-            state,
+            worker.state.as_str(),
             load.running,
             load.waiting,
             kv,

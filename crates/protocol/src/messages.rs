@@ -169,6 +169,26 @@ pub enum FinishReason {
     Deadline,
 }
 
+impl FinishReason {
+    /// Every reason, for metrics labels.
+    pub const ALL: [FinishReason; 4] = [
+        FinishReason::Stop,
+        FinishReason::Length,
+        FinishReason::Cancelled,
+        FinishReason::Deadline,
+    ];
+
+    /// The wire name, e.g. `"length"`; also the metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+            FinishReason::Deadline => "deadline",
+        }
+    }
+}
+
 /// Token counts of one request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
@@ -489,6 +509,26 @@ pub enum WorkerState {
     Lost,
 }
 
+impl WorkerState {
+    /// Every state, for metrics labels.
+    pub const ALL: [WorkerState; 4] = [
+        WorkerState::Ready,
+        WorkerState::Draining,
+        WorkerState::Migrating,
+        WorkerState::Lost,
+    ];
+
+    /// The wire name, e.g. `"draining"`; also the metrics label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Ready => "ready",
+            WorkerState::Draining => "draining",
+            WorkerState::Migrating => "migrating",
+            WorkerState::Lost => "lost",
+        }
+    }
+}
+
 /// One row of `workers`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct WorkerInfo {
@@ -560,4 +600,26 @@ pub enum AdminReply {
         /// For a person.
         message: String,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_names_are_the_wire_names() {
+        let wire = |v: serde_json::Value| v.as_str().map(str::to_string);
+        for reason in FinishReason::ALL {
+            let name = wire(serde_json::to_value(reason).unwrap());
+            assert_eq!(name.as_deref(), Some(reason.as_str()));
+        }
+        for state in WorkerState::ALL {
+            let name = wire(serde_json::to_value(state).unwrap());
+            assert_eq!(name.as_deref(), Some(state.as_str()));
+        }
+        for code in ErrorCode::ALL {
+            let name = wire(serde_json::to_value(code).unwrap());
+            assert_eq!(name.as_deref(), Some(code.as_str()));
+        }
+    }
 }

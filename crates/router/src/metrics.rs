@@ -179,8 +179,8 @@ impl Metrics {
             )?,
             registry,
         };
-        for state in ["ready", "draining", "migrating", "lost"] {
-            metrics.workers.with_label_values(&[state]).set(0);
+        for state in zinfer_protocol::WorkerState::ALL {
+            metrics.workers.with_label_values(&[state.as_str()]).set(0);
         }
         for socket in ["clients", "workers", "control"] {
             metrics.dropped.with_label_values(&[socket]).inc_by(0);

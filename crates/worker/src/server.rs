@@ -441,7 +441,7 @@ fn relay_events(events: Receiver<EngineEvent>, out: zmq::Socket, metrics: Worker
                 timings,
             } => {
                 streams.remove(&rid);
-                let outcome = serde_outcome(finish_reason);
+                let outcome = finish_reason.as_str();
                 metrics.requests.with_label_values(&[outcome]).inc();
                 metrics.ttft.observe(timings.ttft_s);
                 metrics.queue_time.observe(timings.queue_s);
@@ -473,15 +473,5 @@ fn relay_events(events: Receiver<EngineEvent>, out: zmq::Socket, metrics: Worker
             }
             Err(error) => tracing::error!(%error, "cannot encode an engine event"),
         }
-    }
-}
-
-fn serde_outcome(reason: zinfer_protocol::FinishReason) -> &'static str {
-    use zinfer_protocol::FinishReason;
-    match reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Cancelled => "cancelled",
-        FinishReason::Deadline => "deadline",
     }
 }

@@ -27,7 +27,7 @@ use std::{
 };
 
 use serde::Serialize;
-use zinfer_protocol::{ClientReply, ErrorCode, GenerateRequest, encode};
+use zinfer_protocol::{ClientReply, ErrorCode, GenerateRequest, WorkerState, encode};
 
 use crate::{RouterConfig, metrics::Metrics};
 use workers::Worker;
@@ -301,15 +301,12 @@ impl Core {
     }
 
     fn refresh_gauges(&self) {
-        let mut counts = [0i64; 4];
-        for worker in self.workers.values() {
-            counts[workers::state_slot(worker.state)] += 1;
-        }
-        for (state, count) in ["ready", "draining", "migrating", "lost"]
-            .iter()
-            .zip(counts)
-        {
-            self.metrics.workers.with_label_values(&[state]).set(count);
+        for state in WorkerState::ALL {
+            let count = self.workers.values().filter(|w| w.state == state).count();
+            self.metrics
+                .workers
+                .with_label_values(&[state.as_str()])
+                .set(count as i64);
         }
         self.metrics.queue_depth.set(self.queue.len() as i64);
     }

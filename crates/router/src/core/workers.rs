@@ -65,16 +65,6 @@ impl Worker {
     }
 }
 
-/// Index of a state in the workers-by-state gauge.
-pub(super) fn state_slot(state: WorkerState) -> usize {
-    match state {
-        WorkerState::Ready => 0,
-        WorkerState::Draining => 1,
-        WorkerState::Migrating => 2,
-        WorkerState::Lost => 3,
-    }
-}
-
 impl Core {
     /// A frame from a worker on the back socket.
     pub fn handle_worker(&mut self, now: Instant, from: &Addr, frame: &[u8]) {
@@ -423,7 +413,7 @@ impl Core {
         request
             .span
             .in_scope(|| tracing::debug!(?finish_reason, worker = %worker_id, "done"));
-        let outcome = serde_label(finish_reason);
+        let outcome = finish_reason.as_str();
         self.metrics.requests.with_label_values(&[outcome]).inc();
         self.metrics
             .prompt_tokens
@@ -479,13 +469,4 @@ struct Registration {
     device: String,
     kv_capacity: u64,
     max_batch: u32,
-}
-
-fn serde_label(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Cancelled => "cancelled",
-        FinishReason::Deadline => "deadline",
-    }
 }
