@@ -261,6 +261,19 @@ impl Client {
         self.collect(Duration::from_secs(120))
     }
 
+    /// Starts a greedy `ignore_eos` request long enough to be interrupted,
+    /// and waits for its first chunk.
+    pub fn start_stream(&self, id: &str, prompt: &str, max_tokens: u32) {
+        let mut request = greedy(id, prompt, max_tokens);
+        request.ignore_eos = true;
+        self.send(&ClientRequest::Generate(request));
+        let first = self.recv(Duration::from_secs(60));
+        assert!(
+            matches!(first, Some(ClientReply::Chunk { .. })),
+            "expected a first chunk, got {first:?}"
+        );
+    }
+
     pub fn collect(&self, timeout: Duration) -> Outcome {
         let mut outcome = Outcome::default();
         let deadline = Instant::now() + timeout;

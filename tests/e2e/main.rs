@@ -135,14 +135,7 @@ fn cancel_mid_stream_frees_the_sequence() {
     let idle_running = cluster.worker_info("w0").unwrap().load.running;
     assert_eq!(idle_running, 0);
     let client = cluster.client();
-    let mut request = greedy("c1", "1, 2, 3, 4, 5, 6, 7, 8,", 2000);
-    request.ignore_eos = true;
-    client.send(&ClientRequest::Generate(request));
-    let first = client.recv(Duration::from_secs(60));
-    assert!(
-        matches!(first, Some(ClientReply::Chunk { .. })),
-        "{first:?}"
-    );
+    client.start_stream("c1", "1, 2, 3, 4, 5, 6, 7, 8,", 2000);
     client.send(&ClientRequest::Cancel { id: "c1".into() });
     let outcome = client.collect(Duration::from_secs(30));
     match outcome.terminal {
@@ -203,14 +196,7 @@ fn cache_aware_keeps_a_shared_prefix_on_one_worker_round_robin_spreads() {
 fn killing_a_worker_mid_stream_gives_worker_lost_and_the_router_keeps_serving() {
     let mut cluster = Cluster::start("least_load", 1);
     let client = cluster.client();
-    let mut request = greedy("k1", "1, 2, 3, 4, 5, 6, 7, 8,", 4000);
-    request.ignore_eos = true;
-    client.send(&ClientRequest::Generate(request));
-    let first = client.recv(Duration::from_secs(60));
-    assert!(
-        matches!(first, Some(ClientReply::Chunk { .. })),
-        "{first:?}"
-    );
+    client.start_stream("k1", "1, 2, 3, 4, 5, 6, 7, 8,", 4000);
     let killed_at = Instant::now();
     let (_, mut proc, _) = cluster.workers.remove(0);
     proc.child.kill().unwrap();
@@ -303,16 +289,18 @@ fn metrics_endpoints_pass_promtool() {
             text.contains(&format!("zinfer_{who}_requests_total")),
             "{who} metrics:\n{text}"
         );
-        promtool_check(who, &text);
+        promtool(&["check", "metrics"], &text);
     }
     let worker_text = scrape(worker_metrics);
     assert!(worker_text.contains("zinfer_worker_time_to_first_token_seconds_count 1"));
 }
 
-fn promtool_check(who: &str, text: &str) {
+/// Runs `promtool ARGS`, feeding `stdin`, and fails the test with its output
+/// unless it succeeds.
+fn promtool(args: &[&str], stdin: &str) {
     use std::io::Write;
     let mut child = std::process::Command::new("promtool")
-        .args(["check", "metrics"])
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -322,12 +310,12 @@ fn promtool_check(who: &str, text: &str) {
         .stdin
         .take()
         .unwrap()
-        .write_all(text.as_bytes())
+        .write_all(stdin.as_bytes())
         .unwrap();
     let output = child.wait_with_output().unwrap();
     assert!(
         output.status.success(),
-        "promtool check metrics failed for the {who}:\n{}{}",
+        "promtool {args:?} failed:\n{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
@@ -371,16 +359,7 @@ fn python_client_example_streams_from_a_real_router() {
 #[test]
 fn deploy_prometheus_config_passes_promtool() {
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../deploy/prometheus.yml");
-    let output = std::process::Command::new("promtool")
-        .args(["check", "config", config])
-        .output()
-        .expect("promtool not found: run scripts/setup.sh or apt-get install prometheus");
-    assert!(
-        output.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
+    promtool(&["check", "config", config], "");
 }
 
 #[test]
@@ -390,14 +369,7 @@ fn sigterm_lets_a_worker_finish_in_flight_requests_then_exit() {
 
     let mut cluster = Cluster::start("cache_aware", 1);
     let client = cluster.client();
-    let mut request = greedy("t1", "Once upon a time", 200);
-    request.ignore_eos = true;
-    client.send(&ClientRequest::Generate(request));
-    let first = client.recv(Duration::from_secs(60));
-    assert!(
-        matches!(first, Some(ClientReply::Chunk { .. })),
-        "{first:?}"
-    );
+    client.start_stream("t1", "Once upon a time", 200);
     let worker = &mut cluster.workers[0].1.child;
     kill(Pid::from_raw(worker.id() as i32), Signal::SIGTERM).unwrap();
     let outcome = client.collect(Duration::from_secs(30));
