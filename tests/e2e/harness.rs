@@ -16,6 +16,11 @@ use zinfer_protocol::{
 /// machine may have only two cores.
 static CLUSTER_LOCK: Mutex<()> = Mutex::new(());
 
+/// Holds the machine for one model-running test at a time.
+pub fn exclusive() -> MutexGuard<'static, ()> {
+    CLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 pub fn zinfer() -> &'static str {
     env!("CARGO_BIN_EXE_zinfer")
 }
@@ -72,7 +77,7 @@ impl Cluster {
     }
 
     pub fn start_with(policy: &str, n: usize, spec: WorkerSpec) -> Cluster {
-        let guard = CLUSTER_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = exclusive();
         let (pc, pw, pctl, pm) = (free_port(), free_port(), free_port(), free_port());
         let clients = format!("tcp://127.0.0.1:{pc}");
         let workers_endpoint = format!("tcp://127.0.0.1:{pw}");

@@ -397,3 +397,91 @@ fn sigterm_lets_a_worker_finish_in_flight_requests_then_exit() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+#[test]
+fn serve_restarts_a_worker_that_dies_and_stops_cleanly_on_sigterm() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let _guard = harness::exclusive();
+    let ports: Vec<String> = (0..5).map(|_| harness::free_port().to_string()).collect();
+    let clients = format!("tcp://127.0.0.1:{}", ports[0]);
+    let control = format!("tcp://127.0.0.1:{}", ports[2]);
+    let mut serve = harness::spawn(
+        "serve",
+        &[
+            "serve",
+            "--threads",
+            "1",
+            "--kv-tokens",
+            "4096",
+            "--clients",
+            &clients,
+            "--workers",
+            &format!("tcp://127.0.0.1:{}", ports[1]),
+            "--control",
+            &control,
+            "--metrics",
+            &format!("127.0.0.1:{}", ports[3]),
+            "--worker-metrics-port",
+            &ports[4],
+            "--model",
+            &harness::model_path().display().to_string(),
+        ],
+    );
+    let serve_pid = serve.child.id();
+    let children = || -> Vec<i32> {
+        std::fs::read_to_string(format!("/proc/{serve_pid}/task/{serve_pid}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter_map(|pid| pid.parse().ok())
+            .collect()
+    };
+    let generate_once = |id: &str| {
+        let outcome = Client::connect(&clients).generate(greedy(id, SHORT, 3));
+        assert!(
+            matches!(outcome.terminal, Some(ClientReply::Done { .. })),
+            "{outcome:?}"
+        );
+    };
+    let wait_for = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !done() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let ready_workers =
+        || match harness::admin(&control, &zinfer_protocol::AdminRequest::Workers {}) {
+            Some(zinfer_protocol::AdminReply::Workers { workers }) => workers
+                .iter()
+                .filter(|w| w.state == zinfer_protocol::WorkerState::Ready)
+                .count(),
+            _ => 0,
+        };
+
+    wait_for("the first worker", &|| ready_workers() == 1);
+    generate_once("before");
+    let first = children();
+    assert_eq!(first.len(), 1, "one worker process: {first:?}");
+    kill(Pid::from_raw(first[0]), Signal::SIGKILL).unwrap();
+    wait_for("a restarted worker", &|| {
+        let now = children();
+        now.len() == 1 && now != first && ready_workers() == 1
+    });
+    generate_once("after");
+
+    kill(Pid::from_raw(serve_pid as i32), Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = serve.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "serve did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(status.success(), "serve exit status {status}");
+}
