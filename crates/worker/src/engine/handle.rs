@@ -65,36 +65,16 @@ impl Shared {
 /// The socket loop's side of an engine. Dropping it stops the engine and
 /// fails what is still running.
 pub struct EngineHandle {
-    commands: Sender<Command>,
-    events: Receiver<EngineEvent>,
-    shared: Arc<Shared>,
-    text: Arc<dyn TextCodec>,
-    info: ModelInfo,
-    config: EngineConfig,
-    thread: Option<JoinHandle<()>>,
+    pub(super) commands: Sender<Command>,
+    pub(super) events: Receiver<EngineEvent>,
+    pub(super) shared: Arc<Shared>,
+    pub(super) text: Arc<dyn TextCodec>,
+    pub(super) info: ModelInfo,
+    pub(super) config: EngineConfig,
+    pub(super) thread: Option<JoinHandle<()>>,
 }
 
 impl EngineHandle {
-    pub(super) fn new(
-        commands: Sender<Command>,
-        events: Receiver<EngineEvent>,
-        shared: Arc<Shared>,
-        text: Arc<dyn TextCodec>,
-        info: ModelInfo,
-        config: EngineConfig,
-        thread: Option<JoinHandle<()>>,
-    ) -> Self {
-        EngineHandle {
-            commands,
-            events,
-            shared,
-            text,
-            info,
-            config,
-            thread,
-        }
-    }
-
     /// Validates, tokenizes and queues a request. On `Ok` exactly one
     /// terminal event for `rid` follows; on `Err` none does.
     pub fn submit(&self, mut request: GenerateRequest, rid: u64) -> Result<(), EngineError> {

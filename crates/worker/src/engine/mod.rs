@@ -320,6 +320,14 @@ impl Engine {
             .spawn(move || engine.run())
             .map_err(|error| tracing::error!(%error, "cannot start the engine thread"))
             .ok();
-        EngineHandle::new(command_tx, event_rx, shared, text, info, config, thread)
+        EngineHandle {
+            commands: command_tx,
+            events: event_rx,
+            shared,
+            text,
+            info,
+            config,
+            thread,
+        }
     }
 }
