@@ -185,6 +185,38 @@ pub fn spawn(name: &str, args: &[&str]) -> Proc {
     Proc { child }
 }
 
+/// Starts `zinfer ARGS` and returns once its stderr shows `line` (the rest
+/// of its stderr is passed through).
+pub fn spawn_until(line: &str, args: &[&str]) -> Proc {
+    use std::io::BufRead;
+    let mut child = Command::new(zinfer())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting zinfer {args:?}: {e}"));
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (seen_tx, seen_rx) = std::sync::mpsc::channel();
+    let wanted = line.to_string();
+    std::thread::spawn(move || {
+        for text in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            eprintln!("{text}");
+            if text.contains(&wanted) {
+                let _ = seen_tx.send(());
+            }
+        }
+    });
+    let proc = Proc { child };
+    seen_rx
+        .recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("zinfer {args:?} never printed {line:?}"));
+    proc
+}
+
 /// One request-reply on the control socket; `None` when nobody answers.
 pub fn admin(control: &str, request: &AdminRequest) -> Option<AdminReply> {
     let context = zmq::Context::new();

@@ -407,8 +407,8 @@ fn serve_restarts_a_worker_that_dies_and_stops_cleanly_on_sigterm() {
     let ports: Vec<String> = (0..5).map(|_| harness::free_port().to_string()).collect();
     let clients = format!("tcp://127.0.0.1:{}", ports[0]);
     let control = format!("tcp://127.0.0.1:{}", ports[2]);
-    let mut serve = harness::spawn(
-        "serve",
+    let mut serve = harness::spawn_until(
+        "zinfer serve: ready",
         &[
             "serve",
             "--threads",
@@ -460,7 +460,6 @@ fn serve_restarts_a_worker_that_dies_and_stops_cleanly_on_sigterm() {
             _ => 0,
         };
 
-    wait_for("the first worker", &|| ready_workers() == 1);
     generate_once("before");
     let first = children();
     assert_eq!(first.len(), 1, "one worker process: {first:?}");
