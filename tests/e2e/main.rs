@@ -455,7 +455,10 @@ fn serve_restarts_a_worker_that_dies_and_stops_cleanly_on_sigterm() {
         || match harness::admin(&control, &zinfer_protocol::AdminRequest::Workers {}) {
             Some(zinfer_protocol::AdminReply::Workers { workers }) => workers
                 .iter()
-                .filter(|w| w.state == zinfer_protocol::WorkerState::Ready)
+                // A registration or heartbeat since the kill: the killed
+                // process went silent at least a second (the restart
+                // backoff) before its successor started.
+                .filter(|w| w.state == zinfer_protocol::WorkerState::Ready && w.last_seen_s < 0.5)
                 .count(),
             _ => 0,
         };
