@@ -128,6 +128,8 @@ impl Cluster {
                 &model.display().to_string(),
                 "--id",
                 id,
+                "--device",
+                &std::env::var("ZINFER_TEST_DEVICE").unwrap_or_else(|_| "cpu".into()),
                 "--threads",
                 "1",
                 "--kv-tokens",

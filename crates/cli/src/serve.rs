@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use zinfer_protocol::{AdminReply, AdminRequest, WorkerState};
+use zinfer_worker::device::Device;
 
 use crate::router_cmd::RouterArgs;
 use crate::worker_cmd::{self, EngineArgs};
@@ -225,19 +226,13 @@ fn stop_workers(workers: &mut [Supervised], grace: Duration) {
     }
 }
 
-/// `auto` becomes the best device present; this build serves on the CPU.
+/// Parses and checks each device; `auto` becomes the best one present (the
+/// first GPU in a CUDA build that has one, else the CPU).
 fn expand_devices(devices: &[String]) -> anyhow::Result<Vec<String>> {
-    let mut out = Vec::new();
-    for device in devices {
-        match device.as_str() {
-            "auto" | "cpu" => out.push("cpu".to_string()),
-            other if other.starts_with("cuda") || other.starts_with("metal") => bail!(
-                "device {other:?} needs a GPU build of zinfer; this build serves on the CPU only (use --device cpu)"
-            ),
-            other => bail!("unknown device {other:?}; use auto, cpu, cuda[:N] or metal[:N]"),
-        }
-    }
-    Ok(out)
+    devices
+        .iter()
+        .map(|d| Ok(d.parse::<Device>()?.check()?.to_string()))
+        .collect()
 }
 
 /// CPU threads per worker: the cores split evenly, at least one each, so
@@ -259,11 +254,14 @@ mod tests {
 
     #[test]
     fn devices_expand_and_reject_unknown() {
-        assert_eq!(expand_devices(&["auto".into()]).unwrap(), vec!["cpu"]);
+        let auto = expand_devices(&["auto".into()]).unwrap();
+        assert!(auto == ["cpu"] || auto == ["cuda:0"], "{auto:?}");
         let err = expand_devices(&["tpu".into()]).unwrap_err().to_string();
         assert!(err.contains("unknown device"), "{err}");
-        let err = expand_devices(&["cuda:0".into()]).unwrap_err().to_string();
-        assert!(err.contains("GPU build"), "{err}");
+        if !Device::Cuda(0).is_built() {
+            let err = expand_devices(&["cuda:0".into()]).unwrap_err().to_string();
+            assert!(err.contains("--features cuda"), "{err}");
+        }
     }
 
     #[test]

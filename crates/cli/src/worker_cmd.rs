@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use zinfer_worker::device::Device;
 use zinfer_worker::engine::{Engine, EngineConfig};
 use zinfer_worker::metrics::WorkerMetrics;
 use zinfer_worker::model::{self, LoadOptions};
@@ -62,9 +63,10 @@ pub(crate) struct WorkerArgs {
     /// routing id). Default: hostname-pid.
     #[arg(long)]
     id: Option<String>,
-    /// Device: `cpu`, or `auto` for the best one present.
+    /// Device: `cpu`, `cuda:N` (binaries built with `--features cuda`), or
+    /// `auto` for the best one present (the first GPU, else the CPU).
     #[arg(long, default_value = "auto")]
-    device: String,
+    device: Device,
     /// Address of this worker's Prometheus /metrics endpoint.
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -102,12 +104,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     set_thread_count(threads);
-    let device = match args.device.as_str() {
-        "auto" | "cpu" => "cpu".to_string(),
-        other => anyhow::bail!(
-            "device {other:?} is not available in this build (CPU only); use --device cpu"
-        ),
-    };
+    let device = args.device.check()?.to_string();
     let model_path = resolve_model(args.engine.model.as_deref())?;
     let id = args
         .id

@@ -1,9 +1,10 @@
 //! Engine throughput and latency through the public Engine API, on the
-//! default model: prefill of a 512-token prompt, decode with 1/4/8/16
+//! default model: prefill of a 512-token prompt, decode with 1/4/8/16/64
 //! streams, TTFT of a 1,000-token prompt cold and with 950 tokens cached,
 //! and peak RSS. Run: `cargo bench -p zinfer-worker --bench engine`.
 //! ZINFER_THREADS=1 keeps every kernel on the engine thread (steadier on
 //! shared cores); CANDLE_NUM_THREADS sizes candle's pool otherwise.
+//! ZINFER_DEVICE picks the device (`cpu`, or `cuda:0` in a CUDA build).
 #![allow(clippy::unwrap_used)] // a benchmark may unwrap (team rules)
 
 use std::collections::HashMap;
@@ -157,13 +158,18 @@ fn main() {
         .and_then(|v| v.parse().ok());
     let options = LoadOptions {
         threads,
+        device: std::env::var("ZINFER_DEVICE").unwrap_or_else(|_| "cpu".to_string()),
         ..LoadOptions::default()
     };
+    let options_device = options.device.clone();
     let loaded = load(&path, &options).unwrap();
     let load_s = load_start.elapsed().as_secs_f64();
     let corpus = loaded.tokenizer.encode(&long_text()).unwrap();
     assert!(corpus.len() >= 1000, "corpus too short: {}", corpus.len());
-    let handle = Engine::start(loaded, EngineConfig::default());
+    let mut config = EngineConfig::default();
+    // Room for the 64-stream figure.
+    config.scheduler.max_batch = 64;
+    let handle = Engine::start(loaded, config);
     let threads = match (threads, std::env::var("CANDLE_NUM_THREADS")) {
         (Some(1), _) => "1 (engine thread only)".to_string(),
         (_, Ok(n)) => format!("{n} (CANDLE_NUM_THREADS)"),
@@ -187,14 +193,17 @@ fn main() {
     ));
 
     // Decode: N streams with distinct short prompts, generated together.
-    for streams in [1usize, 4, 8, 16] {
+    for streams in [1usize, 4, 8, 16, 64] {
         let mut rates = Vec::new();
         let mut per_stream = Vec::new();
         let mut generated = 0;
         for _ in 0..REPEATS {
             handle.flush_cache(None);
             let requests = (0..streams)
-                .map(|s| tokens_request(&corpus[s * 16..s * 16 + 12], DECODE_TOKENS))
+                .map(|s| {
+                    let at = (s * 16) % (corpus.len() - 12);
+                    tokens_request(&corpus[at..at + 12], DECODE_TOKENS)
+                })
                 .collect();
             let done = run(&handle, requests, rid);
             rid += streams as u64;
@@ -251,9 +260,10 @@ fn main() {
     drop(handle);
 
     println!(
-        "\nzinfer engine bench: {} (load {load_s:.1} s), threads {threads}, \
+        "\nzinfer engine bench: {} on {} (load {load_s:.1} s), threads {threads}, \
          kv capacity {}, median of {REPEATS}\n",
         path.display(),
+        options_device,
         stats.kv_capacity
     );
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);

@@ -6,6 +6,7 @@
 //! bounded channels, so no lock is ever held during a forward pass.
 
 pub mod detokenize;
+pub mod device;
 pub mod engine;
 pub mod fetch;
 pub mod metrics;

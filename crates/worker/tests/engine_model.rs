@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use zinfer_protocol::{FinishReason, GenerateRequest, Usage};
 use zinfer_worker::detokenize::Detokenizer;
+use zinfer_worker::device::test_device;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, load};
@@ -43,6 +44,7 @@ fn start(kv_capacity: usize, config: EngineConfig) -> EngineHandle {
     let path = test_model_path().unwrap();
     let options = LoadOptions {
         kv_capacity,
+        device: test_device(),
         ..LoadOptions::default()
     };
     Engine::start(load(&path, &options).unwrap(), config)

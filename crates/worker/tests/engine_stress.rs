@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use zinfer_protocol::{ErrorCode, GenerateRequest};
+use zinfer_worker::device::test_device;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent};
 use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, load};
@@ -19,6 +20,7 @@ fn random_requests_cancels_and_preemptions_leave_the_pool_whole() {
     let path = test_model_path().unwrap();
     let options = LoadOptions {
         kv_capacity: capacity,
+        device: test_device(),
         ..LoadOptions::default()
     };
     let config = EngineConfig {

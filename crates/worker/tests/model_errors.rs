@@ -6,6 +6,7 @@
 use std::path::PathBuf;
 
 use candle_core::quantized::{QTensor, gguf_file};
+use zinfer_worker::device::DeviceError;
 use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, ModelError, load};
 
@@ -84,12 +85,28 @@ fn bad_checkpoints_are_named_errors() {
         "{err}"
     );
 
+    let tpu = LoadOptions {
+        device: "tpu:0".to_string(),
+        ..LoadOptions::default()
+    };
+    let err = load_err(&test_model_path().unwrap(), &tpu);
+    assert!(
+        matches!(err, ModelError::Device(DeviceError::Unknown(_))),
+        "{err}"
+    );
+    // A GPU that is not there: not built (CPU build) or no such ordinal (CUDA build).
     let cuda = LoadOptions {
-        device: "cuda:0".to_string(),
+        device: "cuda:99".to_string(),
         ..LoadOptions::default()
     };
     let err = load_err(&test_model_path().unwrap(), &cuda);
-    assert!(matches!(err, ModelError::UnsupportedDevice(_)), "{err}");
+    assert!(
+        matches!(
+            err,
+            ModelError::Device(DeviceError::NotBuilt { .. } | DeviceError::Unavailable { .. })
+        ),
+        "{err}"
+    );
 
     let _ = std::fs::remove_dir_all(garbage.parent().unwrap());
 }

@@ -43,6 +43,25 @@ impl LlamaConfig {
         self.n_kv_heads * self.head_dim
     }
 
+    /// RoPE cos and sin tables, `[max_positions, head_dim / 2]` row-major.
+    pub(crate) fn rope_tables(&self) -> (Vec<f32>, Vec<f32>) {
+        let half = self.head_dim / 2;
+        let mut cos = Vec::with_capacity(self.max_positions * half);
+        let mut sin = Vec::with_capacity(self.max_positions * half);
+        for p in 0..self.max_positions {
+            for i in 0..half {
+                let factor = self.rope_freq_factors.get(i).map_or(1.0, |&f| f64::from(f));
+                let inv_freq = 1.0
+                    / f64::from(self.rope_theta).powf(2.0 * i as f64 / self.head_dim as f64)
+                    / factor;
+                let angle = p as f64 * inv_freq;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        (cos, sin)
+    }
+
     /// Checks the relations the forward pass relies on.
     pub(crate) fn validate(&self) -> Result<(), String> {
         if self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 || self.vocab == 0 {

@@ -19,6 +19,26 @@ pub(crate) fn load(
     path: &Path,
     options: &LoadOptions,
 ) -> Result<(Llama, ModelTokenizer), ModelError> {
+    let mut file = open(path)?;
+    let mut gguf = Gguf {
+        content: &file.content,
+        reader: &mut file.reader,
+    };
+    let weights = weights(&mut gguf, &file.cfg)?;
+    let model = Llama::new(file.cfg, weights, options.kv_capacity, options.threads)?;
+    Ok((model, file.tokenizer))
+}
+
+/// A GGUF file with its metadata read: what both backends start from.
+pub(crate) struct GgufFile {
+    pub(crate) content: Content,
+    pub(crate) reader: BufReader<File>,
+    pub(crate) cfg: LlamaConfig,
+    pub(crate) tokenizer: ModelTokenizer,
+}
+
+/// Reads a GGUF file's header, model config and tokenizer (not the weights).
+pub(crate) fn open(path: &Path) -> Result<GgufFile, ModelError> {
     let io = |source| ModelError::Io {
         path: path.to_path_buf(),
         source,
@@ -32,16 +52,19 @@ pub(crate) fn load(
     })?;
     let mut cfg = config(&content)?;
     let tokenizer = ModelTokenizer::from_gguf(&content)?;
-    let mut gguf = Gguf {
-        content: &content,
-        reader: &mut reader,
-    };
     if content.tensor_infos.contains_key("rope_freqs.weight") {
+        let mut gguf = Gguf {
+            content: &content,
+            reader: &mut reader,
+        };
         cfg.rope_freq_factors = gguf.vector("rope_freqs.weight")?;
     }
-    let weights = weights(&mut gguf, &cfg)?;
-    let model = Llama::new(cfg, weights, options.kv_capacity, options.threads)?;
-    Ok((model, tokenizer))
+    Ok(GgufFile {
+        content,
+        reader,
+        cfg,
+        tokenizer,
+    })
 }
 
 struct Gguf<'a, R> {

@@ -49,58 +49,25 @@ pub struct Llama {
 }
 
 /// Row bookkeeping for one step, built from the batch before any compute.
-struct StepPlan<'a> {
-    ids: Vec<u32>,
-    positions: Vec<usize>,
-    new_slots: Vec<u32>,
+pub(crate) struct StepPlan<'a> {
+    pub(crate) ids: Vec<u32>,
+    pub(crate) positions: Vec<usize>,
+    pub(crate) new_slots: Vec<u32>,
     /// For each row, the slots it attends to (its sequence up to itself).
-    keys: Vec<&'a [u32]>,
+    pub(crate) keys: Vec<&'a [u32]>,
     /// Index of each chunk's last row.
-    last_rows: Vec<usize>,
+    pub(crate) last_rows: Vec<usize>,
 }
 
-impl Llama {
-    pub(crate) fn new(
-        cfg: LlamaConfig,
-        w: Weights,
+impl<'a> StepPlan<'a> {
+    /// Validates a batch against the model and lays out its rows.
+    pub(crate) fn build(
+        batch: &[SeqChunk<'a>],
+        cfg: &LlamaConfig,
         kv_capacity: usize,
-        threads: Option<usize>,
     ) -> Result<Self, ModelError> {
-        cfg.validate().map_err(ModelError::Format)?;
-        check_shapes(&cfg, &w)?;
-        let half = cfg.head_dim / 2;
-        let mut cos = Vec::with_capacity(cfg.max_positions * half);
-        let mut sin = Vec::with_capacity(cfg.max_positions * half);
-        for p in 0..cfg.max_positions {
-            for i in 0..half {
-                let factor = cfg.rope_freq_factors.get(i).map_or(1.0, |&f| f64::from(f));
-                let inv_freq = 1.0
-                    / f64::from(cfg.rope_theta).powf(2.0 * i as f64 / cfg.head_dim as f64)
-                    / factor;
-                let angle = p as f64 * inv_freq;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
-        }
-        let kv = KvPool::new(cfg.n_layers, kv_capacity, cfg.kv_dim())?;
-        Ok(Self {
-            cfg,
-            w,
-            cos,
-            sin,
-            kv,
-            ws: Workspace::new(threads),
-        })
-    }
-
-    /// The model's shape.
-    pub fn config(&self) -> &LlamaConfig {
-        &self.cfg
-    }
-
-    fn plan<'a>(&self, batch: &[SeqChunk<'a>]) -> Result<StepPlan<'a>, ModelError> {
         let n: usize = batch.iter().map(|c| c.tokens.len()).sum();
-        let mut plan = StepPlan {
+        let mut plan = Self {
             ids: Vec::with_capacity(n),
             positions: Vec::with_capacity(n),
             new_slots: Vec::with_capacity(n),
@@ -118,22 +85,22 @@ impl Llama {
                     c.slots.len()
                 ));
             }
-            if end > self.cfg.max_positions {
+            if end > cfg.max_positions {
                 return bad(format!(
                     "{end} positions exceed the model's {}",
-                    self.cfg.max_positions
+                    cfg.max_positions
                 ));
             }
-            if let Some(t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+            if let Some(t) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
                 return bad(format!(
                     "token {t} is outside the vocabulary of {}",
-                    self.cfg.vocab
+                    cfg.vocab
                 ));
             }
-            if let Some(s) = c.slots.iter().find(|&&s| s as usize >= self.kv.capacity()) {
+            if let Some(s) = c.slots.iter().find(|&&s| s as usize >= kv_capacity) {
                 return bad(format!(
                     "slot {s} is outside the KV pool of {}",
-                    self.kv.capacity()
+                    kv_capacity
                 ));
             }
             for (j, &t) in c.tokens.iter().enumerate() {
@@ -149,12 +116,39 @@ impl Llama {
     }
 }
 
+impl Llama {
+    pub(crate) fn new(
+        cfg: LlamaConfig,
+        w: Weights,
+        kv_capacity: usize,
+        threads: Option<usize>,
+    ) -> Result<Self, ModelError> {
+        cfg.validate().map_err(ModelError::Format)?;
+        check_shapes(&cfg, &w)?;
+        let (cos, sin) = cfg.rope_tables();
+        let kv = KvPool::new(cfg.n_layers, kv_capacity, cfg.kv_dim())?;
+        Ok(Self {
+            cfg,
+            w,
+            cos,
+            sin,
+            kv,
+            ws: Workspace::new(threads),
+        })
+    }
+
+    /// The model's shape.
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+}
+
 impl ForwardModel for Llama {
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let plan = self.plan(batch)?;
+        let plan = StepPlan::build(batch, &self.cfg, self.kv.capacity())?;
         let n = plan.ids.len();
         let (hidden, kv_dim, ffn) = (self.cfg.hidden, self.cfg.kv_dim(), self.cfg.ffn);
         let q_dim = self.cfg.n_heads * self.cfg.head_dim;

@@ -6,6 +6,7 @@
 //! batch of [`SeqChunk`]s; the KV slots come from the engine's token pool.
 
 mod attention;
+mod candle_llama;
 mod chat;
 mod config;
 mod gguf;
@@ -19,6 +20,9 @@ mod tokenizer;
 
 use std::path::{Path, PathBuf};
 
+use crate::device::{Device, DeviceError};
+
+pub use candle_llama::CandleLlama;
 pub use config::{LlamaConfig, MAX_POSITIONS};
 pub use llama::Llama;
 pub use tokenizer::ModelTokenizer;
@@ -64,7 +68,8 @@ pub struct LoadOptions {
     /// `None` use candle's pool, whose size is read once per process from
     /// `CANDLE_NUM_THREADS` (or `RAYON_NUM_THREADS`, else one per core).
     pub threads: Option<usize>,
-    /// Device name; only `"cpu"` (or `"auto"`, which means cpu in this build).
+    /// Device name as [`Device`] parses it: `cpu`, `cuda:N` (CUDA builds),
+    /// or `auto`.
     pub device: String,
 }
 
@@ -117,9 +122,9 @@ pub enum ModelError {
         /// Its stored type.
         dtype: String,
     },
-    /// The requested device is not available in this build.
-    #[error("device `{0}` is not available in this build: use `cpu`")]
-    UnsupportedDevice(String),
+    /// The requested device is unknown, not in this build, or not usable.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
     /// The tokenizer could not be built or failed on input.
     #[error("tokenizer: {0}")]
     Tokenizer(String),
@@ -136,26 +141,55 @@ pub enum ModelError {
 
 /// Loads a GGUF file or a safetensors directory (config.json, tokenizer.json,
 /// *.safetensors) and allocates its KV pool.
+///
+/// `cpu` runs zinfer's own kernels; a GPU device runs [`CandleLlama`] on it.
 pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
-    match options.device.as_str() {
-        "cpu" | "auto" | "" => {}
-        other => return Err(ModelError::UnsupportedDevice(other.to_string())),
+    let device: Device = options.device.parse()?;
+    match device.check()? {
+        Device::Cpu | Device::Auto => {
+            apply_threads(options.threads);
+            let (model, tokenizer) = if path.is_dir() {
+                safetensors::load(path, options)?
+            } else {
+                gguf::load(path, options)?
+            };
+            Ok(LoadedModel {
+                name: model_name(path),
+                model: Box::new(model),
+                tokenizer,
+            })
+        }
+        gpu => load_candle(path, options, &gpu.candle()?),
     }
-    apply_threads(options.threads);
-    let name = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".to_string());
-    let (model, tokenizer) = if path.is_dir() {
-        safetensors::load(path, options)?
-    } else {
-        gguf::load(path, options)?
-    };
+}
+
+/// Loads a GGUF file into [`CandleLlama`] on any candle device: the GPU
+/// backend, which also runs on candle's CPU device (how it is tested without
+/// a GPU).
+pub fn load_candle(
+    path: &Path,
+    options: &LoadOptions,
+    device: &candle_core::Device,
+) -> Result<LoadedModel, ModelError> {
+    if path.is_dir() {
+        return Err(ModelError::Format(format!(
+            "{} is a safetensors directory; GPU workers load GGUF files (convert it, or serve it with --device cpu)",
+            path.display()
+        )));
+    }
+    let (model, tokenizer) = candle_llama::load(path, options, device)?;
     Ok(LoadedModel {
-        name,
+        name: model_name(path),
         model: Box::new(model),
         tokenizer,
     })
+}
+
+/// The name reported to the router: the file or directory stem.
+fn model_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string())
 }
 
 /// Checks the thread count candle will use against the one asked for.
