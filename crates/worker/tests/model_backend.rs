@@ -28,10 +28,12 @@ use support::{argmax, max_abs_diff, prompt_ids, reference_logits, top_k, write_c
 /// roundings, which grow to ~0.9 logits over 30 layers; measured here on
 /// candle's CPU kernels, with bit-identical K/V through layer 1.
 const SAME_WEIGHTS_TOL: f32 = 1e-2;
-/// Against `quantized_llama` or our CPU kernels: both quantize activations
-/// to 8 bits in their own way; measured gaps are in the closing note of the
-/// GPU issue (CPU kernels vs `quantized_llama`: 0.74).
-const QUANT_TOL: f32 = 1.5;
+/// Against `quantized_llama` or our CPU kernels on the shipped Q4_1 file:
+/// each rounds activations to 8 bits in its own way (or, on CUDA, not at
+/// all), and the roundings add up over 30 layers. Measured: CPU kernels vs
+/// `quantized_llama` 0.74; on an H100 with 8-bit activations (MMQ) 1.73.
+/// Top token and most of the top 5 must agree as well.
+const QUANT_TOL: f32 = 2.5;
 
 fn load_backend(kv_capacity: usize) -> LoadedModel {
     load_backend_from(&test_model_path().unwrap(), kv_capacity)
@@ -93,6 +95,11 @@ fn logits_agree_with_quantized_llama_and_the_cpu_kernels() {
     eprintln!("{}: max |backend - cpu kernels| = {diff}", test_device());
     assert!(diff < QUANT_TOL, "vs cpu kernels: {diff}");
     assert_eq!(argmax(&ours), argmax(&kernels));
+    let (a, b) = (top_k(&ours, 5), top_k(&kernels, 5));
+    assert!(
+        a.iter().filter(|i| b.contains(i)).count() >= 4,
+        "{a:?} vs {b:?}"
+    );
 }
 
 #[test]
@@ -104,7 +111,6 @@ fn chunks_batches_and_decode_match_one_shot() {
         "backend-f32",
     );
     let mut m = load_backend_from(&f32_copy, 1024);
-    let _ = std::fs::remove_file(&f32_copy);
     let texts = [
         "The capital of France is",
         "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,",
@@ -115,6 +121,18 @@ fn chunks_batches_and_decode_match_one_shot() {
         .map(|t| m.tokenizer.encode(t).unwrap())
         .collect();
     let alone: Vec<Vec<f32>> = prompts.iter().map(|p| one_shot(&mut m, p)).collect();
+    // With float weights the backend must match the reference closely.
+    let reference = reference_logits(&f32_copy, &prompts[2]);
+    let _ = std::fs::remove_file(&f32_copy);
+    let diff = max_abs_diff(&alone[2], &reference);
+    eprintln!(
+        "{}: f32 weights, max |backend - quantized_llama| = {diff}",
+        test_device()
+    );
+    assert!(
+        diff < SAME_WEIGHTS_TOL,
+        "f32 weights vs quantized_llama: {diff}"
+    );
 
     // All three at once in scattered slots.
     let slot_sets: Vec<Vec<u32>> = prompts

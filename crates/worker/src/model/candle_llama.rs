@@ -2,8 +2,8 @@
 //!
 //! This is the GPU backend behind the same [`ForwardModel`] trait as the CPU
 //! kernels, so the scheduler, radix cache and sampling are shared. Weights
-//! stay quantized on the device (candle's MMVQ kernels for up to 8 rows, MMQ
-//! above); the KV pool is one `[slots, kv_dim]` K and V tensor per layer,
+//! stay quantized on the device and are multiplied with f32 activations
+//! (see [`use_float_activations`]); the KV pool is one `[slots, kv_dim]` K and V tensor per layer,
 //! written with `scatter_set` at the step's new slots and read with
 //! `index_select` of each sequence's slots. Attention batches every decode
 //! row of a step into one padded, masked product and runs each prefill chunk
@@ -76,6 +76,9 @@ pub(crate) fn load(
     options: &LoadOptions,
     device: &Device,
 ) -> Result<(CandleLlama, ModelTokenizer), ModelError> {
+    if device.is_cuda() {
+        use_float_activations();
+    }
     let mut file = gguf::open(path)?;
     let cfg = file.cfg.clone();
     cfg.validate().map_err(ModelError::Format)?;
@@ -115,6 +118,25 @@ pub(crate) fn load(
     };
     let model = CandleLlama::new(cfg, device.clone(), weights, options.kv_capacity)?;
     Ok((model, file.tokenizer))
+}
+
+/// Makes candle's CUDA quantized matmuls dequantize weights and multiply
+/// f32 activations (a mat-vec kernel for one row, cuBLAS above) instead of
+/// rounding activations to 8 bits (MMVQ for up to 8 rows, MMQ above).
+///
+/// With 8-bit activations a row's logits depend on how many rows share its
+/// matmul: a last-bit change flips roundings that grow over the layers (on
+/// the H100, greedy tokens of a prompt decoded in a batch of 8 and alone
+/// parted after 15 tokens, and a seeded sample changed when the prompt came
+/// from the prefix cache). f32 activations make batching and caching change
+/// nothing but summation order. `ZINFER_CUDA_INT8_ACTIVATIONS=1` keeps
+/// candle's 8-bit path. The setting is process-wide in candle; a worker
+/// process runs one model.
+fn use_float_activations() {
+    #[cfg(feature = "cuda")]
+    candle_core::quantized::cuda::set_force_dmmv(
+        std::env::var("ZINFER_CUDA_INT8_ACTIVATIONS").map_or(true, |v| v != "1"),
+    );
 }
 
 /// Reads named tensors of a GGUF file straight onto the device.
