@@ -1,5 +1,5 @@
 # The two commands README promises. Both install what is missing first.
-.PHONY: setup test serve build
+.PHONY: setup test serve build check-cuda
 
 setup:
 	scripts/setup.sh
@@ -14,3 +14,10 @@ test: setup
 # Serves the default model: router on tcp://127.0.0.1:5555, one CPU worker.
 serve: build
 	target/release/zinfer serve
+
+# Compiles the CUDA build (candle's kernels with nvcc from NVIDIA's wheels;
+# no GPU needed, nothing linked). Its own target dir keeps the CPU build's.
+check-cuda:
+	scripts/cuda-toolchain.sh --check
+	. "$${ZINFER_HOME:-$$HOME/.cache/zinfer}/cuda/env.sh" && \
+	  CARGO_TARGET_DIR=target/cuda-check cargo check -p zinfer-cli --features cuda
