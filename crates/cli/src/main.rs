@@ -4,6 +4,7 @@
 mod bench;
 mod ctl;
 mod generate;
+mod http_cmd;
 mod router_cmd;
 mod serve;
 mod worker_cmd;
@@ -30,6 +31,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Run the router alone: clients and workers connect to it.
     Router(router_cmd::RouterArgs),
+    /// Serve the OpenAI-compatible HTTP API in front of a running router.
+    Http(http_cmd::HttpArgs),
     /// Benchmark a running router with a reproducible workload.
     Bench(bench::BenchArgs),
     /// Administer a running router: list, drain or migrate workers.
@@ -56,6 +59,7 @@ fn main() -> anyhow::Result<()> {
         Command::Worker(args) => worker_cmd::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Router(args) => router_cmd::run(args),
+        Command::Http(args) => http_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Ctl(args) => ctl::run(args),
         Command::Model(ModelCommand::Fetch) => {

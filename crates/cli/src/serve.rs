@@ -1,6 +1,7 @@
 //! `zinfer serve`: a router in this process plus one worker process per
 //! device, supervised: a worker that dies is started again.
 
+use std::net::SocketAddr;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use zinfer_protocol::{AdminReply, AdminRequest, WorkerState};
 
+use crate::http_cmd::{Front, HttpOptions};
 use crate::router_cmd::RouterArgs;
 use crate::worker_cmd::{self, EngineArgs};
 
@@ -33,6 +35,12 @@ pub(crate) struct ServeArgs {
     /// Seconds to wait for every worker to load and register.
     #[arg(long, default_value_t = 300)]
     startup_timeout: u64,
+    /// Also serve the OpenAI-compatible HTTP API on this address (as
+    /// `zinfer http` would), e.g. 127.0.0.1:8000.
+    #[arg(long, env = "ZINFER_HTTP")]
+    http: Option<SocketAddr>,
+    #[command(flatten)]
+    http_options: HttpOptions,
 }
 
 struct Supervised {
@@ -65,6 +73,16 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let router = std::thread::Builder::new()
         .name("router".into())
         .spawn(move || zinfer_router::run(config, router_stop_rx))?;
+
+    let front = match args.http {
+        Some(listen) => {
+            let router = local_endpoint(&client_endpoint);
+            let (front, addr) = Front::start(args.http_options.config(&router, listen))?;
+            eprintln!("zinfer serve: OpenAI API on http://{addr}/v1");
+            Some(front)
+        }
+        None => None,
+    };
 
     let exe = std::env::current_exe().context("finding the zinfer binary")?;
     let mut workers = Vec::new();
@@ -119,6 +137,11 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     });
 
     eprintln!("zinfer serve: shutting down");
+    if let Some(front) = front
+        && let Err(error) = front.stop()
+    {
+        tracing::warn!(%error, "stopping the HTTP front");
+    }
     stop_workers(&mut workers, Duration::from_secs(args.grace + 5));
     let _ = router_stop_tx.send(());
     match router.join() {
