@@ -106,6 +106,7 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
         worker_args.extend(args.engine.to_args(threads));
         let child = Command::new(&exe)
             .args(&worker_args)
+            .env("ZINFER_LOG_FORMAT", log_format())
             .spawn()
             .with_context(|| format!("starting worker {id}"))?;
         workers.push(Supervised {
@@ -173,6 +174,7 @@ fn supervise(
                 }
                 worker.child = Command::new(exe)
                     .args(&worker.args)
+                    .env("ZINFER_LOG_FORMAT", log_format())
                     .spawn()
                     .with_context(|| format!("restarting worker {}", worker.id))?;
             }
@@ -246,6 +248,15 @@ fn stop_workers(workers: &mut [Supervised], grace: Duration) {
             }
         }
     }
+}
+
+/// This process's `--log-format`, for its workers.
+fn log_format() -> &'static str {
+    crate::LOG_FORMAT
+        .get()
+        .copied()
+        .unwrap_or(crate::LogFormat::Text)
+        .as_str()
 }
 
 /// `auto` becomes the best device present; this build serves on the CPU.
