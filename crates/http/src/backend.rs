@@ -19,6 +19,9 @@ use crate::error::ApiError;
 
 /// Commands waiting for the I/O thread; beyond this, requests get 429.
 const COMMAND_QUEUE: usize = 4096;
+/// How long a request waits for a router connection (at start-up, or while
+/// the router restarts) before it is answered `unavailable`.
+const CONNECT_WAIT: Duration = Duration::from_secs(2);
 /// A `models` request nobody answered is forgotten after this long.
 const MODELS_EXPIRY: Duration = Duration::from_secs(30);
 
@@ -78,6 +81,9 @@ impl RouterClient {
         let context = zmq::Context::new();
         let socket = context.socket(zmq::DEALER).map_err(zmq_error)?;
         socket.set_linger(0).map_err(zmq_error)?;
+        // Queue only on a live connection: with no router connected, a send
+        // fails at once (503) instead of waiting for a router to appear.
+        socket.set_immediate(true).map_err(zmq_error)?;
         socket
             .set_maxmsgsize(limits.max_frame_bytes as i64)
             .map_err(zmq_error)?;
@@ -97,6 +103,7 @@ impl RouterClient {
                     limits,
                     requests: HashMap::new(),
                     models: HashMap::new(),
+                    unsent: Vec::new(),
                 }
                 .run();
             })?;
@@ -157,7 +164,11 @@ impl RouterClient {
         })?;
         match tokio::time::timeout(timeout, receiver).await {
             Ok(Ok(models)) => Ok(models),
-            Ok(Err(_)) => Err(ApiError::ShuttingDown),
+            // The I/O thread could not send the question.
+            Ok(Err(_)) => Err(ApiError::Router {
+                code: ErrorCode::Unavailable,
+                message: "the router is not reachable".into(),
+            }),
             Err(_) => Err(ApiError::RouterTimeout(timeout.as_secs().max(1))),
         }
     }
@@ -217,6 +228,8 @@ struct IoThread {
     limits: Limits,
     requests: HashMap<String, tmpsc::Sender<ClientReply>>,
     models: HashMap<String, (Instant, oneshot::Sender<Vec<ModelInfo>>)>,
+    /// Requests that found no router connection, with when they arrived.
+    unsent: Vec<(Instant, Box<GenerateRequest>, tmpsc::Sender<ClientReply>)>,
 }
 
 impl IoThread {
@@ -226,7 +239,8 @@ impl IoThread {
                 self.socket.as_poll_item(zmq::POLLIN),
                 zmq::PollItem::from_fd(self.wake.as_raw_fd(), zmq::POLLIN),
             ];
-            if let Err(error) = zmq::poll(&mut items, 1000) {
+            let wait = if self.unsent.is_empty() { 1000 } else { 20 };
+            if let Err(error) = zmq::poll(&mut items, wait) {
                 tracing::error!(%error, "polling the router socket");
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -248,6 +262,9 @@ impl IoThread {
                         break;
                     }
                 }
+            }
+            for (arrived, request, replies) in std::mem::take(&mut self.unsent) {
+                self.try_generate(arrived, request, replies);
             }
             let now = Instant::now();
             self.models
@@ -273,20 +290,7 @@ impl IoThread {
     fn on_command(&mut self, command: Command) {
         match command {
             Command::Generate { request, replies } => {
-                let id = request.id.clone();
-                match self.send(&ClientRequest::Generate(*request)) {
-                    Ok(()) => {
-                        self.requests.insert(id, replies);
-                    }
-                    Err(message) => {
-                        let _ = replies.try_send(ClientReply::Error {
-                            id: Some(id),
-                            code: ErrorCode::Unavailable,
-                            message,
-                            retryable: true,
-                        });
-                    }
-                }
+                self.try_generate(Instant::now(), request, replies);
             }
             Command::Cancel { id } => {
                 if self.requests.remove(&id).is_some()
@@ -307,6 +311,42 @@ impl IoThread {
                 // Otherwise `reply` drops and the caller sees the router as unreachable.
             }
             Command::Stop => {}
+        }
+    }
+
+    /// Sends a request, or keeps it for the next round while no router is
+    /// connected, up to [`CONNECT_WAIT`] after it arrived.
+    fn try_generate(
+        &mut self,
+        arrived: Instant,
+        request: Box<GenerateRequest>,
+        replies: tmpsc::Sender<ClientReply>,
+    ) {
+        if replies.is_closed() {
+            return;
+        }
+        let id = request.id.clone();
+        let frame = match zinfer_protocol::encode(&ClientRequest::Generate((*request).clone())) {
+            Ok(frame) => frame,
+            Err(error) => {
+                let _ = replies.try_send(unavailable(id, ErrorCode::Internal, error.to_string()));
+                return;
+            }
+        };
+        match self.socket.send(frame, zmq::DONTWAIT) {
+            Ok(()) => {
+                self.requests.insert(id, replies);
+            }
+            Err(zmq::Error::EAGAIN) if arrived.elapsed() < CONNECT_WAIT => {
+                self.unsent.push((arrived, request, replies));
+            }
+            Err(error) => {
+                let message = match error {
+                    zmq::Error::EAGAIN => "the router is not reachable (not connected, or its queue is full); retry with backoff".to_string(),
+                    other => other.to_string(),
+                };
+                let _ = replies.try_send(unavailable(id, ErrorCode::Unavailable, message));
+            }
         }
     }
 
@@ -351,5 +391,15 @@ impl IoThread {
             }
             ClientReply::Models { id: None, .. } | ClientReply::Pong { .. } => {}
         }
+    }
+}
+
+/// The terminal error of a request that could not be sent.
+fn unavailable(id: String, code: ErrorCode, message: String) -> ClientReply {
+    ClientReply::Error {
+        id: Some(id),
+        code,
+        message,
+        retryable: code.retryable(),
     }
 }

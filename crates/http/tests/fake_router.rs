@@ -257,6 +257,46 @@ fn errors_are_openai_shaped() {
 }
 
 #[test]
+fn no_router_is_a_fast_503() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let config = HttpConfig {
+        router: format!("tcp://127.0.0.1:{port}"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        api_key: None,
+        served_model_name: None,
+        reply_timeout: Duration::from_secs(60),
+    };
+    let (addr_tx, addr_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let server = HttpServer::bind(config).await.unwrap();
+            addr_tx.send(server.local_addr().unwrap()).unwrap();
+            server.run(std::future::pending()).await.unwrap();
+        });
+    });
+    let addr = addr_rx.recv().unwrap();
+    let started = std::time::Instant::now();
+    let request = json!({"messages": [{"role": "user", "content": "x"}]});
+    let (status, body) = call(addr, "POST", "/v1/chat/completions", Some(&request), None);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "unavailable");
+    assert_eq!(call(addr, "GET", "/ready", None, None).0, 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
 fn the_api_key_guards_v1_only() {
     let (addr, _) = start_front(Some("sekrit"));
     let (status, body) = call(addr, "GET", "/v1/models", None, None);
