@@ -4,6 +4,7 @@
 mod bench;
 mod ctl;
 mod generate;
+mod http_cmd;
 mod router_cmd;
 mod serve;
 mod worker_cmd;
@@ -16,9 +17,35 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(version, about, long_about = None)]
 struct Cli {
+    /// Log format on stderr: `text` for people, `json` (one object per
+    /// line) for log collectors. `serve` passes it on to its workers.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "ZINFER_LOG_FORMAT")]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    /// The flag value, e.g. for a child process's environment.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+/// The format chosen for this process; `serve` hands it to its workers.
+pub(crate) static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -30,6 +57,8 @@ enum Command {
     Generate(generate::GenerateArgs),
     /// Run the router alone: clients and workers connect to it.
     Router(router_cmd::RouterArgs),
+    /// Serve the OpenAI-compatible HTTP API in front of a running router.
+    Http(http_cmd::HttpArgs),
     /// Benchmark a running router with a reproducible workload.
     Bench(bench::BenchArgs),
     /// Administer a running router: list, drain or migrate workers.
@@ -49,13 +78,15 @@ enum ModelCommand {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing();
+    let _ = LOG_FORMAT.set(cli.log_format);
+    init_tracing(cli.log_format);
     zinfer_router::check_zmq_version()?;
     match &cli.command {
         Command::Serve(args) => serve::run(args),
         Command::Worker(args) => worker_cmd::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Router(args) => router_cmd::run(args),
+        Command::Http(args) => http_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Ctl(args) => ctl::run(args),
         Command::Model(ModelCommand::Fetch) => {
@@ -67,11 +98,14 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// Logs go to stderr; `RUST_LOG` picks the level (default `info`).
-fn init_tracing() {
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
 }

@@ -1,6 +1,7 @@
 //! `zinfer serve`: a router in this process plus one worker process per
 //! device, supervised: a worker that dies is started again.
 
+use std::net::SocketAddr;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -10,6 +11,7 @@ use nix::unistd::Pid;
 use zinfer_protocol::{AdminReply, AdminRequest, WorkerState};
 use zinfer_worker::device::Device;
 
+use crate::http_cmd::{Front, HttpOptions};
 use crate::router_cmd::RouterArgs;
 use crate::worker_cmd::{self, EngineArgs};
 
@@ -34,6 +36,12 @@ pub(crate) struct ServeArgs {
     /// Seconds to wait for every worker to load and register.
     #[arg(long, default_value_t = 300)]
     startup_timeout: u64,
+    /// Also serve the OpenAI-compatible HTTP API on this address (as
+    /// `zinfer http` would), e.g. 127.0.0.1:8000.
+    #[arg(long, env = "ZINFER_HTTP")]
+    http: Option<SocketAddr>,
+    #[command(flatten)]
+    http_options: HttpOptions,
 }
 
 struct Supervised {
@@ -67,6 +75,16 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
         .name("router".into())
         .spawn(move || zinfer_router::run(config, router_stop_rx))?;
 
+    let front = match args.http {
+        Some(listen) => {
+            let router = local_endpoint(&client_endpoint);
+            let (front, addr) = Front::start(args.http_options.config(&router, listen))?;
+            eprintln!("zinfer serve: OpenAI API on http://{addr}/v1");
+            Some(front)
+        }
+        None => None,
+    };
+
     let exe = std::env::current_exe().context("finding the zinfer binary")?;
     let mut workers = Vec::new();
     for (i, device) in devices.iter().enumerate() {
@@ -89,6 +107,7 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
         worker_args.extend(args.engine.to_args(threads));
         let child = Command::new(&exe)
             .args(&worker_args)
+            .env("ZINFER_LOG_FORMAT", log_format())
             .spawn()
             .with_context(|| format!("starting worker {id}"))?;
         workers.push(Supervised {
@@ -120,6 +139,11 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     });
 
     eprintln!("zinfer serve: shutting down");
+    if let Some(front) = front
+        && let Err(error) = front.stop()
+    {
+        tracing::warn!(%error, "stopping the HTTP front");
+    }
     stop_workers(&mut workers, Duration::from_secs(args.grace + 5));
     let _ = router_stop_tx.send(());
     match router.join() {
@@ -151,6 +175,7 @@ fn supervise(
                 }
                 worker.child = Command::new(exe)
                     .args(&worker.args)
+                    .env("ZINFER_LOG_FORMAT", log_format())
                     .spawn()
                     .with_context(|| format!("restarting worker {}", worker.id))?;
             }
@@ -224,6 +249,15 @@ fn stop_workers(workers: &mut [Supervised], grace: Duration) {
             }
         }
     }
+}
+
+/// This process's `--log-format`, for its workers.
+fn log_format() -> &'static str {
+    crate::LOG_FORMAT
+        .get()
+        .copied()
+        .unwrap_or(crate::LogFormat::Text)
+        .as_str()
 }
 
 /// Parses and checks each device; `auto` becomes the best one present (the

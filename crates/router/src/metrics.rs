@@ -261,18 +261,22 @@ fn serve(server: &tiny_http::Server, metrics: &Metrics, stop: &AtomicBool) {
                 continue;
             }
         };
-        let response = if request.url() == "/metrics" {
-            let content_type = tiny_http::Header::from_bytes(
-                &b"Content-Type"[..],
-                &b"text/plain; version=0.0.4; charset=utf-8"[..],
-            );
-            let response = tiny_http::Response::from_string(metrics.render());
-            match content_type {
-                Ok(header) => response.with_header(header),
-                Err(()) => response,
+        let response = match request.url() {
+            "/metrics" => {
+                let content_type = tiny_http::Header::from_bytes(
+                    &b"Content-Type"[..],
+                    &b"text/plain; version=0.0.4; charset=utf-8"[..],
+                );
+                let response = tiny_http::Response::from_string(metrics.render());
+                match content_type {
+                    Ok(header) => response.with_header(header),
+                    Err(()) => response,
+                }
             }
-        } else {
-            tiny_http::Response::from_string("not found; try /metrics\n").with_status_code(404)
+            "/health" => tiny_http::Response::from_string("ok\n"),
+            "/ready" => probe_ready(metrics),
+            _ => tiny_http::Response::from_string("not found; try /metrics, /health or /ready\n")
+                .with_status_code(404),
         };
         if let Err(err) = request.respond(response) {
             tracing::debug!(%err, "metrics client went away");
@@ -280,10 +284,50 @@ fn serve(server: &tiny_http::Server, metrics: &Metrics, stop: &AtomicBool) {
     }
 }
 
+/// `/ready`: 200 while at least one worker is ready to take requests,
+/// 503 otherwise (for load balancers and Kubernetes readiness probes).
+fn probe_ready(metrics: &Metrics) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
+    let ready = metrics
+        .workers
+        .with_label_values(&[zinfer_protocol::WorkerState::Ready.as_str()])
+        .get();
+    if ready > 0 {
+        tiny_http::Response::from_string(format!("ready: {ready} worker(s)\n"))
+    } else {
+        tiny_http::Response::from_string("not ready: no worker is ready\n").with_status_code(503)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::io::Write;
+
+    fn get(addr: SocketAddr, path: &str) -> String {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut response = String::new();
+        std::io::Read::read_to_string(&mut stream, &mut response).unwrap();
+        response
+    }
+
+    #[test]
+    fn health_and_ready_probes() {
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), metrics.clone()).unwrap();
+        assert!(get(server.addr(), "/health").starts_with("HTTP/1.1 200"));
+        let response = get(server.addr(), "/ready");
+        assert!(response.starts_with("HTTP/1.1 503"), "{response}");
+        metrics.workers.with_label_values(&["ready"]).set(2);
+        let response = get(server.addr(), "/ready");
+        assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+        assert!(response.contains("2 worker(s)"), "{response}");
+        assert!(get(server.addr(), "/nope").starts_with("HTTP/1.1 404"));
+    }
 
     #[test]
     fn http_endpoint_serves_metrics() {

@@ -179,8 +179,8 @@ impl WorkerMetrics {
     }
 }
 
-/// Serves `GET /metrics` (any other path: 404) on its own thread until the
-/// process exits.
+/// Serves `GET /metrics`, and the probes `GET /health` and `GET /ready`
+/// (any other path: 404), on its own thread until the process exits.
 pub fn serve(
     addr: SocketAddr,
     render: Arc<dyn Fn() -> String + Send + Sync>,
@@ -193,19 +193,26 @@ pub fn serve(
         .name("metrics-http".into())
         .spawn(move || {
             for request in server.incoming_requests() {
-                let response = if request.url() == "/metrics" {
-                    let header = tiny_http::Header::from_bytes(
-                        &b"Content-Type"[..],
-                        &b"text/plain; version=0.0.4; charset=utf-8"[..],
-                    );
-                    let mut response = tiny_http::Response::from_string(render());
-                    if let Ok(header) = header {
-                        response.add_header(header);
+                let response = match request.url() {
+                    "/metrics" => {
+                        let header = tiny_http::Header::from_bytes(
+                            &b"Content-Type"[..],
+                            &b"text/plain; version=0.0.4; charset=utf-8"[..],
+                        );
+                        let mut response = tiny_http::Response::from_string(render());
+                        if let Ok(header) = header {
+                            response.add_header(header);
+                        }
+                        response
                     }
-                    response
-                } else {
-                    tiny_http::Response::from_string("not found: try /metrics\n")
-                        .with_status_code(404)
+                    // The listener starts once the model is loaded, so a
+                    // worker that answers at all can serve: both probes pass.
+                    "/health" => tiny_http::Response::from_string("ok\n"),
+                    "/ready" => tiny_http::Response::from_string("ready: model loaded\n"),
+                    _ => tiny_http::Response::from_string(
+                        "not found: try /metrics, /health or /ready\n",
+                    )
+                    .with_status_code(404),
                 };
                 if let Err(error) = request.respond(response) {
                     tracing::debug!(%error, "metrics client went away");
@@ -221,6 +228,30 @@ pub fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serves_metrics_and_probes() {
+        use std::io::{Read, Write};
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap();
+        let _thread = serve(addr, Arc::new(|| "zinfer_worker_x 1\n".to_string())).unwrap();
+        let get = |path: &str| {
+            let mut stream = std::net::TcpStream::connect(addr).unwrap();
+            write!(
+                stream,
+                "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            )
+            .unwrap();
+            let mut response = String::new();
+            stream.read_to_string(&mut response).unwrap();
+            response
+        };
+        assert!(get("/metrics").contains("zinfer_worker_x 1"));
+        assert!(get("/health").starts_with("HTTP/1.1 200"));
+        assert!(get("/ready").starts_with("HTTP/1.1 200"));
+        assert!(get("/other").starts_with("HTTP/1.1 404"));
+    }
 
     #[test]
     fn renders_every_family_in_text_format() {

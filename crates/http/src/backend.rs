@@ -1,0 +1,405 @@
+//! The router connection: one I/O thread owns a DEALER socket (ZeroMQ
+//! sockets are not `Sync`) and multiplexes every HTTP request over it by
+//! request id. Handlers send commands over a bounded channel and wake the
+//! thread through a socket pair that it polls together with the DEALER;
+//! replies come back on one bounded channel per request.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc as tmpsc, oneshot};
+use zinfer_protocol::{ClientReply, ClientRequest, ErrorCode, GenerateRequest, Limits, ModelInfo};
+
+use crate::error::ApiError;
+
+/// Commands waiting for the I/O thread; beyond this, requests get 429.
+const COMMAND_QUEUE: usize = 4096;
+/// How long a request waits for a router connection (at start-up, or while
+/// the router restarts) before it is answered `unavailable`.
+const CONNECT_WAIT: Duration = Duration::from_secs(2);
+/// A `models` request nobody answered is forgotten after this long.
+const MODELS_EXPIRY: Duration = Duration::from_secs(30);
+
+enum Command {
+    Generate {
+        request: Box<GenerateRequest>,
+        replies: tmpsc::Sender<ClientReply>,
+    },
+    Cancel {
+        id: String,
+    },
+    Models {
+        id: String,
+        reply: oneshot::Sender<Vec<ModelInfo>>,
+    },
+    Stop,
+}
+
+struct Shared {
+    commands: mpsc::SyncSender<Command>,
+    waker: UnixStream,
+    next_id: AtomicU64,
+}
+
+/// A handle on the router connection; cheap to clone, shared by handlers.
+#[derive(Clone)]
+pub struct RouterClient {
+    shared: Arc<Shared>,
+}
+
+/// Why the router connection could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// ZeroMQ refused the socket or the endpoint.
+    #[error("connecting to the router at {endpoint}: {source}")]
+    Zmq {
+        /// The endpoint.
+        endpoint: String,
+        /// ZeroMQ's error.
+        source: zmq::Error,
+    },
+    /// The wake-up socket pair or the thread could not be created.
+    #[error("starting the router I/O thread: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl RouterClient {
+    /// Connects a DEALER to `endpoint` and starts the I/O thread. The
+    /// connection is made in the background: a router that is not up yet
+    /// is reached once it is.
+    pub fn connect(endpoint: &str) -> Result<RouterClient, ConnectError> {
+        let zmq_error = |source| ConnectError::Zmq {
+            endpoint: endpoint.to_string(),
+            source,
+        };
+        let limits = Limits::default();
+        let context = zmq::Context::new();
+        let socket = context.socket(zmq::DEALER).map_err(zmq_error)?;
+        socket.set_linger(0).map_err(zmq_error)?;
+        // Queue only on a live connection: with no router connected, a send
+        // fails at once (503) instead of waiting for a router to appear.
+        socket.set_immediate(true).map_err(zmq_error)?;
+        socket
+            .set_maxmsgsize(limits.max_frame_bytes as i64)
+            .map_err(zmq_error)?;
+        socket.connect(endpoint).map_err(zmq_error)?;
+        let (wake_tx, wake_rx) = UnixStream::pair()?;
+        wake_tx.set_nonblocking(true)?;
+        wake_rx.set_nonblocking(true)?;
+        let (commands, receiver) = mpsc::sync_channel(COMMAND_QUEUE);
+        std::thread::Builder::new()
+            .name("http-router-io".into())
+            .spawn(move || {
+                let _context = context;
+                IoThread {
+                    socket,
+                    wake: wake_rx,
+                    commands: receiver,
+                    limits,
+                    requests: HashMap::new(),
+                    models: HashMap::new(),
+                    unsent: Vec::new(),
+                }
+                .run();
+            })?;
+        Ok(RouterClient {
+            shared: Arc::new(Shared {
+                commands,
+                waker: wake_tx,
+                next_id: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    /// A fresh protocol request id.
+    pub fn next_id(&self) -> String {
+        format!("h-{}", self.shared.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    fn send(&self, command: Command) -> Result<(), ApiError> {
+        match self.shared.commands.try_send(command) {
+            Ok(()) => {
+                // A full pipe already wakes the thread; nothing else can fail here
+                // that the thread's poll timeout would not recover from.
+                let _ = (&self.shared.waker).write(&[1]);
+                Ok(())
+            }
+            Err(mpsc::TrySendError::Full(_)) => Err(ApiError::Busy),
+            Err(mpsc::TrySendError::Disconnected(_)) => Err(ApiError::ShuttingDown),
+        }
+    }
+
+    /// Sends `request` (its `id` must come from [`RouterClient::next_id`]).
+    /// Dropping the returned [`Pending`] before its terminal reply cancels
+    /// the request in the router.
+    pub fn generate(&self, request: GenerateRequest) -> Result<Pending, ApiError> {
+        // One chunk per token at most, plus the terminal reply: the channel
+        // never fills while the handler keeps reading.
+        let capacity = request.max_tokens as usize + 2;
+        let (replies, receiver) = tmpsc::channel(capacity);
+        let id = request.id.clone();
+        self.send(Command::Generate {
+            request: Box::new(request),
+            replies,
+        })?;
+        Ok(Pending {
+            id,
+            replies: receiver,
+            client: self.clone(),
+            finished: false,
+        })
+    }
+
+    /// The models the router serves, with their ready worker counts.
+    pub async fn models(&self, timeout: Duration) -> Result<Vec<ModelInfo>, ApiError> {
+        let (reply, receiver) = oneshot::channel();
+        self.send(Command::Models {
+            id: self.next_id(),
+            reply,
+        })?;
+        match tokio::time::timeout(timeout, receiver).await {
+            Ok(Ok(models)) => Ok(models),
+            // The I/O thread could not send the question.
+            Ok(Err(_)) => Err(ApiError::Router {
+                code: ErrorCode::Unavailable,
+                message: "the router is not reachable".into(),
+            }),
+            Err(_) => Err(ApiError::RouterTimeout(timeout.as_secs().max(1))),
+        }
+    }
+
+    /// Stops the I/O thread (requests still waiting get no more replies).
+    pub fn shutdown(&self) {
+        let _ = self.send(Command::Stop);
+    }
+}
+
+/// One request in flight: its replies, and a cancel when dropped early.
+pub struct Pending {
+    id: String,
+    replies: tmpsc::Receiver<ClientReply>,
+    client: RouterClient,
+    finished: bool,
+}
+
+impl Pending {
+    /// The next reply, waiting at most `timeout` for it. After a terminal
+    /// reply (`done` or `error`) the request is finished.
+    pub async fn next(&mut self, timeout: Duration) -> Result<ClientReply, ApiError> {
+        match tokio::time::timeout(timeout, self.replies.recv()).await {
+            Ok(Some(reply)) => {
+                if matches!(reply, ClientReply::Done { .. } | ClientReply::Error { .. }) {
+                    self.finished = true;
+                }
+                Ok(reply)
+            }
+            Ok(None) => {
+                self.finished = true;
+                Err(ApiError::Router {
+                    code: ErrorCode::Internal,
+                    message: "the router connection dropped the request".into(),
+                })
+            }
+            Err(_) => Err(ApiError::RouterTimeout(timeout.as_secs().max(1))),
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if !self.finished {
+            tracing::debug!(id = %self.id, "client went away; cancelling");
+            let _ = self.client.send(Command::Cancel {
+                id: std::mem::take(&mut self.id),
+            });
+        }
+    }
+}
+
+struct IoThread {
+    socket: zmq::Socket,
+    wake: UnixStream,
+    commands: mpsc::Receiver<Command>,
+    limits: Limits,
+    requests: HashMap<String, tmpsc::Sender<ClientReply>>,
+    models: HashMap<String, (Instant, oneshot::Sender<Vec<ModelInfo>>)>,
+    /// Requests that found no router connection, with when they arrived.
+    unsent: Vec<(Instant, Box<GenerateRequest>, tmpsc::Sender<ClientReply>)>,
+}
+
+impl IoThread {
+    fn run(mut self) {
+        loop {
+            let mut items = [
+                self.socket.as_poll_item(zmq::POLLIN),
+                zmq::PollItem::from_fd(self.wake.as_raw_fd(), zmq::POLLIN),
+            ];
+            let wait = if self.unsent.is_empty() { 1000 } else { 20 };
+            if let Err(error) = zmq::poll(&mut items, wait) {
+                tracing::error!(%error, "polling the router socket");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let mut buf = [0u8; 256];
+            while matches!(self.wake.read(&mut buf), Ok(n) if n > 0) {}
+            loop {
+                match self.commands.try_recv() {
+                    Ok(Command::Stop) | Err(mpsc::TryRecvError::Disconnected) => return,
+                    Ok(command) => self.on_command(command),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                }
+            }
+            loop {
+                match self.socket.recv_bytes(zmq::DONTWAIT) {
+                    Ok(frame) => self.on_frame(&frame),
+                    Err(zmq::Error::EAGAIN) => break,
+                    Err(error) => {
+                        tracing::error!(%error, "receiving from the router");
+                        break;
+                    }
+                }
+            }
+            for (arrived, request, replies) in std::mem::take(&mut self.unsent) {
+                self.try_generate(arrived, request, replies);
+            }
+            let now = Instant::now();
+            self.models
+                .retain(|_, (asked, _)| now.duration_since(*asked) < MODELS_EXPIRY);
+        }
+    }
+
+    /// Sends without blocking: with no router connected a DEALER would
+    /// block, so that case is reported at once instead.
+    fn send(&self, request: &ClientRequest) -> Result<(), String> {
+        let frame = zinfer_protocol::encode(request).map_err(|e| e.to_string())?;
+        self.socket
+            .send(frame, zmq::DONTWAIT)
+            .map_err(|error| match error {
+                zmq::Error::EAGAIN => {
+                    "the router is not reachable (not connected yet, or its queue is full)"
+                        .to_string()
+                }
+                other => other.to_string(),
+            })
+    }
+
+    fn on_command(&mut self, command: Command) {
+        match command {
+            Command::Generate { request, replies } => {
+                self.try_generate(Instant::now(), request, replies);
+            }
+            Command::Cancel { id } => {
+                if self.requests.remove(&id).is_some()
+                    && let Err(error) = self.send(&ClientRequest::Cancel { id })
+                {
+                    tracing::warn!(%error, "sending cancel to the router");
+                }
+            }
+            Command::Models { id, reply } => {
+                if self
+                    .send(&ClientRequest::Models {
+                        id: Some(id.clone()),
+                    })
+                    .is_ok()
+                {
+                    self.models.insert(id, (Instant::now(), reply));
+                }
+                // Otherwise `reply` drops and the caller sees the router as unreachable.
+            }
+            Command::Stop => {}
+        }
+    }
+
+    /// Sends a request, or keeps it for the next round while no router is
+    /// connected, up to [`CONNECT_WAIT`] after it arrived.
+    fn try_generate(
+        &mut self,
+        arrived: Instant,
+        request: Box<GenerateRequest>,
+        replies: tmpsc::Sender<ClientReply>,
+    ) {
+        if replies.is_closed() {
+            return;
+        }
+        let id = request.id.clone();
+        let frame = match zinfer_protocol::encode(&ClientRequest::Generate((*request).clone())) {
+            Ok(frame) => frame,
+            Err(error) => {
+                let _ = replies.try_send(unavailable(id, ErrorCode::Internal, error.to_string()));
+                return;
+            }
+        };
+        match self.socket.send(frame, zmq::DONTWAIT) {
+            Ok(()) => {
+                self.requests.insert(id, replies);
+            }
+            Err(zmq::Error::EAGAIN) if arrived.elapsed() < CONNECT_WAIT => {
+                self.unsent.push((arrived, request, replies));
+            }
+            Err(error) => {
+                let message = match error {
+                    zmq::Error::EAGAIN => "the router is not reachable (not connected, or its queue is full); retry with backoff".to_string(),
+                    other => other.to_string(),
+                };
+                let _ = replies.try_send(unavailable(id, ErrorCode::Unavailable, message));
+            }
+        }
+    }
+
+    fn on_frame(&mut self, frame: &[u8]) {
+        let reply = match zinfer_protocol::decode::<ClientReply>(frame, &self.limits) {
+            Ok(reply) => reply,
+            Err(error) => {
+                tracing::warn!(%error, "unreadable reply from the router");
+                return;
+            }
+        };
+        match &reply {
+            ClientReply::Chunk { id, .. } => {
+                let delivered = self
+                    .requests
+                    .get(id)
+                    .map(|replies| replies.try_send(reply.clone()).is_ok());
+                if delivered == Some(false) {
+                    // The handler is gone (or stopped reading): cancel.
+                    let id = id.clone();
+                    self.requests.remove(&id);
+                    let _ = self.send(&ClientRequest::Cancel { id });
+                }
+            }
+            ClientReply::Done { id, .. } | ClientReply::Error { id: Some(id), .. } => {
+                if let Some(replies) = self.requests.remove(id) {
+                    let _ = replies.try_send(reply);
+                }
+            }
+            ClientReply::Error {
+                id: None, message, ..
+            } => {
+                tracing::error!(%message, "the router could not read a frame of ours");
+            }
+            ClientReply::Models {
+                id: Some(id),
+                models,
+            } => {
+                if let Some((_, answer)) = self.models.remove(id) {
+                    let _ = answer.send(models.clone());
+                }
+            }
+            ClientReply::Models { id: None, .. } | ClientReply::Pong { .. } => {}
+        }
+    }
+}
+
+/// The terminal error of a request that could not be sent.
+fn unavailable(id: String, code: ErrorCode, message: String) -> ClientReply {
+    ClientReply::Error {
+        id: Some(id),
+        code,
+        message,
+        retryable: code.retryable(),
+    }
+}

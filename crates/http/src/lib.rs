@@ -1,0 +1,115 @@
+//! zinfer's OpenAI-compatible HTTP front.
+//!
+//! An axum server that speaks OpenAI's `/v1/completions`,
+//! `/v1/chat/completions` and `/v1/models` to HTTP clients and the zinfer
+//! client protocol (MessagePack over a ZeroMQ DEALER) to the router, like
+//! any other client. The crate is split so that the request and response
+//! translation is pure and unit-tested, and the sockets sit at the edge:
+//!
+//! | module | job |
+//! |---|---|
+//! | [`translate`] | OpenAI request bodies to protocol `generate` requests (pure) |
+//! | [`respond`] | protocol replies to OpenAI bodies and SSE events (pure) |
+//! | [`error`] | one error enum, OpenAI-shaped bodies and statuses |
+//! | [`backend`] | the I/O thread owning the DEALER, requests multiplexed by id |
+//! | [`server`] | routes, API key, handlers |
+
+pub mod backend;
+pub mod error;
+pub mod respond;
+pub mod server;
+pub mod translate;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use backend::{ConnectError, RouterClient};
+pub use error::ApiError;
+pub use server::{AppState, app};
+
+/// Settings of the HTTP front.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// The router's client endpoint, e.g. `tcp://127.0.0.1:5555`.
+    pub router: String,
+    /// Address to listen on.
+    pub listen: SocketAddr,
+    /// When set, `/v1/*` requires `Authorization: Bearer KEY`.
+    pub api_key: Option<String>,
+    /// A model name that means the router's default model; listed first by
+    /// `/v1/models`.
+    pub served_model_name: Option<String>,
+    /// Longest wait for the router's next reply to a request.
+    pub reply_timeout: Duration,
+}
+
+/// Why the HTTP front could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// The router connection could not be set up.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// Listening or serving failed.
+    #[error("HTTP server on {addr}: {source}")]
+    Io {
+        /// The listen address.
+        addr: SocketAddr,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// A bound, not yet running HTTP front.
+pub struct HttpServer {
+    listener: tokio::net::TcpListener,
+    client: RouterClient,
+    state: AppState,
+}
+
+impl HttpServer {
+    /// Connects to the router and binds the listen address. Call inside a
+    /// tokio runtime.
+    pub async fn bind(config: HttpConfig) -> Result<HttpServer, HttpError> {
+        let client = RouterClient::connect(&config.router)?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| HttpError::Io {
+                addr: config.listen,
+                source,
+            })?;
+        let state = AppState {
+            client: client.clone(),
+            alias: config.served_model_name,
+            api_key: config.api_key,
+            reply_timeout: config.reply_timeout,
+            limits: Arc::new(zinfer_protocol::Limits::default()),
+        };
+        Ok(HttpServer {
+            listener,
+            client,
+            state,
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    /// Serves until `shutdown` completes, then lets open responses finish
+    /// and stops the router I/O thread.
+    pub async fn run(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), HttpError> {
+        let addr = self.local_addr().unwrap_or(([0, 0, 0, 0], 0).into());
+        let result = axum::serve(self.listener, server::app(self.state))
+            .with_graceful_shutdown(shutdown)
+            .await
+            .map_err(|source| HttpError::Io { addr, source });
+        self.client.shutdown();
+        result
+    }
+}

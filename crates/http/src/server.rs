@@ -1,0 +1,247 @@
+//! The axum application: routes, the API-key check, and the handlers that
+//! join translation, the router connection and the response encoders.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+use zinfer_protocol::{ClientReply, Limits};
+
+use crate::backend::{Pending, RouterClient};
+use crate::error::ApiError;
+use crate::respond::{Endpoint, Meta, StreamEncoder, full_response};
+use crate::translate::{self, Context};
+
+/// How long `/v1/models` and `/ready` wait for the router.
+const MODELS_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    /// The router connection.
+    pub client: RouterClient,
+    /// `--served-model-name`.
+    pub alias: Option<String>,
+    /// `--api-key`.
+    pub api_key: Option<String>,
+    /// Longest wait for the router's next reply to a request.
+    pub reply_timeout: Duration,
+    /// Checked before a request is sent.
+    pub limits: Arc<Limits>,
+}
+
+/// The routes: `/v1/*` behind the API key when one is set; `/health` and
+/// `/ready` open, for probes.
+pub fn app(state: AppState) -> Router {
+    let v1 = Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .fallback(no_route)
+        .with_state(state)
+}
+
+async fn require_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|given| same_secret(given.as_bytes(), key.as_bytes())) {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    next.run(request).await
+}
+
+/// Compares without stopping at the first difference.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn no_route(request: Request) -> ApiError {
+    ApiError::NoRoute(request.uri().path().to_string())
+}
+
+async fn health() -> impl IntoResponse {
+    axum::Json(json!({"status": "ok"}))
+}
+
+async fn ready(State(state): State<AppState>) -> Response {
+    match state.client.models(MODELS_TIMEOUT).await {
+        Ok(models) if models.iter().any(|m| m.workers > 0) => {
+            axum::Json(json!({"status": "ready", "models": models_json(&models)})).into_response()
+        }
+        Ok(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "not ready", "reason": "no worker serves a model yet"})),
+        )
+            .into_response(),
+        Err(error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"status": "not ready", "reason": error.to_string()})),
+        )
+            .into_response(),
+    }
+}
+
+fn models_json(models: &[zinfer_protocol::ModelInfo]) -> serde_json::Value {
+    models
+        .iter()
+        .map(|m| json!({"name": m.name, "workers": m.workers}))
+        .collect()
+}
+
+async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let served = state.client.models(MODELS_TIMEOUT).await?;
+    let created = now_unix();
+    let entry =
+        |id: &str| json!({"id": id, "object": "model", "created": created, "owned_by": "zinfer"});
+    let mut data: Vec<_> = state.alias.iter().map(|alias| entry(alias)).collect();
+    data.extend(
+        served
+            .iter()
+            .filter(|m| m.workers > 0 && Some(&m.name) != state.alias.as_ref())
+            .map(|m| entry(&m.name)),
+    );
+    Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
+}
+
+async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    generate(state, Endpoint::Completions, body).await
+}
+
+async fn chat_completions(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    generate(state, Endpoint::Chat, body).await
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Translates, sends, and answers with one JSON body or an SSE stream. The
+/// first reply is awaited before answering, so a request the router rejects
+/// gets a proper HTTP error status even when streaming.
+async fn generate(state: AppState, endpoint: Endpoint, body: Bytes) -> Result<Response, ApiError> {
+    let id = state.client.next_id();
+    let ctx = Context {
+        id: &id,
+        alias: state.alias.as_deref(),
+        limits: &state.limits,
+    };
+    let translated = match endpoint {
+        Endpoint::Completions => translate::completion(&body, ctx)?,
+        Endpoint::Chat => translate::chat(&body, ctx)?,
+    };
+    let model = translated.request.model.clone();
+    let mut pending = state.client.generate(translated.request)?;
+    let prefix = match endpoint {
+        Endpoint::Completions => "cmpl",
+        Endpoint::Chat => "chatcmpl",
+    };
+    let meta = Meta {
+        endpoint,
+        id: format!("{prefix}-{id}"),
+        created: now_unix(),
+        model: translated.model,
+    };
+    let timeout = state.reply_timeout;
+    let first = pending.next(timeout).await?;
+    if let ClientReply::Error { code, message, .. } = first {
+        return Err(ApiError::from_router(code, message, model.as_deref()));
+    }
+    if !translated.stream {
+        return whole(pending, first, &meta, timeout, model.as_deref()).await;
+    }
+    let mut encoder = StreamEncoder::new(meta, translated.include_usage);
+    let queue: VecDeque<String> = encoder.on_reply(first).into();
+    let stream = futures_util::stream::unfold(
+        (pending, encoder, queue),
+        move |(mut pending, mut encoder, mut queue)| async move {
+            loop {
+                if let Some(payload) = queue.pop_front() {
+                    let event = Ok::<_, Infallible>(Event::default().data(payload));
+                    return Some((event, (pending, encoder, queue)));
+                }
+                if encoder.finished() {
+                    return None;
+                }
+                match pending.next(timeout).await {
+                    Ok(reply) => queue.extend(encoder.on_reply(reply)),
+                    Err(error) => queue.extend(encoder.on_error(&error)),
+                }
+            }
+        },
+    );
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// Collects a request's chunks into one response body.
+async fn whole(
+    mut pending: Pending,
+    first: ClientReply,
+    meta: &Meta,
+    timeout: Duration,
+    model: Option<&str>,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut reply = first;
+    loop {
+        match reply {
+            ClientReply::Chunk { text: delta, .. } => text.push_str(&delta),
+            ClientReply::Done {
+                finish_reason,
+                usage,
+                text: whole,
+                ..
+            } => {
+                if let Some(whole) = whole {
+                    text.push_str(&whole);
+                }
+                let body = full_response(meta, &text, finish_reason, &usage);
+                return Ok(axum::Json(body).into_response());
+            }
+            ClientReply::Error { code, message, .. } => {
+                return Err(ApiError::from_router(code, message, model));
+            }
+            ClientReply::Models { .. } | ClientReply::Pong { .. } => {}
+        }
+        reply = pending.next(timeout).await?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_compare_whole() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"abc", b"abcd"));
+        assert!(!same_secret(b"", b"a"));
+    }
+}

@@ -1,0 +1,600 @@
+//! OpenAI request bodies to protocol `generate` requests. Pure functions:
+//! bytes and settings in, a [`Translated`] request or an [`ApiError`] out.
+//!
+//! Fields are read one by one from the JSON object, so every error names
+//! its field (`param`). A field that OpenAI defines but zinfer does not
+//! implement is accepted only at its default value (`n: 1`,
+//! `presence_penalty: 0`, empty `tools`, ...); any other value, and any
+//! field OpenAI does not define, is a 400.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use zinfer_protocol::{ChatMessage, DecodeError, GenerateRequest, Limits};
+
+use crate::error::ApiError;
+
+/// Fields of `POST /v1/completions`.
+const COMPLETION_FIELDS: &[&str] = &[
+    "model",
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "n",
+    "best_of",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "echo",
+    "suffix",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+];
+
+/// Fields of `POST /v1/chat/completions`.
+const CHAT_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "n",
+    "stream",
+    "stream_options",
+    "logprobs",
+    "top_logprobs",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "functions",
+    "function_call",
+];
+
+/// OpenAI's default `max_tokens` for `/v1/completions`.
+pub const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
+
+/// What a translation needs besides the body.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// The protocol request id to use.
+    pub id: &'a str,
+    /// `--served-model-name`: this name means the router's default model.
+    pub alias: Option<&'a str>,
+    /// The protocol's limits, checked before anything is sent.
+    pub limits: &'a Limits,
+}
+
+/// A valid request, ready to send to the router.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Translated {
+    /// The protocol request (`stream` is always true: the front streams
+    /// from the router and buffers itself for non-streaming responses).
+    pub request: GenerateRequest,
+    /// Whether the HTTP response is a server-sent event stream.
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+    /// The model name echoed in responses.
+    pub model: String,
+}
+
+/// The JSON object of a request body.
+struct Body(Map<String, Value>);
+
+impl Body {
+    fn parse(bytes: &[u8], known: &[&str]) -> Result<Body, ApiError> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest {
+            message: format!("the body is not valid JSON: {e}"),
+            param: None,
+        })?;
+        let Value::Object(map) = value else {
+            return Err(ApiError::InvalidRequest {
+                message: "the body must be a JSON object".into(),
+                param: None,
+            });
+        };
+        if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(ApiError::UnknownField(unknown.clone()));
+        }
+        Ok(Body(map))
+    }
+
+    /// The field `name`, `None` when absent or `null`.
+    fn get<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, ApiError> {
+        match self.0.get(name) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => T::deserialize(value)
+                .map(Some)
+                .map_err(|e| ApiError::invalid(name, format!("invalid {name:?}: {e}"))),
+        }
+    }
+
+    /// Rejects `name` unless it is absent, `null` or passes `is_default`.
+    fn only_default<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        is_default: impl Fn(&T) -> bool,
+        why: &str,
+    ) -> Result<(), ApiError> {
+        match self.get::<T>(name)? {
+            Some(value) if !is_default(&value) => Err(ApiError::unsupported(
+                name,
+                format!("{name:?} is not supported: {why}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+/// Translates a `/v1/completions` body.
+pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
+    let body = Body::parse(bytes, COMPLETION_FIELDS)?;
+    let mut request = GenerateRequest::from_prompt(ctx.id, "");
+    request.prompt = None;
+    match body.0.get("prompt") {
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("prompt", "\"prompt\" is required"));
+        }
+        Some(Value::String(text)) => request.prompt = Some(text.clone()),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [Value::String(text)] => request.prompt = Some(text.clone()),
+            [Value::Array(tokens)] => request.tokens = Some(token_ids(tokens)?),
+            [] => return Err(ApiError::invalid("prompt", "\"prompt\" must not be empty")),
+            [Value::Number(_), ..] => request.tokens = Some(token_ids(items)?),
+            _ => {
+                return Err(ApiError::unsupported(
+                    "prompt",
+                    "more than one prompt per request is not supported; send one request per prompt",
+                ));
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "\"prompt\" must be a string, an array of one string, or an array of token ids",
+            ));
+        }
+    }
+    request.max_tokens = body
+        .get::<u32>("max_tokens")?
+        .unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
+    body.only_default::<u32>("best_of", |n| *n == 1, "only best_of 1 is served")?;
+    body.only_default::<bool>("echo", |e| !e, "the prompt is not echoed")?;
+    body.only_default::<String>("suffix", String::is_empty, "no insertion mode")?;
+    body.only_default::<u32>("logprobs", |_| false, "log probabilities are not returned")?;
+    finish(body, request, ctx)
+}
+
+/// Translates a `/v1/chat/completions` body.
+pub fn chat(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
+    let body = Body::parse(bytes, CHAT_FIELDS)?;
+    let mut request = GenerateRequest::from_prompt(ctx.id, "");
+    request.prompt = None;
+    let Some(raw) = body.get::<Vec<Value>>("messages")? else {
+        return Err(ApiError::invalid("messages", "\"messages\" is required"));
+    };
+    let messages = raw
+        .iter()
+        .enumerate()
+        .map(|(i, m)| chat_message(i, m))
+        .collect::<Result<Vec<_>, _>>()?;
+    request.messages = Some(messages);
+    let max_completion = body.get::<u32>("max_completion_tokens")?;
+    // OpenAI's chat default is "as many as fit"; the worker clamps to the
+    // context length.
+    request.max_tokens = max_completion
+        .or(body.get::<u32>("max_tokens")?)
+        .unwrap_or(ctx.limits.max_tokens_cap);
+    body.only_default::<bool>("logprobs", |l| !l, "log probabilities are not returned")?;
+    body.only_default::<u32>(
+        "top_logprobs",
+        |n| *n == 0,
+        "log probabilities are not returned",
+    )?;
+    body.only_default::<Vec<Value>>("tools", Vec::is_empty, "no tool calling")?;
+    body.only_default::<Vec<Value>>("functions", Vec::is_empty, "no function calling")?;
+    body.only_default::<Value>("tool_choice", |c| c == "none", "no tool calling")?;
+    body.only_default::<Value>("function_call", |c| c == "none", "no function calling")?;
+    body.get::<bool>("parallel_tool_calls")?;
+    body.only_default::<Value>(
+        "response_format",
+        |f| f.get("type").and_then(Value::as_str) == Some("text"),
+        "only {\"type\": \"text\"} is served",
+    )?;
+    finish(body, request, ctx)
+}
+
+/// The sampling fields both endpoints share, the model, and the final check.
+fn finish(
+    body: Body,
+    mut request: GenerateRequest,
+    ctx: Context<'_>,
+) -> Result<Translated, ApiError> {
+    let model: Option<String> = body.get("model")?;
+    request.model = model
+        .clone()
+        .filter(|m| !m.is_empty() && Some(m.as_str()) != ctx.alias);
+    if let Some(t) = body.get::<f32>("temperature")? {
+        request.temperature = t;
+    }
+    if let Some(p) = body.get::<f32>("top_p")? {
+        request.top_p = p;
+    }
+    if let Some(k) = body.get::<i64>("top_k")? {
+        // vLLM's convention: -1 (or 0) turns top-k off.
+        request.top_k = match k {
+            -1 | 0 => 0,
+            k => u32::try_from(k).map_err(|_| {
+                ApiError::invalid("top_k", "\"top_k\" must be -1, 0 or a positive integer")
+            })?,
+        };
+    }
+    if let Some(p) = body.get::<f32>("min_p")? {
+        request.min_p = p;
+    }
+    if let Some(p) = body.get::<f32>("repetition_penalty")? {
+        request.repetition_penalty = p;
+    }
+    request.seed = body.get::<u64>("seed")?;
+    request.stop = match body.get::<OneOrMany>("stop")? {
+        None => Vec::new(),
+        Some(OneOrMany::One(s)) => vec![s],
+        Some(OneOrMany::Many(v)) => v,
+    };
+    request.stop_token_ids = body.get("stop_token_ids")?.unwrap_or_default();
+    request.ignore_eos = body.get("ignore_eos")?.unwrap_or(false);
+    body.get::<String>("user")?;
+    body.only_default::<u32>("n", |n| *n == 1, "only one choice per request is served")?;
+    body.only_default::<f32>("presence_penalty", |p| *p == 0.0, "use repetition_penalty")?;
+    body.only_default::<f32>("frequency_penalty", |p| *p == 0.0, "use repetition_penalty")?;
+    body.only_default::<Map<String, Value>>("logit_bias", Map::is_empty, "no logit bias")?;
+    let stream = body.get::<bool>("stream")?.unwrap_or(false);
+    let options = body.get::<StreamOptions>("stream_options")?;
+    if options.is_some() && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "\"stream_options\" is only allowed when \"stream\" is true",
+        ));
+    }
+    let include_usage = options.and_then(|o| o.include_usage).unwrap_or(false);
+    request.stream = true;
+    request.validate(ctx.limits).map_err(decode_error)?;
+    Ok(Translated {
+        request,
+        stream,
+        include_usage,
+        model: model
+            .filter(|m| !m.is_empty())
+            .or(ctx.alias.map(str::to_string))
+            .unwrap_or_else(|| "default".to_string()),
+    })
+}
+
+fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
+    items
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .and_then(|id| u32::try_from(id).ok())
+                .ok_or_else(|| {
+                    ApiError::invalid("prompt", "token ids must be integers from 0 to 2^32-1")
+                })
+        })
+        .collect()
+}
+
+/// One chat turn: `role`, and `content` as a string or text parts.
+fn chat_message(i: usize, value: &Value) -> Result<ChatMessage, ApiError> {
+    let param = format!("messages[{i}]");
+    let Value::Object(map) = value else {
+        return Err(ApiError::invalid(param, "each message must be an object"));
+    };
+    if let Some(key) = map
+        .keys()
+        .find(|k| !["role", "content", "name"].contains(&k.as_str()))
+    {
+        return Err(ApiError::unsupported(
+            &format!("{param}.{key}"),
+            format!("message field {key:?} is not supported (no tool calling)"),
+        ));
+    }
+    let role = match map.get("role").and_then(Value::as_str) {
+        Some(role @ ("system" | "user" | "assistant")) => role.to_string(),
+        // OpenAI's newer name for the system turn.
+        Some("developer") => "system".to_string(),
+        Some(other) => {
+            return Err(ApiError::unsupported(
+                &format!("{param}.role"),
+                format!(
+                    "role {other:?} is not supported; use system, developer, user or assistant"
+                ),
+            ));
+        }
+        None => {
+            return Err(ApiError::invalid(
+                format!("{param}.role"),
+                "\"role\" is required",
+            ));
+        }
+    };
+    let content = match map.get("content") {
+        Some(Value::String(text)) => text.clone(),
+        None | Some(Value::Null) if role == "assistant" => String::new(),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for part in parts {
+                match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                    (Some("text"), Some(Value::String(text))) => texts.push(text.as_str()),
+                    _ => {
+                        return Err(ApiError::unsupported(
+                            &format!("{param}.content"),
+                            "only text content parts ({\"type\": \"text\", \"text\": ...}) are supported",
+                        ));
+                    }
+                }
+            }
+            texts.join("\n")
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                format!("{param}.content"),
+                "\"content\" must be a string or an array of text parts",
+            ));
+        }
+    };
+    Ok(ChatMessage { role, content })
+}
+
+fn decode_error(error: DecodeError) -> ApiError {
+    let message = error.to_string();
+    match error {
+        DecodeError::OverLimit { field, .. } | DecodeError::Invalid { field, .. } => {
+            ApiError::invalid(field, message)
+        }
+        _ => ApiError::InvalidRequest {
+            message,
+            param: None,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx(limits: &Limits) -> Context<'_> {
+        Context {
+            id: "h-1",
+            alias: Some("smol"),
+            limits,
+        }
+    }
+
+    fn chat_ok(body: Value) -> Translated {
+        let limits = Limits::default();
+        chat(body.to_string().as_bytes(), ctx(&limits)).unwrap()
+    }
+
+    fn chat_err(body: Value) -> ApiError {
+        let limits = Limits::default();
+        chat(body.to_string().as_bytes(), ctx(&limits)).unwrap_err()
+    }
+
+    fn completion_ok(body: Value) -> Translated {
+        let limits = Limits::default();
+        completion(body.to_string().as_bytes(), ctx(&limits)).unwrap()
+    }
+
+    fn completion_err(body: Value) -> ApiError {
+        let limits = Limits::default();
+        completion(body.to_string().as_bytes(), ctx(&limits)).unwrap_err()
+    }
+
+    fn param(error: &ApiError) -> Option<String> {
+        error.body()["error"]["param"].as_str().map(str::to_string)
+    }
+
+    #[test]
+    fn chat_maps_every_sampling_field() {
+        let t = chat_ok(serde_json::json!({
+            "model": "m", "messages": [{"role": "user", "content": "Hi"}],
+            "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+            "repetition_penalty": 1.1, "seed": 7, "stop": "\n",
+            "max_completion_tokens": 9, "max_tokens": 100, "ignore_eos": true,
+            "stop_token_ids": [2], "n": 1, "presence_penalty": 0,
+            "stream": true, "stream_options": {"include_usage": true}, "user": "u",
+        }));
+        let r = &t.request;
+        assert_eq!(r.id, "h-1");
+        assert_eq!(r.model.as_deref(), Some("m"));
+        assert_eq!(
+            (r.temperature, r.top_p, r.top_k, r.min_p),
+            (0.5, 0.9, 40, 0.05)
+        );
+        assert_eq!(r.repetition_penalty, 1.1);
+        assert_eq!(r.seed, Some(7));
+        assert_eq!(r.stop, vec!["\n".to_string()]);
+        assert_eq!(
+            r.max_tokens, 9,
+            "max_completion_tokens wins over max_tokens"
+        );
+        assert!(r.ignore_eos);
+        assert_eq!(r.stop_token_ids, vec![2]);
+        assert!(r.stream, "the front always streams from the router");
+        assert!(t.stream && t.include_usage);
+        assert_eq!(t.model, "m");
+        let messages = r.messages.as_ref().unwrap();
+        assert_eq!(messages[0].role, "user");
+        assert_eq!(messages[0].content, "Hi");
+    }
+
+    #[test]
+    fn chat_defaults_and_content_forms() {
+        let t = chat_ok(serde_json::json!({
+            "messages": [
+                {"role": "developer", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": null},
+            ],
+            "stop": ["x", "y"], "top_k": -1,
+        }));
+        let r = &t.request;
+        assert_eq!(r.model, None);
+        assert_eq!(t.model, "smol", "the alias names the default model");
+        assert_eq!(r.max_tokens, Limits::default().max_tokens_cap);
+        assert_eq!(r.temperature, 1.0);
+        assert_eq!(r.top_k, 0);
+        assert_eq!(r.stop.len(), 2);
+        assert!(!t.stream && !t.include_usage);
+        let m = r.messages.as_ref().unwrap();
+        assert_eq!(m[0].role, "system");
+        assert_eq!(m[1].content, "a\nb");
+        assert_eq!(m[2].content, "");
+    }
+
+    #[test]
+    fn the_alias_means_the_default_model() {
+        let t = chat_ok(
+            serde_json::json!({"model": "smol", "messages": [{"role": "user", "content": "x"}]}),
+        );
+        assert_eq!(t.request.model, None);
+        assert_eq!(t.model, "smol");
+    }
+
+    #[test]
+    fn unsupported_and_unknown_fields_are_400_naming_the_field() {
+        let user = serde_json::json!([{"role": "user", "content": "x"}]);
+        for (field, value) in [
+            ("n", serde_json::json!(2)),
+            ("tools", serde_json::json!([{"type": "function"}])),
+            ("tool_choice", serde_json::json!("auto")),
+            ("logprobs", serde_json::json!(true)),
+            ("presence_penalty", serde_json::json!(0.5)),
+            ("logit_bias", serde_json::json!({"1": 5})),
+            (
+                "response_format",
+                serde_json::json!({"type": "json_object"}),
+            ),
+            ("frobnicate", serde_json::json!(1)),
+        ] {
+            let mut body = serde_json::json!({"messages": user});
+            body[field] = value;
+            let error = chat_err(body);
+            assert_eq!(
+                error.status(),
+                axum::http::StatusCode::BAD_REQUEST,
+                "{field}"
+            );
+            assert_eq!(param(&error).as_deref(), Some(field), "{field}: {error}");
+        }
+        // Defaults of unsupported fields are fine.
+        chat_ok(
+            serde_json::json!({"messages": user, "n": 1, "tools": [], "tool_choice": "none",
+            "logprobs": false, "frequency_penalty": 0.0, "logit_bias": {},
+            "response_format": {"type": "text"}, "parallel_tool_calls": true}),
+        );
+    }
+
+    #[test]
+    fn bad_values_are_400_naming_the_field() {
+        let user = serde_json::json!([{"role": "user", "content": "x"}]);
+        let error = chat_err(serde_json::json!({"messages": user, "temperature": "hot"}));
+        assert_eq!(param(&error).as_deref(), Some("temperature"));
+        let error = chat_err(serde_json::json!({"messages": user, "temperature": -1}));
+        assert_eq!(param(&error).as_deref(), Some("temperature"), "{error}");
+        let error = chat_err(serde_json::json!({"messages": user, "top_k": -5}));
+        assert_eq!(param(&error).as_deref(), Some("top_k"));
+        let error = chat_err(
+            serde_json::json!({"messages": user, "stream_options": {"include_usage": true}}),
+        );
+        assert_eq!(param(&error).as_deref(), Some("stream_options"));
+        let error = chat_err(serde_json::json!({"messages": []}));
+        assert_eq!(param(&error).as_deref(), Some("messages"));
+        let error = chat_err(serde_json::json!({"model": "m"}));
+        assert_eq!(param(&error).as_deref(), Some("messages"));
+        let error = chat_err(serde_json::json!({"messages": [{"role": "tool", "content": "x"}]}));
+        assert_eq!(param(&error).as_deref(), Some("messages[0].role"));
+        let error = chat_err(
+            serde_json::json!({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}),
+        );
+        assert_eq!(param(&error).as_deref(), Some("messages[0].tool_calls"));
+        let error = chat_err(
+            serde_json::json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+        );
+        assert_eq!(param(&error).as_deref(), Some("messages[0].content"));
+        let limits = Limits::default();
+        for body in [&b"{"[..], b"[1]", b""] {
+            let error = chat(body, ctx(&limits)).unwrap_err();
+            assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST);
+        }
+    }
+
+    #[test]
+    fn completion_prompt_forms() {
+        let t = completion_ok(serde_json::json!({"model": "m", "prompt": "Once"}));
+        assert_eq!(t.request.prompt.as_deref(), Some("Once"));
+        assert_eq!(t.request.max_tokens, COMPLETION_DEFAULT_MAX_TOKENS);
+        let t = completion_ok(serde_json::json!({"prompt": ["Once"], "max_tokens": 5}));
+        assert_eq!(t.request.prompt.as_deref(), Some("Once"));
+        assert_eq!(t.request.max_tokens, 5);
+        let t = completion_ok(serde_json::json!({"prompt": [1, 2, 3]}));
+        assert_eq!(t.request.tokens, Some(vec![1, 2, 3]));
+        assert_eq!(t.request.prompt, None);
+        let t = completion_ok(serde_json::json!({"prompt": [[4, 5]]}));
+        assert_eq!(t.request.tokens, Some(vec![4, 5]));
+        for (prompt, field) in [
+            (serde_json::json!(["a", "b"]), "prompt"),
+            (serde_json::json!([]), "prompt"),
+            (serde_json::json!([-1]), "prompt"),
+            (serde_json::json!(5), "prompt"),
+        ] {
+            let error = completion_err(serde_json::json!({"prompt": prompt}));
+            assert_eq!(param(&error).as_deref(), Some(field), "{error}");
+        }
+        let error = completion_err(serde_json::json!({"prompt": "x", "echo": true}));
+        assert_eq!(param(&error).as_deref(), Some("echo"));
+        let error = completion_err(serde_json::json!({"prompt": "x", "logprobs": 2}));
+        assert_eq!(param(&error).as_deref(), Some("logprobs"));
+        let error = completion_err(serde_json::json!({"prompt": "x", "messages": []}));
+        assert_eq!(param(&error).as_deref(), Some("messages"));
+        let error = completion_err(serde_json::json!({"prompt": "x", "max_tokens": 40000}));
+        assert_eq!(param(&error).as_deref(), Some("max_tokens"), "{error}");
+    }
+}

@@ -1,0 +1,336 @@
+//! The HTTP front against a scripted router: a ZeroMQ ROUTER socket in a
+//! thread that answers with fixed chunks, so the whole front (axum, the I/O
+//! thread, the encoders) runs without a model.
+
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs,
+    unreachable_pub
+)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use zinfer_http::{HttpConfig, HttpServer};
+use zinfer_protocol::{
+    ClientReply, ClientRequest, ErrorCode, FinishReason, Limits, ModelInfo, Timings, Usage,
+};
+
+/// Answers `models`, and `generate` with "Hel" + "lo" then `done`; the
+/// model "nope" is unknown; the prompt "hang" gets one chunk and no end.
+/// Every `cancel` id goes to the returned channel.
+fn fake_router() -> (String, mpsc::Receiver<String>) {
+    let context = zmq::Context::new();
+    let socket = context.socket(zmq::ROUTER).unwrap();
+    socket.bind("tcp://127.0.0.1:*").unwrap();
+    let endpoint = socket.get_last_endpoint().unwrap().unwrap();
+    let (cancels, cancelled) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _context = context;
+        loop {
+            let Ok(frames) = socket.recv_multipart(0) else {
+                return;
+            };
+            let [peer, frame] = frames.as_slice() else {
+                continue;
+            };
+            let send = |reply: ClientReply| {
+                let bytes = zinfer_protocol::encode(&reply).unwrap();
+                socket.send_multipart([peer.as_slice(), &bytes], 0).unwrap();
+            };
+            match zinfer_protocol::decode::<ClientRequest>(frame, &Limits::default()).unwrap() {
+                ClientRequest::Models { id } => send(ClientReply::Models {
+                    id,
+                    models: vec![ModelInfo {
+                        name: "smol".into(),
+                        workers: 1,
+                    }],
+                }),
+                ClientRequest::Generate(request) => {
+                    let id = request.id.clone();
+                    if request.model.as_deref() == Some("nope") {
+                        send(ClientReply::Error {
+                            id: Some(id),
+                            code: ErrorCode::UnknownModel,
+                            message: "no worker serves \"nope\"".into(),
+                            retryable: false,
+                        });
+                        continue;
+                    }
+                    assert!(request.stream, "the front always streams from the router");
+                    let chunk = |index: u32, text: &str| ClientReply::Chunk {
+                        id: id.clone(),
+                        index,
+                        text: text.into(),
+                        tokens: vec![index],
+                    };
+                    send(chunk(0, "Hel"));
+                    if request.prompt.as_deref() == Some("hang") {
+                        continue;
+                    }
+                    send(chunk(1, "lo"));
+                    send(ClientReply::Done {
+                        id,
+                        finish_reason: FinishReason::Length,
+                        text: None,
+                        usage: Usage {
+                            prompt_tokens: 5,
+                            cached_tokens: 3,
+                            completion_tokens: 2,
+                        },
+                        timings: Timings::default(),
+                        worker: "w0".into(),
+                    });
+                }
+                ClientRequest::Cancel { id } => {
+                    let _ = cancels.send(id);
+                }
+                ClientRequest::Ping { id } => send(ClientReply::Pong { id }),
+            }
+        }
+    });
+    (endpoint, cancelled)
+}
+
+/// Starts the front on a runtime of its own thread; returns its address.
+fn start_front(api_key: Option<&str>) -> (SocketAddr, mpsc::Receiver<String>) {
+    let (router, cancelled) = fake_router();
+    let config = HttpConfig {
+        router,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        api_key: api_key.map(str::to_string),
+        served_model_name: Some("alias".into()),
+        reply_timeout: Duration::from_secs(10),
+    };
+    let (addr_tx, addr_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let server = HttpServer::bind(config).await.unwrap();
+            addr_tx.send(server.local_addr().unwrap()).unwrap();
+            server.run(std::future::pending()).await.unwrap();
+        });
+    });
+    (addr_rx.recv().unwrap(), cancelled)
+}
+
+/// One HTTP/1.1 request; returns (status, body).
+fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    key: Option<&str>,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let auth = key
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response[9..12].parse().unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    (status, body)
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let size = usize::from_str_radix(size.trim(), 16).unwrap();
+        if size == 0 {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = &rest[size + 2..];
+    }
+    out
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+/// The `data:` payloads of an SSE body.
+fn events(body: &str) -> Vec<String> {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn chat_non_streaming_and_streaming() {
+    let (addr, _) = start_front(None);
+    let request = json!({"model": "alias", "messages": [{"role": "user", "content": "Hi"}]});
+    let (status, body) = call(addr, "POST", "/v1/chat/completions", Some(&request), None);
+    assert_eq!(status, 200, "{body}");
+    let body = json(&body);
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["model"], "alias");
+    assert_eq!(body["choices"][0]["message"]["content"], "Hello");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 3);
+
+    let mut request = request;
+    request["stream"] = json!(true);
+    request["stream_options"] = json!({"include_usage": true});
+    let (status, body) = call(addr, "POST", "/v1/chat/completions", Some(&request), None);
+    assert_eq!(status, 200, "{body}");
+    let events = events(&body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{body}");
+    let parsed: Vec<Value> = events[..events.len() - 1].iter().map(|e| json(e)).collect();
+    let text: String = parsed
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, "Hello");
+    assert_eq!(parsed[parsed.len() - 1]["usage"]["completion_tokens"], 2);
+}
+
+#[test]
+fn completions_models_health_ready() {
+    let (addr, _) = start_front(None);
+    let (status, body) = call(
+        addr,
+        "POST",
+        "/v1/completions",
+        Some(&json!({"prompt": "x"})),
+        None,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["choices"][0]["text"], "Hello");
+    let (status, body) = call(addr, "GET", "/v1/models", None, None);
+    assert_eq!(status, 200, "{body}");
+    let ids: Vec<_> = json(&body)["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, ["alias", "smol"]);
+    assert_eq!(call(addr, "GET", "/health", None, None).0, 200);
+    let (status, body) = call(addr, "GET", "/ready", None, None);
+    assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn errors_are_openai_shaped() {
+    let (addr, _) = start_front(None);
+    let bad = json!({"messages": [{"role": "user", "content": "x"}], "n": 3});
+    let (status, body) = call(addr, "POST", "/v1/chat/completions", Some(&bad), None);
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(json(&body)["error"]["param"], "n");
+    let unknown =
+        json!({"model": "nope", "messages": [{"role": "user", "content": "x"}], "stream": true});
+    let (status, body) = call(addr, "POST", "/v1/chat/completions", Some(&unknown), None);
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "model_not_found");
+    let (status, body) = call(addr, "GET", "/v2/nothing", None, None);
+    assert_eq!(status, 404, "{body}");
+    assert!(json(&body)["error"]["message"].is_string());
+}
+
+#[test]
+fn no_router_is_a_fast_503() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port();
+    let config = HttpConfig {
+        router: format!("tcp://127.0.0.1:{port}"),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        api_key: None,
+        served_model_name: None,
+        reply_timeout: Duration::from_secs(60),
+    };
+    let (addr_tx, addr_rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let server = HttpServer::bind(config).await.unwrap();
+            addr_tx.send(server.local_addr().unwrap()).unwrap();
+            server.run(std::future::pending()).await.unwrap();
+        });
+    });
+    let addr = addr_rx.recv().unwrap();
+    let started = std::time::Instant::now();
+    let request = json!({"messages": [{"role": "user", "content": "x"}]});
+    let (status, body) = call(addr, "POST", "/v1/chat/completions", Some(&request), None);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "unavailable");
+    assert_eq!(call(addr, "GET", "/ready", None, None).0, 503);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn the_api_key_guards_v1_only() {
+    let (addr, _) = start_front(Some("sekrit"));
+    let (status, body) = call(addr, "GET", "/v1/models", None, None);
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "invalid_api_key");
+    assert_eq!(call(addr, "GET", "/v1/models", None, Some("wrong")).0, 401);
+    assert_eq!(call(addr, "GET", "/v1/models", None, Some("sekrit")).0, 200);
+    assert_eq!(call(addr, "GET", "/health", None, None).0, 200);
+}
+
+#[test]
+fn a_client_that_goes_away_cancels_its_request() {
+    let (addr, cancelled) = start_front(None);
+    for stream in [true, false] {
+        let mut socket = TcpStream::connect(addr).unwrap();
+        let body = json!({"prompt": "hang", "max_tokens": 50, "stream": stream}).to_string();
+        write!(
+            socket,
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        if stream {
+            // Wait for the headers and the first event, then hang up.
+            let mut buf = [0u8; 512];
+            let n = socket.read(&mut buf).unwrap();
+            assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+        } else {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        drop(socket);
+        let id = cancelled
+            .recv_timeout(Duration::from_secs(10))
+            .unwrap_or_else(|_| panic!("no cancel reached the router (stream: {stream})"));
+        assert!(id.starts_with("h-"), "{id}");
+    }
+}
