@@ -9,6 +9,7 @@
 )]
 
 mod harness;
+mod reliability;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

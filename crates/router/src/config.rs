@@ -96,8 +96,9 @@ pub struct RouterConfig {
     pub lost_retention: Duration,
     /// Size limits on every decoded frame (ZMQ_MAXMSGSIZE too).
     pub limits: Limits,
-    /// Poll timeout of the I/O loop, which bounds timer resolution and
-    /// shutdown latency.
+    /// Longest the I/O loop sleeps in one poll; it bounds how long a
+    /// shutdown request waits. Timers do not depend on it: the loop
+    /// sleeps until the core's `poll_timeout` when that is sooner.
     pub poll_interval: Duration,
     /// ZeroMQ send/receive high-water mark per peer, in messages.
     pub hwm: i32,
@@ -121,7 +122,7 @@ impl Default for RouterConfig {
             heartbeat_expiry: Duration::from_secs(3),
             lost_retention: Duration::from_secs(60),
             limits: Limits::default(),
-            poll_interval: Duration::from_millis(10),
+            poll_interval: Duration::from_millis(100),
             hwm: 100_000,
         }
     }

@@ -1,7 +1,10 @@
 //! Frames from workers: registration, liveness, load, and the replies
 //! relayed to clients.
 
-use std::{collections::HashSet, time::Instant};
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
 use zinfer_protocol::{
     ClientReply, ControlOp, ErrorCode, FinishReason, LoadReport, PROTOCOL_VERSION, RouterToWorker,
@@ -20,7 +23,7 @@ pub(crate) struct Worker {
     kv_capacity: u64,
     pub(super) state: WorkerState,
     pub(super) last_seen: Instant,
-    lost_at: Option<Instant>,
+    pub(super) lost_at: Option<Instant>,
     load: LoadReport,
     pub(super) inflight: HashSet<u64>,
     max_inflight: u32,
@@ -164,6 +167,7 @@ impl Core {
         if let Some(reason) = problem {
             tracing::warn!(worker = %ready.worker_id, reason, "registration refused");
             self.refused.insert(from.identity.clone(), now);
+            self.wake_by(now + self.config.heartbeat_interval);
             self.send(
                 Peer::Worker(from.clone()),
                 &RouterToWorker::Disconnect { reason },
@@ -203,6 +207,7 @@ impl Core {
         };
         self.workers.insert(from.identity.clone(), worker);
         self.order.push(from.identity.clone());
+        self.wake_by(now + self.config.heartbeat_expiry + Duration::from_millis(1));
         self.refresh_gauges();
         self.drain_queue(now);
         self.fail_orphans(now);
@@ -225,6 +230,7 @@ impl Core {
         worker.state = WorkerState::Lost;
         worker.lost_at = Some(now);
         let rids: Vec<u64> = worker.inflight.drain().collect();
+        self.wake_by(now + self.config.lost_retention + Duration::from_millis(1));
         self.metrics.inflight.sub(rids.len() as i64);
         for rid in rids {
             let Some(request) = self.requests.get_mut(&rid) else {

@@ -18,6 +18,7 @@ use crate::{Metrics, Policy, RouterConfig};
 mod admin;
 mod policies;
 mod requests;
+mod timers;
 mod workers;
 
 #[derive(Debug)]
