@@ -28,8 +28,12 @@
 //! - A worker silent for `heartbeat_expiry` (3 s) is lost. Its requests
 //!   that showed the client nothing yet (no chunk relayed; non-streamed
 //!   requests always qualify) are re-sent once to another worker; the
-//!   rest end with `worker_lost` (retryable). A `ready` from a worker the
-//!   router already knows means it restarted: same treatment.
+//!   rest end with `worker_lost` (retryable). A `ready` again on a
+//!   worker's own connection means it restarted: same treatment.
+//! - Worker ids are unique among live workers: a `ready` naming the id of
+//!   a live worker on another connection is refused with `disconnect`
+//!   (never handed over), and the live one is probed with a heartbeat, so
+//!   a crashed worker's successor gets in once the old connection is gone.
 //! - `cancel` of a queued request answers `done`/`cancelled` at once; of a
 //!   running one, it is forwarded and the worker's `done` is relayed; of an
 //!   unknown or finished id, it is ignored (it raced the terminal reply).

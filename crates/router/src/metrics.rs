@@ -69,6 +69,8 @@ pub struct Metrics {
     pub(crate) relayed_chunks: IntCounter,
     /// Requests re-sent to another worker after their worker was lost.
     pub(crate) retries: IntCounter,
+    /// Worker registrations refused, by reason.
+    pub(crate) refused: IntCounterVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -177,10 +179,18 @@ impl Metrics {
                 "zinfer_router_retries_total",
                 "Requests re-sent to another worker after their worker was lost.",
             )?,
+            refused: counter_vec(
+                "zinfer_router_refused_registrations_total",
+                "Worker registrations refused, by reason (protocol, worker_id, no_model, duplicate_id).",
+                "reason",
+            )?,
             registry,
         };
         for state in zinfer_protocol::WorkerState::ALL {
             metrics.workers.with_label_values(&[state.as_str()]).set(0);
+        }
+        for reason in ["protocol", "worker_id", "no_model", "duplicate_id"] {
+            metrics.refused.with_label_values(&[reason]).inc_by(0);
         }
         for socket in ["clients", "workers", "control"] {
             metrics.dropped.with_label_values(&[socket]).inc_by(0);

@@ -149,23 +149,9 @@ impl Core {
         if self.refused.contains_key(&from.identity) {
             return;
         }
-        let problem = if ready.protocol != PROTOCOL_VERSION {
-            Some(format!(
-                "protocol version {} is not supported; this router speaks version \
-                 {PROTOCOL_VERSION}: run matching zinfer versions",
-                ready.protocol
-            ))
-        } else if ready.worker_id.is_empty()
-            || ready.worker_id.len() > self.config.limits.max_name_bytes
-        {
-            Some("worker_id must be 1 to max_name_bytes bytes long".into())
-        } else if ready.models.is_empty() {
-            Some("a worker must serve at least one model".into())
-        } else {
-            None
-        };
-        if let Some(reason) = problem {
+        if let Some((reason, label)) = self.registration_problem(from, &ready) {
             tracing::warn!(worker = %ready.worker_id, reason, "registration refused");
+            self.metrics.refused.with_label_values(&[label]).inc();
             self.refused.insert(from.identity.clone(), now);
             self.wake_by(now + self.config.heartbeat_interval);
             self.send(
@@ -181,7 +167,19 @@ impl Core {
         {
             self.mark_lost(now, &from.identity, "it registered again (restarted)");
         }
-        self.order.retain(|identity| *identity != from.identity);
+        // A lost worker of the same id (a previous process of a restarted
+        // worker) is superseded: one row per id in listings and admin commands.
+        let superseded: Vec<Vec<u8>> = self
+            .workers
+            .iter()
+            .filter(|(identity, w)| **identity != from.identity && w.id == ready.worker_id)
+            .map(|(identity, _)| identity.clone())
+            .collect();
+        for identity in &superseded {
+            self.workers.remove(identity);
+        }
+        self.order
+            .retain(|identity| *identity != from.identity && !superseded.contains(identity));
         let max_inflight = self
             .config
             .max_inflight_per_worker
@@ -211,6 +209,57 @@ impl Core {
         self.refresh_gauges();
         self.drain_queue(now);
         self.fail_orphans(now);
+    }
+
+    /// Why a `ready` is refused, with the metrics label, or `None`.
+    ///
+    /// Worker ids are unique among live workers. A `ready` naming the id of
+    /// a live worker on another connection is refused, not handed over: it
+    /// is either a second worker given the same `--id` (which would
+    /// otherwise steal the first one's requests) or a restarted worker
+    /// whose old connection the router has not seen close yet. The live
+    /// worker is sent a heartbeat at once: if its connection is gone the
+    /// send fails, it is lost, and the restarted worker's next `ready`
+    /// (after the refusal pause) succeeds.
+    fn registration_problem(
+        &mut self,
+        from: &Addr,
+        ready: &Registration,
+    ) -> Option<(String, &'static str)> {
+        if ready.protocol != PROTOCOL_VERSION {
+            return Some((
+                format!(
+                    "protocol version {} is not supported; this router speaks version \
+                     {PROTOCOL_VERSION}: run matching zinfer versions",
+                    ready.protocol
+                ),
+                "protocol",
+            ));
+        }
+        if ready.worker_id.is_empty() || ready.worker_id.len() > self.config.limits.max_name_bytes {
+            return Some((
+                "worker_id must be 1 to max_name_bytes bytes long".into(),
+                "worker_id",
+            ));
+        }
+        if ready.models.is_empty() {
+            return Some(("a worker must serve at least one model".into(), "no_model"));
+        }
+        let holder = self
+            .workers
+            .values()
+            .find(|w| w.is_live() && w.id == ready.worker_id && w.addr.identity != from.identity)
+            .map(|w| w.addr.clone())?;
+        self.send(Peer::Worker(holder), &RouterToWorker::Heartbeat {});
+        Some((
+            format!(
+                "worker id {:?} is already registered by another live connection; give \
+                 every worker a unique --id (or leave it out for a generated one). A \
+                 restarted worker is accepted once its old connection is gone",
+                ready.worker_id
+            ),
+            "duplicate_id",
+        ))
     }
 
     /// Loses a worker (see `mark_lost`) and settles the queue.
