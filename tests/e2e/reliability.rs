@@ -1,8 +1,9 @@
-//! Reliability: an idle router sleeps.
+//! Reliability: an idle router sleeps, worker ids do not collide, and a
+//! client without a router says so quickly.
 
 use std::time::{Duration, Instant};
 
-use crate::harness::Cluster;
+use crate::harness::{self, Cluster};
 
 /// User plus system CPU time of process `pid` so far, from /proc/PID/stat.
 fn cpu_time(pid: u32) -> Duration {
@@ -41,4 +42,23 @@ fn an_idle_router_with_a_worker_uses_almost_no_cpu() {
     let info = cluster.worker_info("w0").expect("worker w0 listed");
     assert_eq!(info.state, zinfer_protocol::WorkerState::Ready, "{info:?}");
     assert!(info.last_seen_s < 1.5, "{info:?}");
+}
+
+#[test]
+fn generate_without_a_router_says_so_within_seconds() {
+    let endpoint = format!("tcp://127.0.0.1:{}", harness::free_port());
+    let start = Instant::now();
+    let output = std::process::Command::new(harness::zinfer())
+        .args(["generate", "--router", &endpoint, "Hello"])
+        .output()
+        .expect("running zinfer generate");
+    let took = start.elapsed();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(&format!("no reply from {endpoint}"))
+            && stderr.contains("is the router running?"),
+        "{stderr}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}: {stderr}");
 }
