@@ -38,6 +38,16 @@ fn an_idle_router_with_a_worker_uses_almost_no_cpu() {
         "an idle router used {:.1}% of a core",
         share * 100.0
     );
+    // The models reply carries what the worker reported of its model.
+    let client = cluster.client();
+    client.send(&zinfer_protocol::ClientRequest::Models { id: None });
+    match client.recv(Duration::from_secs(5)) {
+        Some(zinfer_protocol::ClientReply::Models { models, .. }) => {
+            assert_eq!(models[0].context_length, Some(8192), "{models:?}");
+            assert_eq!(models[0].vocab_size, Some(49152), "{models:?}");
+        }
+        other => panic!("expected models, got {other:?}"),
+    }
     // Sleeping between timers still heartbeats: the worker stays ready.
     let info = cluster.worker_info("w0").expect("worker w0 listed");
     assert_eq!(info.state, zinfer_protocol::WorkerState::Ready, "{info:?}");

@@ -153,6 +153,8 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         models: vec![engine.model_name().to_string()],
         kv_capacity: engine.kv_capacity() as u64,
         max_batch: engine.max_batch() as u32,
+        context_length: u32::try_from(engine.context_length()).ok(),
+        vocab_size: u32::try_from(engine.vocab_size()).ok(),
         grace: Duration::from_secs(args.grace),
         ..ServerConfig::new(args.router.clone(), id.clone())
     };

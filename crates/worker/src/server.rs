@@ -52,6 +52,10 @@ pub struct ServerConfig {
     pub kv_capacity: u64,
     /// Most sequences per decode step, reported in `ready`.
     pub max_batch: u32,
+    /// The model's context length, reported in `ready` when known.
+    pub context_length: Option<u32>,
+    /// The model's vocabulary size, reported in `ready` when known.
+    pub vocab_size: Option<u32>,
     /// Heartbeat period; 3 periods of router silence trigger a reconnect.
     pub heartbeat: Duration,
     /// Least time between two `load` reports.
@@ -74,6 +78,8 @@ impl ServerConfig {
             models: Vec::new(),
             kv_capacity: 0,
             max_batch: 1,
+            context_length: None,
+            vocab_size: None,
             heartbeat: Duration::from_secs(1),
             load_interval: Duration::from_millis(100),
             grace: Duration::from_secs(10),
@@ -391,6 +397,8 @@ impl Io {
             device: self.config.device.clone(),
             kv_capacity: self.config.kv_capacity,
             max_batch: self.config.max_batch,
+            context_length: self.config.context_length,
+            vocab_size: self.config.vocab_size,
         };
         self.last_load = None;
         // With ZMQ_IMMEDIATE a send fails until the connection is up; the

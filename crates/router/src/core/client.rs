@@ -248,10 +248,20 @@ impl Core {
         for worker in self.workers.values().filter(|worker| include(worker)) {
             for name in &worker.models {
                 match models.iter_mut().find(|info| &info.name == name) {
-                    Some(info) => info.workers += 1,
+                    Some(info) => {
+                        info.workers += 1;
+                        // The smallest context any of its workers holds.
+                        info.context_length = match (info.context_length, worker.context_length) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        info.vocab_size = info.vocab_size.or(worker.vocab_size);
+                    }
                     None => models.push(ModelInfo {
                         name: name.clone(),
                         workers: 1,
+                        context_length: worker.context_length,
+                        vocab_size: worker.vocab_size,
                     }),
                 }
             }

@@ -21,6 +21,8 @@ pub(crate) struct Worker {
     pub(super) models: Vec<String>,
     device: String,
     kv_capacity: u64,
+    pub(super) context_length: Option<u32>,
+    pub(super) vocab_size: Option<u32>,
     pub(super) state: WorkerState,
     pub(super) last_seen: Instant,
     pub(super) lost_at: Option<Instant>,
@@ -85,6 +87,8 @@ impl Core {
             device,
             kv_capacity,
             max_batch,
+            context_length,
+            vocab_size,
         } = message
         {
             let registration = Registration {
@@ -94,6 +98,8 @@ impl Core {
                 device,
                 kv_capacity,
                 max_batch,
+                context_length,
+                vocab_size,
             };
             self.register(now, from, registration);
             return;
@@ -195,6 +201,8 @@ impl Core {
             models: ready.models,
             device: ready.device,
             kv_capacity: ready.kv_capacity,
+            context_length: ready.context_length,
+            vocab_size: ready.vocab_size,
             state: WorkerState::Ready,
             last_seen: now,
             lost_at: None,
@@ -524,4 +532,6 @@ struct Registration {
     device: String,
     kv_capacity: u64,
     max_batch: u32,
+    context_length: Option<u32>,
+    vocab_size: Option<u32>,
 }

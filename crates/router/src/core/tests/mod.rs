@@ -100,6 +100,8 @@ impl Harness {
                 device: "cpu".into(),
                 kv_capacity: 4096,
                 max_batch,
+                context_length: None,
+                vocab_size: None,
             },
         );
     }

@@ -172,6 +172,8 @@ fn unknown_worker_and_bad_protocol_get_disconnect() {
         device: "cpu".into(),
         kv_capacity: 1,
         max_batch: 1,
+        context_length: None,
+        vocab_size: None,
     };
     h.worker("old", &future);
     let sent = h.sent();
@@ -267,6 +269,8 @@ impl Harness {
                 device: "cpu".into(),
                 kv_capacity: 4096,
                 max_batch: 8,
+                context_length: None,
+                vocab_size: None,
             },
         );
     }
@@ -347,4 +351,31 @@ fn a_restarted_worker_on_a_new_connection_takes_over_once_the_old_one_is_gone() 
         vec![("w".to_string(), WorkerState::Ready)],
         "the lost predecessor is no longer listed"
     );
+}
+
+#[test]
+fn models_reply_carries_the_smallest_context_and_the_vocabulary() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    for (identity, context) in [("a", Some(8192)), ("b", Some(4096)), ("c", None)] {
+        h.worker(
+            identity,
+            &WorkerToRouter::Ready {
+                worker_id: identity.into(),
+                protocol: PROTOCOL_VERSION,
+                models: vec!["m".into()],
+                device: "cpu".into(),
+                kv_capacity: 4096,
+                max_batch: 8,
+                context_length: context,
+                vocab_size: context.map(|_| 49152),
+            },
+        );
+    }
+    h.client("c", &ClientRequest::Models { id: None });
+    let ClientReply::Models { models, .. } = &h.client_replies()[0] else {
+        panic!("expected models");
+    };
+    assert_eq!(models[0].workers, 3);
+    assert_eq!(models[0].context_length, Some(4096));
+    assert_eq!(models[0].vocab_size, Some(49152));
 }
