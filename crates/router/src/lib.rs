@@ -20,7 +20,10 @@
 //! - A worker takes at most `max_inflight_per_worker` requests (default
 //!   twice its `max_batch`); beyond that requests wait in the router queue
 //!   (highest `priority` first, then oldest), and when the queue is full
-//!   the answer is `overloaded` at once. `deadline_ms` counts from arrival
+//!   the answer is `overloaded` at once. Optional per-client limits
+//!   (requests in flight, generated tokens per second, keyed by the
+//!   client's connection) answer `overloaded` too, counted in
+//!   `zinfer_router_client_limited_total{limit}`. `deadline_ms` counts from arrival
 //!   at the router: a queued request past it gets `deadline`, and a worker
 //!   is sent what is left of it.
 //! - Load, for `least_load` and `cache_aware`, is the requests the router

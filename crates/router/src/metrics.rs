@@ -71,6 +71,8 @@ pub struct Metrics {
     pub(crate) retries: IntCounter,
     /// Worker registrations refused, by reason.
     pub(crate) refused: IntCounterVec,
+    /// Requests refused with `overloaded` for a per-client limit, by limit.
+    pub(crate) client_limited: IntCounterVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -184,6 +186,11 @@ impl Metrics {
                 "Worker registrations refused, by reason (protocol, worker_id, no_model, duplicate_id).",
                 "reason",
             )?,
+            client_limited: counter_vec(
+                "zinfer_router_client_limited_total",
+                "Requests answered overloaded for a per-client limit (inflight, tokens_per_second).",
+                "limit",
+            )?,
             registry,
         };
         for state in zinfer_protocol::WorkerState::ALL {
@@ -191,6 +198,9 @@ impl Metrics {
         }
         for reason in ["protocol", "worker_id", "no_model", "duplicate_id"] {
             metrics.refused.with_label_values(&[reason]).inc_by(0);
+        }
+        for limit in ["inflight", "tokens_per_second"] {
+            metrics.client_limited.with_label_values(&[limit]).inc_by(0);
         }
         for socket in ["clients", "workers", "control"] {
             metrics.dropped.with_label_values(&[socket]).inc_by(0);

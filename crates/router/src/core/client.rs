@@ -57,6 +57,14 @@ impl Core {
             self.reply_error(from, Some(request.id), ErrorCode::BadRequest, message);
             return;
         }
+        if let Some((limit, message)) = self.client_limit(now, &from.identity) {
+            self.metrics
+                .client_limited
+                .with_label_values(&[limit])
+                .inc();
+            self.reply_error(from, Some(request.id), ErrorCode::Overloaded, message);
+            return;
+        }
         let model = match self.resolve_model(request.model.as_deref()) {
             Ok(model) => model,
             Err((code, message)) => {
@@ -99,6 +107,7 @@ impl Core {
         };
         self.requests.insert(rid, entry);
         self.by_client.insert(client_key, rid);
+        self.quota_started(now, &from.identity);
         if !self.try_dispatch(now, rid) {
             if self.queue.len() >= self.config.queue_capacity {
                 self.fail_overloaded(now, rid);

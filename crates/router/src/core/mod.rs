@@ -11,6 +11,7 @@
 
 mod admin;
 mod client;
+mod quota;
 mod routing;
 mod workers;
 
@@ -147,6 +148,9 @@ pub struct Core {
     /// them are ignored for a heartbeat interval, so a worker that
     /// re-registers at once on `disconnect` cannot start a tight loop.
     refused: HashMap<Vec<u8>, Instant>,
+    /// Per-client usage, for the per-client limits; only clients with
+    /// something in flight or a bucket still refilling.
+    quotas: HashMap<Vec<u8>, quota::ClientQuota>,
 }
 
 impl Core {
@@ -166,6 +170,7 @@ impl Core {
             rr_cursor: 0,
             actions: VecDeque::new(),
             refused: HashMap::new(),
+            quotas: HashMap::new(),
         }
     }
 
@@ -223,6 +228,7 @@ impl Core {
                  raise deadline_ms or add workers",
             );
         }
+        self.forget_idle_quotas(now);
         self.refresh_gauges();
         self.next_wake = self.earliest_timer(now);
     }
@@ -317,6 +323,7 @@ impl Core {
     /// terminal reply.
     fn take(&mut self, now: Instant, rid: u64) -> Option<Request> {
         let request = self.requests.remove(&rid)?;
+        self.quota_ended(&request.client.identity);
         self.by_client
             .remove(&(request.client.identity.clone(), request.id.clone()));
         if self.queue.remove(&request.queue_key(rid)) {

@@ -435,9 +435,18 @@ impl Core {
             }
         }
         request.last_chunk = Some(now);
-        if !request.request.stream {
+        let stream = request.request.stream;
+        // Only a token-rate limit needs the client here; no clone otherwise.
+        if self.config.max_tokens_per_second_per_client.is_some() {
+            let client = request.client.identity.clone();
+            self.quota_charge(now, &client, tokens.len());
+        }
+        if !stream {
             return;
         }
+        let Some(request) = self.requests.get_mut(&rid) else {
+            return;
+        };
         request.output_sent = true;
         let reply = ClientReply::Chunk {
             id: request.id.clone(),

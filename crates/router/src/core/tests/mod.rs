@@ -17,6 +17,7 @@ use crate::{Metrics, Policy, RouterConfig};
 
 mod admin;
 mod policies;
+mod quota;
 mod requests;
 mod timers;
 mod workers;
