@@ -152,6 +152,22 @@ pub fn decode<T: WireMessage>(frame: &[u8], limits: &Limits) -> Result<T, Decode
     Ok(message)
 }
 
+/// The `id` of a frame that failed to decode, for the error reply: the
+/// value of a top-level `str` key `"id"` when it is a `str` within the
+/// name limit. Keys are matched by name only (never by position, never
+/// `bin`), and a frame that is not well formed has none.
+pub fn recover_id(frame: &[u8], limits: &Limits) -> Option<String> {
+    if frame.len() > limits.max_frame_bytes {
+        return None;
+    }
+    scan::check_structure(frame, limits.max_depth).ok()?;
+    scan::entries(frame)
+        .into_iter()
+        .find(|(key, _)| scan::str_value(&frame[key.clone()]) == Some("id"))
+        .and_then(|(_, value)| scan::str_value(&frame[value]).map(str::to_string))
+        .filter(|id| id.len() <= limits.max_name_bytes)
+}
+
 /// The top-level field whose value made decoding fail with `detail`, for
 /// errors such as `invalid type: string "ten", expected u32` that do not
 /// name it. serde reads fields in frame order and stops at the first bad

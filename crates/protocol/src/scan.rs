@@ -23,6 +23,16 @@ struct Open {
 /// position of a field (`{18: 3}` would set the 19th field); `bin` is
 /// refused because serde would accept it wherever a string is expected.
 pub(crate) fn check_frame(frame: &[u8], max_depth: usize) -> Result<(), DecodeError> {
+    walk(frame, max_depth, true)
+}
+
+/// [`check_frame`] without the key and `bin` rules: the frame is one
+/// well-formed map within the depth limit.
+pub(crate) fn check_structure(frame: &[u8], max_depth: usize) -> Result<(), DecodeError> {
+    walk(frame, max_depth, false)
+}
+
+fn walk(frame: &[u8], max_depth: usize, strict: bool) -> Result<(), DecodeError> {
     let mut rest = frame;
     match rest.first() {
         Some(0x80..=0x8f | 0xde | 0xdf) => {}
@@ -48,7 +58,9 @@ pub(crate) fn check_frame(frame: &[u8], max_depth: usize) -> Result<(), DecodeEr
         let children = skip_value(&mut rest, offset)?;
         let value = &before[..before.len() - rest.len()];
         let marker = value.first().copied().unwrap_or_default();
-        if at_key {
+        if !strict {
+            // Only the structure is checked.
+        } else if at_key {
             if !is_str(marker) {
                 let place = if top_level {
                     String::new()

@@ -611,3 +611,40 @@ fn bin_is_refused_where_str_is_specified() {
         Err(DecodeError::Encoding(_))
     ));
 }
+
+#[test]
+fn recover_id_reads_only_a_named_str_id() {
+    let l = Limits::default();
+    // A rejected frame with a readable id gets it echoed.
+    let bin_prompt = {
+        let pairs: Vec<(rmpv::Value, rmpv::Value)> = vec![
+            ("type".into(), "generate".into()),
+            ("id".into(), "r7".into()),
+            ("prompt".into(), rmpv::Value::Binary(b"Hi".to_vec())),
+        ];
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &rmpv::Value::Map(pairs)).unwrap();
+        out
+    };
+    assert_eq!(
+        zinfer_protocol::recover_id(&bin_prompt, &l).as_deref(),
+        Some("r7")
+    );
+    // Never by position, never from bin, never from a broken frame.
+    let positional = {
+        let pairs: Vec<(rmpv::Value, rmpv::Value)> = vec![(0.into(), "r8".into())];
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &rmpv::Value::Map(pairs)).unwrap();
+        out
+    };
+    assert_eq!(zinfer_protocol::recover_id(&positional, &l), None);
+    let bin_id = map(vec![("id", rmpv::Value::Binary(b"r9".to_vec()))]);
+    assert_eq!(zinfer_protocol::recover_id(&bin_id, &l), None);
+    let truncated = map(vec![("type", "x".into()), ("id", "r10".into())]);
+    assert_eq!(
+        zinfer_protocol::recover_id(&truncated[..truncated.len() - 1], &l),
+        None
+    );
+    let long = map(vec![("id", "x".repeat(257).into())]);
+    assert_eq!(zinfer_protocol::recover_id(&long, &l), None);
+}

@@ -2,10 +2,9 @@
 
 use std::time::Instant;
 
-use serde::Deserialize;
 use zinfer_protocol::{
-    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, Limits, ModelInfo,
-    RouterToWorker, Timings, Usage, decode,
+    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, ModelInfo,
+    RouterToWorker, Timings, Usage, decode, recover_id,
 };
 
 use super::{Addr, Core, Peer, Request, millis, seconds};
@@ -278,21 +277,4 @@ impl Core {
         models.sort_by(|a, b| a.name.cmp(&b.name));
         models
     }
-}
-
-#[derive(Deserialize)]
-struct IdOnly {
-    #[serde(default)]
-    id: Option<String>,
-}
-
-/// The `id` of a frame that failed to decode, when it holds a readable one.
-fn recover_id(frame: &[u8], limits: &Limits) -> Option<String> {
-    if frame.len() > limits.max_frame_bytes {
-        return None;
-    }
-    let mut de = rmp_serde::Deserializer::from_read_ref(frame);
-    de.set_max_depth(limits.max_depth);
-    let id = IdOnly::deserialize(&mut de).ok()?.id?;
-    (id.len() <= limits.max_name_bytes).then_some(id)
 }
