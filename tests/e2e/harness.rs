@@ -53,8 +53,8 @@ pub struct Cluster {
     pub workers_endpoint: String,
     pub control: String,
     pub router_metrics: String,
-    /// Kept so the router process lives as long as the cluster.
-    _router: Proc,
+    /// The router process; it lives as long as the cluster.
+    router: Proc,
     pub workers: Vec<(String, Proc, String)>,
     _guard: MutexGuard<'static, ()>,
 }
@@ -104,7 +104,7 @@ impl Cluster {
             workers_endpoint,
             control,
             router_metrics,
-            _router: router,
+            router,
             workers: Vec::new(),
             _guard: guard,
         };
@@ -169,6 +169,11 @@ impl Cluster {
 
     pub fn worker_info(&self, id: &str) -> Option<WorkerInfo> {
         self.workers_info().into_iter().find(|w| w.id == id)
+    }
+
+    /// The router's process id.
+    pub fn router_pid(&self) -> u32 {
+        self.router.child.id()
     }
 
     pub fn client(&self) -> Client {

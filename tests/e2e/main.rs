@@ -10,6 +10,7 @@
 
 mod harness;
 mod http;
+mod reliability;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -62,6 +62,10 @@ pub(crate) struct GenerateArgs {
     /// Give up after this many seconds without a reply.
     #[arg(long, default_value_t = 120.0)]
     timeout: f64,
+    /// Seconds to wait for the router to answer a ping before sending the
+    /// request; no answer means no router is listening at --router.
+    #[arg(long, default_value_t = 3.0)]
+    connect_timeout: f64,
 }
 
 impl GenerateArgs {
@@ -102,6 +106,11 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let request = args.request();
     let context = zmq::Context::new();
     let socket = zmq_util::client_socket(&context, &args.router)?;
+    zmq_util::ping(
+        &socket,
+        &args.router,
+        Duration::from_secs_f64(args.connect_timeout.max(0.001)),
+    )?;
     let frame = zinfer_protocol::encode(&ClientRequest::Generate(request))?;
     socket
         .send(frame, 0)

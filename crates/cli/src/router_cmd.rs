@@ -44,6 +44,15 @@ pub(crate) struct RouterArgs {
     /// new requests get `overloaded` at once.
     #[arg(long, default_value_t = 1024)]
     pub(crate) queue_capacity: usize,
+    /// Most requests one client connection may have in flight; more are
+    /// answered `overloaded`. Default: no limit.
+    #[arg(long)]
+    pub(crate) max_inflight_per_client: Option<u32>,
+    /// Generated tokens per second one client connection may use (a token
+    /// bucket of one second); over it, new requests are answered
+    /// `overloaded`. Default: no limit.
+    #[arg(long)]
+    pub(crate) max_tokens_per_second_per_client: Option<f64>,
 }
 
 impl RouterArgs {
@@ -59,6 +68,10 @@ impl RouterArgs {
             balance_rel: self.balance_rel,
             cache_threshold: self.cache_threshold,
             queue_capacity: self.queue_capacity,
+            max_inflight_per_client: self.max_inflight_per_client,
+            max_tokens_per_second_per_client: self
+                .max_tokens_per_second_per_client
+                .filter(|rate| *rate > 0.0),
             ..RouterConfig::default()
         }
     }

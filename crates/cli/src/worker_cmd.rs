@@ -59,8 +59,10 @@ pub(crate) struct WorkerArgs {
     /// The router's worker endpoint.
     #[arg(long, default_value = "tcp://127.0.0.1:5556")]
     router: String,
-    /// Worker id, unique among the router's workers (also its ZeroMQ
-    /// routing id). Default: hostname-pid.
+    /// Worker id, unique among the router's live workers: the router
+    /// refuses a second live worker with the same id. Default:
+    /// HOSTNAME-PID-XXXX (XXXX random hex), unique even where every
+    /// container's worker is PID 1.
     #[arg(long)]
     id: Option<String>,
     /// Device: `cpu`, `cuda:N` (binaries built with `--features cuda`), or
@@ -106,10 +108,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     set_thread_count(threads);
     let device = args.device.check()?.to_string();
     let model_path = resolve_model(args.engine.model.as_deref())?;
-    let id = args
-        .id
-        .clone()
-        .unwrap_or_else(|| format!("worker-{}", std::process::id()));
+    let id = args.id.clone().unwrap_or_else(default_worker_id);
     eprintln!(
         "zinfer worker {id}: loading {} on {device} with {threads} thread(s)",
         model_path.display()
@@ -151,6 +150,8 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         models: vec![engine.model_name().to_string()],
         kv_capacity: engine.kv_capacity() as u64,
         max_batch: engine.max_batch() as u32,
+        context_length: u32::try_from(engine.context_length()).ok(),
+        vocab_size: u32::try_from(engine.vocab_size()).ok(),
         grace: Duration::from_secs(args.grace),
         ..ServerConfig::new(args.router.clone(), id.clone())
     };
@@ -165,6 +166,25 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `HOSTNAME-PID-XXXX`: the host and process for people reading
+/// `zinfer ctl workers`, and 16 random bits because in containers every
+/// host's worker can be PID 1 on a host named alike.
+fn default_worker_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "worker".into());
+    // The protocol allows 256 bytes; keep the host part well under it.
+    let host: String = host.chars().take(64).collect();
+    format!(
+        "{host}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
+}
+
 /// candle sizes its thread pool from these variables when it first starts
 /// it, so they are set before any thread exists.
 #[allow(unsafe_code)]
@@ -173,5 +193,23 @@ fn set_thread_count(threads: usize) {
         // SAFETY: called from `main` before this process spawns any thread,
         // so nothing reads the environment concurrently.
         unsafe { std::env::set_var(name, threads.to_string()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_worker_id;
+
+    #[test]
+    fn default_worker_ids_name_host_and_pid_and_differ() {
+        let id = default_worker_id();
+        let pid = format!("-{}-", std::process::id());
+        assert!(id.contains(&pid), "{id}");
+        let suffix = id.rsplit('-').next().unwrap_or_default();
+        assert_eq!(suffix.len(), 4, "{id}");
+        assert!(suffix.chars().all(|c| c.is_ascii_hexdigit()), "{id}");
+        // 16 random bits: 20 ids from one process are not all alike.
+        let ids: std::collections::HashSet<String> = (0..20).map(|_| default_worker_id()).collect();
+        assert!(ids.len() > 1);
     }
 }

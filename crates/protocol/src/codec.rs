@@ -19,6 +19,10 @@ pub enum DecodeError {
     /// The frame is not one MessagePack map with a string `type`.
     #[error("frame is not one MessagePack map with a string \"type\" field: {0}")]
     NotAMessage(String),
+    /// The frame breaks a v1 encoding rule: a map key that is not `str`, or
+    /// a `bin` value, at any depth.
+    #[error("frame breaks the v1 encoding: {0}")]
+    Encoding(String),
     /// `type` names no message valid on this socket.
     #[error("unknown message type {found:?}; expected one of {expected:?}")]
     UnknownType {
@@ -133,12 +137,101 @@ pub fn decode<T: WireMessage>(frame: &[u8], limits: &Limits) -> Result<T, Decode
             expected: T::TYPES,
         });
     }
-    let message: T = from_slice(frame, limits).map_err(|e| DecodeError::Malformed {
-        kind: header.kind,
-        detail: e.to_string(),
+    let message: T = from_slice(frame, limits).map_err(|e| {
+        let detail = e.to_string();
+        let detail = match culprit::<T>(frame, limits, &detail) {
+            Some(field) => format!("field {field:?}: {detail}"),
+            None => detail,
+        };
+        DecodeError::Malformed {
+            kind: header.kind,
+            detail,
+        }
     })?;
     message.check_limits(limits)?;
     Ok(message)
+}
+
+/// The `id` of a frame that failed to decode, for the error reply: the
+/// value of a top-level `str` key `"id"` when it is a `str` within the
+/// name limit. Keys are matched by name only (never by position, never
+/// `bin`), and a frame that is not well formed has none.
+pub fn recover_id(frame: &[u8], limits: &Limits) -> Option<String> {
+    if frame.len() > limits.max_frame_bytes {
+        return None;
+    }
+    scan::check_structure(frame, limits.max_depth).ok()?;
+    scan::entries(frame)
+        .into_iter()
+        .find(|(key, _)| scan::str_value(&frame[key.clone()]) == Some("id"))
+        .and_then(|(_, value)| scan::str_value(&frame[value]).map(str::to_string))
+        .filter(|id| id.len() <= limits.max_name_bytes)
+}
+
+/// The top-level field whose value made decoding fail with `detail`, for
+/// errors such as `invalid type: string "ten", expected u32` that do not
+/// name it. serde reads fields in frame order and stops at the first bad
+/// one, so the culprit is the last field of the shortest prefix of the
+/// map that fails the same way; a binary search finds it in a handful of
+/// decodes, paid only by frames that are rejected anyway. Maps of more
+/// than [`MAX_PROBED_FIELDS`] entries are not searched, which bounds the
+/// extra work at 7 decodes.
+fn culprit<T: DeserializeOwned>(frame: &[u8], limits: &Limits, detail: &str) -> Option<String> {
+    // serde names the field itself in these ("missing field `id`").
+    if detail.contains("field `") {
+        return None;
+    }
+    let entries = scan::entries(frame);
+    let is_type =
+        |key: &std::ops::Range<usize>| scan::str_value(&frame[key.clone()]) == Some("type");
+    let tag = entries.iter().find(|(key, _)| is_type(key))?.clone();
+    let fields: Vec<_> = entries.iter().filter(|(key, _)| !is_type(key)).collect();
+    if fields.len() > MAX_PROBED_FIELDS {
+        return None;
+    }
+    let fails_alike = |n: usize| {
+        let mut prefix = map_header(n + 1);
+        prefix.extend_from_slice(&frame[tag.0.start..tag.1.end]);
+        for (key, value) in &fields[..n] {
+            prefix.extend_from_slice(&frame[key.start..value.end]);
+        }
+        from_slice::<T>(&prefix, limits).is_err_and(|e| e.to_string() == detail)
+    };
+    // Smallest n in 1..=len with fails_alike(n); it holds for len.
+    let (mut lo, mut hi) = (1, fields.len());
+    if hi == 0 || !fails_alike(hi) {
+        return None;
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if fails_alike(mid) {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let (key, _) = fields[lo - 1];
+    scan::str_value(&frame[key.clone()]).map(str::to_string)
+}
+
+/// Most fields [`culprit`] searches; every v1 message has fewer.
+const MAX_PROBED_FIELDS: usize = 64;
+
+/// A MessagePack map header for `len` pairs.
+fn map_header(len: usize) -> Vec<u8> {
+    match len {
+        0..=15 => vec![0x80 | len as u8],
+        16..=0xffff => {
+            let mut header = vec![0xde];
+            header.extend_from_slice(&(len as u16).to_be_bytes());
+            header
+        }
+        _ => {
+            let mut header = vec![0xdf];
+            header.extend_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+            header
+        }
+    }
 }
 
 fn from_slice<T: DeserializeOwned>(

@@ -22,7 +22,7 @@ mod messages;
 mod scan;
 mod validate;
 
-pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode};
+pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
 pub use limits::Limits;
 pub use messages::*;
 

@@ -32,6 +32,25 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
 }
 
+/// `nil` in an optional field means the field is absent, so it takes its
+/// default. These read the field as an `Option` and fill `None` in.
+fn nil_is_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
+}
+fn nil_is_max_tokens<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    Ok(Option::deserialize(deserializer)?.unwrap_or_else(default_max_tokens))
+}
+fn nil_is_one<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f32, D::Error> {
+    Ok(Option::deserialize(deserializer)?.unwrap_or_else(default_one))
+}
+fn nil_is_true<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    Ok(Option::deserialize(deserializer)?.unwrap_or_else(default_true))
+}
+
 /// `generate`: ask for a completion of exactly one of `prompt`, `messages`
 /// or `tokens`. Sampling fields left out take the defaults documented here.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,43 +74,59 @@ pub struct GenerateRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
     /// Most tokens to generate (default 128).
-    #[serde(default = "default_max_tokens")]
+    #[serde(default = "default_max_tokens", deserialize_with = "nil_is_max_tokens")]
     pub max_tokens: u32,
     /// Softmax temperature; 0 means greedy (default 1.0).
-    #[serde(default = "default_one")]
+    #[serde(default = "default_one", deserialize_with = "nil_is_one")]
     pub temperature: f32,
     /// Nucleus sampling mass (default 1.0, off).
-    #[serde(default = "default_one")]
+    #[serde(default = "default_one", deserialize_with = "nil_is_one")]
     pub top_p: f32,
     /// Keep only the k most likely tokens; 0 is off (default 0).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nil_is_default")]
     pub top_k: u32,
     /// Drop tokens below `min_p` times the top probability (default 0, off).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "nil_is_default")]
     pub min_p: f32,
     /// Penalty for tokens already in prompt or output (default 1.0, off).
-    #[serde(default = "default_one")]
+    #[serde(default = "default_one", deserialize_with = "nil_is_one")]
     pub repetition_penalty: f32,
     /// Seed for sampling: same seed, parameters and prompt give the same tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
     /// Stop strings; the output ends before the first one and never shows
     /// any part of it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub stop: Vec<String>,
     /// Token ids that end generation (in addition to the model's EOS).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub stop_token_ids: Vec<u32>,
     /// Keep generating past the model's end-of-sequence token until
     /// `max_tokens` (default false); for benchmarks with fixed output lengths.
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "is_default"
+    )]
     pub ignore_eos: bool,
     /// Stream `chunk` messages (default true); otherwise only `done`,
     /// carrying the full text.
-    #[serde(default = "default_true")]
+    #[serde(default = "default_true", deserialize_with = "nil_is_true")]
     pub stream: bool,
     /// Higher runs first when requests wait (default 0).
-    #[serde(default, skip_serializing_if = "is_default")]
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "is_default"
+    )]
     pub priority: i32,
     /// Give up after this many milliseconds from arrival at the router.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -285,6 +320,15 @@ pub struct ModelInfo {
     pub name: String,
     /// Ready workers serving it.
     pub workers: u32,
+    /// Most tokens of prompt plus output one request can hold: the
+    /// smallest context length its workers reported. Absent when no worker
+    /// reported one (an older worker).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u32>,
+    /// Token ids run from 0 to `vocab_size - 1`; absent when no worker
+    /// reported it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<u32>,
 }
 
 /// router -> client.
@@ -445,6 +489,13 @@ pub enum WorkerToRouter {
         kv_capacity: u64,
         /// Most sequences decoded together.
         max_batch: u32,
+        /// The model's context length in tokens (prompt plus output);
+        /// optional, added after v1 shipped.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        context_length: Option<u32>,
+        /// The model's vocabulary size; optional, added after v1 shipped.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        vocab_size: Option<u32>,
     },
     /// The worker is alive (every second).
     Heartbeat {},

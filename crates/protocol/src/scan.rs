@@ -7,10 +7,32 @@
 
 use crate::DecodeError;
 
+/// A container still being read: how many values it has left, and
+/// whether it is a map (whose values alternate key, value).
+struct Open {
+    left: u64,
+    map: bool,
+}
+
 /// Checks that `frame` is exactly one MessagePack map, nested at most
 /// `max_depth` levels (the top map is level 1), whose declared lengths all
-/// fit in the bytes that follow them.
+/// fit in the bytes that follow them, with only `str` map keys and no `bin`
+/// values at any depth.
+///
+/// Keys must be `str` because serde would read an integer key as the
+/// position of a field (`{18: 3}` would set the 19th field); `bin` is
+/// refused because serde would accept it wherever a string is expected.
 pub(crate) fn check_frame(frame: &[u8], max_depth: usize) -> Result<(), DecodeError> {
+    walk(frame, max_depth, true)
+}
+
+/// [`check_frame`] without the key and `bin` rules: the frame is one
+/// well-formed map within the depth limit.
+pub(crate) fn check_structure(frame: &[u8], max_depth: usize) -> Result<(), DecodeError> {
+    walk(frame, max_depth, false)
+}
+
+fn walk(frame: &[u8], max_depth: usize, strict: bool) -> Result<(), DecodeError> {
     let mut rest = frame;
     match rest.first() {
         Some(0x80..=0x8f | 0xde | 0xdf) => {}
@@ -21,14 +43,47 @@ pub(crate) fn check_frame(frame: &[u8], max_depth: usize) -> Result<(), DecodeEr
         }
         None => return Err(not_a_message("the frame is empty".into())),
     }
-    // Values still to read in each open array or map, innermost last.
-    let mut open: Vec<u64> = Vec::new();
+    // Open arrays and maps, innermost last.
+    let mut open: Vec<Open> = Vec::new();
+    // The top-level key the current value sits under, for error messages.
+    let mut field: &[u8] = &[];
     loop {
-        if let Some(left) = open.last_mut() {
-            *left -= 1;
+        let at_key = open.last().is_some_and(|o| o.map && o.left % 2 == 0);
+        let top_level = open.len() == 1;
+        if let Some(o) = open.last_mut() {
+            o.left -= 1;
         }
         let offset = frame.len() - rest.len();
-        if let Some(children) = skip_value(&mut rest, offset)? {
+        let before = rest;
+        let children = skip_value(&mut rest, offset)?;
+        let value = &before[..before.len() - rest.len()];
+        let marker = value.first().copied().unwrap_or_default();
+        if !strict {
+            // Only the structure is checked.
+        } else if at_key {
+            if !is_str(marker) {
+                let place = if top_level {
+                    String::new()
+                } else {
+                    within(field)
+                };
+                return Err(DecodeError::Encoding(format!(
+                    "{place}the map key at byte {offset} is {}, not a str; v1 map keys \
+                     are str (fields are named, never numbered)",
+                    kind(marker)
+                )));
+            }
+            if top_level {
+                field = value;
+            }
+        } else if matches!(marker, 0xc4..=0xc6) {
+            return Err(DecodeError::Encoding(format!(
+                "{}the value at byte {offset} is MessagePack bin; v1 strings are str and \
+                 no field is bin (pack text as str)",
+                within(field)
+            )));
+        }
+        if let Some(children) = children {
             let depth = open.len() + 1;
             if depth > max_depth {
                 return Err(DecodeError::OverLimit {
@@ -44,11 +99,14 @@ pub(crate) fn check_frame(frame: &[u8], max_depth: usize) -> Result<(), DecodeEr
                 )));
             }
             if children > 0 {
-                open.push(children);
+                open.push(Open {
+                    left: children,
+                    map: matches!(marker, 0x80..=0x8f | 0xde | 0xdf),
+                });
                 continue;
             }
         }
-        while open.last() == Some(&0) {
+        while open.last().is_some_and(|o| o.left == 0) {
             open.pop();
         }
         if open.is_empty() {
@@ -60,6 +118,84 @@ pub(crate) fn check_frame(frame: &[u8], max_depth: usize) -> Result<(), DecodeEr
             "{} bytes follow the message; send one MessagePack map per frame",
             rest.len()
         )));
+    }
+    Ok(())
+}
+
+/// `in field "name", ` for a value under the top-level key `field`.
+fn within(field: &[u8]) -> String {
+    match str_value(field) {
+        Some(name) => format!("in field {name:?}, "),
+        None => String::new(),
+    }
+}
+
+fn is_str(marker: u8) -> bool {
+    matches!(marker, 0xa0..=0xbf | 0xd9..=0xdb)
+}
+
+/// A marker's MessagePack type, for messages.
+fn kind(marker: u8) -> &'static str {
+    match marker {
+        0x00..=0x7f | 0xcc..=0xd3 | 0xe0..=0xff => "an integer",
+        0x80..=0x8f | 0xde | 0xdf => "a map",
+        0x90..=0x9f | 0xdc | 0xdd => "an array",
+        0xa0..=0xbf | 0xd9..=0xdb => "a str",
+        0xc0 => "nil",
+        0xc2 | 0xc3 => "a boolean",
+        0xc4..=0xc6 => "bin",
+        0xca | 0xcb => "a float",
+        _ => "an ext value",
+    }
+}
+
+/// The text of one encoded `str` value, or `None` for anything else.
+pub(crate) fn str_value(value: &[u8]) -> Option<&str> {
+    let (&marker, body) = value.split_first()?;
+    let skip = match marker {
+        0xa0..=0xbf => 0,
+        0xd9 => 1,
+        0xda => 2,
+        0xdb => 4,
+        _ => return None,
+    };
+    std::str::from_utf8(body.get(skip..)?).ok()
+}
+
+/// The byte ranges of each key and value of the top-level map of a frame
+/// that passed [`check_frame`], in order; empty for anything else.
+pub(crate) fn entries(frame: &[u8]) -> Vec<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+    let mut rest = frame;
+    let pairs = match skip_value(&mut rest, 0) {
+        Ok(Some(children)) => children / 2,
+        _ => return Vec::new(),
+    };
+    let mut out = Vec::new();
+    for _ in 0..pairs {
+        let key_start = frame.len() - rest.len();
+        if skip_whole(&mut rest).is_err() {
+            return Vec::new();
+        }
+        let value_start = frame.len() - rest.len();
+        if skip_whole(&mut rest).is_err() {
+            return Vec::new();
+        }
+        out.push((
+            key_start..value_start,
+            value_start..frame.len() - rest.len(),
+        ));
+    }
+    out
+}
+
+/// Skips one value with everything inside it, without recursion.
+fn skip_whole(rest: &mut &[u8]) -> Result<(), DecodeError> {
+    let mut pending: u64 = 1;
+    while pending > 0 {
+        pending -= 1;
+        if let Some(children) = skip_value(rest, 0)? {
+            pending = pending.saturating_add(children);
+        }
     }
     Ok(())
 }

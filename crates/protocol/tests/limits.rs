@@ -282,6 +282,8 @@ fn name_lengths_on_admin_and_worker_messages() {
         device: "cpu".into(),
         kv_capacity: 1,
         max_batch: 1,
+        context_length: None,
+        vocab_size: None,
     };
     assert_name_bound("worker_id", ready("abcde"), ready("abcdef"));
     let flush = |n: &str| RouterToWorker::FlushCache {
@@ -456,4 +458,193 @@ fn huge_declared_lengths_fail_before_decoding() {
             other => panic!("{header:02x?}: {other:?}"),
         }
     }
+}
+
+/// `{"type": "generate", "id": "r", "prompt": "Hi"}` plus `extra` entries.
+fn generate_with(extra: Vec<(rmpv::Value, rmpv::Value)>) -> Vec<u8> {
+    let mut pairs: Vec<(rmpv::Value, rmpv::Value)> = vec![
+        ("type".into(), "generate".into()),
+        ("id".into(), "r".into()),
+        ("prompt".into(), "Hi".into()),
+    ];
+    pairs.extend(extra);
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &rmpv::Value::Map(pairs)).unwrap();
+    out
+}
+
+#[test]
+fn integer_keys_never_name_fields() {
+    let l = Limits::default();
+    // serde would read key 18 as the 19th field, deadline_ms.
+    let frame = generate_with(vec![(18.into(), 3.into())]);
+    match decode_request(&frame, &l) {
+        Err(DecodeError::Encoding(detail)) => {
+            assert!(detail.contains("not a str"), "{detail}");
+            assert!(detail.contains("an integer"), "{detail}");
+        }
+        other => panic!("integer key gave {other:?}"),
+    }
+    // Nested maps too, with the top-level field named.
+    let nested = generate_with(vec![(
+        "messages".into(),
+        rmpv::Value::Array(vec![rmpv::Value::Map(vec![(0.into(), "user".into())])]),
+    )]);
+    match decode_request(&nested, &l) {
+        Err(DecodeError::Encoding(detail)) => {
+            assert!(detail.contains("in field \"messages\""), "{detail}")
+        }
+        other => panic!("nested integer key gave {other:?}"),
+    }
+    // A nil or boolean key is no better.
+    for key in [rmpv::Value::Nil, rmpv::Value::Boolean(true)] {
+        let frame = generate_with(vec![(key.clone(), 1.into())]);
+        assert!(
+            matches!(decode_request(&frame, &l), Err(DecodeError::Encoding(_))),
+            "key {key}"
+        );
+    }
+}
+
+#[test]
+fn nil_in_an_optional_field_is_its_default() {
+    let fields = [
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "stream",
+        "priority",
+        "deadline_ms",
+        "model",
+        "namespace",
+    ];
+    let extra = fields
+        .iter()
+        .map(|field| ((*field).into(), rmpv::Value::Nil))
+        .collect();
+    let ClientRequest::Generate(request) =
+        decode_request(&generate_with(extra), &Limits::default()).unwrap()
+    else {
+        panic!("not a generate")
+    };
+    assert_eq!(request, GenerateRequest::from_prompt("r", "Hi"));
+    // A required field set to nil is still missing.
+    let frame = map(vec![("type", "cancel".into()), ("id", rmpv::Value::Nil)]);
+    assert!(matches!(
+        decode_request(&frame, &Limits::default()),
+        Err(DecodeError::Malformed { .. })
+    ));
+}
+
+#[test]
+fn wrong_types_name_the_field() {
+    let l = Limits::default();
+    let cases: [(&str, rmpv::Value); 5] = [
+        ("max_tokens", "ten".into()),
+        ("temperature", "hot".into()),
+        ("stream", 1.into()),
+        ("stop", "END".into()),
+        ("tokens", rmpv::Value::Array(vec![(-1).into()])),
+    ];
+    for (field, value) in cases {
+        let frame = generate_with(vec![(field.into(), value)]);
+        match decode_request(&frame, &l) {
+            Err(err @ DecodeError::Malformed { .. }) => {
+                let text = err.to_string();
+                assert!(text.contains(&format!("field \"{field}\"")), "{text}");
+            }
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    // The culprit is found wherever it sits among valid fields.
+    let frame = generate_with(vec![
+        ("top_k".into(), 3.into()),
+        ("max_tokens".into(), "ten".into()),
+        ("seed".into(), 1.into()),
+    ]);
+    let text = decode_request(&frame, &l).unwrap_err().to_string();
+    assert!(
+        text.contains("field \"max_tokens\": invalid type: string \"ten\""),
+        "{text}"
+    );
+    let cancel = map(vec![("type", "cancel".into()), ("id", 5.into())]);
+    let text = decode_request(&cancel, &l).unwrap_err().to_string();
+    assert!(text.contains("field \"id\""), "{text}");
+}
+
+#[test]
+fn bin_is_refused_where_str_is_specified() {
+    let l = Limits::default();
+    let bin = || rmpv::Value::Binary(b"Hi".to_vec());
+    let mut pairs: Vec<(rmpv::Value, rmpv::Value)> = vec![
+        ("type".into(), "generate".into()),
+        ("id".into(), "r".into()),
+        ("prompt".into(), bin()),
+    ];
+    let mut frame = Vec::new();
+    rmpv::encode::write_value(&mut frame, &rmpv::Value::Map(pairs.clone())).unwrap();
+    match decode_request(&frame, &l) {
+        Err(DecodeError::Encoding(detail)) => {
+            assert!(detail.contains("in field \"prompt\""), "{detail}");
+            assert!(detail.contains("bin"), "{detail}");
+        }
+        other => panic!("bin prompt gave {other:?}"),
+    }
+    // As a key, and as the type.
+    pairs[2] = (bin(), "Hi".into());
+    frame.clear();
+    rmpv::encode::write_value(&mut frame, &rmpv::Value::Map(pairs)).unwrap();
+    assert!(matches!(
+        decode_request(&frame, &l),
+        Err(DecodeError::Encoding(_))
+    ));
+    let frame = map(vec![("type", rmpv::Value::Binary(b"ping".to_vec()))]);
+    assert!(matches!(
+        decode_request(&frame, &l),
+        Err(DecodeError::Encoding(_))
+    ));
+}
+
+#[test]
+fn recover_id_reads_only_a_named_str_id() {
+    let l = Limits::default();
+    // A rejected frame with a readable id gets it echoed.
+    let bin_prompt = {
+        let pairs: Vec<(rmpv::Value, rmpv::Value)> = vec![
+            ("type".into(), "generate".into()),
+            ("id".into(), "r7".into()),
+            ("prompt".into(), rmpv::Value::Binary(b"Hi".to_vec())),
+        ];
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &rmpv::Value::Map(pairs)).unwrap();
+        out
+    };
+    assert_eq!(
+        zinfer_protocol::recover_id(&bin_prompt, &l).as_deref(),
+        Some("r7")
+    );
+    // Never by position, never from bin, never from a broken frame.
+    let positional = {
+        let pairs: Vec<(rmpv::Value, rmpv::Value)> = vec![(0.into(), "r8".into())];
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &rmpv::Value::Map(pairs)).unwrap();
+        out
+    };
+    assert_eq!(zinfer_protocol::recover_id(&positional, &l), None);
+    let bin_id = map(vec![("id", rmpv::Value::Binary(b"r9".to_vec()))]);
+    assert_eq!(zinfer_protocol::recover_id(&bin_id, &l), None);
+    let truncated = map(vec![("type", "x".into()), ("id", "r10".into())]);
+    assert_eq!(
+        zinfer_protocol::recover_id(&truncated[..truncated.len() - 1], &l),
+        None
+    );
+    let long = map(vec![("id", "x".repeat(257).into())]);
+    assert_eq!(zinfer_protocol::recover_id(&long, &l), None);
 }

@@ -6,7 +6,7 @@
 
 use std::{path::PathBuf, process::Command};
 
-use zinfer_protocol::{ChatMessage, ClientRequest, Limits, decode};
+use zinfer_protocol::{ChatMessage, ClientRequest, DecodeError, GenerateRequest, Limits, decode};
 
 const INSTALL: &str = "this test needs python3 with msgpack: pip install msgpack";
 
@@ -25,11 +25,9 @@ fn python_msgpack_reads_and_writes_protocol_frames() {
     );
     assert!(output.status.success(), "interop.py failed:\n{stderr}");
 
-    let hex = String::from_utf8(output.stdout).unwrap();
-    let frame: Vec<u8> = (0..hex.trim().len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex.trim()[i..i + 2], 16).unwrap())
-        .collect();
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let mut lines = stdout.lines();
+    let frame = unhex(lines.next().unwrap());
     let ClientRequest::Generate(request) = decode(&frame, &Limits::default()).unwrap() else {
         panic!("Python's frame is not a generate")
     };
@@ -56,4 +54,39 @@ fn python_msgpack_reads_and_writes_protocol_frames() {
     assert!(request.stream);
     assert_eq!(request.top_k, 0);
     assert_eq!(request.repetition_penalty, 1.0);
+
+    let mut seen = Vec::new();
+    for line in lines {
+        let (name, hex) = line.split_once(' ').unwrap();
+        let result = decode::<ClientRequest>(&unhex(hex), &Limits::default());
+        match name {
+            "nil_is_absent" => assert_eq!(
+                result,
+                Ok(ClientRequest::Generate(GenerateRequest::from_prompt(
+                    "py-2", "Hi"
+                )))
+            ),
+            "integer_key" | "bin_prompt" => {
+                assert!(
+                    matches!(result, Err(DecodeError::Encoding(_))),
+                    "{name}: {result:?}"
+                )
+            }
+            "wrong_type" => {
+                let text = result.unwrap_err().to_string();
+                assert!(text.contains("field \"max_tokens\""), "{text}");
+            }
+            other => panic!("unexpected case {other}"),
+        }
+        seen.push(name.to_string());
+    }
+    assert_eq!(seen.len(), 4, "{seen:?}");
+}
+
+fn unhex(hex: &str) -> Vec<u8> {
+    let hex = hex.trim();
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
+        .collect()
 }

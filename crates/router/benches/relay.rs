@@ -341,6 +341,8 @@ fn core_cost_ns(chunks: u32) -> f64 {
         device: "cpu".into(),
         kv_capacity: 1,
         max_batch: 8,
+        context_length: None,
+        vocab_size: None,
     };
     core.handle_worker(now, &worker, &encode(&ready).expect("encode"));
     let generate = ClientRequest::Generate(request("r".into(), 128, true));

@@ -88,6 +88,14 @@ pub struct RouterConfig {
     /// worker's `max_batch` (twice that, so its batch refills without a
     /// round trip).
     pub max_inflight_per_worker: Option<u32>,
+    /// Most requests one client connection may have in flight (queued or
+    /// running); more get `overloaded`. `None`: no limit.
+    pub max_inflight_per_client: Option<u32>,
+    /// Generated tokens per second one client connection may use, as a
+    /// token bucket holding one second's worth; a client whose bucket is
+    /// empty gets `overloaded` for new requests (running ones go on).
+    /// `None`: no limit.
+    pub max_tokens_per_second_per_client: Option<f64>,
     /// How often the router heartbeats each worker.
     pub heartbeat_interval: Duration,
     /// A worker silent for this long is lost (3 missed heartbeats).
@@ -96,8 +104,9 @@ pub struct RouterConfig {
     pub lost_retention: Duration,
     /// Size limits on every decoded frame (ZMQ_MAXMSGSIZE too).
     pub limits: Limits,
-    /// Poll timeout of the I/O loop, which bounds timer resolution and
-    /// shutdown latency.
+    /// Longest the I/O loop sleeps in one poll; it bounds how long a
+    /// shutdown request waits. Timers do not depend on it: the loop
+    /// sleeps until the core's `poll_timeout` when that is sooner.
     pub poll_interval: Duration,
     /// ZeroMQ send/receive high-water mark per peer, in messages.
     pub hwm: i32,
@@ -117,11 +126,13 @@ impl Default for RouterConfig {
             index_bytes_per_worker: 4 << 20,
             queue_capacity: 1024,
             max_inflight_per_worker: None,
+            max_inflight_per_client: None,
+            max_tokens_per_second_per_client: None,
             heartbeat_interval: Duration::from_secs(1),
             heartbeat_expiry: Duration::from_secs(3),
             lost_retention: Duration::from_secs(60),
             limits: Limits::default(),
-            poll_interval: Duration::from_millis(10),
+            poll_interval: Duration::from_millis(100),
             hwm: 100_000,
         }
     }

@@ -20,7 +20,10 @@
 //! - A worker takes at most `max_inflight_per_worker` requests (default
 //!   twice its `max_batch`); beyond that requests wait in the router queue
 //!   (highest `priority` first, then oldest), and when the queue is full
-//!   the answer is `overloaded` at once. `deadline_ms` counts from arrival
+//!   the answer is `overloaded` at once. Optional per-client limits
+//!   (requests in flight, generated tokens per second, keyed by the
+//!   client's connection) answer `overloaded` too, counted in
+//!   `zinfer_router_client_limited_total{limit}`. `deadline_ms` counts from arrival
 //!   at the router: a queued request past it gets `deadline`, and a worker
 //!   is sent what is left of it.
 //! - Load, for `least_load` and `cache_aware`, is the requests the router
@@ -28,8 +31,12 @@
 //! - A worker silent for `heartbeat_expiry` (3 s) is lost. Its requests
 //!   that showed the client nothing yet (no chunk relayed; non-streamed
 //!   requests always qualify) are re-sent once to another worker; the
-//!   rest end with `worker_lost` (retryable). A `ready` from a worker the
-//!   router already knows means it restarted: same treatment.
+//!   rest end with `worker_lost` (retryable). A `ready` again on a
+//!   worker's own connection means it restarted: same treatment.
+//! - Worker ids are unique among live workers: a `ready` naming the id of
+//!   a live worker on another connection is refused with `disconnect`
+//!   (never handed over), and the live one is probed with a heartbeat, so
+//!   a crashed worker's successor gets in once the old connection is gone.
 //! - `cancel` of a queued request answers `done`/`cancelled` at once; of a
 //!   running one, it is forwarded and the worker's `done` is relayed; of an
 //!   unknown or finished id, it is ignored (it raced the terminal reply).

@@ -69,6 +69,10 @@ pub struct Metrics {
     pub(crate) relayed_chunks: IntCounter,
     /// Requests re-sent to another worker after their worker was lost.
     pub(crate) retries: IntCounter,
+    /// Worker registrations refused, by reason.
+    pub(crate) refused: IntCounterVec,
+    /// Requests refused with `overloaded` for a per-client limit, by limit.
+    pub(crate) client_limited: IntCounterVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -177,10 +181,26 @@ impl Metrics {
                 "zinfer_router_retries_total",
                 "Requests re-sent to another worker after their worker was lost.",
             )?,
+            refused: counter_vec(
+                "zinfer_router_refused_registrations_total",
+                "Worker registrations refused, by reason (protocol, worker_id, no_model, duplicate_id).",
+                "reason",
+            )?,
+            client_limited: counter_vec(
+                "zinfer_router_client_limited_total",
+                "Requests answered overloaded for a per-client limit (inflight, tokens_per_second).",
+                "limit",
+            )?,
             registry,
         };
         for state in zinfer_protocol::WorkerState::ALL {
             metrics.workers.with_label_values(&[state.as_str()]).set(0);
+        }
+        for reason in ["protocol", "worker_id", "no_model", "duplicate_id"] {
+            metrics.refused.with_label_values(&[reason]).inc_by(0);
+        }
+        for limit in ["inflight", "tokens_per_second"] {
+            metrics.client_limited.with_label_values(&[limit]).inc_by(0);
         }
         for socket in ["clients", "workers", "control"] {
             metrics.dropped.with_label_values(&[socket]).inc_by(0);

@@ -87,13 +87,15 @@ impl Router {
             Arc::clone(&self.metrics),
             Instant::now(),
         );
-        let mut next_tick = Instant::now();
         loop {
             match shutdown.try_recv() {
                 Ok(()) | Err(TryRecvError::Disconnected) => break,
                 Err(TryRecvError::Empty) => {}
             }
-            let timeout = next_tick
+            // Sleep until the core's next timer, but wake at least every
+            // poll_interval to notice `shutdown`.
+            let timeout = core
+                .poll_timeout()
                 .saturating_duration_since(Instant::now())
                 .min(self.config.poll_interval);
             let readable = self.wait(timeout)?;
@@ -106,9 +108,8 @@ impl Router {
                 }
             }
             let now = Instant::now();
-            if now >= next_tick {
+            if now >= core.poll_timeout() {
                 core.tick(now);
-                next_tick = now + self.config.poll_interval;
             }
             self.flush(&mut core);
         }
@@ -128,8 +129,7 @@ impl Router {
             self.back.as_poll_item(zmq::POLLIN),
             self.control.as_poll_item(zmq::POLLIN),
         ];
-        let millis = i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX);
-        match zmq::poll(&mut items, millis) {
+        match zmq::poll(&mut items, poll_millis(timeout)) {
             Ok(_) => Ok([
                 items[0].is_readable(),
                 items[1].is_readable(),
@@ -213,6 +213,13 @@ impl Side {
             Side::Control => "control",
         }
     }
+}
+
+/// `timeout` in whole milliseconds for `zmq::poll`, rounded up: rounding
+/// down would turn the last fraction of a millisecond before a timer into
+/// `poll(0)` calls in a busy loop.
+fn poll_millis(timeout: Duration) -> i64 {
+    i64::try_from(timeout.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
 }
 
 fn router_socket(
@@ -318,6 +325,16 @@ mod tests {
 
     fn parts(frames: &[&[u8]]) -> Vec<Vec<u8>> {
         frames.iter().map(|frame| frame.to_vec()).collect()
+    }
+
+    #[test]
+    fn poll_timeouts_round_up_to_whole_milliseconds() {
+        assert_eq!(poll_millis(Duration::ZERO), 0);
+        assert_eq!(poll_millis(Duration::from_nanos(1)), 1);
+        assert_eq!(poll_millis(Duration::from_micros(999)), 1);
+        assert_eq!(poll_millis(Duration::from_millis(10)), 10);
+        assert_eq!(poll_millis(Duration::from_micros(10_001)), 11);
+        assert_eq!(poll_millis(Duration::MAX), i64::MAX);
     }
 
     #[test]

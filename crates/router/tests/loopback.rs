@@ -272,6 +272,8 @@ fn silent_worker(context: &zmq::Context, endpoint: &str, id: &str) -> zmq::Socke
         device: "cpu".into(),
         kv_capacity: 1024,
         max_batch: 4,
+        context_length: None,
+        vocab_size: None,
     };
     worker
         .send(encode(&ready).expect("encode"), 0)

@@ -38,8 +38,12 @@ pub enum ServerError {
 pub struct ServerConfig {
     /// The router's worker endpoint, e.g. `tcp://127.0.0.1:5556`.
     pub router: String,
-    /// Worker id, also the DEALER routing id.
+    /// Worker id, unique among the router's live workers.
     pub worker_id: String,
+    /// The DEALER's routing id: the worker id and a random suffix, fixed
+    /// for this process. Distinct per process, so the router can tell a
+    /// second worker given the same id from a reconnect of this one.
+    pub routing_id: Vec<u8>,
     /// Device the engine runs on, reported in `ready`.
     pub device: String,
     /// Model names served, reported in `ready`.
@@ -48,6 +52,10 @@ pub struct ServerConfig {
     pub kv_capacity: u64,
     /// Most sequences per decode step, reported in `ready`.
     pub max_batch: u32,
+    /// The model's context length, reported in `ready` when known.
+    pub context_length: Option<u32>,
+    /// The model's vocabulary size, reported in `ready` when known.
+    pub vocab_size: Option<u32>,
     /// Heartbeat period; 3 periods of router silence trigger a reconnect.
     pub heartbeat: Duration,
     /// Least time between two `load` reports.
@@ -61,19 +69,34 @@ pub struct ServerConfig {
 impl ServerConfig {
     /// Defaults for everything but identity and capacity.
     pub fn new(router: impl Into<String>, worker_id: impl Into<String>) -> Self {
+        let worker_id = worker_id.into();
         ServerConfig {
             router: router.into(),
-            worker_id: worker_id.into(),
+            routing_id: routing_id(&worker_id, rand::random()),
+            worker_id,
             device: "cpu".into(),
             models: Vec::new(),
             kv_capacity: 0,
             max_batch: 1,
+            context_length: None,
+            vocab_size: None,
             heartbeat: Duration::from_secs(1),
             load_interval: Duration::from_millis(100),
             grace: Duration::from_secs(10),
             limits: Limits::default(),
         }
     }
+}
+
+/// `worker_id` + `/` + 8 hex digits of `nonce`, within ZeroMQ's 255-byte
+/// limit on routing ids (a long id is cut short; the router keys on the
+/// whole routing id and names the worker by `worker_id`).
+fn routing_id(worker_id: &str, nonce: u32) -> Vec<u8> {
+    let suffix = format!("/{nonce:08x}");
+    let keep = worker_id.len().min(255 - suffix.len());
+    let mut id = worker_id.as_bytes()[..keep].to_vec();
+    id.extend_from_slice(suffix.as_bytes());
+    id
 }
 
 /// Numbers the inproc relay endpoints, so several servers can share a process (tests).
@@ -140,14 +163,14 @@ fn sock(context: &'static str) -> impl Fn(zmq::Error) -> ServerError {
     move |source| ServerError::Socket { context, source }
 }
 
-/// A DEALER with the worker id as routing id, so a restarted worker takes
-/// over its old identity at the router (ROUTER_HANDOVER).
+/// A DEALER with this process's routing id; a reconnect of the same
+/// process takes over its old connection at the router (ROUTER_HANDOVER).
 fn connect(context: &zmq::Context, config: &ServerConfig) -> Result<zmq::Socket, ServerError> {
     let dealer = context
         .socket(zmq::DEALER)
         .map_err(sock("creating the DEALER"))?;
     dealer
-        .set_identity(config.worker_id.as_bytes())
+        .set_identity(&config.routing_id)
         .map_err(sock("setting the routing id"))?;
     dealer
         .set_immediate(true)
@@ -264,7 +287,9 @@ impl Io {
             RouterToWorker::Cancel { rid } => self.engine.cancel(rid),
             RouterToWorker::Heartbeat {} => {}
             RouterToWorker::Disconnect { reason } => {
-                tracing::info!(%reason, "router asked us to register again");
+                // Also how a refused registration (a duplicate id, another
+                // protocol version) is explained, so it must be visible.
+                tracing::warn!(%reason, "router asked us to register again");
                 self.register();
             }
             RouterToWorker::Drain {} => {
@@ -372,6 +397,8 @@ impl Io {
             device: self.config.device.clone(),
             kv_capacity: self.config.kv_capacity,
             max_batch: self.config.max_batch,
+            context_length: self.config.context_length,
+            vocab_size: self.config.vocab_size,
         };
         self.last_load = None;
         // With ZMQ_IMMEDIATE a send fails until the connection is up; the
@@ -473,5 +500,20 @@ fn relay_events(events: Receiver<EngineEvent>, out: zmq::Socket, metrics: Worker
             }
             Err(error) => tracing::error!(%error, "cannot encode an engine event"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::routing_id;
+
+    #[test]
+    fn routing_ids_differ_per_process_and_fit_zeromq() {
+        assert_eq!(routing_id("w-cpu-0", 0xab), b"w-cpu-0/000000ab".to_vec());
+        assert_ne!(routing_id("w", 1), routing_id("w", 2));
+        let long = "x".repeat(256);
+        let id = routing_id(&long, u32::MAX);
+        assert_eq!(id.len(), 255);
+        assert!(id.ends_with(b"/ffffffff"));
     }
 }

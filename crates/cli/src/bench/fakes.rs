@@ -131,6 +131,8 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
             device: "cpu".into(),
             kv_capacity: 4096,
             max_batch: 4,
+            context_length: None,
+            vocab_size: None,
         },
     );
     let stop = Arc::new(AtomicBool::new(false));

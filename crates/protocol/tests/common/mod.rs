@@ -187,6 +187,20 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 models: vec![ModelInfo {
                     name: "smollm2-135m".into(),
                     workers: 2,
+                    context_length: None,
+                    vocab_size: None,
+                }],
+            },
+        ),
+        sample(
+            "client_reply.models_with_limits",
+            ClientReply::Models {
+                id: Some("m1".into()),
+                models: vec![ModelInfo {
+                    name: "smollm2-135m".into(),
+                    workers: 2,
+                    context_length: Some(8192),
+                    vocab_size: Some(49152),
                 }],
             },
         ),
@@ -247,6 +261,21 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 device: "cpu".into(),
                 kv_capacity: 65536,
                 max_batch: 32,
+                context_length: None,
+                vocab_size: None,
+            },
+        ),
+        sample(
+            "worker_to_router.ready_with_limits",
+            WorkerToRouter::Ready {
+                worker_id: "w-cpu-0".into(),
+                protocol: 1,
+                models: vec!["smollm2-135m".into()],
+                device: "cpu".into(),
+                kv_capacity: 65536,
+                max_batch: 32,
+                context_length: Some(8192),
+                vocab_size: Some(49152),
             },
         ),
         sample("worker_to_router.heartbeat", WorkerToRouter::Heartbeat {}),

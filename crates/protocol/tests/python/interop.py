@@ -57,6 +57,16 @@ def check_done(frame):
     assert set(msg) == {"type", "id", "finish_reason", "text", "usage", "timings", "worker"}, msg
 
 
+def check_models(frame, with_limits):
+    msg = msgpack.unpackb(frame, raw=False)
+    model = msg["models"][0]
+    assert model["name"] == "smollm2-135m" and model["workers"] == 2, msg
+    if with_limits:
+        assert model["context_length"] == 8192 and model["vocab_size"] == 49152, msg
+    else:
+        assert "context_length" not in model and "vocab_size" not in model, msg
+
+
 def python_generate():
     # What a Python client sends: float64 floats, an int where a float is
     # expected, None for an absent option, the version field.
@@ -79,11 +89,31 @@ def python_generate():
     )
 
 
+def edge_cases():
+    """Frames a client written from docs/protocol.md may send, by name; the
+    Rust side checks each is accepted or refused as the spec says."""
+    base = {"type": "generate", "id": "py-2", "prompt": "Hi"}
+    nils = dict(base, **{field: None for field in (
+        "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+        "stop", "stop_token_ids", "ignore_eos", "stream", "priority", "seed",
+        "deadline_ms")})
+    return {
+        "nil_is_absent": msgpack.packb(nils),
+        "integer_key": msgpack.packb({**base, 18: 3}),
+        "bin_prompt": msgpack.packb(dict(base, prompt=b"Hi"), use_bin_type=True),
+        "wrong_type": msgpack.packb(dict(base, max_tokens="ten")),
+    }
+
+
 def main():
     directory = sys.argv[1]
     check_generate(golden(directory, "client_request.generate"))
     check_done(golden(directory, "client_reply.done"))
+    check_models(golden(directory, "client_reply.models"), with_limits=False)
+    check_models(golden(directory, "client_reply.models_with_limits"), with_limits=True)
     print(python_generate().hex())
+    for name, frame in edge_cases().items():
+        print(name, frame.hex())
 
 
 if __name__ == "__main__":

@@ -2,10 +2,9 @@
 
 use std::time::Instant;
 
-use serde::Deserialize;
 use zinfer_protocol::{
-    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, Limits, ModelInfo,
-    RouterToWorker, Timings, Usage, decode,
+    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, ModelInfo,
+    RouterToWorker, Timings, Usage, decode, recover_id,
 };
 
 use super::{Addr, Core, Peer, Request, millis, seconds};
@@ -57,6 +56,14 @@ impl Core {
             self.reply_error(from, Some(request.id), ErrorCode::BadRequest, message);
             return;
         }
+        if let Some((limit, message)) = self.client_limit(now, &from.identity) {
+            self.metrics
+                .client_limited
+                .with_label_values(&[limit])
+                .inc();
+            self.reply_error(from, Some(request.id), ErrorCode::Overloaded, message);
+            return;
+        }
         let model = match self.resolve_model(request.model.as_deref()) {
             Ok(model) => model,
             Err((code, message)) => {
@@ -99,6 +106,7 @@ impl Core {
         };
         self.requests.insert(rid, entry);
         self.by_client.insert(client_key, rid);
+        self.quota_started(now, &from.identity);
         if !self.try_dispatch(now, rid) {
             if self.queue.len() >= self.config.queue_capacity {
                 self.fail_overloaded(now, rid);
@@ -248,10 +256,20 @@ impl Core {
         for worker in self.workers.values().filter(|worker| include(worker)) {
             for name in &worker.models {
                 match models.iter_mut().find(|info| &info.name == name) {
-                    Some(info) => info.workers += 1,
+                    Some(info) => {
+                        info.workers += 1;
+                        // The smallest context any of its workers holds.
+                        info.context_length = match (info.context_length, worker.context_length) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        info.vocab_size = info.vocab_size.or(worker.vocab_size);
+                    }
                     None => models.push(ModelInfo {
                         name: name.clone(),
                         workers: 1,
+                        context_length: worker.context_length,
+                        vocab_size: worker.vocab_size,
                     }),
                 }
             }
@@ -259,21 +277,4 @@ impl Core {
         models.sort_by(|a, b| a.name.cmp(&b.name));
         models
     }
-}
-
-#[derive(Deserialize)]
-struct IdOnly {
-    #[serde(default)]
-    id: Option<String>,
-}
-
-/// The `id` of a frame that failed to decode, when it holds a readable one.
-fn recover_id(frame: &[u8], limits: &Limits) -> Option<String> {
-    if frame.len() > limits.max_frame_bytes {
-        return None;
-    }
-    let mut de = rmp_serde::Deserializer::from_read_ref(frame);
-    de.set_max_depth(limits.max_depth);
-    let id = IdOnly::deserialize(&mut de).ok()?.id?;
-    (id.len() <= limits.max_name_bytes).then_some(id)
 }

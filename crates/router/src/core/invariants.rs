@@ -145,6 +145,8 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                     device: "cpu".into(),
                     kv_capacity: 100,
                     max_batch: 1,
+                    context_length: None,
+                    vocab_size: None,
                 },
             ),
             Op::Generate {

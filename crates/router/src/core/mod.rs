@@ -11,6 +11,7 @@
 
 mod admin;
 mod client;
+mod quota;
 mod routing;
 mod workers;
 
@@ -138,11 +139,18 @@ pub struct Core {
     next_rid: u64,
     rr_cursor: usize,
     next_heartbeat: Instant,
+    /// When `tick` next has work: the earliest of the heartbeat, a worker
+    /// expiry, a lost worker's retention, a refusal's end and a queued
+    /// request's deadline. Events that add an earlier timer lower it.
+    next_wake: Instant,
     actions: VecDeque<Action>,
     /// Workers whose `ready` was refused, and when: further `ready`s from
     /// them are ignored for a heartbeat interval, so a worker that
     /// re-registers at once on `disconnect` cannot start a tight loop.
     refused: HashMap<Vec<u8>, Instant>,
+    /// Per-client usage, for the per-client limits; only clients with
+    /// something in flight or a bucket still refilling.
+    quotas: HashMap<Vec<u8>, quota::ClientQuota>,
 }
 
 impl Core {
@@ -150,6 +158,7 @@ impl Core {
     pub fn new(config: RouterConfig, metrics: Arc<Metrics>, now: Instant) -> Self {
         Core {
             next_heartbeat: now + config.heartbeat_interval,
+            next_wake: now + config.heartbeat_interval,
             config,
             metrics,
             workers: HashMap::new(),
@@ -161,6 +170,7 @@ impl Core {
             rr_cursor: 0,
             actions: VecDeque::new(),
             refused: HashMap::new(),
+            quotas: HashMap::new(),
         }
     }
 
@@ -168,6 +178,14 @@ impl Core {
     #[must_use]
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
+    }
+
+    /// When the I/O loop must call `tick` next, if nothing arrives before.
+    /// Between timers the core needs no tick, so an idle router sleeps
+    /// until its next heartbeat.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Instant {
+        self.next_wake
     }
 
     /// Requests accepted and not yet ended (queued or running).
@@ -210,7 +228,39 @@ impl Core {
                  raise deadline_ms or add workers",
             );
         }
+        self.forget_idle_quotas(now);
         self.refresh_gauges();
+        self.next_wake = self.earliest_timer(now);
+    }
+
+    /// The earliest instant at which `tick` has something to do, never
+    /// earlier than a millisecond from `now` (so a timer that does not fire
+    /// cannot spin the loop).
+    fn earliest_timer(&self, now: Instant) -> Instant {
+        // Expiry and retention fire strictly after their period.
+        let after = |at: Instant, period: Duration| at + period + Duration::from_millis(1);
+        let workers = self.workers.values().map(|worker| match worker.lost_at {
+            Some(lost) => after(lost, self.config.lost_retention),
+            None => after(worker.last_seen, self.config.heartbeat_expiry),
+        });
+        let refusals = self
+            .refused
+            .values()
+            .map(|&at| at + self.config.heartbeat_interval);
+        let deadlines = self
+            .queue
+            .iter()
+            .filter_map(|(_, rid)| self.requests.get(rid).and_then(|r| r.deadline));
+        workers
+            .chain(refusals)
+            .chain(deadlines)
+            .fold(self.next_heartbeat, Instant::min)
+            .max(now + Duration::from_millis(1))
+    }
+
+    /// Makes the next `tick` come no later than `at`.
+    fn wake_by(&mut self, at: Instant) {
+        self.next_wake = self.next_wake.min(at);
     }
 
     /// Ends every request with a retryable `unavailable`, for shutdown.
@@ -273,6 +323,7 @@ impl Core {
     /// terminal reply.
     fn take(&mut self, now: Instant, rid: u64) -> Option<Request> {
         let request = self.requests.remove(&rid)?;
+        self.quota_ended(&request.client.identity);
         self.by_client
             .remove(&(request.client.identity.clone(), request.id.clone()));
         if self.queue.remove(&request.queue_key(rid)) {

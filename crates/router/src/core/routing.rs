@@ -198,6 +198,9 @@ impl Core {
             request.worker = None;
             self.queue.insert(request.queue_key(rid));
             self.metrics.queue_depth.set(self.queue.len() as i64);
+            if let Some(deadline) = request.deadline {
+                self.wake_by(deadline);
+            }
         }
     }
 

@@ -1,7 +1,10 @@
 //! Frames from workers: registration, liveness, load, and the replies
 //! relayed to clients.
 
-use std::{collections::HashSet, time::Instant};
+use std::{
+    collections::HashSet,
+    time::{Duration, Instant},
+};
 
 use zinfer_protocol::{
     ClientReply, ControlOp, ErrorCode, FinishReason, LoadReport, PROTOCOL_VERSION, RouterToWorker,
@@ -18,9 +21,11 @@ pub(crate) struct Worker {
     pub(super) models: Vec<String>,
     device: String,
     kv_capacity: u64,
+    pub(super) context_length: Option<u32>,
+    pub(super) vocab_size: Option<u32>,
     pub(super) state: WorkerState,
     pub(super) last_seen: Instant,
-    lost_at: Option<Instant>,
+    pub(super) lost_at: Option<Instant>,
     load: LoadReport,
     pub(super) inflight: HashSet<u64>,
     max_inflight: u32,
@@ -82,6 +87,8 @@ impl Core {
             device,
             kv_capacity,
             max_batch,
+            context_length,
+            vocab_size,
         } = message
         {
             let registration = Registration {
@@ -91,6 +98,8 @@ impl Core {
                 device,
                 kv_capacity,
                 max_batch,
+                context_length,
+                vocab_size,
             };
             self.register(now, from, registration);
             return;
@@ -146,24 +155,11 @@ impl Core {
         if self.refused.contains_key(&from.identity) {
             return;
         }
-        let problem = if ready.protocol != PROTOCOL_VERSION {
-            Some(format!(
-                "protocol version {} is not supported; this router speaks version \
-                 {PROTOCOL_VERSION}: run matching zinfer versions",
-                ready.protocol
-            ))
-        } else if ready.worker_id.is_empty()
-            || ready.worker_id.len() > self.config.limits.max_name_bytes
-        {
-            Some("worker_id must be 1 to max_name_bytes bytes long".into())
-        } else if ready.models.is_empty() {
-            Some("a worker must serve at least one model".into())
-        } else {
-            None
-        };
-        if let Some(reason) = problem {
+        if let Some((reason, label)) = self.registration_problem(from, &ready) {
             tracing::warn!(worker = %ready.worker_id, reason, "registration refused");
+            self.metrics.refused.with_label_values(&[label]).inc();
             self.refused.insert(from.identity.clone(), now);
+            self.wake_by(now + self.config.heartbeat_interval);
             self.send(
                 Peer::Worker(from.clone()),
                 &RouterToWorker::Disconnect { reason },
@@ -177,7 +173,19 @@ impl Core {
         {
             self.mark_lost(now, &from.identity, "it registered again (restarted)");
         }
-        self.order.retain(|identity| *identity != from.identity);
+        // A lost worker of the same id (a previous process of a restarted
+        // worker) is superseded: one row per id in listings and admin commands.
+        let superseded: Vec<Vec<u8>> = self
+            .workers
+            .iter()
+            .filter(|(identity, w)| **identity != from.identity && w.id == ready.worker_id)
+            .map(|(identity, _)| identity.clone())
+            .collect();
+        for identity in &superseded {
+            self.workers.remove(identity);
+        }
+        self.order
+            .retain(|identity| *identity != from.identity && !superseded.contains(identity));
         let max_inflight = self
             .config
             .max_inflight_per_worker
@@ -193,6 +201,8 @@ impl Core {
             models: ready.models,
             device: ready.device,
             kv_capacity: ready.kv_capacity,
+            context_length: ready.context_length,
+            vocab_size: ready.vocab_size,
             state: WorkerState::Ready,
             last_seen: now,
             lost_at: None,
@@ -203,9 +213,61 @@ impl Core {
         };
         self.workers.insert(from.identity.clone(), worker);
         self.order.push(from.identity.clone());
+        self.wake_by(now + self.config.heartbeat_expiry + Duration::from_millis(1));
         self.refresh_gauges();
         self.drain_queue(now);
         self.fail_orphans(now);
+    }
+
+    /// Why a `ready` is refused, with the metrics label, or `None`.
+    ///
+    /// Worker ids are unique among live workers. A `ready` naming the id of
+    /// a live worker on another connection is refused, not handed over: it
+    /// is either a second worker given the same `--id` (which would
+    /// otherwise steal the first one's requests) or a restarted worker
+    /// whose old connection the router has not seen close yet. The live
+    /// worker is sent a heartbeat at once: if its connection is gone the
+    /// send fails, it is lost, and the restarted worker's next `ready`
+    /// (after the refusal pause) succeeds.
+    fn registration_problem(
+        &mut self,
+        from: &Addr,
+        ready: &Registration,
+    ) -> Option<(String, &'static str)> {
+        if ready.protocol != PROTOCOL_VERSION {
+            return Some((
+                format!(
+                    "protocol version {} is not supported; this router speaks version \
+                     {PROTOCOL_VERSION}: run matching zinfer versions",
+                    ready.protocol
+                ),
+                "protocol",
+            ));
+        }
+        if ready.worker_id.is_empty() || ready.worker_id.len() > self.config.limits.max_name_bytes {
+            return Some((
+                "worker_id must be 1 to max_name_bytes bytes long".into(),
+                "worker_id",
+            ));
+        }
+        if ready.models.is_empty() {
+            return Some(("a worker must serve at least one model".into(), "no_model"));
+        }
+        let holder = self
+            .workers
+            .values()
+            .find(|w| w.is_live() && w.id == ready.worker_id && w.addr.identity != from.identity)
+            .map(|w| w.addr.clone())?;
+        self.send(Peer::Worker(holder), &RouterToWorker::Heartbeat {});
+        Some((
+            format!(
+                "worker id {:?} is already registered by another live connection; give \
+                 every worker a unique --id (or leave it out for a generated one). A \
+                 restarted worker is accepted once its old connection is gone",
+                ready.worker_id
+            ),
+            "duplicate_id",
+        ))
     }
 
     /// Loses a worker (see `mark_lost`) and settles the queue.
@@ -225,6 +287,7 @@ impl Core {
         worker.state = WorkerState::Lost;
         worker.lost_at = Some(now);
         let rids: Vec<u64> = worker.inflight.drain().collect();
+        self.wake_by(now + self.config.lost_retention + Duration::from_millis(1));
         self.metrics.inflight.sub(rids.len() as i64);
         for rid in rids {
             let Some(request) = self.requests.get_mut(&rid) else {
@@ -372,9 +435,18 @@ impl Core {
             }
         }
         request.last_chunk = Some(now);
-        if !request.request.stream {
+        let stream = request.request.stream;
+        // Only a token-rate limit needs the client here; no clone otherwise.
+        if self.config.max_tokens_per_second_per_client.is_some() {
+            let client = request.client.identity.clone();
+            self.quota_charge(now, &client, tokens.len());
+        }
+        if !stream {
             return;
         }
+        let Some(request) = self.requests.get_mut(&rid) else {
+            return;
+        };
         request.output_sent = true;
         let reply = ClientReply::Chunk {
             id: request.id.clone(),
@@ -469,4 +541,6 @@ struct Registration {
     device: String,
     kv_capacity: u64,
     max_batch: u32,
+    context_length: Option<u32>,
+    vocab_size: Option<u32>,
 }

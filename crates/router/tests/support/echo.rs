@@ -40,6 +40,8 @@ impl EchoWorker {
             device: "cpu".into(),
             kv_capacity: 1 << 20,
             max_batch: 64,
+            context_length: None,
+            vocab_size: None,
         };
         Self::spawn(socket, false, Some(encode(&ready).expect("encode ready")))
     }

@@ -192,6 +192,16 @@ impl EngineHandle {
         self.info.kv_capacity
     }
 
+    /// The model's context length in tokens (prompt plus output).
+    pub fn context_length(&self) -> usize {
+        self.info.max_positions
+    }
+
+    /// The model's vocabulary size; token ids are below it.
+    pub fn vocab_size(&self) -> usize {
+        self.info.vocab_size
+    }
+
     /// Most sequences decoded together.
     pub fn max_batch(&self) -> usize {
         self.config.scheduler.max_batch

@@ -17,7 +17,9 @@ use crate::{Metrics, Policy, RouterConfig};
 
 mod admin;
 mod policies;
+mod quota;
 mod requests;
+mod timers;
 mod workers;
 
 #[derive(Debug)]
@@ -99,6 +101,8 @@ impl Harness {
                 device: "cpu".into(),
                 kv_capacity: 4096,
                 max_batch,
+                context_length: None,
+                vocab_size: None,
             },
         );
     }

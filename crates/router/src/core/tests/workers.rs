@@ -172,6 +172,8 @@ fn unknown_worker_and_bad_protocol_get_disconnect() {
         device: "cpu".into(),
         kv_capacity: 1,
         max_batch: 1,
+        context_length: None,
+        vocab_size: None,
     };
     h.worker("old", &future);
     let sent = h.sent();
@@ -253,4 +255,127 @@ fn chunk_from_a_worker_not_running_the_request_is_dropped() {
     h.done(other, rid, FinishReason::Stop);
     assert!(h.client_replies().is_empty());
     assert_eq!(h.core.active_requests(), 1);
+}
+
+impl Harness {
+    /// A `ready` for worker id `id` arriving on connection `identity`.
+    fn ready_on(&mut self, identity: &str, id: &str) {
+        self.worker(
+            identity,
+            &WorkerToRouter::Ready {
+                worker_id: id.into(),
+                protocol: PROTOCOL_VERSION,
+                models: vec!["m".into()],
+                device: "cpu".into(),
+                kv_capacity: 4096,
+                max_batch: 8,
+                context_length: None,
+                vocab_size: None,
+            },
+        );
+    }
+
+    fn listed_ids(&mut self) -> Vec<(String, WorkerState)> {
+        let AdminReply::Workers { workers } = self.admin(&AdminRequest::Workers {}) else {
+            panic!("expected workers");
+        };
+        workers.into_iter().map(|w| (w.id, w.state)).collect()
+    }
+}
+
+#[test]
+fn a_second_live_worker_with_the_same_id_is_refused_not_handed_over() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready_on("host-a", "w");
+    h.generate("c", prompt("1", "x"));
+    let (first, rid, _) = h.dispatched().remove(0);
+    assert_eq!(first, "host-a");
+    h.ready_on("host-b", "w");
+    let sent = h.sent();
+    assert!(
+        sent.iter().any(|out| matches!(out,
+            Out::Worker(to, RouterToWorker::Disconnect { reason })
+                if to == b"host-b" && reason.contains("already registered"))),
+        "{sent:?}"
+    );
+    // The live holder is probed, and keeps its id and its request.
+    assert!(
+        sent.iter().any(
+            |out| matches!(out, Out::Worker(to, RouterToWorker::Heartbeat {}) if to == b"host-a")
+        ),
+        "{sent:?}"
+    );
+    assert_eq!(h.listed_ids(), vec![("w".to_string(), WorkerState::Ready)]);
+    h.done("host-a", rid, FinishReason::Stop);
+    assert!(matches!(
+        &h.client_replies()[..],
+        [ClientReply::Done { .. }]
+    ));
+    assert_eq!(
+        h.metrics.refused.with_label_values(&["duplicate_id"]).get(),
+        1
+    );
+    // While both stay alive, the duplicate keeps being refused.
+    h.worker("host-a", &WorkerToRouter::Heartbeat {});
+    h.advance(1_100);
+    h.sent();
+    h.ready_on("host-b", "w");
+    assert!(h.sent().iter().any(|out| matches!(out,
+        Out::Worker(to, RouterToWorker::Disconnect { .. }) if to == b"host-b")));
+    h.generate("c", prompt("2", "y"));
+    assert_eq!(h.dispatched()[0].0, "host-a");
+}
+
+#[test]
+fn a_restarted_worker_on_a_new_connection_takes_over_once_the_old_one_is_gone() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready_on("old-conn", "w");
+    // The old process died; its successor registers before the router
+    // noticed. The probe heartbeat to the old connection fails.
+    h.ready_on("new-conn", "w");
+    h.sent();
+    h.core.handle_send_failure(
+        h.now,
+        &Peer::Worker(Addr::new("old-conn")),
+        SendFailure::Unreachable,
+    );
+    // The successor's ready is answered after the refusal pause.
+    h.advance(1_100);
+    h.sent();
+    h.ready_on("new-conn", "w");
+    assert!(h.sent().is_empty(), "registered without a disconnect");
+    h.generate("c", prompt("1", "x"));
+    assert_eq!(h.dispatched()[0].0, "new-conn");
+    assert_eq!(
+        h.listed_ids(),
+        vec![("w".to_string(), WorkerState::Ready)],
+        "the lost predecessor is no longer listed"
+    );
+}
+
+#[test]
+fn models_reply_carries_the_smallest_context_and_the_vocabulary() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    for (identity, context) in [("a", Some(8192)), ("b", Some(4096)), ("c", None)] {
+        h.worker(
+            identity,
+            &WorkerToRouter::Ready {
+                worker_id: identity.into(),
+                protocol: PROTOCOL_VERSION,
+                models: vec!["m".into()],
+                device: "cpu".into(),
+                kv_capacity: 4096,
+                max_batch: 8,
+                context_length: context,
+                vocab_size: context.map(|_| 49152),
+            },
+        );
+    }
+    h.client("c", &ClientRequest::Models { id: None });
+    let ClientReply::Models { models, .. } = &h.client_replies()[0] else {
+        panic!("expected models");
+    };
+    assert_eq!(models[0].workers, 3);
+    assert_eq!(models[0].context_length, Some(4096));
+    assert_eq!(models[0].vocab_size, Some(49152));
 }
