@@ -48,6 +48,8 @@ fn fake_router() -> (String, mpsc::Receiver<String>) {
                     models: vec![ModelInfo {
                         name: "smol".into(),
                         workers: 1,
+                        context_length: Some(8192),
+                        vocab_size: Some(49152),
                     }],
                 }),
                 ClientRequest::Generate(request) => {
