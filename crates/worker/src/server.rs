@@ -300,7 +300,7 @@ impl Io {
                 ControlOp::Migrate,
                 false,
                 format!(
-                    "cannot migrate to {device:?}: this build serves on the CPU only; start a worker on the target device and drain this one"
+                    "cannot migrate to {device:?}: live migration is not built yet; start a worker on the target device (zinfer worker --device ...) and drain this one"
                 ),
             ),
             RouterToWorker::Shutdown { grace_ms } => {
