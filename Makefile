@@ -1,14 +1,19 @@
 # The two commands README promises. Both install what is missing first.
-.PHONY: setup test serve build check-cuda
+.PHONY: setup setup-tests test serve build check-cuda
 
+# libzmq and pkg-config: what building and serving need.
 setup:
 	scripts/setup.sh
+
+# Also promtool and the Python packages the tests use.
+setup-tests:
+	scripts/setup.sh --tests
 
 build: setup
 	cargo build --release -p zinfer-cli
 
 # Runs every test: unit, property, model and end-to-end (fetches the default model when missing).
-test: setup
+test: setup-tests
 	cargo test --workspace
 
 # Serves the default model: router on tcp://127.0.0.1:5555, one CPU worker.

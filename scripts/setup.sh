@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Installs what zinfer needs beyond Rust, Python and a C toolchain:
-# the system libzmq (with CURVE), pkg-config, promtool for the metrics tests,
-# and the Python packages the interop and client tests use.
+# the system libzmq (with CURVE) and pkg-config; with --tests also promtool
+# for the metrics tests and the Python packages the interop and client
+# tests use (`make serve` needs none of those).
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
+
+tests=false
+[ "${1:-}" = "--tests" ] && tests=true
 
 need_apt=()
 pkg-config --version >/dev/null 2>&1 || need_apt+=(pkg-config)
 pkg-config --exists 'libzmq >= 4.3.4' 2>/dev/null || need_apt+=(libzmq3-dev)
-command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+$tests && { command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus); }
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
@@ -25,6 +29,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     exit 1
   fi
 fi
+
+$tests || exit 0
 
 if ! python3 -c 'import msgpack, zmq' >/dev/null 2>&1; then
   echo "setup: installing Python packages msgpack and pyzmq with pip" >&2
