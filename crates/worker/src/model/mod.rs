@@ -57,6 +57,11 @@ pub trait ForwardModel {
     }
 }
 
+/// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V
+/// for the default model, committed only as slots are first written on the
+/// CPU; allocated up front on a GPU).
+pub const DEFAULT_KV_TOKENS: usize = 32_768;
+
 /// How to load a model; the KV pool is sized here because it lives with the model.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -76,7 +81,7 @@ pub struct LoadOptions {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
-            kv_capacity: 16_384,
+            kv_capacity: DEFAULT_KV_TOKENS,
             threads: None,
             device: "cpu".to_string(),
         }
