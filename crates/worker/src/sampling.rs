@@ -216,8 +216,8 @@ fn keep_top_p(candidates: &mut Vec<(u32, f32)>, top_p: f32) {
 ///
 /// Two branch-free passes (the maximum in 16 lanes, then its first
 /// position) vectorize: 9 us instead of 51 for one branchy pass over a 49k
-/// row on the 2-core dev machine,
-/// which matters when a GPU step samples 64 rows on the host.
+/// row on the 2-core dev machine, which matters when a GPU step samples 64
+/// rows on the host.
 pub fn argmax(logits: &[f32]) -> Option<u32> {
     const LANES: usize = 16;
     let mut lanes = [f32::NEG_INFINITY; LANES];
