@@ -1,8 +1,8 @@
 //! The deploy kit under `deploy/`: Prometheus config and alert rules pass
-//! promtool, every metric the dashboard, the alerts and the autoscaler use
-//! is one a real router or worker exports, and the Kubernetes manifests
-//! pass schema validation and use only flags and `ZINFER_*` variables the
-//! binary accepts.
+//! promtool (and the rules' unit tests), every metric the dashboard, the
+//! alerts and the autoscaler use is one a real router or worker exports,
+//! and the Kubernetes manifests pass schema validation and use only flags
+//! and `ZINFER_*` variables the binary accepts.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -133,6 +133,16 @@ fn deploy_prometheus_config_and_alert_rules_pass_promtool() {
             "check",
             "rules",
             dir.join("prometheus/alerts.yml").to_str().unwrap(),
+        ],
+        "",
+    );
+    // The alerts fire on the series they are meant for (and their
+    // annotations render).
+    promtool(
+        &[
+            "test",
+            "rules",
+            dir.join("prometheus/alerts_test.yml").to_str().unwrap(),
         ],
         "",
     );
