@@ -8,6 +8,7 @@
     unreachable_pub
 )]
 
+mod deploy;
 mod harness;
 mod http;
 mod reliability;
