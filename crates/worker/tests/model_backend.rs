@@ -16,7 +16,10 @@ use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, LoadedModel, SeqChunk, load, load_candle};
 
 mod support;
-use support::{argmax, max_abs_diff, prompt_ids, reference_logits, top_k, write_converted};
+use support::{
+    argmax, greedy_capital_of_france, max_abs_diff, one_shot, prompt_ids, reference_logits, top_k,
+    write_converted,
+};
 
 /// Same float weights, same backend, only the batch layout differs (logits
 /// span roughly -10..30): only summation order changes.
@@ -46,18 +49,6 @@ fn load_backend_from(path: &Path, kv_capacity: usize) -> LoadedModel {
         ..LoadOptions::default()
     };
     load_candle(path, &options, &device.candle().unwrap()).unwrap()
-}
-
-fn one_shot(m: &mut LoadedModel, ids: &[u32]) -> Vec<f32> {
-    let slots: Vec<u32> = (0..ids.len() as u32).collect();
-    m.model
-        .forward(&[SeqChunk {
-            tokens: ids,
-            slots: &slots,
-            start_pos: 0,
-        }])
-        .unwrap()
-        .remove(0)
 }
 
 #[test]
@@ -216,31 +207,7 @@ fn chunks_batches_and_decode_match_one_shot() {
 #[test]
 fn greedy_decoding_answers_a_simple_question() {
     let mut m = load_backend(128);
-    let mut ids = m
-        .tokenizer
-        .encode(
-            "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-        )
-        .unwrap();
-    let slots: Vec<u32> = (0..128).collect();
-    let mut start = 0;
-    let mut out = Vec::new();
-    for _ in 0..8 {
-        let end = ids.len();
-        let logits = m
-            .model
-            .forward(&[SeqChunk {
-                tokens: &ids[start..],
-                slots: &slots[..end],
-                start_pos: start,
-            }])
-            .unwrap();
-        let next = argmax(&logits[0]) as u32;
-        start = end;
-        ids.push(next);
-        out.push(next);
-    }
-    let text = m.tokenizer.decode(&out).unwrap();
+    let text = greedy_capital_of_france(&mut m);
     assert!(text.starts_with("The capital of France is Paris"), "{text}");
 }
 

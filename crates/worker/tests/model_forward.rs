@@ -10,7 +10,10 @@ use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, LoadedModel, SeqChunk, load};
 
 mod support;
-use support::{argmax, max_abs_diff, prompt_ids, reference_logits, top_k, write_converted};
+use support::{
+    argmax, greedy_capital_of_france, max_abs_diff, one_shot, prompt_ids, reference_logits, top_k,
+    write_converted,
+};
 
 /// Largest logit difference accepted between two runs of the same weights
 /// that differ only in summation order (logits here span roughly -10..30).
@@ -40,18 +43,9 @@ fn our_logits(gguf: &Path, ids: &[u32]) -> Vec<f32> {
         },
     )
     .unwrap();
-    let slots: Vec<u32> = (0..ids.len() as u32).collect();
-    let mut out = m
-        .model
-        .forward(&[SeqChunk {
-            tokens: ids,
-            slots: &slots,
-            start_pos: 0,
-        }])
-        .unwrap();
-    assert_eq!(out.len(), 1);
-    assert_eq!(out[0].len(), 49152);
-    out.remove(0)
+    let logits = one_shot(&mut m, ids);
+    assert_eq!(logits.len(), 49152);
+    logits
 }
 
 /// With float weights both implementations run exact f32 matmuls, so the
@@ -242,31 +236,7 @@ fn a_batch_gives_each_sequence_its_own_logits() {
 #[test]
 fn greedy_decoding_answers_a_simple_question() {
     let mut m = load_default(128);
-    let mut ids = m
-        .tokenizer
-        .encode(
-            "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
-        )
-        .unwrap();
-    let slots: Vec<u32> = (0..128).collect();
-    let mut start = 0;
-    let mut out = Vec::new();
-    for _ in 0..8 {
-        let end = ids.len();
-        let logits = m
-            .model
-            .forward(&[SeqChunk {
-                tokens: &ids[start..],
-                slots: &slots[..end],
-                start_pos: start,
-            }])
-            .unwrap();
-        let next = argmax(&logits[0]) as u32;
-        start = end;
-        ids.push(next);
-        out.push(next);
-    }
-    let text = m.tokenizer.decode(&out).unwrap();
+    let text = greedy_capital_of_france(&mut m);
     assert!(text.starts_with("The capital of France is Paris"), "{text}");
 }
 

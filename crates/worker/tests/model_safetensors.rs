@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
 use zinfer_worker::fetch::test_model_path;
-use zinfer_worker::model::{LoadOptions, LoadedModel, SeqChunk, load};
+use zinfer_worker::model::{LoadOptions, LoadedModel, load};
+
+mod support;
+use support::one_shot;
 
 const LAYERS: usize = 4;
 const HEADS: usize = 9;
@@ -144,18 +147,6 @@ fn convert(src: &Path, tokenizer: &LoadedModel) -> (PathBuf, PathBuf) {
     (gguf_path, hf_dir)
 }
 
-fn last_logits(m: &mut LoadedModel, ids: &[u32]) -> Vec<f32> {
-    let slots: Vec<u32> = (0..ids.len() as u32).collect();
-    m.model
-        .forward(&[SeqChunk {
-            tokens: ids,
-            slots: &slots,
-            start_pos: 0,
-        }])
-        .unwrap()
-        .remove(0)
-}
-
 #[test]
 fn safetensors_directory_matches_the_gguf() {
     let options = LoadOptions {
@@ -181,8 +172,8 @@ fn safetensors_directory_matches_the_gguf() {
     assert_eq!(ids, original.tokenizer.encode(&prompt).unwrap());
     assert!(from_hf.tokenizer.eos_token_ids().contains(&2));
 
-    let a = last_logits(&mut from_gguf, &ids);
-    let b = last_logits(&mut from_hf, &ids);
+    let a = one_shot(&mut from_gguf, &ids);
+    let b = one_shot(&mut from_hf, &ids);
     let diff = a
         .iter()
         .zip(&b)

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
-use zinfer_worker::model::LoadedModel;
+use zinfer_worker::model::{LoadedModel, SeqChunk};
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -84,4 +84,49 @@ pub fn write_converted(src: &Path, from: &[GgmlDType], to: GgmlDType, tag: &str)
     let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     gguf_file::write(&mut out, &md, &ts).unwrap();
     dst
+}
+
+/// Last-token logits of `ids` run as one chunk from position 0 (slots 0..n).
+pub fn one_shot(m: &mut LoadedModel, ids: &[u32]) -> Vec<f32> {
+    let slots: Vec<u32> = (0..ids.len() as u32).collect();
+    let mut out = m
+        .model
+        .forward(&[SeqChunk {
+            tokens: ids,
+            slots: &slots,
+            start_pos: 0,
+        }])
+        .unwrap();
+    assert_eq!(out.len(), 1);
+    out.remove(0)
+}
+
+/// Eight greedy tokens for "What is the capital of France?" (ChatML, no
+/// system message), one forward per token over slots 0..128, as text.
+pub fn greedy_capital_of_france(m: &mut LoadedModel) -> String {
+    let mut ids = m
+        .tokenizer
+        .encode(
+            "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+        )
+        .unwrap();
+    let slots: Vec<u32> = (0..128).collect();
+    let mut start = 0;
+    let mut out = Vec::new();
+    for _ in 0..8 {
+        let end = ids.len();
+        let logits = m
+            .model
+            .forward(&[SeqChunk {
+                tokens: &ids[start..],
+                slots: &slots[..end],
+                start_pos: start,
+            }])
+            .unwrap();
+        let next = argmax(&logits[0]) as u32;
+        start = end;
+        ids.push(next);
+        out.push(next);
+    }
+    m.tokenizer.decode(&out).unwrap()
 }
