@@ -11,7 +11,7 @@ use std::process::Command;
 use serde_json::Value;
 use zinfer_protocol::ClientReply;
 
-use crate::harness::{Cluster, greedy, scrape, zinfer};
+use crate::harness::{Cluster, greedy, scrape, venv_python, zinfer};
 use crate::promtool;
 
 fn deploy_dir() -> PathBuf {
@@ -34,24 +34,6 @@ fn manifests() -> Vec<PathBuf> {
     files.sort();
     assert!(files.len() >= 4, "manifests missing: {files:?}");
     files
-}
-
-/// The python of a virtual environment with `kubernetes-validate` (and
-/// PyYAML), made by `scripts/k8s-venv.sh` on first use. Fails, never
-/// skips, when it cannot be made.
-fn k8s_python() -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/k8s-venv.sh");
-    let dir = concat!(env!("CARGO_TARGET_TMPDIR"), "/k8s-venv");
-    let output = Command::new("bash")
-        .args([script, dir])
-        .output()
-        .expect("running scripts/k8s-venv.sh (needs bash and python3)");
-    assert!(
-        output.status.success(),
-        "scripts/k8s-venv.sh could not make a venv with kubernetes-validate:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
 /// Every YAML document of `files`, as JSON, parsed by PyYAML.
@@ -220,7 +202,7 @@ fn deploy_metric_names_are_exported_by_router_and_worker() {
 
 #[test]
 fn deploy_k8s_manifests_pass_schema_and_flag_checks() {
-    let python = k8s_python();
+    let python = venv_python("k8s");
     let files = manifests();
 
     // Schema validation, strict: unknown fields are errors.

@@ -29,6 +29,24 @@ pub fn model_path() -> PathBuf {
     zinfer_worker::fetch::test_model_path().expect("fetching the default model for the e2e tests")
 }
 
+/// The python of the test virtual environment `name` (`openai` or `k8s`,
+/// see `scripts/test-venv.sh`), made on first use. Fails, never skips,
+/// when it cannot be made.
+pub fn venv_python(name: &str) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/test-venv.sh");
+    let dir = format!("{}/{name}-venv", env!("CARGO_TARGET_TMPDIR"));
+    let output = Command::new("bash")
+        .args([script, name, &dir])
+        .output()
+        .expect("running scripts/test-venv.sh (needs bash and python3)");
+    assert!(
+        output.status.success(),
+        "scripts/test-venv.sh {name} could not make its venv:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -129,7 +147,7 @@ impl Cluster {
                 "--id",
                 id,
                 "--device",
-                &std::env::var("ZINFER_TEST_DEVICE").unwrap_or_else(|_| "cpu".into()),
+                &zinfer_worker::device::test_device(),
                 "--threads",
                 "1",
                 "--kv-tokens",

@@ -4,29 +4,11 @@
 
 use std::process::Command;
 
-use crate::harness::{Cluster, free_port, spawn_until, zinfer};
-
-/// The python of a virtual environment with `openai` installed (made by
-/// `scripts/openai-venv.sh` on first use). Fails, never skips, when it
-/// cannot be made.
-fn openai_python() -> String {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/openai-venv.sh");
-    let dir = concat!(env!("CARGO_TARGET_TMPDIR"), "/openai-venv");
-    let output = Command::new("bash")
-        .args([script, dir])
-        .output()
-        .expect("running scripts/openai-venv.sh (needs bash and python3)");
-    assert!(
-        output.status.success(),
-        "scripts/openai-venv.sh could not make a venv with the openai package:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_string()
-}
+use crate::harness::{Cluster, free_port, spawn_until, venv_python, zinfer};
 
 #[test]
 fn openai_python_client_and_bench_against_zinfer_http() {
-    let python = openai_python();
+    let python = venv_python("openai");
     let cluster = Cluster::start("cache_aware", 1);
     let listen = format!("127.0.0.1:{}", free_port());
     let _front = spawn_until(
