@@ -17,4 +17,6 @@ mod radix;
 
 pub use config::{CacheConfig, EvictionPolicy, ParsePolicyError};
 pub use pool::{PoolError, TokenPool};
-pub use radix::{CacheError, CacheStats, InsertOutcome, NodeHandle, PrefixMatch, RadixCache};
+pub use radix::{
+    CacheError, CacheStats, CachedSpan, InsertOutcome, NodeHandle, PrefixMatch, RadixCache,
+};

@@ -8,12 +8,14 @@
 
 mod check;
 mod evict;
+mod export;
 mod node;
 
 use std::collections::{BTreeSet, HashMap};
 use std::hash::Hash;
 
 use crate::config::{CacheConfig, EvictionPolicy};
+pub use export::CachedSpan;
 use node::{Arena, NIL, NodeId, Priority, ROOT, page_hash};
 
 /// Refers to a node returned by a match or insert, to lock or unlock it.
