@@ -21,7 +21,9 @@ use candle_core::{D, DType, Device, Module, Tensor};
 
 use super::gguf;
 use super::llama::StepPlan;
-use super::{ForwardModel, LlamaConfig, LoadOptions, ModelError, ModelTokenizer, SeqChunk};
+use super::{
+    ForwardModel, KvShape, LlamaConfig, LoadOptions, ModelError, ModelTokenizer, SeqChunk,
+};
 
 /// One transformer block's weights on the device.
 struct Block {
@@ -441,6 +443,54 @@ impl ForwardModel for CandleLlama {
 
     fn max_positions(&self) -> usize {
         self.cfg.max_positions
+    }
+
+    fn kv_shape(&self) -> KvShape {
+        KvShape {
+            layers: self.k_pool.len(),
+            kv_dim: self.cfg.kv_dim(),
+        }
+    }
+
+    /// One `index_select` per layer and pool, then one copy to the host.
+    fn read_kv(&self, slots: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let shape = self.kv_shape();
+        shape.check(slots, self.capacity, None)?;
+        if slots.is_empty() {
+            return Ok(Vec::new());
+        }
+        let index = Tensor::new(slots, &self.device)?;
+        let mut parts = Vec::with_capacity(2 * shape.layers);
+        for (k, v) in self.k_pool.iter().zip(&self.v_pool) {
+            parts.push(k.index_select(&index, 0)?);
+            parts.push(v.index_select(&index, 0)?);
+        }
+        Ok(Tensor::cat(&parts, 0)?
+            .to_device(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<f32>()?)
+    }
+
+    /// One host-to-device copy, then a `scatter_set` per layer and pool,
+    /// as the forward pass writes new K/V.
+    fn write_kv(&mut self, slots: &[u32], data: &[f32]) -> Result<(), ModelError> {
+        let shape = self.kv_shape();
+        shape.check(slots, self.capacity, Some(data.len()))?;
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let (n, d) = (slots.len(), shape.kv_dim);
+        let index = Tensor::new(slots, &self.device)?
+            .reshape((n, 1))?
+            .broadcast_as((n, d))?
+            .contiguous()?;
+        let all = Tensor::from_slice(data, (shape.layers, 2, n, d), &self.device)?;
+        for (layer, (k_pool, v_pool)) in self.k_pool.iter_mut().zip(&mut self.v_pool).enumerate() {
+            let rows = all.get(layer)?;
+            k_pool.scatter_set(&index, &rows.get(0)?.contiguous()?, 0)?;
+            v_pool.scatter_set(&index, &rows.get(1)?.contiguous()?, 0)?;
+        }
+        Ok(())
     }
 }
 

@@ -57,6 +57,16 @@ impl KvPool {
         }
     }
 
+    /// Rows per slot are `kv_dim` wide.
+    pub(crate) fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
+    /// Layers in the pool.
+    pub(crate) fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
     /// The K and V rows of `layer`, indexed by `slot * kv_dim`.
     pub(crate) fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
         let kv = &self.layers[layer];

@@ -11,7 +11,7 @@ use super::attention::{HeadShape, attend};
 use super::kernels;
 use super::kv::KvPool;
 use super::linear::{Embedding, Linear, Workspace};
-use super::{ForwardModel, LlamaConfig, ModelError, SeqChunk};
+use super::{ForwardModel, KvShape, LlamaConfig, ModelError, SeqChunk};
 
 /// One transformer block's weights, by their GGUF names.
 #[derive(Debug)]
@@ -235,6 +235,41 @@ impl ForwardModel for Llama {
 
     fn max_positions(&self) -> usize {
         self.cfg.max_positions
+    }
+
+    fn kv_shape(&self) -> KvShape {
+        KvShape {
+            layers: self.kv.n_layers(),
+            kv_dim: self.kv.kv_dim(),
+        }
+    }
+
+    fn read_kv(&self, slots: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let shape = self.kv_shape();
+        shape.check(slots, self.kv.capacity(), None)?;
+        let d = shape.kv_dim;
+        let mut out = Vec::with_capacity(shape.floats_for(slots.len()).unwrap_or(0));
+        for layer in 0..shape.layers {
+            let (k, v) = self.kv.layer(layer);
+            for pool in [k, v] {
+                for &slot in slots {
+                    let at = slot as usize * d;
+                    out.extend_from_slice(&pool[at..at + d]);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn write_kv(&mut self, slots: &[u32], data: &[f32]) -> Result<(), ModelError> {
+        let shape = self.kv_shape();
+        shape.check(slots, self.kv.capacity(), Some(data.len()))?;
+        let n = slots.len() * shape.kv_dim;
+        for (layer, block) in data.chunks_exact(2 * n.max(1)).enumerate() {
+            let (k, v) = block.split_at(n);
+            self.kv.write(layer, slots, k, v);
+        }
+        Ok(())
     }
 }
 

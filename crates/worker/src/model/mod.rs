@@ -55,6 +55,88 @@ pub trait ForwardModel {
     fn max_positions(&self) -> usize {
         usize::MAX
     }
+    /// The shape of one slot's K/V, for carrying cached prefixes to another
+    /// worker. Two models can exchange K/V only if their shapes are equal
+    /// (and they are the same model: the shape cannot tell checkpoints
+    /// apart). The default, all zeros, means the model cannot transfer.
+    fn kv_shape(&self) -> KvShape {
+        KvShape::default()
+    }
+    /// The K/V of `slots`, laid out layer-major as [`KvShape`] describes,
+    /// so a cached prefix can be sent to another worker. Fails, without
+    /// panicking, on a slot outside the pool, or when the model cannot
+    /// transfer (the default).
+    fn read_kv(&self, slots: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let _ = slots;
+        Err(ModelError::KvTransfer(
+            "this model does not support cache transfer".into(),
+        ))
+    }
+    /// Writes K/V read by [`Self::read_kv`] (on this or an identical model)
+    /// into `slots`. Fails, changing nothing, when `data` does not hold
+    /// exactly one row per slot, layer and K/V, or a slot is outside the
+    /// pool, or the model cannot transfer (the default).
+    fn write_kv(&mut self, slots: &[u32], data: &[f32]) -> Result<(), ModelError> {
+        let _ = (slots, data);
+        Err(ModelError::KvTransfer(
+            "this model does not support cache transfer".into(),
+        ))
+    }
+}
+
+/// The shape of a model's K/V pool, as seen by a cache transfer.
+///
+/// Transferred K/V is f32 and layer-major: for each layer, the K rows of
+/// every slot, then the V rows of every slot, each row `kv_dim` wide
+/// (`[layer][k|v][slot][kv_dim]`). Layer-major keeps each layer's copy one
+/// contiguous gather or scatter on either backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvShape {
+    /// Transformer layers, each with its own K and V.
+    pub layers: usize,
+    /// Width of one K (or V) row: KV heads times head size.
+    pub kv_dim: usize,
+}
+
+impl KvShape {
+    /// f32 values one slot takes across every layer, K and V.
+    pub fn floats_per_slot(&self) -> usize {
+        self.layers.saturating_mul(2).saturating_mul(self.kv_dim)
+    }
+
+    /// f32 values `slots` slots take; None if that overflows.
+    pub fn floats_for(&self, slots: usize) -> Option<usize> {
+        slots.checked_mul(self.floats_per_slot())
+    }
+
+    /// Checks a transfer of `slots` against a pool of `capacity` slots and,
+    /// for a write, the length of its data. Done before any copy so a bad
+    /// request changes nothing.
+    pub(crate) fn check(
+        &self,
+        slots: &[u32],
+        capacity: usize,
+        data_len: Option<usize>,
+    ) -> Result<(), ModelError> {
+        if let Some(&slot) = slots.iter().find(|&&s| s as usize >= capacity) {
+            return Err(ModelError::KvTransfer(format!(
+                "slot {slot} is outside the KV pool of {capacity}"
+            )));
+        }
+        if let Some(len) = data_len {
+            let want = self.floats_for(slots.len());
+            if want != Some(len) {
+                return Err(ModelError::KvTransfer(format!(
+                    "{len} values for {} slots; this model needs {} per slot ({} layers x K,V x {})",
+                    slots.len(),
+                    self.floats_per_slot(),
+                    self.layers,
+                    self.kv_dim
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V
@@ -139,6 +221,10 @@ pub enum ModelError {
     /// A forward batch broke the [`SeqChunk`] contract.
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
+    /// Reading or writing K/V for a cache transfer failed: bad slots, data
+    /// of another shape, or a model that cannot transfer.
+    #[error("cache transfer: {0}")]
+    KvTransfer(String),
     /// A tensor operation failed.
     #[error("tensor op: {0}")]
     Candle(#[from] candle_core::Error),
