@@ -14,3 +14,6 @@ pub mod model;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+
+pub use engine::CacheBlock;
+pub use model::KvShape;

@@ -5,12 +5,12 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 use zinfer_protocol::GenerateRequest;
 
-use super::{EngineConfig, EngineError, EngineEvent, EngineStats, TextCodec};
+use super::{CacheBlock, EngineConfig, EngineError, EngineEvent, EngineStats, TextCodec};
 
 /// What the handle knows of the model without asking the engine thread.
 pub(super) struct ModelInfo {
@@ -34,6 +34,11 @@ pub(super) enum Command {
     Submit(Box<Submission>),
     Cancel(u64),
     FlushCache(Option<String>),
+    ExportCache {
+        max_tokens: usize,
+        sink: Sender<CacheBlock>,
+    },
+    ImportCache(CacheBlock),
     Shutdown,
 }
 
@@ -166,6 +171,65 @@ impl EngineHandle {
             .is_err()
         {
             tracing::warn!("engine queue full; flush_cache dropped");
+        }
+    }
+
+    /// Starts sending the hottest prefix-cache K/V, about `max_tokens`
+    /// tokens of it, to `sink` as [`CacheBlock`]s (spans parent before
+    /// child, then `End`), for a replacement worker to import.
+    ///
+    /// The engine selects the spans once, then copies them between
+    /// scheduling steps, a bounded amount per step while requests run and
+    /// everything at once when idle, so serving continues. A span evicted
+    /// since the selection is left out with its descendants. A full `sink`
+    /// delays the export, never serving; a dropped receiver ends it.
+    /// Returns once the command is queued.
+    pub fn export_cache(
+        &self,
+        max_tokens: usize,
+        sink: Sender<CacheBlock>,
+    ) -> Result<(), EngineError> {
+        self.queue(Command::ExportCache { max_tokens, sink })
+    }
+
+    /// Queues one exported block for the prefix cache (`End` is accepted
+    /// and ignored). The engine imports it into free slots only, never
+    /// evicting or preempting; a block whose prefix is not cached, whose
+    /// K/V has another shape, or that does not fit is skipped and counted
+    /// in [`EngineStats::cache_import_skipped_tokens`]. Imports do not
+    /// count as cache queries or hits.
+    ///
+    /// A full command queue answers [`EngineError::Overloaded`] at once and
+    /// the block is dropped: the caller backs off and resends, or uses
+    /// [`Self::import_cache_timeout`], which waits for room instead.
+    pub fn import_cache(&self, block: CacheBlock) -> Result<(), EngineError> {
+        self.queue(Command::ImportCache(block))
+    }
+
+    /// [`Self::import_cache`], waiting up to `timeout` for room in the
+    /// command queue before answering [`EngineError::Overloaded`]; lets a
+    /// transport apply backpressure without keeping a copy to resend.
+    pub fn import_cache_timeout(
+        &self,
+        block: CacheBlock,
+        timeout: Duration,
+    ) -> Result<(), EngineError> {
+        match self
+            .commands
+            .send_timeout(Command::ImportCache(block), timeout)
+        {
+            Ok(()) => Ok(()),
+            Err(SendTimeoutError::Timeout(_)) => Err(EngineError::Overloaded(self.commands.len())),
+            Err(SendTimeoutError::Disconnected(_)) => Err(EngineError::Stopped),
+        }
+    }
+
+    /// Queues a command, answering `Overloaded` on a full queue.
+    fn queue(&self, command: Command) -> Result<(), EngineError> {
+        match self.commands.try_send(command) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(EngineError::Overloaded(self.commands.len())),
+            Err(TrySendError::Disconnected(_)) => Err(EngineError::Stopped),
         }
     }
 

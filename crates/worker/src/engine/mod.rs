@@ -13,6 +13,7 @@ mod handle;
 mod run;
 #[cfg(test)]
 mod tests;
+mod transfer;
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ use crate::model::{ForwardModel, LoadedModel, ModelTokenizer};
 use crate::scheduler::SchedulerConfig;
 
 pub use handle::EngineHandle;
+pub use transfer::CacheBlock;
 
 /// Settings of one engine.
 #[derive(Debug, Clone)]
@@ -236,6 +238,13 @@ pub struct EngineStats {
     pub ttft: LatencySummary,
     /// Time between consecutive tokens of one request.
     pub inter_token: LatencySummary,
+    /// Tokens of K/V sent by cache exports (migrations from this engine).
+    pub cache_exported_tokens: u64,
+    /// Tokens of K/V imported into the prefix cache (migrations to it).
+    pub cache_imported_tokens: u64,
+    /// Imported tokens not cached: K/V of another shape, a prefix missing,
+    /// or too few free slots. Tokens already cached count in neither.
+    pub cache_import_skipped_tokens: u64,
 }
 
 /// The text side of a model as the engine uses it; implemented by

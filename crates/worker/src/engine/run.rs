@@ -1,7 +1,7 @@
 //! The engine thread's loop: commands in, one scheduled step and forward
 //! pass at a time, events out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -10,6 +10,7 @@ use zinfer_cache::{RadixCache, TokenPool};
 use zinfer_protocol::{ErrorCode, FinishReason, Timings, Usage};
 
 use super::handle::{Command, Shared, Submission};
+use super::transfer::{self, EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
 use super::{Decode, EngineConfig, EngineEvent, EngineStats, TextCodec};
 use crate::detokenize::Detokenizer;
 use crate::model::{ForwardModel, SeqChunk};
@@ -54,6 +55,8 @@ pub(super) struct EngineLoop {
     events: Sender<EngineEvent>,
     shared: Arc<Shared>,
     stats: EngineStats,
+    /// Cache exports in progress, oldest first; one runs at a time.
+    exports: VecDeque<Export>,
     shutting_down: bool,
 }
 
@@ -84,6 +87,7 @@ impl EngineLoop {
                 kv_capacity,
                 ..EngineStats::default()
             },
+            exports: VecDeque::new(),
             shutting_down: false,
         }
     }
@@ -106,6 +110,7 @@ impl EngineLoop {
             let started = Instant::now();
             self.step();
             self.stats.step_s += started.elapsed().as_secs_f64();
+            self.export_step();
             self.publish();
         }
         self.fail_all(
@@ -118,7 +123,7 @@ impl EngineLoop {
 
     /// Blocks while there is nothing to do; false when every handle is gone.
     fn wait_for_work(&mut self) -> bool {
-        if !self.scheduler.is_empty() {
+        if !self.scheduler.is_empty() || !self.exports.is_empty() {
             return true;
         }
         match self.commands.recv() {
@@ -142,7 +147,48 @@ impl EngineLoop {
                 let freed = self.scheduler.flush_cache(namespace.as_deref());
                 tracing::info!(?namespace, freed, "prefix cache flushed");
             }
+            Command::ExportCache { max_tokens, sink } => {
+                let spans = self
+                    .scheduler
+                    .cache()
+                    .hottest_spans(max_tokens, SPAN_TOKENS);
+                tracing::info!(spans = spans.len(), max_tokens, "cache export started");
+                self.exports.push_back(Export::new(spans, sink));
+            }
+            Command::ImportCache(block) => {
+                transfer::import(
+                    self.model.as_mut(),
+                    &mut self.scheduler,
+                    block,
+                    &mut self.stats,
+                );
+            }
             Command::Shutdown => self.shutting_down = true,
+        }
+    }
+
+    /// Advances the oldest cache export: a bounded copy while requests
+    /// run, all of it when the engine is idle. Runs between steps, so the
+    /// spans it copies cannot be evicted mid-copy.
+    fn export_step(&mut self) {
+        let idle = self.scheduler.is_empty();
+        let budget = if idle {
+            usize::MAX
+        } else {
+            EXPORT_TOKENS_PER_STEP
+        };
+        let Some(export) = self.exports.front_mut() else {
+            return;
+        };
+        let progress = export.pump(
+            self.model.as_ref(),
+            &self.scheduler,
+            budget,
+            idle,
+            &mut self.stats,
+        );
+        if progress == Progress::Finished {
+            self.exports.pop_front();
         }
     }
 

@@ -9,8 +9,10 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use zinfer_protocol::GenerateRequest;
 
 use super::*;
-use crate::model::{ModelError, SeqChunk};
+use crate::model::{KvShape, ModelError, SeqChunk};
 use crate::scheduler::SchedulerConfig;
+
+mod transfer;
 
 const EOS: u32 = 256;
 const VOCAB: usize = 257;
@@ -117,6 +119,44 @@ impl ForwardModel for FakeModel {
     }
     fn max_positions(&self) -> usize {
         self.max_positions
+    }
+    /// One layer; a row holds (written, the hash in 16-bit parts, since),
+    /// exact in f32. V repeats K.
+    fn kv_shape(&self) -> KvShape {
+        KvShape {
+            layers: 1,
+            kv_dim: 6,
+        }
+    }
+    fn read_kv(&self, slots: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let mut k = Vec::new();
+        for &slot in slots {
+            let state = self
+                .kv
+                .get(slot as usize)
+                .ok_or(ModelError::KvTransfer("slot out of range".into()))?;
+            k.extend(match state {
+                Some((hash, since)) => {
+                    let part = |shift: u32| ((hash >> shift) & 0xffff) as f32;
+                    [1.0, part(48), part(32), part(16), part(0), *since as f32]
+                }
+                None => [0.0; 6],
+            });
+        }
+        let v = k.clone();
+        k.extend(v);
+        Ok(k)
+    }
+    fn write_kv(&mut self, slots: &[u32], data: &[f32]) -> Result<(), ModelError> {
+        if data.len() != slots.len() * 12 || slots.iter().any(|&s| s as usize >= self.kv.len()) {
+            return Err(ModelError::KvTransfer("bad slots or data".into()));
+        }
+        for (&slot, row) in slots.iter().zip(data.chunks_exact(6)) {
+            let part = |i: usize| (row[i] as u64) << (16 * (4 - i));
+            self.kv[slot as usize] =
+                (row[0] == 1.0).then(|| (part(1) | part(2) | part(3) | part(4), row[5] as usize));
+        }
+        Ok(())
     }
 }
 

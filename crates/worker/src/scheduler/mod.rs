@@ -23,6 +23,7 @@
 mod kv;
 #[cfg(test)]
 mod tests;
+mod transfer;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
@@ -31,6 +32,7 @@ use std::time::Instant;
 use zinfer_cache::{NodeHandle, RadixCache, TokenPool};
 
 use kv::Kv;
+pub use transfer::ImportError;
 
 /// Tuning of the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq)]
