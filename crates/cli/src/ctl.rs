@@ -16,60 +16,125 @@ pub(crate) struct CtlArgs {
     /// Print the raw reply as JSON.
     #[arg(long, global = true)]
     json: bool,
+    /// Seconds to wait for `scale`, `migrate` and `reload`, which the
+    /// router answers once workers have loaded.
+    #[arg(long, global = true, default_value_t = 600)]
+    timeout: u64,
     #[command(subcommand)]
     command: CtlCommand,
 }
 
 #[derive(Debug, clap::Subcommand)]
 enum CtlCommand {
-    /// List workers: id, device, model, state, running / waiting, KV usage, hit rate.
+    /// List workers: id, device, model, state, running / waiting, KV usage,
+    /// hit rate, memory.
     Workers,
-    /// Stop routing new requests to a worker and let it finish its running ones.
+    /// Stop routing new requests to a worker, let its running ones finish,
+    /// then stop it (or park it with --park).
     Drain {
         /// Worker id, as `ctl workers` shows it.
         worker: String,
+        /// Keep the drained worker running, idle, until `ctl resume`.
+        #[arg(long)]
+        park: bool,
     },
-    /// Move a worker to another device.
+    /// Route to a draining or parked worker again.
+    Resume {
+        /// Worker id.
+        worker: String,
+    },
+    /// Replace a worker by one on another device, carrying its hottest
+    /// prefix cache; returns once routing has switched.
     Migrate {
         /// Worker id.
         worker: String,
-        /// Target device, e.g. `cpu` or `cuda:1`.
+        /// Target device, e.g. `cpu:1` or `cuda:0`.
         device: String,
+        /// Most cached tokens to carry (0: none). Default: the router's
+        /// --carry-tokens.
+        #[arg(long)]
+        carry_tokens: Option<u64>,
     },
-    /// Set the number of workers for a model.
+    /// Replace a worker by one loading a (new) model file on the same
+    /// device, with no downtime.
+    Reload {
+        /// Worker id.
+        worker: String,
+        /// Model file for the replacement. Default: the same model.
+        #[arg(long)]
+        model_path: Option<String>,
+    },
+    /// Set the number of workers for a model; returns once that many serve.
+    /// Needs a supervisor (`zinfer serve`, or `zinfer supervisor`).
     Scale {
-        /// Model name.
+        /// Model name, as `ctl workers` shows it.
         model: String,
-        /// Wanted workers.
+        /// Wanted workers (0 drains them all).
         workers: u32,
+        /// Device for new workers. Default: the supervisor's least used.
+        #[arg(long)]
+        device: Option<String>,
     },
 }
 
-/// Sends one admin request and prints the reply.
+impl CtlCommand {
+    fn request(&self) -> AdminRequest {
+        match self {
+            CtlCommand::Workers => AdminRequest::Workers {},
+            CtlCommand::Drain { worker, park } => AdminRequest::Drain {
+                worker: worker.clone(),
+                park: *park,
+            },
+            CtlCommand::Resume { worker } => AdminRequest::Resume {
+                worker: worker.clone(),
+            },
+            CtlCommand::Migrate {
+                worker,
+                device,
+                carry_tokens,
+            } => AdminRequest::Migrate {
+                worker: worker.clone(),
+                device: device.clone(),
+                carry_tokens: *carry_tokens,
+            },
+            CtlCommand::Reload { worker, model_path } => AdminRequest::Reload {
+                worker: worker.clone(),
+                model_path: model_path.clone(),
+            },
+            CtlCommand::Scale {
+                model,
+                workers,
+                device,
+            } => AdminRequest::Scale {
+                model: model.clone(),
+                workers: *workers,
+                device: device.clone(),
+            },
+        }
+    }
+}
+
+/// Sends one admin request and prints the reply; fails (exit status 1)
+/// with the router's reason when the operation failed.
 pub(crate) fn run(args: &CtlArgs) -> anyhow::Result<()> {
-    let request = match &args.command {
-        CtlCommand::Workers => AdminRequest::Workers {},
-        CtlCommand::Drain { worker } => AdminRequest::Drain {
-            worker: worker.clone(),
-        },
-        CtlCommand::Migrate { worker, device } => AdminRequest::Migrate {
-            worker: worker.clone(),
-            device: device.clone(),
-        },
-        CtlCommand::Scale { model, workers } => AdminRequest::Scale {
-            model: model.clone(),
-            workers: *workers,
-        },
+    let request = args.command.request();
+    let timeout = match args.command {
+        CtlCommand::Workers | CtlCommand::Drain { .. } | CtlCommand::Resume { .. } => {
+            Duration::from_secs(5)
+        }
+        // Loading a model takes a while; the router answers when done.
+        _ => Duration::from_secs(args.timeout),
     };
-    let reply = call(&args.control, &request, Duration::from_secs(5))?;
+    let reply = call(&args.control, &request, timeout)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reply)?);
-        return Ok(());
     }
     match reply {
-        AdminReply::Workers { workers } => print!("{}", workers_table(&workers)),
-        AdminReply::Ack { ok: true, message } => println!("ok: {message}"),
-        AdminReply::Ack { ok: false, message } => bail!("refused: {message}"),
+        AdminReply::Workers { workers } if !args.json => print!("{}", workers_table(&workers)),
+        AdminReply::Workers { .. } => {}
+        AdminReply::Ack { ok: true, message } if !args.json => println!("ok: {message}"),
+        AdminReply::Ack { ok: true, .. } => {}
+        AdminReply::Ack { ok: false, message } => bail!("failed: {message}"),
         AdminReply::Error { code, message } => bail!("{code}: {message}"),
     }
     Ok(())
@@ -99,8 +164,8 @@ pub(crate) fn call(
 
 fn workers_table(workers: &[WorkerInfo]) -> String {
     let mut out = format!(
-        "{:<24} {:<8} {:<32} {:<10} {:>7} {:>7} {:>9} {:>8}\n",
-        "ID", "DEVICE", "MODEL", "STATE", "RUNNING", "WAITING", "KV USED", "HIT RATE"
+        "{:<24} {:<8} {:<32} {:<10} {:>7} {:>7} {:>9} {:>8} {:>9}\n",
+        "ID", "DEVICE", "MODEL", "STATE", "RUNNING", "WAITING", "KV USED", "HIT RATE", "MEMORY"
     );
     for worker in workers {
         let load = &worker.load;
@@ -118,8 +183,13 @@ fn workers_table(workers: &[WorkerInfo]) -> String {
                 100.0 * load.cache_hit_tokens as f64 / load.cache_query_tokens as f64
             )
         };
+        let memory = if load.rss_bytes == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.0} MiB", load.rss_bytes as f64 / (1 << 20) as f64)
+        };
         out.push_str(&format!(
-            "{:<24} {:<8} {:<32} {:<10} {:>7} {:>7} {:>9} {:>8}\n",
+            "{:<24} {:<8} {:<32} {:<10} {:>7} {:>7} {:>9} {:>8} {:>9}\n",
             worker.id,
             worker.device,
             worker.models.join(","),
@@ -127,7 +197,8 @@ fn workers_table(workers: &[WorkerInfo]) -> String {
             load.running,
             load.waiting,
             kv,
-            hit
+            hit,
+            memory
         ));
     }
     if workers.is_empty() {
@@ -157,6 +228,7 @@ mod tests {
                 kv_free: 750,
                 cache_hit_tokens: 30,
                 cache_query_tokens: 120,
+                rss_bytes: 300 << 20,
             },
             last_seen_s: 0.2,
         };
@@ -165,7 +237,7 @@ mod tests {
         assert!(row.starts_with("w1"));
         assert!(row.contains("ready"));
         assert!(row.contains("25.0%"));
-        assert!(row.ends_with("25.0%"), "{row}");
+        assert!(row.ends_with("300 MiB"), "{row}");
         assert!(workers_table(&[]).contains("no workers"));
     }
 }

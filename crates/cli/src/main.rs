@@ -7,6 +7,7 @@ mod generate;
 mod http_cmd;
 mod router_cmd;
 mod serve;
+mod supervisor_cmd;
 mod worker_cmd;
 mod zmq_util;
 
@@ -49,8 +50,11 @@ pub(crate) static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLo
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Serve a model: a router plus one worker per device, supervised.
+    /// Serve a model: a router, a supervisor and one worker per device.
     Serve(serve::ServeArgs),
+    /// Start and stop workers on this host for a router's control plane
+    /// (`ctl scale`, `ctl migrate`, the autoscaler).
+    Supervisor(supervisor_cmd::SupervisorCmdArgs),
     /// Run one worker: a model on a device, connected to a router.
     Worker(worker_cmd::WorkerArgs),
     /// Send one prompt to a running router and stream the answer.
@@ -61,7 +65,8 @@ enum Command {
     Http(http_cmd::HttpArgs),
     /// Benchmark a running router with a reproducible workload.
     Bench(bench::BenchArgs),
-    /// Administer a running router: list, drain or migrate workers.
+    /// Administer a running router: list, scale, drain, resume, migrate or
+    /// reload workers.
     Ctl(ctl::CtlArgs),
     /// Manage local models.
     #[command(subcommand)]
@@ -83,6 +88,7 @@ fn main() -> anyhow::Result<()> {
     zinfer_router::check_zmq_version()?;
     match &cli.command {
         Command::Serve(args) => serve::run(args),
+        Command::Supervisor(args) => supervisor_cmd::run(args),
         Command::Worker(args) => worker_cmd::run(args),
         Command::Generate(args) => generate::run(args),
         Command::Router(args) => router_cmd::run(args),

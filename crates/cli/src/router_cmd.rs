@@ -1,9 +1,10 @@
 //! `zinfer router`: the gateway alone; workers connect to it.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use anyhow::Context;
-use zinfer_router::{Policy, RouterConfig};
+use zinfer_router::{AutoscaleConfig, Policy, RouterConfig};
 
 /// Flags of `zinfer router` (and the router half of `zinfer serve`).
 #[derive(Debug, Clone, clap::Args)]
@@ -53,6 +54,31 @@ pub(crate) struct RouterArgs {
     /// `overloaded`. Default: no limit.
     #[arg(long)]
     pub(crate) max_tokens_per_second_per_client: Option<f64>,
+    /// Seconds a spawned worker may take to load and register before the
+    /// spawn counts as failed.
+    #[arg(long, default_value_t = 300, env = "ZINFER_SPAWN_TIMEOUT")]
+    pub(crate) spawn_timeout: u64,
+    /// Cached tokens `ctl migrate` carries to the new worker by default.
+    #[arg(long, default_value_t = 16_384, env = "ZINFER_CARRY_TOKENS")]
+    pub(crate) carry_tokens: u64,
+    /// Turn the autoscaler on: at most this many workers per model a
+    /// supervisor offers.
+    #[arg(long, env = "ZINFER_AUTOSCALE_MAX")]
+    pub(crate) autoscale_max: Option<u32>,
+    /// Autoscaler: at least this many workers per model.
+    #[arg(long, default_value_t = 1, env = "ZINFER_AUTOSCALE_MIN")]
+    pub(crate) autoscale_min: u32,
+    /// Autoscaler: add a worker when more than this many requests per
+    /// worker wait (router queue plus worker queues) ...
+    #[arg(long, default_value_t = 4.0, env = "ZINFER_AUTOSCALE_QUEUE")]
+    pub(crate) autoscale_queue: f64,
+    /// ... for this many seconds.
+    #[arg(long, default_value_t = 10, env = "ZINFER_AUTOSCALE_UP_WINDOW")]
+    pub(crate) autoscale_up_window: u64,
+    /// Autoscaler: remove a worker after this many seconds with nothing
+    /// waiting and a worker idle.
+    #[arg(long, default_value_t = 60, env = "ZINFER_AUTOSCALE_IDLE_WINDOW")]
+    pub(crate) autoscale_idle_window: u64,
 }
 
 impl RouterArgs {
@@ -72,6 +98,15 @@ impl RouterArgs {
             max_tokens_per_second_per_client: self
                 .max_tokens_per_second_per_client
                 .filter(|rate| *rate > 0.0),
+            spawn_timeout: Duration::from_secs(self.spawn_timeout),
+            carry_tokens: self.carry_tokens,
+            autoscale: self.autoscale_max.map(|max| AutoscaleConfig {
+                min_workers: self.autoscale_min.min(max),
+                max_workers: max,
+                queue_per_worker: self.autoscale_queue,
+                up_window: Duration::from_secs(self.autoscale_up_window),
+                idle_window: Duration::from_secs(self.autoscale_idle_window),
+            }),
             ..RouterConfig::default()
         }
     }

@@ -1,19 +1,18 @@
-//! `zinfer serve`: a router in this process plus one worker process per
-//! device, supervised: a worker that dies is started again.
+//! `zinfer serve`: a router, a supervisor and one worker process per
+//! device, all on this host. The workers are the control plane's: `ctl
+//! scale`, `ctl drain`, `ctl migrate` and the autoscaler start and stop
+//! them, and a worker that dies is replaced.
 
 use std::net::SocketAddr;
-use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use zinfer_protocol::{AdminReply, AdminRequest, WorkerState};
-use zinfer_worker::device::Device;
+use zinfer_protocol::{AdminReply, AdminRequest};
 
 use crate::http_cmd::{Front, HttpOptions};
 use crate::router_cmd::RouterArgs;
-use crate::worker_cmd::{self, EngineArgs};
+use crate::supervisor_cmd::{self, SupervisorArgs};
+use crate::worker_cmd::EngineArgs;
 
 /// Flags of `zinfer serve`.
 #[derive(Debug, clap::Args)]
@@ -22,12 +21,15 @@ pub(crate) struct ServeArgs {
     router: RouterArgs,
     #[command(flatten)]
     engine: EngineArgs,
+    #[command(flatten)]
+    supervisor: SupervisorArgs,
     /// Device for a worker; repeat for one worker per device (`cpu`,
-    /// `cuda:0`, ...). `auto` picks the best device present: the CPU on a
-    /// machine without a GPU.
+    /// `cpu:0`, `cpu:1`, `cuda:0`, ...). `auto` picks the best device
+    /// present: the CPU on a machine without a GPU. New workers (`ctl
+    /// scale`) go to the least used of these.
     #[arg(long = "device", default_value = "auto")]
     devices: Vec<String>,
-    /// First port of the workers' /metrics endpoints (worker i uses port + i).
+    /// First port of the workers' /metrics endpoints (worker slot i uses port + i).
     #[arg(long, default_value_t = 9101)]
     worker_metrics_port: u16,
     /// Seconds workers get to finish in-flight requests on shutdown.
@@ -44,24 +46,15 @@ pub(crate) struct ServeArgs {
     http_options: HttpOptions,
 }
 
-struct Supervised {
-    id: String,
-    args: Vec<String>,
-    child: Child,
-    restarts: u32,
-}
-
-/// Runs router and workers until Ctrl-C or SIGTERM.
+/// Runs router, supervisor and workers until Ctrl-C or SIGTERM.
 pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    let model = worker_cmd::resolve_model(args.engine.model.as_deref())?;
-    let devices = expand_devices(&args.devices)?;
+    let devices = supervisor_cmd::check_devices(&args.devices)?;
     let threads = args
         .engine
         .threads
         .unwrap_or_else(|| default_threads(devices.len()));
 
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(4);
-    let (router_stop_tx, router_stop_rx) = crossbeam_channel::bounded::<()>(1);
     ctrlc::set_handler(move || {
         let _ = stop_tx.try_send(());
     })
@@ -71,9 +64,30 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let worker_endpoint = local_endpoint(&config.workers);
     let control_endpoint = local_endpoint(&config.control);
     let client_endpoint = config.clients.clone();
+    let mut supervisor_config = supervisor_cmd::config(
+        format!("serve-{}", zinfer_supervisor::host_name()),
+        control_endpoint.clone(),
+        worker_endpoint,
+        &args.engine,
+        &args.supervisor,
+        devices.clone(),
+        threads,
+    )?;
+    supervisor_config.metrics_base = Some(args.worker_metrics_port);
+    supervisor_config.stop_grace = Duration::from_secs(args.grace + 5);
+    supervisor_config
+        .worker_args
+        .extend(["--grace".to_string(), args.grace.to_string()]);
+    let model = supervisor_config.models[0].clone();
+
+    let (router_stop_tx, router_stop_rx) = crossbeam_channel::bounded::<()>(1);
     let router = std::thread::Builder::new()
         .name("router".into())
         .spawn(move || zinfer_router::run(config, router_stop_rx))?;
+    let (supervisor_stop_tx, supervisor_stop_rx) = crossbeam_channel::bounded::<()>(1);
+    let supervisor = std::thread::Builder::new()
+        .name("supervisor".into())
+        .spawn(move || zinfer_supervisor::run(supervisor_config, supervisor_stop_rx))?;
 
     let front = match args.http {
         Some(listen) => {
@@ -85,57 +99,22 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
         None => None,
     };
 
-    let exe = std::env::current_exe().context("finding the zinfer binary")?;
-    let mut workers = Vec::new();
-    for (i, device) in devices.iter().enumerate() {
-        let id = format!("worker-{i}-{device}");
-        let mut worker_args = vec![
-            "worker".to_string(),
-            "--router".into(),
-            worker_endpoint.clone(),
-            "--model".into(),
-            model.display().to_string(),
-            "--device".into(),
-            device.clone(),
-            "--id".into(),
-            id.clone(),
-            "--metrics".into(),
-            format!("127.0.0.1:{}", args.worker_metrics_port + i as u16),
-            "--grace".into(),
-            args.grace.to_string(),
-        ];
-        worker_args.extend(args.engine.to_args(threads));
-        let child = Command::new(&exe)
-            .args(&worker_args)
-            .env("ZINFER_LOG_FORMAT", log_format())
-            .spawn()
-            .with_context(|| format!("starting worker {id}"))?;
-        workers.push(Supervised {
-            id,
-            args: worker_args,
-            child,
-            restarts: 0,
-        });
-    }
-
     let started = Instant::now();
-    let result = wait_ready(
+    let result = start_workers(
         &control_endpoint,
-        workers.len(),
+        &model.name,
+        devices.len(),
         Duration::from_secs(args.startup_timeout),
-        &stop_rx,
-        &mut workers,
     )
-    .and_then(|()| {
+    .map(|message| {
         eprintln!(
-            "zinfer serve: ready in {:.1} s: {} worker(s) serving {} ({} thread(s) each); clients connect to {}",
+            "zinfer serve: ready in {:.1} s: {message} ({} thread(s) each, from {}); clients connect to {}",
             started.elapsed().as_secs_f64(),
-            workers.len(),
-            model.display(),
             threads,
+            model.path.display(),
             client_endpoint.replace("*", "127.0.0.1"),
         );
-        supervise(&exe, &mut workers, &stop_rx)
+        let _ = stop_rx.recv();
     });
 
     eprintln!("zinfer serve: shutting down");
@@ -144,7 +123,12 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     {
         tracing::warn!(%error, "stopping the HTTP front");
     }
-    stop_workers(&mut workers, Duration::from_secs(args.grace + 5));
+    let _ = supervisor_stop_tx.send(());
+    match supervisor.join() {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(%error, "the supervisor failed"),
+        Err(_) => tracing::warn!("the supervisor thread panicked"),
+    }
     let _ = router_stop_tx.send(());
     match router.join() {
         Ok(Ok(())) => {}
@@ -154,105 +138,41 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     result
 }
 
-/// Restarts workers that exit on their own until a stop signal arrives.
-fn supervise(
-    exe: &std::path::Path,
-    workers: &mut [Supervised],
-    stop: &crossbeam_channel::Receiver<()>,
-) -> anyhow::Result<()> {
-    loop {
-        if stop.recv_timeout(Duration::from_millis(500)).is_ok() {
-            return Ok(());
-        }
-        for worker in workers.iter_mut() {
-            if let Some(status) = worker.child.try_wait()? {
-                worker.restarts += 1;
-                let backoff = Duration::from_secs(u64::from(worker.restarts.min(5)));
-                tracing::warn!(worker = %worker.id, %status, restarts = worker.restarts,
-                    "worker exited; restarting in {backoff:?}");
-                if stop.recv_timeout(backoff).is_ok() {
-                    return Ok(());
-                }
-                worker.child = Command::new(exe)
-                    .args(&worker.args)
-                    .env("ZINFER_LOG_FORMAT", log_format())
-                    .spawn()
-                    .with_context(|| format!("restarting worker {}", worker.id))?;
-            }
-        }
-    }
-}
-
-/// Polls the router's control socket until `expected` workers are ready.
-fn wait_ready(
+/// Asks the control plane for `workers` workers of `model` and waits until
+/// they serve; the router's message on success.
+fn start_workers(
     control: &str,
-    expected: usize,
+    model: &str,
+    workers: usize,
     timeout: Duration,
-    stop: &crossbeam_channel::Receiver<()>,
-    workers: &mut [Supervised],
-) -> anyhow::Result<()> {
+) -> anyhow::Result<String> {
+    let request = AdminRequest::Scale {
+        model: model.to_string(),
+        workers: u32::try_from(workers).unwrap_or(u32::MAX),
+        device: None,
+    };
     let deadline = Instant::now() + timeout;
     loop {
-        if stop.try_recv().is_ok() {
-            bail!("stopped before the workers were ready");
-        }
-        for worker in workers.iter_mut() {
-            if let Some(status) = worker.child.try_wait()? {
-                bail!(
-                    "worker {} exited during start-up ({status}); see its log above",
-                    worker.id
-                );
+        // The first call can beat the supervisor's registration; it then
+        // says no supervisor is connected, and we ask again.
+        let left = deadline.saturating_duration_since(Instant::now());
+        match crate::ctl::call(control, &request, left.max(Duration::from_secs(1)))? {
+            AdminReply::Ack { ok: true, message } => return Ok(message),
+            AdminReply::Ack { ok: false, message }
+                if message.contains("no supervisor") && Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(200));
             }
-        }
-        if let Ok(AdminReply::Workers { workers: listed }) = crate::ctl::call(
-            control,
-            &AdminRequest::Workers {},
-            Duration::from_millis(500),
-        ) {
-            let ready = listed
-                .iter()
-                .filter(|w| w.state == WorkerState::Ready)
-                .count();
-            if ready >= expected {
-                return Ok(());
+            AdminReply::Ack { message, .. } | AdminReply::Error { message, .. } => {
+                bail!("starting the workers failed: {message}")
             }
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "workers did not register within {} s; raise --startup-timeout or check the worker logs",
-                timeout.as_secs()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// Sends SIGTERM, waits up to `grace`, then kills what is left.
-fn stop_workers(workers: &mut [Supervised], grace: Duration) {
-    for worker in workers.iter() {
-        if let Ok(pid) = i32::try_from(worker.child.id()) {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
-        }
-    }
-    let deadline = Instant::now() + grace;
-    for worker in workers.iter_mut() {
-        loop {
-            match worker.child.try_wait() {
-                Ok(Some(_)) | Err(_) => break,
-                Ok(None) if Instant::now() > deadline => {
-                    tracing::warn!(worker = %worker.id, "worker did not stop in time; killing it");
-                    let _ = worker.child.kill();
-                    let _ = worker.child.wait();
-                    break;
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(50)),
-            }
+            AdminReply::Workers { .. } => bail!("the router answered scale with a worker list"),
         }
     }
 }
 
 /// This process's `--log-format`, for its workers.
-fn log_format() -> &'static str {
+pub(crate) fn log_format() -> &'static str {
     crate::LOG_FORMAT
         .get()
         .copied()
@@ -260,18 +180,9 @@ fn log_format() -> &'static str {
         .as_str()
 }
 
-/// Parses and checks each device; `auto` becomes the best one present (the
-/// first GPU in a CUDA build that has one, else the CPU).
-fn expand_devices(devices: &[String]) -> anyhow::Result<Vec<String>> {
-    devices
-        .iter()
-        .map(|d| Ok(d.parse::<Device>()?.check()?.to_string()))
-        .collect()
-}
-
 /// CPU threads per worker: the cores split evenly, at least one each, so
 /// workers do not fight over cores (candle's thread pool spins).
-fn default_threads(workers: usize) -> usize {
+pub(crate) fn default_threads(workers: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores / workers.max(1)).max(1)
 }
@@ -288,12 +199,14 @@ mod tests {
 
     #[test]
     fn devices_expand_and_reject_unknown() {
-        let auto = expand_devices(&["auto".into()]).unwrap();
+        let check = supervisor_cmd::check_devices;
+        let auto = check(&["auto".into()]).unwrap();
         assert!(auto == ["cpu"] || auto == ["cuda:0"], "{auto:?}");
-        let err = expand_devices(&["tpu".into()]).unwrap_err().to_string();
+        assert_eq!(check(&["cpu:1".into()]).unwrap(), ["cpu:1"]);
+        let err = check(&["tpu".into()]).unwrap_err().to_string();
         assert!(err.contains("unknown device"), "{err}");
-        if !Device::Cuda(0).is_built() {
-            let err = expand_devices(&["cuda:0".into()]).unwrap_err().to_string();
+        if !zinfer_worker::device::Device::Cuda(0).is_built() {
+            let err = check(&["cuda:0".into()]).unwrap_err().to_string();
             assert!(err.contains("--features cuda"), "{err}");
         }
     }

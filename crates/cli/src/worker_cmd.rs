@@ -65,8 +65,9 @@ pub(crate) struct WorkerArgs {
     /// container's worker is PID 1.
     #[arg(long)]
     id: Option<String>,
-    /// Device: `cpu`, `cuda:N` (binaries built with `--features cuda`), or
-    /// `auto` for the best one present (the first GPU, else the CPU).
+    /// Device: `cpu`, `cpu:N` (the N-th group of --threads cores, pinned),
+    /// `cuda:N` (binaries built with `--features cuda`), or `auto` for the
+    /// best one present (the first GPU, else the CPU).
     #[arg(long, default_value = "auto")]
     device: Device,
     /// Address of this worker's Prometheus /metrics endpoint.
@@ -75,6 +76,14 @@ pub(crate) struct WorkerArgs {
     /// Seconds to finish in-flight requests after SIGTERM or Ctrl-C.
     #[arg(long, default_value_t = 10)]
     grace: u64,
+    /// Start as a migration target: take the prefix cache of the worker it
+    /// replaces on a socket bound at --import-host (supervisors set this).
+    #[arg(long, env = "ZINFER_IMPORT_CACHE")]
+    import_cache: bool,
+    /// Host or address the cache-import socket binds and advertises; other
+    /// workers must reach it.
+    #[arg(long, default_value = "127.0.0.1", env = "ZINFER_IMPORT_HOST")]
+    import_host: String,
     #[command(flatten)]
     engine: EngineArgs,
 }
@@ -106,7 +115,9 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     set_thread_count(threads);
-    let device = args.device.check()?.to_string();
+    let device = args.device.check()?;
+    device.pin(threads)?;
+    let device = device.to_string();
     let model_path = resolve_model(args.engine.model.as_deref())?;
     let id = args.id.clone().unwrap_or_else(default_worker_id);
     eprintln!(
@@ -153,6 +164,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         context_length: u32::try_from(engine.context_length()).ok(),
         vocab_size: u32::try_from(engine.vocab_size()).ok(),
         grace: Duration::from_secs(args.grace),
+        import_host: args.import_cache.then(|| args.import_host.clone()),
         ..ServerConfig::new(args.router.clone(), id.clone())
     };
     eprintln!(

@@ -75,6 +75,10 @@ pub trait WireMessage: Serialize + DeserializeOwned {
     /// Every `type` valid in this direction.
     const TYPES: &'static [&'static str];
 
+    /// Top-level fields that hold raw bytes (MessagePack bin); everywhere
+    /// else bin is refused.
+    const BIN_FIELDS: &'static [&'static str] = &[];
+
     /// Field limits beyond what decoding already bounds.
     fn check_limits(&self, _limits: &Limits) -> Result<(), DecodeError> {
         Ok(())
@@ -112,7 +116,7 @@ pub fn decode<T: WireMessage>(frame: &[u8], limits: &Limits) -> Result<T, Decode
             max: limits.max_frame_bytes,
         });
     }
-    scan::check_frame(frame, limits.max_depth)?;
+    scan::check_frame(frame, limits.max_depth, T::BIN_FIELDS)?;
     let header: Header =
         from_slice(frame, limits).map_err(|e| DecodeError::NotAMessage(e.to_string()))?;
     match header.v {

@@ -12,6 +12,9 @@
 //! | worker -> router | [`WorkerToRouter`] |
 //! | admin -> router (control socket) | [`AdminRequest`] |
 //! | router -> admin | [`AdminReply`] |
+//! | supervisor -> router (control socket) | [`SupervisorToRouter`] |
+//! | router -> supervisor | [`RouterToSupervisor`] |
+//! | worker -> migration target (import socket) | [`CacheTransfer`] |
 //!
 //! Decoding goes through [`decode`], which enforces every [`Limits`] check in
 //! one place and never panics.

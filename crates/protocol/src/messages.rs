@@ -406,6 +406,10 @@ pub struct LoadReport {
     pub cache_hit_tokens: u64,
     /// Prompt tokens looked up in the prefix cache since start.
     pub cache_query_tokens: u64,
+    /// Resident memory of the worker process in bytes (0 when unknown);
+    /// the supervisor's memory budget learns from it.
+    #[serde(default)]
+    pub rss_bytes: u64,
 }
 
 /// A control operation the router asks of a worker.
@@ -414,12 +418,12 @@ pub struct LoadReport {
 pub enum ControlOp {
     /// Stop taking requests, finish the running ones.
     Drain,
-    /// Move to another device.
-    Migrate,
     /// Exit after a grace period.
     Shutdown,
     /// Drop the prefix cache.
     FlushCache,
+    /// Stream the hottest prefix-cache K/V to a replacement worker.
+    ExportCache,
 }
 
 /// router -> worker.
@@ -453,10 +457,16 @@ pub enum RouterToWorker {
     },
     /// Finish running requests, take no new ones.
     Drain {},
-    /// Load the model on `device` while serving, then switch to it.
-    Migrate {
-        /// Target device, e.g. `cpu` or `cuda:1`.
-        device: String,
+    /// Take requests again after a drain (a parked worker is resumed).
+    Resume {},
+    /// Stream the hottest prefix-cache entries, K/V included, to the
+    /// replacement worker listening at `endpoint` (live migration); answer
+    /// with `control_reply` (`export_cache`) when done. Serving goes on.
+    ExportCache {
+        /// The replacement's `import_endpoint`, from its `ready`.
+        endpoint: String,
+        /// Most cached tokens to carry, hottest first.
+        max_tokens: u64,
     },
     /// Exit, failing what is still running after `grace_ms`.
     Shutdown {
@@ -496,6 +506,10 @@ pub enum WorkerToRouter {
         /// The model's vocabulary size; optional, added after v1 shipped.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         vocab_size: Option<u32>,
+        /// Where this worker takes prefix-cache K/V from the worker it
+        /// replaces (set only on a worker started as a migration target).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        import_endpoint: Option<String>,
     },
     /// The worker is alive (every second).
     Heartbeat {},
@@ -535,6 +549,18 @@ pub enum WorkerToRouter {
         /// For a person.
         message: String,
     },
+    /// A migration target took the K/V its predecessor streamed (sent once
+    /// the stream ended, or gave up).
+    CacheImported {
+        /// Cached tokens now in this worker's pool and prefix tree.
+        tokens: u64,
+        /// Tokens received but not kept (no free slot, shape mismatch).
+        skipped_tokens: u64,
+        /// K/V bytes received.
+        bytes: u64,
+        /// Seconds from the first block to the end.
+        seconds: f64,
+    },
     /// Answer to a control message.
     ControlReply {
         /// The operation answered.
@@ -554,18 +580,28 @@ pub enum WorkerState {
     Ready,
     /// Finishing its requests, taking no new ones.
     Draining,
-    /// Loading on a new device.
+    /// Serving while its replacement loads and takes its cache.
     Migrating,
+    /// Loaded as a replacement, taking its predecessor's cache; not routed
+    /// to until the switch.
+    Warming,
+    /// Drained and kept running, taking no requests until `resume`.
+    Parked,
+    /// Drained and asked to exit.
+    Stopping,
     /// Missed heartbeats; its requests were failed or retried.
     Lost,
 }
 
 impl WorkerState {
     /// Every state, for metrics labels.
-    pub const ALL: [WorkerState; 4] = [
+    pub const ALL: [WorkerState; 7] = [
         WorkerState::Ready,
         WorkerState::Draining,
         WorkerState::Migrating,
+        WorkerState::Warming,
+        WorkerState::Parked,
+        WorkerState::Stopping,
         WorkerState::Lost,
     ];
 
@@ -575,6 +611,9 @@ impl WorkerState {
             WorkerState::Ready => "ready",
             WorkerState::Draining => "draining",
             WorkerState::Migrating => "migrating",
+            WorkerState::Warming => "warming",
+            WorkerState::Parked => "parked",
+            WorkerState::Stopping => "stopping",
             WorkerState::Lost => "lost",
         }
     }
@@ -607,24 +646,162 @@ pub struct WorkerInfo {
 pub enum AdminRequest {
     /// List workers with state and load.
     Workers {},
-    /// Stop routing to a worker and let it finish.
+    /// Stop routing to a worker, let its requests finish, then stop it
+    /// (or park it: keep it running, idle, until `resume`).
     Drain {
         /// Worker id.
         worker: String,
+        /// Keep the drained worker running instead of stopping it.
+        #[serde(default)]
+        park: bool,
     },
-    /// Move a worker to another device.
+    /// Route to a draining or parked worker again.
+    Resume {
+        /// Worker id.
+        worker: String,
+    },
+    /// Replace a worker by one on another device, carrying its hottest
+    /// prefix cache; answered once routing has switched (or it failed).
     Migrate {
         /// Worker id.
         worker: String,
-        /// Target device.
+        /// Target device, e.g. `cpu:1` or `cuda:0`.
         device: String,
+        /// Most cached tokens to carry; absent: the router's default; 0:
+        /// carry nothing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        carry_tokens: Option<u64>,
     },
-    /// Set how many workers serve a model.
+    /// Replace a worker by one loading a (new) model file on the same
+    /// device; no cache is carried (other weights make other K/V).
+    Reload {
+        /// Worker id.
+        worker: String,
+        /// Model file for the replacement; absent: the same model again.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model_path: Option<String>,
+    },
+    /// Set how many workers serve a model; answered when that many are
+    /// routable (new ones registered, surplus ones draining), or it failed.
     Scale {
         /// Model name.
         model: String,
         /// Wanted number of workers.
         workers: u32,
+        /// Device for new workers; absent: the supervisor's least used.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
+    },
+}
+
+/// A model a supervisor can start workers for.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ModelOffer {
+    /// Model name, as workers report it.
+    pub name: String,
+    /// Model file or directory on the supervisor's host.
+    pub path: String,
+    /// Memory one worker of it is expected to use, in bytes.
+    pub worker_bytes: u64,
+}
+
+/// supervisor -> router, on the control socket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SupervisorToRouter {
+    /// Registration and heartbeat, every second: what this supervisor can
+    /// start and how much memory it has left.
+    SupervisorStatus {
+        /// Supervisor id, unique among supervisors.
+        supervisor_id: String,
+        /// Host name, for listings.
+        host: String,
+        /// Models it can start workers for.
+        models: Vec<ModelOffer>,
+        /// Devices it starts workers on.
+        devices: Vec<String>,
+        /// Memory budget for its workers, bytes.
+        memory_budget_bytes: u64,
+        /// Memory its workers hold or have reserved, bytes.
+        memory_used_bytes: u64,
+        /// Ids of the workers it runs.
+        workers: Vec<String>,
+    },
+    /// A `spawn` did not produce a worker: refused (memory, unknown
+    /// model or device) or the process exited before registering.
+    SpawnFailed {
+        /// The worker id the spawn was for.
+        worker_id: String,
+        /// For a person: why, with the worker's last log lines.
+        reason: String,
+    },
+    /// A worker process this supervisor ran has exited.
+    WorkerExited {
+        /// Worker id.
+        worker_id: String,
+        /// Exit status, for a person.
+        status: String,
+    },
+}
+
+/// router -> supervisor, on the control socket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RouterToSupervisor {
+    /// Start a worker process; it registers with the router as `worker_id`.
+    Spawn {
+        /// Id the new worker registers with.
+        worker_id: String,
+        /// Model name, one of the supervisor's offers.
+        model: String,
+        /// Model file to load instead of the offer's path (`reload`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        model_path: Option<String>,
+        /// Device; absent: the supervisor's least used device.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        device: Option<String>,
+        /// Start it as a migration target that takes a predecessor's cache.
+        #[serde(default)]
+        import_cache: bool,
+    },
+    /// Stop a worker process (it was drained and told to exit; this makes
+    /// sure it does), killing it after `grace_ms`.
+    Stop {
+        /// Worker id.
+        worker_id: String,
+        /// Milliseconds before the process is killed.
+        grace_ms: u64,
+    },
+}
+
+/// worker -> worker, on a migration target's import socket: the hottest
+/// prefix-cache entries of the worker it replaces.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CacheTransfer {
+    /// One cached span: its K/V extends the cached prefix `tokens[..prefix_len]`
+    /// (sent earlier) by `tokens[prefix_len..]`.
+    CacheSpan {
+        /// Prefix-cache namespace.
+        namespace: String,
+        /// Token ids from the namespace root to the span's end.
+        tokens: Vec<u32>,
+        /// Tokens before the span.
+        prefix_len: u32,
+        /// Model layers in `kv`.
+        layers: u32,
+        /// K (and V) row width in `kv`.
+        kv_dim: u32,
+        /// Little-endian f32: per layer, the span's K rows then its V rows.
+        #[serde(with = "serde_bytes")]
+        kv: Vec<u8>,
+    },
+    /// The stream ended.
+    CacheEnd {
+        /// Spans sent.
+        spans: u64,
+        /// Tokens sent.
+        tokens: u64,
     },
 }
 

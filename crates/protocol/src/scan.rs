@@ -17,22 +17,32 @@ struct Open {
 /// Checks that `frame` is exactly one MessagePack map, nested at most
 /// `max_depth` levels (the top map is level 1), whose declared lengths all
 /// fit in the bytes that follow them, with only `str` map keys and no `bin`
-/// values at any depth.
+/// values at any depth, except in the top-level fields named in
+/// `bin_fields` (raw data, such as K/V in a cache transfer).
 ///
 /// Keys must be `str` because serde would read an integer key as the
 /// position of a field (`{18: 3}` would set the 19th field); `bin` is
 /// refused because serde would accept it wherever a string is expected.
-pub(crate) fn check_frame(frame: &[u8], max_depth: usize) -> Result<(), DecodeError> {
-    walk(frame, max_depth, true)
+pub(crate) fn check_frame(
+    frame: &[u8],
+    max_depth: usize,
+    bin_fields: &[&str],
+) -> Result<(), DecodeError> {
+    walk(frame, max_depth, true, bin_fields)
 }
 
 /// [`check_frame`] without the key and `bin` rules: the frame is one
 /// well-formed map within the depth limit.
 pub(crate) fn check_structure(frame: &[u8], max_depth: usize) -> Result<(), DecodeError> {
-    walk(frame, max_depth, false)
+    walk(frame, max_depth, false, &[])
 }
 
-fn walk(frame: &[u8], max_depth: usize, strict: bool) -> Result<(), DecodeError> {
+fn walk(
+    frame: &[u8],
+    max_depth: usize,
+    strict: bool,
+    bin_fields: &[&str],
+) -> Result<(), DecodeError> {
     let mut rest = frame;
     match rest.first() {
         Some(0x80..=0x8f | 0xde | 0xdf) => {}
@@ -76,7 +86,9 @@ fn walk(frame: &[u8], max_depth: usize, strict: bool) -> Result<(), DecodeError>
             if top_level {
                 field = value;
             }
-        } else if matches!(marker, 0xc4..=0xc6) {
+        } else if matches!(marker, 0xc4..=0xc6)
+            && !(top_level && str_value(field).is_some_and(|name| bin_fields.contains(&name)))
+        {
             return Err(DecodeError::Encoding(format!(
                 "{}the value at byte {offset} is MessagePack bin; v1 strings are str and \
                  no field is bin (pack text as str)",

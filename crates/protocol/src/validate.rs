@@ -1,8 +1,9 @@
 //! Field limits and value domains, checked after a frame has decoded.
 
 use crate::{
-    AdminReply, AdminRequest, ClientReply, ClientRequest, DecodeError, GenerateRequest, Limits,
-    RouterToWorker, WireMessage, WorkerToRouter,
+    AdminReply, AdminRequest, CacheTransfer, ClientReply, ClientRequest, DecodeError,
+    GenerateRequest, Limits, RouterToSupervisor, RouterToWorker, SupervisorToRouter, WireMessage,
+    WorkerToRouter,
 };
 
 fn over(field: &'static str, size: usize, max: usize) -> Result<(), DecodeError> {
@@ -138,7 +139,8 @@ impl WireMessage for RouterToWorker {
         "heartbeat",
         "disconnect",
         "drain",
-        "migrate",
+        "resume",
+        "export_cache",
         "shutdown",
         "flush_cache",
     ];
@@ -146,7 +148,7 @@ impl WireMessage for RouterToWorker {
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
         match self {
             RouterToWorker::Generate { request, .. } => request.validate(limits),
-            RouterToWorker::Migrate { device } => name("device", device, limits),
+            RouterToWorker::ExportCache { endpoint, .. } => name("endpoint", endpoint, limits),
             RouterToWorker::FlushCache {
                 namespace: Some(namespace),
             } => name("namespace", namespace, limits),
@@ -163,6 +165,7 @@ impl WireMessage for WorkerToRouter {
         "chunk",
         "done",
         "error",
+        "cache_imported",
         "control_reply",
     ];
 
@@ -171,11 +174,15 @@ impl WireMessage for WorkerToRouter {
             worker_id,
             models,
             device,
+            import_endpoint,
             ..
         } = self
         {
             name("worker_id", worker_id, limits)?;
             name("device", device, limits)?;
+            if let Some(endpoint) = import_endpoint {
+                name("import_endpoint", endpoint, limits)?;
+            }
             for model in models {
                 name("models", model, limits)?;
             }
@@ -185,19 +192,129 @@ impl WireMessage for WorkerToRouter {
 }
 
 impl WireMessage for AdminRequest {
-    const TYPES: &'static [&'static str] = &["workers", "drain", "migrate", "scale"];
+    const TYPES: &'static [&'static str] =
+        &["workers", "drain", "resume", "migrate", "reload", "scale"];
 
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
         match self {
             AdminRequest::Workers {} => Ok(()),
-            AdminRequest::Drain { worker } => name("worker", worker, limits),
-            AdminRequest::Migrate { worker, device } => {
+            AdminRequest::Drain { worker, .. } | AdminRequest::Resume { worker } => {
+                name("worker", worker, limits)
+            }
+            AdminRequest::Migrate { worker, device, .. } => {
                 name("worker", worker, limits)?;
                 name("device", device, limits)
             }
-            AdminRequest::Scale { model, .. } => name("model", model, limits),
+            AdminRequest::Reload { worker, model_path } => {
+                name("worker", worker, limits)?;
+                optional_path("model_path", model_path.as_deref(), limits)
+            }
+            AdminRequest::Scale { model, device, .. } => {
+                name("model", model, limits)?;
+                if let Some(device) = device {
+                    name("device", device, limits)?;
+                }
+                Ok(())
+            }
         }
     }
+}
+
+impl WireMessage for SupervisorToRouter {
+    const TYPES: &'static [&'static str] = &["supervisor_status", "spawn_failed", "worker_exited"];
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        match self {
+            SupervisorToRouter::SupervisorStatus {
+                supervisor_id,
+                host,
+                models,
+                devices,
+                workers,
+                ..
+            } => {
+                name("supervisor_id", supervisor_id, limits)?;
+                name("host", host, limits)?;
+                for offer in models {
+                    name("name", &offer.name, limits)?;
+                    optional_path("path", Some(&offer.path), limits)?;
+                }
+                for device in devices {
+                    name("devices", device, limits)?;
+                }
+                for worker in workers {
+                    name("workers", worker, limits)?;
+                }
+                Ok(())
+            }
+            SupervisorToRouter::SpawnFailed { worker_id, .. }
+            | SupervisorToRouter::WorkerExited { worker_id, .. } => {
+                name("worker_id", worker_id, limits)
+            }
+        }
+    }
+}
+
+impl WireMessage for RouterToSupervisor {
+    const TYPES: &'static [&'static str] = &["spawn", "stop"];
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        match self {
+            RouterToSupervisor::Spawn {
+                worker_id,
+                model,
+                model_path,
+                device,
+                ..
+            } => {
+                name("worker_id", worker_id, limits)?;
+                name("model", model, limits)?;
+                optional_path("model_path", model_path.as_deref(), limits)?;
+                if let Some(device) = device {
+                    name("device", device, limits)?;
+                }
+                Ok(())
+            }
+            RouterToSupervisor::Stop { worker_id, .. } => name("worker_id", worker_id, limits),
+        }
+    }
+}
+
+impl WireMessage for CacheTransfer {
+    const TYPES: &'static [&'static str] = &["cache_span", "cache_end"];
+    const BIN_FIELDS: &'static [&'static str] = &["kv"];
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        if let CacheTransfer::CacheSpan {
+            namespace,
+            tokens,
+            prefix_len,
+            ..
+        } = self
+        {
+            name("namespace", namespace, limits)?;
+            if *prefix_len as usize >= tokens.len() {
+                return Err(DecodeError::Invalid {
+                    field: "prefix_len",
+                    detail: "must be below the number of tokens".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Paths may be longer than names, but not unbounded.
+fn optional_path(
+    field: &'static str,
+    path: Option<&str>,
+    limits: &Limits,
+) -> Result<(), DecodeError> {
+    over(
+        field,
+        path.map_or(0, str::len),
+        limits.max_name_bytes.max(4096),
+    )
 }
 
 impl WireMessage for AdminReply {

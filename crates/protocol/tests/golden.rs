@@ -99,6 +99,13 @@ fn admin_replies_match_golden() {
 }
 
 #[test]
+fn control_plane_matches_golden() {
+    check(common::supervisor_to_router());
+    check(common::router_to_supervisor());
+    check(common::cache_transfers());
+}
+
+#[test]
 fn every_golden_file_has_a_sample() {
     let samples: BTreeSet<String> = common::all_frames()
         .into_iter()

@@ -6,8 +6,9 @@
 mod common;
 
 use zinfer_protocol::{
-    AdminRequest, ChatMessage, ClientReply, ClientRequest, DecodeError, GenerateRequest, Limits,
-    RouterToWorker, WorkerToRouter, decode, encode,
+    AdminRequest, CacheTransfer, ChatMessage, ClientReply, ClientRequest, DecodeError,
+    GenerateRequest, Limits, RouterToSupervisor, RouterToWorker, SupervisorToRouter,
+    WorkerToRouter, decode, encode,
 };
 
 fn generate(edit: impl FnOnce(&mut GenerateRequest)) -> Vec<u8> {
@@ -263,16 +264,21 @@ fn assert_name_bound<T: zinfer_protocol::WireMessage + std::fmt::Debug>(
 
 #[test]
 fn name_lengths_on_admin_and_worker_messages() {
-    let drain = |w: &str| AdminRequest::Drain { worker: w.into() };
+    let drain = |w: &str| AdminRequest::Drain {
+        worker: w.into(),
+        park: false,
+    };
     assert_name_bound("worker", drain("abcde"), drain("abcdef"));
     let scale = |m: &str| AdminRequest::Scale {
         model: m.into(),
         workers: 1,
+        device: None,
     };
     assert_name_bound("model", scale("abcde"), scale("abcdef"));
     let migrate = |d: &str| AdminRequest::Migrate {
         worker: "w".into(),
         device: d.into(),
+        carry_tokens: None,
     };
     assert_name_bound("device", migrate("cuda0"), migrate("cuda:0"));
     let ready = |id: &str| WorkerToRouter::Ready {
@@ -284,12 +290,42 @@ fn name_lengths_on_admin_and_worker_messages() {
         max_batch: 1,
         context_length: None,
         vocab_size: None,
+        import_endpoint: None,
     };
     assert_name_bound("worker_id", ready("abcde"), ready("abcdef"));
     let flush = |n: &str| RouterToWorker::FlushCache {
         namespace: Some(n.into()),
     };
     assert_name_bound("namespace", flush("abcde"), flush("abcdef"));
+    let failed = |id: &str| SupervisorToRouter::SpawnFailed {
+        worker_id: id.into(),
+        reason: "no memory".into(),
+    };
+    assert_name_bound("worker_id", failed("abcde"), failed("abcdef"));
+    let spawn = |m: &str| RouterToSupervisor::Spawn {
+        worker_id: "w".into(),
+        model: m.into(),
+        model_path: None,
+        device: None,
+        import_cache: false,
+    };
+    assert_name_bound("model", spawn("abcde"), spawn("abcdef"));
+}
+
+#[test]
+fn a_cache_span_must_extend_its_prefix() {
+    let span = |prefix_len: u32| CacheTransfer::CacheSpan {
+        namespace: String::new(),
+        tokens: vec![1, 2],
+        prefix_len,
+        layers: 1,
+        kv_dim: 1,
+        kv: vec![0; 8],
+    };
+    let limits = Limits::default();
+    assert!(decode::<CacheTransfer>(&encode(&span(1)).unwrap(), &limits).is_ok());
+    let err = decode::<CacheTransfer>(&encode(&span(2)).unwrap(), &limits).unwrap_err();
+    assert!(err.to_string().contains("prefix_len"), "{err}");
 }
 
 #[test]

@@ -74,6 +74,17 @@ fn admin_replies_round_trip() {
     assert_covers::<zinfer_protocol::AdminReply>(round_trip(common::admin_replies()));
 }
 
+#[test]
+fn control_plane_round_trips() {
+    assert_covers::<zinfer_protocol::SupervisorToRouter>(
+        round_trip(common::supervisor_to_router()),
+    );
+    assert_covers::<zinfer_protocol::RouterToSupervisor>(
+        round_trip(common::router_to_supervisor()),
+    );
+    assert_covers::<zinfer_protocol::CacheTransfer>(round_trip(common::cache_transfers()));
+}
+
 /// Builds a frame from `(key, value)` pairs the way another language would.
 fn frame(pairs: Vec<(&str, rmpv::Value)>) -> Vec<u8> {
     let map = pairs.into_iter().map(|(k, v)| (k.into(), v)).collect();

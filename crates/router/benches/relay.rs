@@ -343,6 +343,7 @@ fn core_cost_ns(chunks: u32) -> f64 {
         max_batch: 8,
         context_length: None,
         vocab_size: None,
+        import_endpoint: None,
     };
     core.handle_worker(now, &worker, &encode(&ready).expect("encode"));
     let generate = ClientRequest::Generate(request("r".into(), 128, true));

@@ -110,6 +110,52 @@ pub struct RouterConfig {
     pub poll_interval: Duration,
     /// ZeroMQ send/receive high-water mark per peer, in messages.
     pub hwm: i32,
+    /// How long a spawned worker may take to load and register.
+    pub spawn_timeout: Duration,
+    /// Cached tokens a migration carries when `migrate` does not say.
+    pub carry_tokens: u64,
+    /// How long a migration waits for the cache transfer before switching
+    /// routing without it.
+    pub carry_timeout: Duration,
+    /// Longest pause after failed spawns of a model before it may be
+    /// spawned again (the pause doubles per failure from 1 s).
+    pub spawn_backoff_max: Duration,
+    /// Adds and removes workers by load; `None` leaves counts to `scale`.
+    pub autoscale: Option<AutoscaleConfig>,
+    /// Makes the ids of spawned workers unique to this router process
+    /// (random by default), so a restarted router never reuses the id of a
+    /// worker its predecessor started.
+    pub spawn_nonce: u32,
+}
+
+/// When the autoscaler adds or removes a worker of a model a supervisor
+/// offers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoscaleConfig {
+    /// Fewest workers per model.
+    pub min_workers: u32,
+    /// Most workers per model.
+    pub max_workers: u32,
+    /// Add a worker when, per worker, this many requests wait (in the
+    /// router queue and inside workers) for all of `up_window`.
+    pub queue_per_worker: f64,
+    /// How long the queue must stay above the threshold.
+    pub up_window: Duration,
+    /// Remove a worker after this long with nothing waiting and at least
+    /// one worker idle.
+    pub idle_window: Duration,
+}
+
+impl Default for AutoscaleConfig {
+    fn default() -> Self {
+        AutoscaleConfig {
+            min_workers: 1,
+            max_workers: 4,
+            queue_per_worker: 4.0,
+            up_window: Duration::from_secs(10),
+            idle_window: Duration::from_secs(60),
+        }
+    }
 }
 
 impl Default for RouterConfig {
@@ -134,6 +180,15 @@ impl Default for RouterConfig {
             limits: Limits::default(),
             poll_interval: Duration::from_millis(100),
             hwm: 100_000,
+            spawn_timeout: Duration::from_secs(300),
+            carry_tokens: 16_384,
+            carry_timeout: Duration::from_secs(60),
+            spawn_backoff_max: Duration::from_secs(60),
+            autoscale: None,
+            spawn_nonce: std::process::id()
+                ^ std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos()),
         }
     }
 }

@@ -7,7 +7,9 @@ use zinfer_cache::{CacheConfig, RadixCache};
 use zinfer_protocol::GenerateRequest;
 
 /// Prompt bytes sent to one worker: a key-only radix tree, bounded in bytes
-/// with LRU eviction of leaves.
+/// with LRU eviction of leaves. Cloned when a migration hands a worker's
+/// traffic to its replacement, which took over its cache.
+#[derive(Clone)]
 pub(crate) struct PrefixIndex {
     tree: RadixCache<u8>,
     max_bytes: usize,

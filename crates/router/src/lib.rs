@@ -54,7 +54,7 @@ mod index;
 mod metrics;
 mod server;
 
-pub use crate::config::{ParsePolicyError, Policy, RouterConfig};
+pub use crate::config::{AutoscaleConfig, ParsePolicyError, Policy, RouterConfig};
 pub use crate::core::{Action, Addr, Core, Peer, SendFailure};
 pub use crate::metrics::{Metrics, MetricsError, MetricsServer};
 pub use crate::server::{Endpoints, Router};

@@ -73,6 +73,22 @@ pub struct Metrics {
     pub(crate) refused: IntCounterVec,
     /// Requests refused with `overloaded` for a per-client limit, by limit.
     pub(crate) client_limited: IntCounterVec,
+    /// Worker processes the router asked supervisors to start.
+    pub(crate) spawns: IntCounter,
+    /// Spawns that produced no worker.
+    pub(crate) spawn_failures: IntCounter,
+    /// Live migrations and reloads, by outcome (ok, failed).
+    pub(crate) migrations: IntCounterVec,
+    /// Start of a migration to the routing switch.
+    pub(crate) migration_time: Histogram,
+    /// Cached tokens carried to replacement workers.
+    pub(crate) migration_kv_tokens: IntCounter,
+    /// Start of a drain to its last request ending.
+    pub(crate) drain_time: Histogram,
+    /// Supervisors connected.
+    pub(crate) supervisors: IntGauge,
+    /// Autoscaler decisions, by direction (up, down).
+    pub(crate) autoscale: IntCounterVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -191,8 +207,48 @@ impl Metrics {
                 "Requests answered overloaded for a per-client limit (inflight, tokens_per_second).",
                 "limit",
             )?,
+            spawns: counter(
+                "zinfer_router_spawns_total",
+                "Worker processes the router asked supervisors to start.",
+            )?,
+            spawn_failures: counter(
+                "zinfer_router_spawn_failures_total",
+                "Spawns that produced no worker (refused, exited during load, timed out).",
+            )?,
+            migrations: counter_vec(
+                "zinfer_router_migrations_total",
+                "Live migrations and reloads, by outcome (ok, failed).",
+                "outcome",
+            )?,
+            migration_time: histogram(
+                "zinfer_router_migration_seconds",
+                "Start of a migration or reload to the routing switch.",
+            )?,
+            migration_kv_tokens: counter(
+                "zinfer_router_migration_kv_tokens_total",
+                "Cached tokens (K/V) carried to replacement workers.",
+            )?,
+            drain_time: histogram(
+                "zinfer_router_drain_seconds",
+                "Start of a drain to the end of the worker's last request.",
+            )?,
+            supervisors: gauge(
+                "zinfer_router_supervisors",
+                "Supervisors connected to the control socket.",
+            )?,
+            autoscale: counter_vec(
+                "zinfer_router_autoscale_decisions_total",
+                "Autoscaler decisions, by direction (up, down).",
+                "direction",
+            )?,
             registry,
         };
+        for outcome in ["ok", "failed"] {
+            metrics.migrations.with_label_values(&[outcome]).inc_by(0);
+        }
+        for direction in ["up", "down"] {
+            metrics.autoscale.with_label_values(&[direction]).inc_by(0);
+        }
         for state in zinfer_protocol::WorkerState::ALL {
             metrics.workers.with_label_values(&[state.as_str()]).set(0);
         }

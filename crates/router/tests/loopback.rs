@@ -274,6 +274,7 @@ fn silent_worker(context: &zmq::Context, endpoint: &str, id: &str) -> zmq::Socke
         max_batch: 4,
         context_length: None,
         vocab_size: None,
+        import_endpoint: None,
     };
     worker
         .send(encode(&ready).expect("encode"), 0)

@@ -4,6 +4,10 @@
 //! same engine on candle's CUDA backend ([`crate::model::CandleLlama`]) when
 //! the binary was built with the `cuda` feature. `auto` picks the best device
 //! present. Metal is parsed so that an error can say what is missing.
+//!
+//! `cpu:N` is the N-th group of `--threads` cores of this host: a worker on
+//! it is pinned there, so two CPU workers on one host never share a core
+//! (candle's and our thread pools spin, and sharing halves both).
 
 use std::fmt;
 use std::str::FromStr;
@@ -13,6 +17,8 @@ use std::str::FromStr;
 pub enum Device {
     /// The CPU, on zinfer's own kernels.
     Cpu,
+    /// Core group N of the CPU (`--threads` cores each), pinned.
+    CpuSet(usize),
     /// NVIDIA GPU number N (`cuda` alone means `cuda:0`).
     Cuda(usize),
     /// Apple GPU number N (not built yet; always reported unavailable).
@@ -26,7 +32,7 @@ pub enum Device {
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum DeviceError {
     /// Not a device name at all.
-    #[error("unknown device `{0}`: use auto, cpu, cuda, cuda:N, metal or metal:N")]
+    #[error("unknown device `{0}`: use auto, cpu, cpu:N, cuda, cuda:N, metal or metal:N")]
     Unknown(String),
     /// A GPU device in a binary built without its cargo feature.
     #[error(
@@ -37,6 +43,32 @@ pub enum DeviceError {
         device: Device,
         /// The cargo feature that adds it.
         feature: &'static str,
+    },
+    /// A core group beyond the cores this process may use.
+    #[error(
+        "device `{device}` is core group {group} of {threads} thread(s), cores {first}..{end}, but this process may use {available} core(s): pick a lower N or fewer --threads"
+    )]
+    NoSuchCores {
+        /// The device asked for.
+        device: Device,
+        /// Its group number.
+        group: usize,
+        /// Cores per group.
+        threads: usize,
+        /// The group's first core (position in the usable-core list).
+        first: usize,
+        /// One past its last.
+        end: usize,
+        /// Cores the process may use.
+        available: usize,
+    },
+    /// The OS refused to pin the process to the group's cores.
+    #[error("cannot pin to the cores of `{device}`: {reason}")]
+    Affinity {
+        /// The device asked for.
+        device: Device,
+        /// What the OS said.
+        reason: String,
     },
     /// The feature is there but the device is not (no driver, no such ordinal).
     #[error("device `{device}` is not usable: {reason}")]
@@ -59,6 +91,7 @@ impl FromStr for Device {
         };
         match (kind, ordinal) {
             ("cpu", None) => Ok(Self::Cpu),
+            ("cpu", Some(n)) => Ok(Self::CpuSet(n)),
             ("auto", None) => Ok(Self::Auto),
             ("cuda", n) => Ok(Self::Cuda(n.unwrap_or(0))),
             ("metal", n) => Ok(Self::Metal(n.unwrap_or(0))),
@@ -71,6 +104,7 @@ impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Cpu => f.write_str("cpu"),
+            Self::CpuSet(n) => write!(f, "cpu:{n}"),
             Self::Cuda(n) => write!(f, "cuda:{n}"),
             Self::Metal(n) => write!(f, "metal:{n}"),
             Self::Auto => f.write_str("auto"),
@@ -82,7 +116,7 @@ impl Device {
     /// Whether this build has the backend for the device at all.
     pub fn is_built(self) -> bool {
         match self {
-            Self::Cpu | Self::Auto => true,
+            Self::Cpu | Self::CpuSet(_) | Self::Auto => true,
             Self::Cuda(_) => cfg!(feature = "cuda"),
             Self::Metal(_) => false,
         }
@@ -92,7 +126,7 @@ impl Device {
     /// worker fails at start with a reason instead of at its first request.
     pub fn check(self) -> Result<Self, DeviceError> {
         match self {
-            Self::Cpu => Ok(Self::Cpu),
+            Self::Cpu | Self::CpuSet(_) => Ok(self),
             Self::Auto => Ok(if Self::Cuda(0).check().is_ok() {
                 Self::Cuda(0)
             } else {
@@ -113,7 +147,7 @@ impl Device {
     /// The candle device for the tensor backend (`cpu` is candle's CPU).
     pub fn candle(self) -> Result<candle_core::Device, DeviceError> {
         match self {
-            Self::Cpu | Self::Auto => Ok(candle_core::Device::Cpu),
+            Self::Cpu | Self::CpuSet(_) | Self::Auto => Ok(candle_core::Device::Cpu),
             Self::Cuda(n) => {
                 candle_core::Device::new_cuda(n).map_err(|e| DeviceError::Unavailable {
                     device: self,
@@ -125,6 +159,70 @@ impl Device {
                 feature: "metal",
             }),
         }
+    }
+}
+
+impl Device {
+    /// Whether the model runs on the CPU kernels.
+    pub fn is_cpu(self) -> bool {
+        matches!(self, Self::Cpu | Self::CpuSet(_))
+    }
+
+    /// The usable cores (positions in [`usable_cores`]) of `cpu:N` with
+    /// `threads` cores per group; `None` for other devices.
+    pub fn core_group(self, threads: usize) -> Option<std::ops::Range<usize>> {
+        match self {
+            Self::CpuSet(n) => {
+                let threads = threads.max(1);
+                Some(n * threads..(n + 1) * threads)
+            }
+            _ => None,
+        }
+    }
+
+    /// Pins this process to the cores of `cpu:N` (a no-op for any other
+    /// device). Call it before starting threads: they inherit the mask.
+    pub fn pin(self, threads: usize) -> Result<(), DeviceError> {
+        let Some(group) = self.core_group(threads) else {
+            return Ok(());
+        };
+        let cores = usable_cores();
+        let Some(chosen) = cores.get(group.clone()) else {
+            return Err(DeviceError::NoSuchCores {
+                device: self,
+                group: group.start / threads.max(1),
+                threads: threads.max(1),
+                first: group.start,
+                end: group.end,
+                available: cores.len(),
+            });
+        };
+        let affinity = |reason: nix::Error| DeviceError::Affinity {
+            device: self,
+            reason: reason.to_string(),
+        };
+        let mut set = nix::sched::CpuSet::new();
+        for &core in chosen {
+            set.set(core).map_err(affinity)?;
+        }
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).map_err(affinity)?;
+        tracing::info!(device = %self, cores = ?chosen, "pinned to cores");
+        Ok(())
+    }
+}
+
+/// The cores this process may run on, in order (its affinity mask; every
+/// core when the mask cannot be read).
+pub fn usable_cores() -> Vec<usize> {
+    let all = || (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect();
+    match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
+        Ok(set) => {
+            let cores: Vec<usize> = (0..nix::sched::CpuSet::count())
+                .filter(|&core| set.is_set(core).unwrap_or(false))
+                .collect();
+            if cores.is_empty() { all() } else { cores }
+        }
+        Err(_) => all(),
     }
 }
 
@@ -155,6 +253,7 @@ mod tests {
     fn names_round_trip() {
         for (s, d) in [
             ("cpu", Device::Cpu),
+            ("cpu:1", Device::CpuSet(1)),
             ("auto", Device::Auto),
             ("cuda:0", Device::Cuda(0)),
             ("cuda:3", Device::Cuda(3)),
@@ -169,7 +268,7 @@ mod tests {
 
     #[test]
     fn bad_names_say_what_is_accepted() {
-        for s in ["tpu", "cuda:x", "cpu:0:1", "", "cuda:-1", "CPU"] {
+        for s in ["tpu", "cuda:x", "cpu:0:1", "", "cuda:-1", "CPU", "cpu:"] {
             let err = s.parse::<Device>().unwrap_err();
             assert_eq!(err, DeviceError::Unknown(s.to_string()));
             assert!(err.to_string().contains("cuda:N"), "{err}");
@@ -181,6 +280,22 @@ mod tests {
         assert_eq!(Device::Cpu.check(), Ok(Device::Cpu));
         let auto = Device::Auto.check().unwrap();
         assert!(auto == Device::Cpu || auto == Device::Cuda(0));
+    }
+
+    #[test]
+    fn core_groups_split_the_usable_cores() {
+        assert_eq!(Device::CpuSet(0).core_group(2), Some(0..2));
+        assert_eq!(Device::CpuSet(3).core_group(1), Some(3..4));
+        assert_eq!(Device::Cpu.core_group(2), None);
+        assert!(Device::CpuSet(0).is_cpu() && !Device::Cuda(0).is_cpu());
+        let cores = usable_cores();
+        assert!(!cores.is_empty());
+        let err = Device::CpuSet(cores.len()).pin(1).unwrap_err();
+        assert!(
+            matches!(err, DeviceError::NoSuchCores { available, .. } if available == cores.len()),
+            "{err}"
+        );
+        assert!(err.to_string().contains("pick a lower N"), "{err}");
     }
 
     #[test]

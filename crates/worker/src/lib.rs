@@ -10,6 +10,7 @@ pub mod device;
 pub mod engine;
 pub mod fetch;
 pub mod metrics;
+pub mod migration;
 pub mod model;
 pub mod sampling;
 pub mod scheduler;

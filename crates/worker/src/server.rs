@@ -14,8 +14,9 @@ use zinfer_protocol::{
     ControlOp, ErrorCode, Limits, LoadReport, PROTOCOL_VERSION, RouterToWorker, WorkerToRouter,
 };
 
-use crate::engine::{EngineEvent, EngineHandle};
+use crate::engine::{CacheBlock, EngineError, EngineEvent, EngineHandle};
 use crate::metrics::WorkerMetrics;
+use crate::migration::{self, ExportOutcome};
 
 /// Why the socket loop stopped.
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +32,9 @@ pub enum ServerError {
     /// The relay thread could not be started.
     #[error("cannot start the relay thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// The cache-import socket could not be set up.
+    #[error(transparent)]
+    Transfer(#[from] migration::TransferError),
 }
 
 /// Settings of the socket loop.
@@ -56,6 +60,11 @@ pub struct ServerConfig {
     pub context_length: Option<u32>,
     /// The model's vocabulary size, reported in `ready` when known.
     pub vocab_size: Option<u32>,
+    /// Where this worker takes a predecessor's cache, reported in `ready`
+    /// (a migration target only); set by `run` when `import_host` is.
+    pub import_endpoint: Option<String>,
+    /// Bind a cache-import socket on this host (a migration target).
+    pub import_host: Option<String>,
     /// Heartbeat period; 3 periods of router silence trigger a reconnect.
     pub heartbeat: Duration,
     /// Least time between two `load` reports.
@@ -80,6 +89,8 @@ impl ServerConfig {
             max_batch: 1,
             context_length: None,
             vocab_size: None,
+            import_endpoint: None,
+            import_host: None,
             heartbeat: Duration::from_secs(1),
             load_interval: Duration::from_millis(100),
             grace: Duration::from_secs(10),
@@ -105,7 +116,7 @@ static RELAY_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 /// Serves the router until `shutdown` fires (or the router sends
 /// `shutdown`), then lets in-flight requests finish within the grace period.
 pub fn run(
-    config: ServerConfig,
+    mut config: ServerConfig,
     engine: EngineHandle,
     metrics: WorkerMetrics,
     shutdown: Receiver<()>,
@@ -127,6 +138,15 @@ pub fn run(
     relay_out
         .connect(&relay_endpoint)
         .map_err(sock("connecting the relay socket"))?;
+    let import = match &config.import_host {
+        Some(host) => {
+            let (socket, endpoint) = migration::bind_import(&context, host)?;
+            tracing::info!(%endpoint, "taking a predecessor's cache here");
+            config.import_endpoint = Some(endpoint);
+            Some(socket)
+        }
+        None => None,
+    };
     let events = engine.events().clone();
     let relay_metrics = metrics.clone();
     let relay = std::thread::Builder::new()
@@ -146,6 +166,9 @@ pub fn run(
         registered: false,
         draining: false,
         stop_at: None,
+        import,
+        import_state: ImportState::default(),
+        export: None,
     };
     io.register();
     let result = io.serve(&relay_in, &shutdown);
@@ -204,7 +227,30 @@ struct Io {
     registered: bool,
     draining: bool,
     stop_at: Option<Instant>,
+    /// The cache-import socket of a migration target, until the import ended.
+    import: Option<zmq::Socket>,
+    import_state: ImportState,
+    /// The running cache export's outcome, when one runs.
+    export: Option<Receiver<ExportOutcome>>,
 }
+
+/// Progress of taking a predecessor's cache.
+#[derive(Default)]
+struct ImportState {
+    started: Option<Instant>,
+    bytes: u64,
+    /// Spans handed to the engine.
+    handed: u64,
+    /// Span tokens not even handed over (undecodable, another shape).
+    refused: u64,
+    /// A block the engine's full queue refused, to hand over again.
+    pending: Option<CacheBlock>,
+    /// When `cache_end` arrived.
+    ended: Option<Instant>,
+}
+
+/// How long a finished import may wait for the engine to take its blocks.
+const IMPORT_SETTLE: Duration = Duration::from_secs(30);
 
 impl Io {
     fn serve(&mut self, relay: &zmq::Socket, shutdown: &Receiver<()>) -> Result<(), ServerError> {
@@ -225,15 +271,25 @@ impl Io {
             } else {
                 Duration::from_millis(10)
             };
-            let (dealer_ready, relay_ready) = {
-                let mut items = [
+            // The import socket is read only while the engine takes blocks.
+            let import = self
+                .import
+                .as_ref()
+                .filter(|_| self.import_state.pending.is_none());
+            let (dealer_ready, relay_ready, import_ready) = {
+                let mut items = vec![
                     self.dealer.as_poll_item(zmq::POLLIN),
                     relay.as_poll_item(zmq::POLLIN),
                 ];
+                items.extend(import.map(|socket| socket.as_poll_item(zmq::POLLIN)));
                 match zmq::poll(&mut items, timeout.as_millis() as i64) {
-                    Ok(_) => (items[0].is_readable(), items[1].is_readable()),
+                    Ok(_) => (
+                        items[0].is_readable(),
+                        items[1].is_readable(),
+                        items.get(2).is_some_and(zmq::PollItem::is_readable),
+                    ),
                     // A signal (Ctrl-C) interrupted the wait; the loop checks for it.
-                    Err(zmq::Error::EINTR) => (false, false),
+                    Err(zmq::Error::EINTR) => (false, false, false),
                     Err(source) => {
                         return Err(ServerError::Socket {
                             context: "polling sockets",
@@ -247,6 +303,9 @@ impl Io {
             }
             if relay_ready {
                 self.flush_relay(relay);
+            }
+            if import_ready {
+                self.read_import();
             }
             self.timers();
         }
@@ -287,6 +346,12 @@ impl Io {
             RouterToWorker::Cancel { rid } => self.engine.cancel(rid),
             RouterToWorker::Heartbeat {} => {}
             RouterToWorker::Disconnect { reason } => {
+                if self.stop_at.is_some() {
+                    // Stopping: registering again would only make the
+                    // router list a worker about to exit.
+                    tracing::debug!(%reason, "router forgot us while stopping");
+                    return;
+                }
                 // Also how a refused registration (a duplicate id, another
                 // protocol version) is explained, so it must be visible.
                 tracing::warn!(%reason, "router asked us to register again");
@@ -296,13 +361,31 @@ impl Io {
                 self.draining = true;
                 self.control_reply(ControlOp::Drain, true, "draining".into());
             }
-            RouterToWorker::Migrate { device } => self.control_reply(
-                ControlOp::Migrate,
-                false,
-                format!(
-                    "cannot migrate to {device:?}: live migration is not built yet; start a worker on the target device (zinfer worker --device ...) and drain this one"
-                ),
-            ),
+            RouterToWorker::Resume {} => {
+                if self.stop_at.is_none() {
+                    self.draining = false;
+                }
+            }
+            RouterToWorker::ExportCache {
+                endpoint,
+                max_tokens,
+            } => {
+                if self.export.is_some() {
+                    let message = "an export is already running".to_string();
+                    self.control_reply(ControlOp::ExportCache, false, message);
+                    return;
+                }
+                let max_tokens = usize::try_from(max_tokens).unwrap_or(usize::MAX);
+                match migration::start_export(&self.context, &self.engine, &endpoint, max_tokens) {
+                    Ok(outcome) => {
+                        tracing::info!(%endpoint, max_tokens, "exporting the prefix cache");
+                        self.export = Some(outcome);
+                    }
+                    Err(error) => {
+                        self.control_reply(ControlOp::ExportCache, false, error.to_string());
+                    }
+                }
+            }
             RouterToWorker::Shutdown { grace_ms } => {
                 self.control_reply(ControlOp::Shutdown, true, "shutting down".into());
                 self.begin_stop(Duration::from_millis(grace_ms));
@@ -311,6 +394,46 @@ impl Io {
                 self.engine.flush_cache(namespace);
                 self.control_reply(ControlOp::FlushCache, true, "prefix cache flushed".into());
             }
+        }
+    }
+
+    /// Hands the import socket's blocks to the engine until it is empty
+    /// or the engine's queue is full (then the socket waits, and so does
+    /// the sender).
+    fn read_import(&mut self) {
+        let shape = self.engine.kv_shape();
+        while self.import_state.pending.is_none() {
+            let Some(socket) = &self.import else { return };
+            let Ok(frame) = socket.recv_bytes(zmq::DONTWAIT) else {
+                return;
+            };
+            let state = &mut self.import_state;
+            state.started.get_or_insert_with(Instant::now);
+            state.bytes += frame.len() as u64;
+            match migration::from_frame(&frame, shape) {
+                Ok(CacheBlock::End { .. }) => state.ended = Some(Instant::now()),
+                Ok(block) => {
+                    state.handed += 1;
+                    self.offer_import(block);
+                }
+                Err(reason) => {
+                    tracing::warn!(%reason, "cache span refused");
+                    state.refused += 1;
+                }
+            }
+        }
+    }
+
+    /// Queues a block for the engine; a full queue keeps it for the next
+    /// timer (the copy is cheap next to moving it over the network).
+    fn offer_import(&mut self, block: CacheBlock) {
+        match self.engine.import_cache(block.clone()) {
+            Ok(()) => {}
+            Err(EngineError::Overloaded(_)) => {
+                tracing::debug!("engine queue full; import paused");
+                self.import_state.pending = Some(block);
+            }
+            Err(error) => tracing::warn!(%error, "the engine refused a cache span"),
         }
     }
 
@@ -330,7 +453,60 @@ impl Io {
         }
     }
 
+    /// Reports a finished export, and a finished import once the engine
+    /// has taken every block.
+    fn transfers(&mut self) {
+        if let Some(block) = self.import_state.pending.take() {
+            self.offer_import(block);
+        }
+        if let Some(outcome) = &self.export {
+            let result = match outcome.try_recv() {
+                Ok(outcome) => Some(outcome),
+                Err(crossbeam_channel::TryRecvError::Empty) => None,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => Some(ExportOutcome {
+                    ok: false,
+                    message: "the exporter thread ended without a result".into(),
+                }),
+            };
+            if let Some(outcome) = result {
+                tracing::info!(ok = outcome.ok, message = %outcome.message, "cache export ended");
+                self.export = None;
+                self.control_reply(ControlOp::ExportCache, outcome.ok, outcome.message);
+            }
+        }
+        let Some(ended) = self.import_state.ended else {
+            return;
+        };
+        if self.import_state.pending.is_some() {
+            return;
+        }
+        let stats = self.engine.stats();
+        if stats.cache_import_spans < self.import_state.handed && ended.elapsed() < IMPORT_SETTLE {
+            return;
+        }
+        let state = std::mem::take(&mut self.import_state);
+        self.import = None;
+        let seconds = state
+            .started
+            .map_or(0.0, |started| ended.duration_since(started).as_secs_f64());
+        tracing::info!(
+            tokens = stats.cache_imported_tokens,
+            skipped = stats.cache_import_skipped_tokens,
+            refused_spans = state.refused,
+            bytes = state.bytes,
+            seconds,
+            "took the predecessor's cache"
+        );
+        self.send(&WorkerToRouter::CacheImported {
+            tokens: stats.cache_imported_tokens,
+            skipped_tokens: stats.cache_import_skipped_tokens,
+            bytes: state.bytes,
+            seconds,
+        });
+    }
+
     fn timers(&mut self) {
+        self.transfers();
         let now = Instant::now();
         if !self.registered {
             self.register();
@@ -354,6 +530,7 @@ impl Io {
                 kv_free: stats.kv_free as u64,
                 cache_hit_tokens: stats.cache_hit_tokens,
                 cache_query_tokens: stats.cache_query_tokens,
+                rss_bytes: resident_bytes().unwrap_or(0),
             };
             self.metrics.running.set(i64::from(load.running));
             self.metrics.waiting.set(i64::from(load.waiting));
@@ -399,6 +576,7 @@ impl Io {
             max_batch: self.config.max_batch,
             context_length: self.config.context_length,
             vocab_size: self.config.vocab_size,
+            import_endpoint: self.config.import_endpoint.clone(),
         };
         self.last_load = None;
         // With ZMQ_IMMEDIATE a send fails until the connection is up; the
@@ -425,6 +603,15 @@ impl Io {
             tracing::warn!(%error, "dropped a message to the router");
         }
     }
+}
+
+/// This process's resident memory (VmRSS), read from /proc; `None` where
+/// there is no /proc.
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Per-request timing the relay needs for inter-token latency.
@@ -505,7 +692,13 @@ fn relay_events(events: Receiver<EngineEvent>, out: zmq::Socket, metrics: Worker
 
 #[cfg(test)]
 mod tests {
-    use super::routing_id;
+    use super::{resident_bytes, routing_id};
+
+    #[test]
+    fn resident_memory_is_read_on_linux() {
+        let rss = resident_bytes().unwrap();
+        assert!(rss > 1 << 20, "{rss}");
+    }
 
     #[test]
     fn routing_ids_differ_per_process_and_fit_zeromq() {

@@ -133,6 +133,7 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
             max_batch: 4,
             context_length: None,
             vocab_size: None,
+            import_endpoint: None,
         },
     );
     let stop = Arc::new(AtomicBool::new(false));

@@ -5,9 +5,10 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use zinfer_protocol::{
-    AdminReply, AdminRequest, ChatMessage, ClientReply, ClientRequest, ControlOp, DecodeError,
-    ErrorCode, FinishReason, GenerateRequest, Limits, LoadReport, ModelInfo, RouterToWorker,
-    Timings, Usage, WireMessage, WorkerInfo, WorkerState, WorkerToRouter, decode, encode,
+    AdminReply, AdminRequest, CacheTransfer, ChatMessage, ClientReply, ClientRequest, ControlOp,
+    DecodeError, ErrorCode, FinishReason, GenerateRequest, Limits, LoadReport, ModelInfo,
+    ModelOffer, RouterToSupervisor, RouterToWorker, SupervisorToRouter, Timings, Usage,
+    WireMessage, WorkerInfo, WorkerState, WorkerToRouter, decode, encode,
 };
 
 /// A sample message with its golden name, `<direction>.<case>`.
@@ -94,6 +95,7 @@ fn load() -> LoadReport {
         kv_free: 61440,
         cache_hit_tokens: 900,
         cache_query_tokens: 1200,
+        rss_bytes: 536_870_912,
     }
 }
 
@@ -231,10 +233,12 @@ pub fn router_to_worker() -> Vec<Sample<RouterToWorker>> {
             },
         ),
         sample("router_to_worker.drain", RouterToWorker::Drain {}),
+        sample("router_to_worker.resume", RouterToWorker::Resume {}),
         sample(
-            "router_to_worker.migrate",
-            RouterToWorker::Migrate {
-                device: "cuda:1".into(),
+            "router_to_worker.export_cache",
+            RouterToWorker::ExportCache {
+                endpoint: "tcp://10.0.0.7:41234".into(),
+                max_tokens: 16384,
             },
         ),
         sample(
@@ -263,6 +267,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 max_batch: 32,
                 context_length: None,
                 vocab_size: None,
+                import_endpoint: None,
             },
         ),
         sample(
@@ -276,6 +281,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 max_batch: 32,
                 context_length: Some(8192),
                 vocab_size: Some(49152),
+                import_endpoint: Some("tcp://10.0.0.7:41234".into()),
             },
         ),
         sample("worker_to_router.heartbeat", WorkerToRouter::Heartbeat {}),
@@ -308,6 +314,15 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
             },
         ),
         sample(
+            "worker_to_router.cache_imported",
+            WorkerToRouter::CacheImported {
+                tokens: 4096,
+                skipped_tokens: 64,
+                bytes: 188_743_680,
+                seconds: 0.25,
+            },
+        ),
+        sample(
             "worker_to_router.control_reply",
             WorkerToRouter::ControlReply {
                 op: ControlOp::FlushCache,
@@ -325,6 +340,13 @@ pub fn admin_requests() -> Vec<Sample<AdminRequest>> {
             "admin_request.drain",
             AdminRequest::Drain {
                 worker: "w-cpu-0".into(),
+                park: true,
+            },
+        ),
+        sample(
+            "admin_request.resume",
+            AdminRequest::Resume {
+                worker: "w-cpu-0".into(),
             },
         ),
         sample(
@@ -332,6 +354,14 @@ pub fn admin_requests() -> Vec<Sample<AdminRequest>> {
             AdminRequest::Migrate {
                 worker: "w-cpu-0".into(),
                 device: "cuda:0".into(),
+                carry_tokens: Some(8192),
+            },
+        ),
+        sample(
+            "admin_request.reload",
+            AdminRequest::Reload {
+                worker: "w-cpu-0".into(),
+                model_path: Some("/models/smollm2-135m-v2.gguf".into()),
             },
         ),
         sample(
@@ -339,6 +369,87 @@ pub fn admin_requests() -> Vec<Sample<AdminRequest>> {
             AdminRequest::Scale {
                 model: "smollm2-135m".into(),
                 workers: 3,
+                device: Some("cpu:1".into()),
+            },
+        ),
+    ]
+}
+
+pub fn supervisor_to_router() -> Vec<Sample<SupervisorToRouter>> {
+    vec![
+        sample(
+            "supervisor_to_router.supervisor_status",
+            SupervisorToRouter::SupervisorStatus {
+                supervisor_id: "sup-host1".into(),
+                host: "host1".into(),
+                models: vec![ModelOffer {
+                    name: "smollm2-135m".into(),
+                    path: "/models/smollm2-135m.gguf".into(),
+                    worker_bytes: 1_700_000_000,
+                }],
+                devices: vec!["cpu:0".into(), "cpu:1".into()],
+                memory_budget_bytes: 8_000_000_000,
+                memory_used_bytes: 1_700_000_000,
+                workers: vec!["smollm2-135m-1".into()],
+            },
+        ),
+        sample(
+            "supervisor_to_router.spawn_failed",
+            SupervisorToRouter::SpawnFailed {
+                worker_id: "smollm2-135m-2".into(),
+                reason: "the worker exited during load".into(),
+            },
+        ),
+        sample(
+            "supervisor_to_router.worker_exited",
+            SupervisorToRouter::WorkerExited {
+                worker_id: "smollm2-135m-1".into(),
+                status: "exit status: 0".into(),
+            },
+        ),
+    ]
+}
+
+pub fn router_to_supervisor() -> Vec<Sample<RouterToSupervisor>> {
+    vec![
+        sample(
+            "router_to_supervisor.spawn",
+            RouterToSupervisor::Spawn {
+                worker_id: "smollm2-135m-2".into(),
+                model: "smollm2-135m".into(),
+                model_path: None,
+                device: Some("cpu:1".into()),
+                import_cache: true,
+            },
+        ),
+        sample(
+            "router_to_supervisor.stop",
+            RouterToSupervisor::Stop {
+                worker_id: "smollm2-135m-1".into(),
+                grace_ms: 5000,
+            },
+        ),
+    ]
+}
+
+pub fn cache_transfers() -> Vec<Sample<CacheTransfer>> {
+    vec![
+        sample(
+            "cache_transfer.cache_span",
+            CacheTransfer::CacheSpan {
+                namespace: "tenant-a".into(),
+                tokens: vec![1, 2, 3, 4],
+                prefix_len: 2,
+                layers: 1,
+                kv_dim: 1,
+                kv: vec![0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64],
+            },
+        ),
+        sample(
+            "cache_transfer.cache_end",
+            CacheTransfer::CacheEnd {
+                spans: 1,
+                tokens: 2,
             },
         ),
     ]
@@ -392,6 +503,9 @@ pub fn all_frames() -> Vec<(&'static str, Vec<u8>)> {
     all.extend(frames(worker_to_router()));
     all.extend(frames(admin_requests()));
     all.extend(frames(admin_replies()));
+    all.extend(frames(supervisor_to_router()));
+    all.extend(frames(router_to_supervisor()));
+    all.extend(frames(cache_transfers()));
     all
 }
 
@@ -417,5 +531,8 @@ pub fn decode_as_every_direction(frame: &[u8], limits: &Limits) -> Vec<Result<()
         one::<WorkerToRouter>(frame, limits),
         one::<AdminRequest>(frame, limits),
         one::<AdminReply>(frame, limits),
+        one::<SupervisorToRouter>(frame, limits),
+        one::<RouterToSupervisor>(frame, limits),
+        one::<CacheTransfer>(frame, limits),
     ]
 }

@@ -147,6 +147,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                     max_batch: 1,
                     context_length: None,
                     vocab_size: None,
+                    import_endpoint: None,
                 },
             ),
             Op::Generate {
@@ -220,6 +221,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
             Op::Drain(w) => {
                 let frame = encode(&AdminRequest::Drain {
                     worker: WORKERS[w].into(),
+                    park: false,
                 })
                 .expect("encode");
                 core.handle_admin(now, &Addr::new("admin"), &frame);

@@ -10,7 +10,9 @@
 //! through `take`, and only its taker sends the terminal reply.
 
 mod admin;
+mod autoscale;
 mod client;
+mod control;
 mod quota;
 mod routing;
 mod workers;
@@ -151,6 +153,8 @@ pub struct Core {
     /// Per-client usage, for the per-client limits; only clients with
     /// something in flight or a bucket still refilling.
     quotas: HashMap<Vec<u8>, quota::ClientQuota>,
+    /// Supervisors, scaling, drains and migrations.
+    control: control::ControlPlane,
 }
 
 impl Core {
@@ -171,6 +175,7 @@ impl Core {
             actions: VecDeque::new(),
             refused: HashMap::new(),
             quotas: HashMap::new(),
+            control: control::ControlPlane::default(),
         }
     }
 
@@ -229,6 +234,8 @@ impl Core {
             );
         }
         self.forget_idle_quotas(now);
+        self.control_tick(now);
+        self.settle_drains(now);
         self.refresh_gauges();
         self.next_wake = self.earliest_timer(now);
     }
@@ -254,6 +261,7 @@ impl Core {
         workers
             .chain(refusals)
             .chain(deadlines)
+            .chain(self.control.next_timer(&self.config))
             .fold(self.next_heartbeat, Instant::min)
             .max(now + Duration::from_millis(1))
     }

@@ -19,7 +19,7 @@ pub(crate) struct Worker {
     pub(super) addr: Addr,
     pub(super) id: String,
     pub(super) models: Vec<String>,
-    device: String,
+    pub(super) device: String,
     kv_capacity: u64,
     pub(super) context_length: Option<u32>,
     pub(super) vocab_size: Option<u32>,
@@ -49,6 +49,11 @@ impl Worker {
 
     pub(super) fn serves(&self, model: &str) -> bool {
         self.models.iter().any(|name| name == model)
+    }
+
+    /// The worker's last load report.
+    pub(super) fn load_report(&self) -> LoadReport {
+        self.load
     }
 
     /// Requests in flight here plus those the worker reported waiting.
@@ -89,6 +94,7 @@ impl Core {
             max_batch,
             context_length,
             vocab_size,
+            import_endpoint,
         } = message
         {
             let registration = Registration {
@@ -100,6 +106,7 @@ impl Core {
                 max_batch,
                 context_length,
                 vocab_size,
+                import_endpoint,
             };
             self.register(now, from, registration);
             return;
@@ -128,9 +135,18 @@ impl Core {
             }
             WorkerToRouter::ControlReply { op, ok, message } => {
                 tracing::info!(worker = %worker.id, ?op, ok, message, "control reply");
-                if op == ControlOp::Migrate && worker.state == WorkerState::Migrating {
-                    worker.state = WorkerState::Ready;
+                if op == ControlOp::ExportCache && !ok {
+                    self.export_failed(now, &from.identity, &message);
                 }
+            }
+            WorkerToRouter::CacheImported {
+                tokens,
+                skipped_tokens,
+                bytes,
+                seconds,
+            } => {
+                tracing::info!(worker = %worker.id, tokens, skipped_tokens, bytes, seconds, "cache imported");
+                self.cache_imported(now, &from.identity, tokens, seconds);
             }
             WorkerToRouter::Chunk {
                 rid,
@@ -195,6 +211,13 @@ impl Core {
             worker = %ready.worker_id, models = ?ready.models, device = %ready.device,
             max_inflight, "worker registered"
         );
+        // A migration target takes its predecessor's cache before routing
+        // switches to it.
+        let state = if self.control.is_migration_target(&ready.worker_id) {
+            WorkerState::Warming
+        } else {
+            WorkerState::Ready
+        };
         let worker = Worker {
             addr: from.clone(),
             id: ready.worker_id,
@@ -203,7 +226,7 @@ impl Core {
             kv_capacity: ready.kv_capacity,
             context_length: ready.context_length,
             vocab_size: ready.vocab_size,
-            state: WorkerState::Ready,
+            state,
             last_seen: now,
             lost_at: None,
             load: LoadReport::default(),
@@ -215,6 +238,7 @@ impl Core {
         self.order.push(from.identity.clone());
         self.wake_by(now + self.config.heartbeat_expiry + Duration::from_millis(1));
         self.refresh_gauges();
+        self.on_registered(now, &from.identity, ready.import_endpoint);
         self.drain_queue(now);
         self.fail_orphans(now);
     }
@@ -283,6 +307,12 @@ impl Core {
         let Some(worker) = self.workers.get_mut(identity) else {
             return;
         };
+        if worker.state == WorkerState::Stopping {
+            // It was drained and told to exit: gone as asked, not lost.
+            self.forget_worker(identity);
+            self.refresh_gauges();
+            return;
+        }
         tracing::warn!(worker = %worker.id, reason, "worker lost");
         worker.state = WorkerState::Lost;
         worker.lost_at = Some(now);
@@ -505,6 +535,7 @@ impl Core {
             worker: worker_id,
         };
         self.send(Peer::Client(request.client), &reply);
+        self.settle_drains(now);
         self.drain_queue(now);
     }
 
@@ -523,6 +554,7 @@ impl Core {
         if let Some(request) = self.take(now, rid) {
             self.reply_error(&request.client, Some(request.id), code, message);
         }
+        self.settle_drains(now);
         self.drain_queue(now);
     }
 
@@ -543,4 +575,5 @@ struct Registration {
     max_batch: u32,
     context_length: Option<u32>,
     vocab_size: Option<u32>,
+    import_endpoint: Option<String>,
 }

@@ -42,6 +42,7 @@ impl EchoWorker {
             max_batch: 64,
             context_length: None,
             vocab_size: None,
+            import_endpoint: None,
         };
         Self::spawn(socket, false, Some(encode(&ready).expect("encode ready")))
     }

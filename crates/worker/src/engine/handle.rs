@@ -19,6 +19,8 @@ pub(super) struct ModelInfo {
     pub(super) kv_capacity: usize,
     /// The model's context length.
     pub(super) max_positions: usize,
+    /// Layers and row width of its K/V, for cache transfers.
+    pub(super) kv_shape: crate::model::KvShape,
 }
 
 /// A request on its way to the engine thread.
@@ -264,6 +266,11 @@ impl EngineHandle {
     /// The model's vocabulary size; token ids are below it.
     pub fn vocab_size(&self) -> usize {
         self.info.vocab_size
+    }
+
+    /// The K/V layout of the model, as cache transfers carry it.
+    pub fn kv_shape(&self) -> crate::model::KvShape {
+        self.info.kv_shape
     }
 
     /// Most sequences decoded together.

@@ -245,6 +245,9 @@ pub struct EngineStats {
     /// Imported tokens not cached: K/V of another shape, a prefix missing,
     /// or too few free slots. Tokens already cached count in neither.
     pub cache_import_skipped_tokens: u64,
+    /// Imported spans taken up, kept or skipped: the transport compares it
+    /// with the spans it handed over to know the import has settled.
+    pub cache_import_spans: u64,
 }
 
 /// The text side of a model as the engine uses it; implemented by
@@ -315,6 +318,7 @@ impl Engine {
             vocab_size: model.vocab_size(),
             kv_capacity: model.kv_capacity(),
             max_positions: model.max_positions(),
+            kv_shape: model.kv_shape(),
         };
         let engine = run::EngineLoop::new(
             model,

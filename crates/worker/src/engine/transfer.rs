@@ -236,6 +236,7 @@ pub(super) fn import(
     else {
         return;
     };
+    stats.cache_import_spans += 1;
     let span_len = tokens.len().saturating_sub(prefix_len);
     match import_span(model, scheduler, &namespace, &tokens, prefix_len, &kv) {
         Ok(kept) => stats.cache_imported_tokens += kept as u64,

@@ -237,7 +237,7 @@ pub enum ModelError {
 pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
     let device: Device = options.device.parse()?;
     match device.check()? {
-        Device::Cpu | Device::Auto => {
+        Device::Cpu | Device::CpuSet(_) | Device::Auto => {
             apply_threads(options.threads);
             let (model, tokenizer) = if path.is_dir() {
                 safetensors::load(path, options)?
@@ -276,8 +276,23 @@ pub fn load_candle(
     })
 }
 
-/// The name reported to the router: the file or directory stem.
-fn model_name(path: &Path) -> String {
+/// K/V bytes one cached token takes in the pool (f32 K and V rows of every
+/// layer), read from a GGUF header without loading weights; for memory
+/// budgets. Safetensors directories are not read (an error).
+pub fn kv_bytes_per_token(path: &Path) -> Result<u64, ModelError> {
+    if path.is_dir() {
+        return Err(ModelError::Format(format!(
+            "{}: KV size is read from GGUF headers only",
+            path.display()
+        )));
+    }
+    let cfg = gguf::open(path)?.cfg;
+    Ok((cfg.n_layers * cfg.kv_dim() * 2 * std::mem::size_of::<f32>()) as u64)
+}
+
+/// The name a worker reports to the router for a model path: the file or
+/// directory stem.
+pub fn model_name(path: &Path) -> String {
     path.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".to_string())

@@ -8,14 +8,15 @@ use std::{
 
 use zinfer_protocol::{
     AdminReply, AdminRequest, ChatMessage, ClientReply, ClientRequest, ErrorCode, FinishReason,
-    GenerateRequest, LoadReport, PROTOCOL_VERSION, RouterToWorker, Timings, Usage, WorkerState,
-    WorkerToRouter, decode, encode,
+    GenerateRequest, LoadReport, PROTOCOL_VERSION, RouterToSupervisor, RouterToWorker, Timings,
+    Usage, WorkerState, WorkerToRouter, decode, encode,
 };
 
 use super::{Action, Addr, Core, Peer, SendFailure};
 use crate::{Metrics, Policy, RouterConfig};
 
 mod admin;
+mod control;
 mod policies;
 mod quota;
 mod requests;
@@ -27,6 +28,9 @@ enum Out {
     Client(Vec<u8>, ClientReply),
     Worker(Vec<u8>, RouterToWorker),
     Admin(AdminReply),
+    /// A reply on the control socket, with its receiver.
+    AdminTo(Vec<u8>, AdminReply),
+    Supervisor(RouterToSupervisor),
 }
 
 struct Harness {
@@ -103,6 +107,7 @@ impl Harness {
                 max_batch,
                 context_length: None,
                 vocab_size: None,
+                import_endpoint: None,
             },
         );
     }
@@ -115,7 +120,13 @@ impl Harness {
             out.push(match to {
                 Peer::Client(addr) => Out::Client(addr.identity, decode(&frame, &limits).unwrap()),
                 Peer::Worker(addr) => Out::Worker(addr.identity, decode(&frame, &limits).unwrap()),
-                Peer::Admin(_) => Out::Admin(decode(&frame, &limits).unwrap()),
+                Peer::Admin(addr) if addr.identity == b"admin" => {
+                    Out::Admin(decode(&frame, &limits).unwrap())
+                }
+                Peer::Admin(addr) => match decode::<AdminReply>(&frame, &limits) {
+                    Ok(reply) => Out::AdminTo(addr.identity, reply),
+                    Err(_) => Out::Supervisor(decode(&frame, &limits).unwrap()),
+                },
             });
         }
         out

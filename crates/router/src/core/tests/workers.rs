@@ -174,6 +174,7 @@ fn unknown_worker_and_bad_protocol_get_disconnect() {
         max_batch: 1,
         context_length: None,
         vocab_size: None,
+        import_endpoint: None,
     };
     h.worker("old", &future);
     let sent = h.sent();
@@ -271,6 +272,7 @@ impl Harness {
                 max_batch: 8,
                 context_length: None,
                 vocab_size: None,
+                import_endpoint: None,
             },
         );
     }
@@ -368,6 +370,7 @@ fn models_reply_carries_the_smallest_context_and_the_vocabulary() {
                 max_batch: 8,
                 context_length: context,
                 vocab_size: context.map(|_| 49152),
+                import_endpoint: None,
             },
         );
     }

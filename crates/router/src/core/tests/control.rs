@@ -1,0 +1,507 @@
+//! The control plane on a virtual clock: single-flight scaling, spawn
+//! failures and backoff, scale-in by draining, migration, autoscaling.
+
+use zinfer_protocol::{ModelOffer, SupervisorToRouter};
+
+use super::*;
+use crate::AutoscaleConfig;
+
+const SUPERVISOR: &str = "sup";
+
+impl Harness {
+    fn supervisor_status(&mut self, workers: &[&str]) {
+        let status = SupervisorToRouter::SupervisorStatus {
+            supervisor_id: "sup-1".into(),
+            host: "host".into(),
+            models: vec![ModelOffer {
+                name: "m".into(),
+                path: "/models/m.gguf".into(),
+                worker_bytes: 1 << 30,
+            }],
+            devices: vec!["cpu:0".into(), "cpu:1".into()],
+            memory_budget_bytes: 8 << 30,
+            memory_used_bytes: 0,
+            workers: workers.iter().map(|w| w.to_string()).collect(),
+        };
+        self.supervisor_says(&status);
+    }
+
+    fn supervisor_says(&mut self, message: &SupervisorToRouter) {
+        let frame = encode(message).unwrap();
+        self.core
+            .handle_admin(self.now, &Addr::new(SUPERVISOR), &frame);
+    }
+
+    fn control_request(&mut self, admin: &str, message: &AdminRequest) {
+        let frame = encode(message).unwrap();
+        self.core.handle_admin(self.now, &Addr::new(admin), &frame);
+    }
+
+    fn ready_as(&mut self, worker: &str, import_endpoint: Option<&str>) {
+        self.worker(
+            worker,
+            &WorkerToRouter::Ready {
+                worker_id: worker.into(),
+                protocol: PROTOCOL_VERSION,
+                models: vec!["m".into()],
+                device: "cpu:1".into(),
+                kv_capacity: 4096,
+                max_batch: 8,
+                context_length: None,
+                vocab_size: None,
+                import_endpoint: import_endpoint.map(str::to_string),
+            },
+        );
+    }
+
+    fn state_of(&mut self, worker: &str) -> Option<WorkerState> {
+        let AdminReply::Workers { workers } = self.admin(&AdminRequest::Workers {}) else {
+            panic!("expected workers");
+        };
+        workers.iter().find(|w| w.id == worker).map(|w| w.state)
+    }
+}
+
+fn scale(workers: u32) -> AdminRequest {
+    AdminRequest::Scale {
+        model: "m".into(),
+        workers,
+        device: None,
+    }
+}
+
+/// Spawn requests among `out`: (worker id, device, import_cache).
+fn spawns(out: &[Out]) -> Vec<(String, Option<String>, bool)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Out::Supervisor(RouterToSupervisor::Spawn {
+                worker_id,
+                device,
+                import_cache,
+                ..
+            }) => Some((worker_id.clone(), device.clone(), *import_cache)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Acks among `out`: (receiver, ok, message).
+fn acks(out: &[Out]) -> Vec<(String, bool, String)> {
+    out.iter()
+        .filter_map(|o| match o {
+            Out::AdminTo(to, AdminReply::Ack { ok, message }) => Some((
+                String::from_utf8_lossy(to).into_owned(),
+                *ok,
+                message.clone(),
+            )),
+            Out::Admin(AdminReply::Ack { ok, message }) => {
+                Some(("admin".to_string(), *ok, message.clone()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn concurrent_scales_of_one_model_start_exactly_the_workers_needed() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&[]);
+    h.ready("w0", &["m"], 8);
+    h.sent();
+    // 64 requests from 8 admin connections, all for 3 workers.
+    for i in 0..64 {
+        h.control_request(&format!("admin-{}", i % 8), &scale(3));
+    }
+    let out = h.sent();
+    let started = spawns(&out);
+    assert_eq!(
+        started.len(),
+        2,
+        "one worker serves, two are needed: {started:?}"
+    );
+    assert!(
+        acks(&out).is_empty(),
+        "nobody is answered before the workers register"
+    );
+    assert_eq!(h.metrics.spawns.get(), 2);
+    h.ready_as(&started[0].0, None);
+    assert!(acks(&h.sent()).is_empty());
+    h.ready_as(&started[1].0, None);
+    let replies = acks(&h.sent());
+    assert_eq!(replies.len(), 64, "every waiter gets the one outcome");
+    assert!(
+        replies
+            .iter()
+            .all(|(_, ok, m)| *ok && m.contains("3 worker(s)"))
+    );
+    // Asking again for what is there answers at once and spawns nothing.
+    h.control_request("admin-0", &scale(3));
+    let out = h.sent();
+    assert!(spawns(&out).is_empty());
+    assert_eq!(acks(&out).len(), 1);
+    assert!(h.core.control_idle());
+}
+
+#[test]
+fn a_failed_spawn_fails_every_waiter_at_once_and_backs_off() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&[]);
+    for i in 0..10 {
+        h.control_request(&format!("admin-{i}"), &scale(2));
+    }
+    let started = spawns(&h.sent());
+    assert_eq!(started.len(), 2);
+    h.supervisor_says(&SupervisorToRouter::WorkerExited {
+        worker_id: started[0].0.clone(),
+        status: "exit status: 1: reading /bad.gguf: No such file".into(),
+    });
+    let replies = acks(&h.sent());
+    assert_eq!(replies.len(), 10);
+    assert!(
+        replies
+            .iter()
+            .all(|(_, ok, m)| !ok && m.contains("No such file")),
+        "{replies:?}"
+    );
+    assert_eq!(h.metrics.spawn_failures.get(), 1);
+    // Nothing is spawned again on its own, however long we wait.
+    for _ in 0..120 {
+        h.advance(1_000);
+        h.supervisor_status(&[]);
+    }
+    assert!(spawns(&h.sent()).is_empty());
+    // The other spawn of the failed operation fails too; a new scale right
+    // after a failure is refused with the reason and the wait.
+    h.supervisor_says(&SupervisorToRouter::SpawnFailed {
+        worker_id: started[1].0.clone(),
+        reason: "bad model file".into(),
+    });
+    h.control_request("admin-0", &scale(2));
+    let out = h.sent();
+    assert!(spawns(&out).is_empty());
+    let replies = acks(&out);
+    assert_eq!(replies.len(), 1);
+    assert!(
+        !replies[0].1 && replies[0].2.contains("next try is allowed in"),
+        "{replies:?}"
+    );
+    // After the backoff, a scale tries again.
+    h.advance(2_500);
+    h.supervisor_status(&[]);
+    h.control_request("admin-0", &scale(1));
+    assert_eq!(spawns(&h.sent()).len(), 1);
+}
+
+#[test]
+fn scaling_without_a_supervisor_says_how_to_get_one() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    let reply = h.admin(&scale(2));
+    assert!(
+        matches!(reply, AdminReply::Ack { ok: false, ref message } if message.contains("zinfer supervisor")),
+        "{reply:?}"
+    );
+}
+
+#[test]
+fn scale_in_drains_the_least_loaded_worker_and_never_kills() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&["w1", "w2"]);
+    h.ready("w1", &["m"], 8);
+    h.ready("w2", &["m"], 8);
+    h.generate("c", prompt("a", "x"));
+    h.generate("c", prompt("b", "x"));
+    h.generate("c", prompt("c", "x"));
+    let dispatched = h.dispatched();
+    let on_w1: Vec<u64> = dispatched
+        .iter()
+        .filter(|d| d.0 == "w1")
+        .map(|d| d.1)
+        .collect();
+    assert_eq!(on_w1.len(), 2);
+    let w2_rid = dispatched.iter().find(|d| d.0 == "w2").unwrap().1;
+    h.control_request("admin", &scale(1));
+    let out = h.sent();
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Out::Worker(to, RouterToWorker::Drain {}) if to == b"w2"))
+    );
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, Out::Worker(_, RouterToWorker::Shutdown { .. }))),
+        "w2 has a request in flight: drained, not stopped"
+    );
+    assert_eq!(acks(&out).len(), 1, "answered once one worker is routable");
+    h.done("w2", w2_rid, FinishReason::Stop);
+    let out = h.sent();
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Out::Worker(to, RouterToWorker::Shutdown { .. }) if to == b"w2"
+    )));
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Out::Supervisor(RouterToSupervisor::Stop { worker_id, .. }) if worker_id == "w2"
+    )));
+    h.supervisor_says(&SupervisorToRouter::WorkerExited {
+        worker_id: "w2".into(),
+        status: "exit status: 0".into(),
+    });
+    assert_eq!(
+        h.state_of("w2"),
+        None,
+        "a stopped worker is forgotten, not lost"
+    );
+    assert_eq!(h.metrics.drain_time.get_sample_count(), 1);
+    // The lost count metric stays at zero.
+    assert_eq!(
+        h.metrics.workers.with_label_values(&["lost"]).get(),
+        0,
+        "stopping is not losing"
+    );
+}
+
+#[test]
+fn park_and_resume() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    let reply = h.admin(&AdminRequest::Drain {
+        worker: "w1".into(),
+        park: true,
+    });
+    assert!(matches!(reply, AdminReply::Ack { ok: true, .. }));
+    assert_eq!(h.state_of("w1"), Some(WorkerState::Parked));
+    h.generate("c", prompt("a", "x"));
+    assert_eq!(
+        error_code(&h.client_replies()[0]),
+        (Some("a"), ErrorCode::Unavailable)
+    );
+    let reply = h.admin(&AdminRequest::Resume {
+        worker: "w1".into(),
+    });
+    assert!(
+        matches!(reply, AdminReply::Ack { ok: true, .. }),
+        "{reply:?}"
+    );
+    assert_eq!(h.state_of("w1"), Some(WorkerState::Ready));
+    h.generate("c", prompt("b", "x"));
+    assert_eq!(h.dispatched().len(), 1);
+}
+
+#[test]
+fn a_lost_worker_of_a_scaled_model_is_replaced() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&[]);
+    h.control_request("admin", &scale(1));
+    let started = spawns(&h.sent());
+    h.ready_as(&started[0].0, None);
+    h.sent();
+    h.supervisor_says(&SupervisorToRouter::WorkerExited {
+        worker_id: started[0].0.clone(),
+        status: "signal: 9 (SIGKILL)".into(),
+    });
+    h.advance(1);
+    let again = spawns(&h.sent());
+    assert_eq!(again.len(), 1, "the count is kept");
+    assert_ne!(again[0].0, started[0].0, "a fresh id");
+}
+
+#[test]
+fn a_spawn_that_never_registers_times_out() {
+    let mut h = Harness::new(RouterConfig {
+        spawn_timeout: Duration::from_secs(5),
+        ..config(Policy::RoundRobin)
+    });
+    h.supervisor_status(&[]);
+    h.control_request("admin", &scale(1));
+    let started = spawns(&h.sent());
+    for _ in 0..6 {
+        h.advance(1_000);
+        h.supervisor_status(&[]);
+    }
+    let out = h.sent();
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Out::Supervisor(RouterToSupervisor::Stop { worker_id, .. }) if *worker_id == started[0].0
+    )));
+    let replies = acks(&out);
+    assert!(
+        replies.len() == 1 && !replies[0].1 && replies[0].2.contains("did not register"),
+        "{replies:?}"
+    );
+}
+
+#[test]
+fn migration_carries_the_cache_then_switches_routing_in_one_step() {
+    let mut h = Harness::new(config(Policy::CacheAware));
+    h.supervisor_status(&["old"]);
+    h.ready("old", &["m"], 8);
+    h.generate("c", prompt("r1", "a shared prefix"));
+    let r1 = h.dispatched()[0].1;
+    h.control_request(
+        "admin",
+        &AdminRequest::Migrate {
+            worker: "old".into(),
+            device: "cpu:1".into(),
+            carry_tokens: Some(4096),
+        },
+    );
+    let started = spawns(&h.sent());
+    assert_eq!(started.len(), 1);
+    let (new, device, import) = started[0].clone();
+    assert_eq!((device.as_deref(), import), (Some("cpu:1"), true));
+    assert_eq!(h.state_of("old"), Some(WorkerState::Migrating));
+    // The old worker keeps serving while the new one loads.
+    h.generate("c", prompt("r2", "a shared prefix"));
+    let r2 = h.dispatched()[0].1;
+    h.ready_as(&new, Some("tcp://127.0.0.1:40000"));
+    let out = h.sent();
+    assert!(out.iter().any(|o| matches!(
+        o,
+        Out::Worker(to, RouterToWorker::ExportCache { endpoint, max_tokens: 4096 })
+            if to == b"old" && endpoint == "tcp://127.0.0.1:40000"
+    )));
+    assert_eq!(h.state_of(&new), Some(WorkerState::Warming));
+    // Not routed to while warming.
+    h.generate("c", prompt("r3", "a shared prefix"));
+    assert_eq!(h.dispatched()[0].0, "old");
+    h.worker(
+        &new,
+        &WorkerToRouter::CacheImported {
+            tokens: 900,
+            skipped_tokens: 0,
+            bytes: 900 * 46_080,
+            seconds: 0.2,
+        },
+    );
+    let out = h.sent();
+    let replies = acks(&out);
+    assert_eq!(replies.len(), 1);
+    assert!(
+        replies[0].1 && replies[0].2.contains("carried 900"),
+        "{replies:?}"
+    );
+    assert_eq!(h.state_of(&new), Some(WorkerState::Ready));
+    assert_eq!(h.state_of("old"), Some(WorkerState::Draining));
+    h.generate("c", prompt("r4", "a shared prefix"));
+    assert_eq!(h.dispatched()[0].0, new, "routing switched");
+    // The old worker's requests finish there; then it stops.
+    h.done("old", r1, FinishReason::Stop);
+    h.done("old", r2, FinishReason::Stop);
+    h.sent();
+    let r3 = 3;
+    h.done("old", r3, FinishReason::Stop);
+    assert!(h.sent().iter().any(|o| matches!(
+        o,
+        Out::Worker(to, RouterToWorker::Shutdown { .. }) if to == b"old"
+    )));
+    assert_eq!(h.metrics.migration_kv_tokens.get(), 900);
+    assert_eq!(h.metrics.migrations.with_label_values(&["ok"]).get(), 1);
+    assert_eq!(h.outcome("stop"), 3);
+}
+
+#[test]
+fn a_failed_migration_leaves_the_old_worker_serving() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&["old"]);
+    h.ready("old", &["m"], 8);
+    h.control_request(
+        "admin",
+        &AdminRequest::Migrate {
+            worker: "old".into(),
+            device: "cuda:7".into(),
+            carry_tokens: None,
+        },
+    );
+    let started = spawns(&h.sent());
+    h.supervisor_says(&SupervisorToRouter::SpawnFailed {
+        worker_id: started[0].0.clone(),
+        reason: "device cuda:7: not built with CUDA".into(),
+    });
+    let replies = acks(&h.sent());
+    assert_eq!(replies.len(), 1);
+    assert!(
+        !replies[0].1 && replies[0].2.contains("old keeps serving"),
+        "{replies:?}"
+    );
+    assert_eq!(h.state_of("old"), Some(WorkerState::Ready));
+    h.generate("c", prompt("a", "x"));
+    assert_eq!(h.dispatched()[0].0, "old");
+    assert_eq!(h.metrics.migrations.with_label_values(&["failed"]).get(), 1);
+}
+
+#[test]
+fn a_migration_without_carry_switches_when_the_replacement_registers() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&["old"]);
+    h.ready("old", &["m"], 8);
+    h.control_request(
+        "admin",
+        &AdminRequest::Migrate {
+            worker: "old".into(),
+            device: "cpu:1".into(),
+            carry_tokens: Some(0),
+        },
+    );
+    let started = spawns(&h.sent());
+    assert!(!started[0].2, "no cache import asked");
+    h.ready_as(&started[0].0, None);
+    let out = h.sent();
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, Out::Worker(_, RouterToWorker::ExportCache { .. })))
+    );
+    assert!(acks(&out)[0].1);
+    assert_eq!(h.state_of("old"), Some(WorkerState::Stopping));
+}
+
+#[test]
+fn the_autoscaler_adds_a_worker_under_a_burst_and_removes_it_when_idle() {
+    let mut h = Harness::new(RouterConfig {
+        autoscale: Some(AutoscaleConfig {
+            min_workers: 1,
+            max_workers: 2,
+            queue_per_worker: 2.0,
+            up_window: Duration::from_secs(3),
+            idle_window: Duration::from_secs(5),
+        }),
+        max_inflight_per_worker: Some(1),
+        ..config(Policy::RoundRobin)
+    });
+    h.supervisor_status(&["w1"]);
+    h.ready("w1", &["m"], 1);
+    for i in 0..6 {
+        h.generate("c", prompt(&i.to_string(), "x"));
+    }
+    let first = h.dispatched();
+    assert_eq!(first.len(), 1, "one in flight, five queued");
+    let mut added = Vec::new();
+    for _ in 0..5 {
+        h.advance(1_000);
+        h.supervisor_status(&["w1"]);
+        h.worker("w1", &WorkerToRouter::Heartbeat {});
+        added.extend(spawns(&h.sent()));
+    }
+    assert_eq!(added.len(), 1, "{added:?}");
+    assert_eq!(h.metrics.autoscale.with_label_values(&["up"]).get(), 1);
+    h.ready_as(&added[0].0, None);
+    // Finish everything; then idle for the window: back to one worker.
+    let mut pending = first;
+    pending.extend(h.dispatched());
+    while let Some((worker, rid, _)) = pending.pop() {
+        h.done(&worker, rid, FinishReason::Stop);
+        pending.extend(h.dispatched());
+    }
+    let mut drained = false;
+    for _ in 0..8 {
+        h.advance(1_000);
+        h.supervisor_status(&["w1", &added[0].0]);
+        h.worker("w1", &WorkerToRouter::Heartbeat {});
+        h.worker(&added[0].0, &WorkerToRouter::Heartbeat {});
+        drained |= h
+            .sent()
+            .iter()
+            .any(|o| matches!(o, Out::Worker(_, RouterToWorker::Shutdown { .. })));
+    }
+    assert!(drained, "an idle worker was drained and stopped");
+    assert_eq!(h.metrics.autoscale.with_label_values(&["down"]).get(), 1);
+    assert_eq!(h.outcome("stop"), 6);
+}

@@ -1,0 +1,413 @@
+//! The supervisor: starts and stops worker processes on one host for the
+//! router's control plane.
+//!
+//! It connects a DEALER to the router's control socket, says every second
+//! what it can start (`supervisor_status`), and acts on `spawn` and `stop`.
+//! The router decides (how many workers, where, when to drain); the
+//! supervisor only owns processes and this host's memory budget. It runs
+//! inside `zinfer serve` and as `zinfer supervisor` on worker-only hosts.
+
+mod budget;
+mod process;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use zinfer_protocol::{Limits, ModelOffer, RouterToSupervisor, SupervisorToRouter};
+use zinfer_worker::device::Device;
+
+pub use budget::{MemoryBudget, OverBudget, available_memory, gib, parse_bytes, worker_bytes};
+use process::WorkerProcess;
+
+/// A model this supervisor can start workers for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSpec {
+    /// The name workers report (the file stem).
+    pub name: String,
+    /// Model file or directory.
+    pub path: PathBuf,
+}
+
+impl ModelSpec {
+    /// A model named after its file, as workers name it.
+    pub fn from_path(path: &Path) -> Self {
+        ModelSpec {
+            name: zinfer_worker::model::model_name(path),
+            path: path.to_path_buf(),
+        }
+    }
+}
+
+/// Settings of a supervisor.
+#[derive(Debug, Clone)]
+pub struct SupervisorConfig {
+    /// Supervisor id, unique among the router's supervisors.
+    pub id: String,
+    /// The router's control endpoint, e.g. `tcp://10.0.0.1:5557`.
+    pub control: String,
+    /// The router's worker endpoint the started workers connect to.
+    pub router: String,
+    /// Models it offers.
+    pub models: Vec<ModelSpec>,
+    /// Devices it starts workers on, least used first.
+    pub devices: Vec<String>,
+    /// Memory its workers may hold together.
+    pub budget: MemoryBudget,
+    /// KV pool tokens per worker, for the memory estimate (`worker_args`
+    /// passes the flag on).
+    pub kv_tokens: usize,
+    /// The `zinfer` binary.
+    pub exe: PathBuf,
+    /// Flags for every `zinfer worker` it starts (threads, batch, ...).
+    pub worker_args: Vec<String>,
+    /// Environment for every worker it starts.
+    pub worker_env: Vec<(String, String)>,
+    /// First port of the workers' /metrics endpoints (one per worker
+    /// slot); `None`: workers serve no metrics.
+    pub metrics_base: Option<u16>,
+    /// How long a stopped worker may take before it is killed.
+    pub stop_grace: Duration,
+}
+
+/// Why the supervisor could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    /// Its socket could not be set up.
+    #[error("supervisor socket error while {context}: {source}")]
+    Socket {
+        /// What was being done.
+        context: &'static str,
+        /// What libzmq said.
+        source: zmq::Error,
+    },
+}
+
+/// How often the supervisor reports to the router and checks its workers.
+const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Runs until `stop` fires (or its sender is dropped), then stops every
+/// worker it started: SIGTERM, and SIGKILL after `stop_grace`.
+pub fn run(config: SupervisorConfig, stop: Receiver<()>) -> Result<(), SupervisorError> {
+    let context = zmq::Context::new();
+    let socket = |context: &'static str| move |source| SupervisorError::Socket { context, source };
+    let dealer = context
+        .socket(zmq::DEALER)
+        .map_err(socket("creating the DEALER"))?;
+    dealer
+        .set_identity(config.id.as_bytes())
+        .map_err(socket("setting the identity"))?;
+    dealer
+        .set_linger(500)
+        .map_err(socket("setting ZMQ_LINGER"))?;
+    dealer
+        .connect(&config.control)
+        .map_err(socket("connecting to the router's control socket"))?;
+    let mut supervisor = Supervisor::new(config);
+    tracing::info!(id = %supervisor.config.id, control = %supervisor.config.control, "supervisor started");
+    let mut last_status = Instant::now() - STATUS_INTERVAL;
+    loop {
+        match stop.try_recv() {
+            Ok(()) | Err(crossbeam_channel::TryRecvError::Disconnected) => break,
+            Err(crossbeam_channel::TryRecvError::Empty) => {}
+        }
+        match dealer.poll(zmq::POLLIN, 100) {
+            Ok(_) | Err(zmq::Error::EINTR) => {}
+            Err(source) => {
+                return Err(SupervisorError::Socket {
+                    context: "polling",
+                    source,
+                });
+            }
+        }
+        while let Ok(frame) = dealer.recv_bytes(zmq::DONTWAIT) {
+            match zinfer_protocol::decode::<RouterToSupervisor>(&frame, &Limits::default()) {
+                Ok(message) => supervisor.handle(message),
+                Err(error) => tracing::warn!(%error, "undecodable frame from the router"),
+            }
+        }
+        supervisor.watch(Instant::now());
+        if last_status.elapsed() >= STATUS_INTERVAL {
+            last_status = Instant::now();
+            let status = supervisor.status();
+            supervisor.outbox.push(status);
+        }
+        for message in supervisor.outbox.drain(..) {
+            match zinfer_protocol::encode(&message) {
+                Ok(frame) => {
+                    if let Err(error) = dealer.send(frame, zmq::DONTWAIT) {
+                        tracing::debug!(%error, "router unreachable; message dropped");
+                    }
+                }
+                Err(error) => tracing::error!(%error, "cannot encode a supervisor message"),
+            }
+        }
+    }
+    supervisor.stop_all();
+    Ok(())
+}
+
+/// The supervisor's state: its workers and what it has to tell the router.
+struct Supervisor {
+    config: SupervisorConfig,
+    workers: HashMap<String, WorkerProcess>,
+    /// Highest resident memory seen per model, for estimates.
+    measured: HashMap<String, u64>,
+    outbox: Vec<SupervisorToRouter>,
+    host: String,
+}
+
+impl Supervisor {
+    fn new(config: SupervisorConfig) -> Self {
+        Supervisor {
+            config,
+            workers: HashMap::new(),
+            measured: HashMap::new(),
+            outbox: Vec::new(),
+            host: host_name(),
+        }
+    }
+
+    /// Expected bytes of one more worker of `spec`.
+    fn estimate(&self, spec: &ModelSpec) -> u64 {
+        let file = model_bytes(&spec.path);
+        let kv = zinfer_worker::model::kv_bytes_per_token(&spec.path)
+            .map(|per_token| per_token * self.config.kv_tokens as u64)
+            .unwrap_or(0);
+        worker_bytes(file, kv, self.measured.get(&spec.name).copied())
+    }
+
+    /// (resident, reserved) of every running worker.
+    fn holdings(&mut self) -> Vec<(u64, u64)> {
+        self.workers
+            .values_mut()
+            .map(|w| (w.resident(), w.reserved))
+            .collect()
+    }
+
+    fn status(&mut self) -> SupervisorToRouter {
+        let holdings = self.holdings();
+        let models = self
+            .config
+            .models
+            .iter()
+            .map(|spec| ModelOffer {
+                name: spec.name.clone(),
+                path: spec.path.display().to_string(),
+                worker_bytes: self.estimate(spec),
+            })
+            .collect();
+        SupervisorToRouter::SupervisorStatus {
+            supervisor_id: self.config.id.clone(),
+            host: self.host.clone(),
+            models,
+            devices: self.config.devices.clone(),
+            memory_budget_bytes: self.config.budget.total,
+            memory_used_bytes: self.config.budget.held(&holdings),
+            workers: self.workers.keys().cloned().collect(),
+        }
+    }
+
+    fn handle(&mut self, message: RouterToSupervisor) {
+        match message {
+            RouterToSupervisor::Spawn {
+                worker_id,
+                model,
+                model_path,
+                device,
+                import_cache,
+            } => {
+                if let Err(reason) =
+                    self.spawn(&worker_id, &model, model_path, device, import_cache)
+                {
+                    tracing::warn!(worker = %worker_id, %reason, "spawn refused");
+                    self.outbox
+                        .push(SupervisorToRouter::SpawnFailed { worker_id, reason });
+                }
+            }
+            RouterToSupervisor::Stop {
+                worker_id,
+                grace_ms,
+            } => {
+                if let Some(worker) = self.workers.get_mut(&worker_id) {
+                    worker.terminate();
+                    let grace = Duration::from_millis(grace_ms);
+                    worker.kill_at.get_or_insert(Instant::now() + grace);
+                }
+            }
+        }
+    }
+
+    /// Starts a worker, or says why not (the router reports it to everyone
+    /// waiting on the spawn).
+    fn spawn(
+        &mut self,
+        worker_id: &str,
+        model: &str,
+        model_path: Option<String>,
+        device: Option<String>,
+        import_cache: bool,
+    ) -> Result<(), String> {
+        if self.workers.contains_key(worker_id) {
+            return Err(format!("a worker {worker_id:?} already runs here"));
+        }
+        let Some(spec) = self.config.models.iter().find(|m| m.name == model).cloned() else {
+            let offered: Vec<&str> = self.config.models.iter().map(|m| m.name.as_str()).collect();
+            return Err(format!(
+                "this supervisor does not offer model {model:?} (it offers {offered:?})"
+            ));
+        };
+        let path = model_path.map_or(spec.path.clone(), PathBuf::from);
+        if !path.exists() {
+            return Err(format!("model file {} does not exist", path.display()));
+        }
+        let device = match device {
+            Some(device) => device,
+            None => self.least_used_device(),
+        };
+        let parsed: Device = device.parse().map_err(|e| format!("{e}"))?;
+        parsed.check().map_err(|e| format!("{e}"))?;
+        let need = self.estimate(&ModelSpec {
+            name: spec.name.clone(),
+            path: path.clone(),
+        });
+        let holdings = self.holdings();
+        self.config
+            .budget
+            .admit(model, need, &holdings)
+            .map_err(|e| e.to_string())?;
+        let slot = self.free_slot();
+        let mut args = vec![
+            "worker".to_string(),
+            "--router".into(),
+            self.config.router.clone(),
+            "--model".into(),
+            path.display().to_string(),
+            "--device".into(),
+            device.clone(),
+            "--id".into(),
+            worker_id.to_string(),
+        ];
+        if let (Some(base), Some(slot)) = (self.config.metrics_base, slot) {
+            args.push("--metrics".into());
+            args.push(format!("127.0.0.1:{}", base.saturating_add(slot)));
+        }
+        if import_cache {
+            args.push("--import-cache".into());
+        }
+        args.extend(self.config.worker_args.iter().cloned());
+        let child =
+            WorkerProcess::spawn(&self.config.exe, &args, &self.config.worker_env, worker_id)
+                .map_err(|e| format!("cannot start {}: {e}", self.config.exe.display()))?;
+        let worker = WorkerProcess::watch(
+            child,
+            worker_id.to_string(),
+            model.to_string(),
+            device,
+            need,
+            slot,
+        );
+        self.workers.insert(worker_id.to_string(), worker);
+        Ok(())
+    }
+
+    /// The configured device with the fewest of our workers (the first on a tie).
+    fn least_used_device(&self) -> String {
+        let count = |device: &String| {
+            self.workers
+                .values()
+                .filter(|w| &w.device == device)
+                .count()
+        };
+        self.config
+            .devices
+            .iter()
+            .min_by_key(|device| count(device))
+            .cloned()
+            .unwrap_or_else(|| "cpu".to_string())
+    }
+
+    /// The lowest metrics port slot no running worker uses.
+    fn free_slot(&self) -> Option<u16> {
+        self.config.metrics_base?;
+        (0..u16::MAX).find(|slot| !self.workers.values().any(|w| w.slot == Some(*slot)))
+    }
+
+    /// Reaps exited workers (telling the router) and kills overdue ones.
+    fn watch(&mut self, now: Instant) {
+        let mut exited = Vec::new();
+        for worker in self.workers.values_mut() {
+            if let Some(status) = worker.exited() {
+                exited.push((worker.id.clone(), status));
+            } else if worker.kill_at.is_some_and(|at| now >= at) {
+                worker.kill();
+            }
+        }
+        for (id, status) in exited {
+            let Some(worker) = self.workers.remove(&id) else {
+                continue;
+            };
+            let peak = self.measured.entry(worker.model.clone()).or_default();
+            *peak = (*peak).max(worker.peak_rss);
+            let status = if status.success() {
+                status.to_string()
+            } else {
+                format!("{status}; last log lines: {}", worker.log_tail())
+            };
+            tracing::info!(worker = %id, %status, "worker process exited");
+            self.outbox.push(SupervisorToRouter::WorkerExited {
+                worker_id: id,
+                status,
+            });
+        }
+        for worker in self.workers.values() {
+            let peak = self.measured.entry(worker.model.clone()).or_default();
+            *peak = (*peak).max(worker.peak_rss);
+        }
+    }
+
+    /// SIGTERM to every worker, then SIGKILL after the grace period.
+    fn stop_all(&mut self) {
+        for worker in self.workers.values() {
+            worker.terminate();
+        }
+        let deadline = Instant::now() + self.config.stop_grace;
+        for worker in self.workers.values_mut() {
+            while worker.exited().is_none() {
+                if Instant::now() >= deadline {
+                    worker.kill();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        self.workers.clear();
+    }
+}
+
+/// Bytes of a model file, or of the files of a model directory.
+fn model_bytes(path: &Path) -> u64 {
+    if path.is_dir() {
+        std::fs::read_dir(path)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .filter_map(|e| e.metadata().ok())
+                    .map(|m| m.len())
+                    .sum()
+            })
+            .unwrap_or(0)
+    } else {
+        std::fs::metadata(path).map_or(0, |m| m.len())
+    }
+}
+
+/// This host's name, for listings.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_string())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "localhost".to_string())
+}

@@ -1,0 +1,136 @@
+//! One worker process: started, watched, asked to stop, killed if it must.
+//!
+//! Its stderr is echoed with the worker id in front and its last lines are
+//! kept, so a worker that dies while loading is reported with its reason.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+/// Log lines kept per worker for failure reports.
+const TAIL_LINES: usize = 12;
+
+/// A running worker process.
+pub(crate) struct WorkerProcess {
+    pub(crate) id: String,
+    pub(crate) model: String,
+    pub(crate) device: String,
+    /// Bytes reserved for it at spawn (its model's estimate).
+    pub(crate) reserved: u64,
+    /// Highest resident memory seen.
+    pub(crate) peak_rss: u64,
+    /// The metrics port slot it was given, to reuse once it exits.
+    pub(crate) slot: Option<u16>,
+    /// When to SIGKILL it, once asked to stop.
+    pub(crate) kill_at: Option<Instant>,
+    child: Child,
+    tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+impl WorkerProcess {
+    /// Starts `exe` with `args`, echoing its stderr.
+    pub(crate) fn spawn(
+        exe: &Path,
+        args: &[String],
+        envs: &[(String, String)],
+        id: &str,
+    ) -> std::io::Result<Child> {
+        Command::new(exe)
+            .args(args)
+            .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .inspect(|child| {
+                tracing::info!(worker = id, pid = child.id(), "worker process started")
+            })
+    }
+
+    /// Wraps a started child; its stderr is read on a thread of its own.
+    pub(crate) fn watch(
+        mut child: Child,
+        id: String,
+        model: String,
+        device: String,
+        reserved: u64,
+        slot: Option<u16>,
+    ) -> Self {
+        let tail = Arc::new(Mutex::new(VecDeque::with_capacity(TAIL_LINES)));
+        if let Some(stderr) = child.stderr.take() {
+            let (tail, prefix) = (Arc::clone(&tail), id.clone());
+            let spawned = std::thread::Builder::new()
+                .name(format!("log-{id}"))
+                .spawn(move || {
+                    for line in BufReader::new(stderr).lines() {
+                        let Ok(line) = line else { break };
+                        eprintln!("[{prefix}] {line}");
+                        let mut tail = tail.lock().unwrap_or_else(PoisonError::into_inner);
+                        if tail.len() == TAIL_LINES {
+                            tail.pop_front();
+                        }
+                        tail.push_back(line);
+                    }
+                });
+            if let Err(error) = spawned {
+                tracing::warn!(%error, worker = %id, "cannot read the worker's log");
+            }
+        }
+        WorkerProcess {
+            id,
+            model,
+            device,
+            reserved,
+            peak_rss: 0,
+            slot,
+            kill_at: None,
+            child,
+            tail,
+        }
+    }
+
+    /// The exit status, once it exited.
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    /// Resident memory now (and the peak is updated).
+    pub(crate) fn resident(&mut self) -> u64 {
+        let rss = resident_bytes(self.child.id()).unwrap_or(0);
+        self.peak_rss = self.peak_rss.max(rss);
+        rss
+    }
+
+    /// SIGTERM: the worker finishes its requests within its grace and exits.
+    pub(crate) fn terminate(&self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+    }
+
+    /// SIGKILL, and reap it.
+    pub(crate) fn kill(&mut self) {
+        tracing::warn!(worker = %self.id, "worker did not exit in time; killing it");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Its last log lines, joined, for a failure report.
+    pub(crate) fn log_tail(&self) -> String {
+        let tail = self.tail.lock().unwrap_or_else(PoisonError::into_inner);
+        tail.iter().cloned().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+/// Resident memory of process `pid` (VmRSS), read from /proc.
+pub(crate) fn resident_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

@@ -1,0 +1,283 @@
+//! Carrying a worker's prefix cache to its replacement over ZeroMQ.
+//!
+//! The replacement binds a PULL socket (its `import_endpoint`); the old
+//! worker's exporter thread connects a PUSH socket and sends the spans the
+//! engine hands it, hottest first, then `cache_end`. PUSH blocks when the
+//! receiver falls behind, so nothing is dropped and memory stays bounded;
+//! a send timeout ends the export if the receiver is gone.
+
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use zinfer_protocol::{CacheTransfer, Limits};
+
+use crate::engine::{CacheBlock, EngineHandle};
+use crate::model::KvShape;
+
+/// Largest frame on the import socket: a span of a few hundred tokens of
+/// a big model.
+pub const MAX_TRANSFER_FRAME: usize = 64 << 20;
+
+/// Spans buffered between the engine thread and the exporter thread.
+const EXPORT_QUEUE: usize = 8;
+
+/// How long one send may wait for a receiver that stopped reading.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What an export did, for the `control_reply`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportOutcome {
+    /// Whether the stream reached `cache_end`.
+    pub ok: bool,
+    /// For a person: tokens, bytes, time, or why it stopped.
+    pub message: String,
+}
+
+/// Why the cache could not be moved.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferError {
+    /// A socket could not be set up.
+    #[error("cache transfer socket error while {context}: {source}")]
+    Socket {
+        /// What was being done.
+        context: &'static str,
+        /// What libzmq said.
+        source: zmq::Error,
+    },
+    /// The engine would not start the export.
+    #[error("the engine refused the export: {0}")]
+    Engine(String),
+    /// The thread could not be started.
+    #[error("cannot start the exporter thread: {0}")]
+    Thread(#[from] std::io::Error),
+}
+
+fn socket_error(context: &'static str) -> impl Fn(zmq::Error) -> TransferError {
+    move |source| TransferError::Socket { context, source }
+}
+
+/// Binds the import socket on `host` at a free port; the socket and the
+/// endpoint to advertise.
+pub fn bind_import(
+    context: &zmq::Context,
+    host: &str,
+) -> Result<(zmq::Socket, String), TransferError> {
+    let pull = context
+        .socket(zmq::PULL)
+        .map_err(socket_error("creating the import socket"))?;
+    pull.set_maxmsgsize(MAX_TRANSFER_FRAME as i64)
+        .map_err(socket_error("setting ZMQ_MAXMSGSIZE"))?;
+    pull.set_rcvhwm(16)
+        .map_err(socket_error("setting ZMQ_RCVHWM"))?;
+    pull.bind(&format!("tcp://{host}:*"))
+        .map_err(socket_error("binding the import socket"))?;
+    let endpoint = match pull.get_last_endpoint() {
+        Ok(Ok(endpoint)) => endpoint,
+        _ => {
+            return Err(TransferError::Socket {
+                context: "reading the import endpoint",
+                source: zmq::Error::EINVAL,
+            });
+        }
+    };
+    Ok((pull, endpoint))
+}
+
+/// Starts streaming the engine's hottest `max_tokens` cached tokens to
+/// `endpoint`; the outcome arrives on the returned channel when done.
+pub fn start_export(
+    context: &zmq::Context,
+    engine: &EngineHandle,
+    endpoint: &str,
+    max_tokens: usize,
+) -> Result<Receiver<ExportOutcome>, TransferError> {
+    let push = context
+        .socket(zmq::PUSH)
+        .map_err(socket_error("creating the export socket"))?;
+    push.set_sndhwm(16)
+        .map_err(socket_error("setting ZMQ_SNDHWM"))?;
+    push.set_sndtimeo(SEND_TIMEOUT.as_millis() as i32)
+        .map_err(socket_error("setting ZMQ_SNDTIMEO"))?;
+    push.set_linger(SEND_TIMEOUT.as_millis() as i32)
+        .map_err(socket_error("setting ZMQ_LINGER"))?;
+    push.connect(endpoint)
+        .map_err(socket_error("connecting to the import endpoint"))?;
+    let (sink, blocks) = crossbeam_channel::bounded(EXPORT_QUEUE);
+    engine
+        .export_cache(max_tokens, sink)
+        .map_err(|e| TransferError::Engine(e.to_string()))?;
+    let shape = engine.kv_shape();
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    let endpoint = endpoint.to_string();
+    std::thread::Builder::new()
+        .name("cache-export".into())
+        .spawn(move || {
+            let outcome = export(&push, &blocks, shape, &endpoint);
+            let _ = done_tx.send(outcome);
+        })?;
+    Ok(done_rx)
+}
+
+/// Sends every block until the end marker (or a failure).
+fn export(
+    push: &zmq::Socket,
+    blocks: &Receiver<CacheBlock>,
+    shape: KvShape,
+    endpoint: &str,
+) -> ExportOutcome {
+    let started = Instant::now();
+    let (mut bytes, mut sent_tokens) = (0u64, 0u64);
+    for block in blocks {
+        let end = matches!(block, CacheBlock::End { .. });
+        let message = to_frame(block, shape);
+        let frame = match zinfer_protocol::encode(&message) {
+            Ok(frame) => frame,
+            Err(error) => {
+                return ExportOutcome {
+                    ok: false,
+                    message: format!("cannot encode a cache span: {error}"),
+                };
+            }
+        };
+        if let CacheTransfer::CacheSpan {
+            tokens, prefix_len, ..
+        } = &message
+        {
+            sent_tokens += (tokens.len() - *prefix_len as usize) as u64;
+        }
+        bytes += frame.len() as u64;
+        if let Err(error) = push.send(frame, 0) {
+            return ExportOutcome {
+                ok: false,
+                message: format!(
+                    "sending the cache to {endpoint} failed after {sent_tokens} tokens: {error}"
+                ),
+            };
+        }
+        if end {
+            let secs = started.elapsed().as_secs_f64();
+            return ExportOutcome {
+                ok: true,
+                message: format!(
+                    "exported {sent_tokens} cached tokens ({:.1} MiB) in {secs:.2} s",
+                    bytes as f64 / f64::from(1 << 20)
+                ),
+            };
+        }
+    }
+    ExportOutcome {
+        ok: false,
+        message: "the engine stopped before the export ended".into(),
+    }
+}
+
+/// An engine block as a wire frame: K/V as little-endian f32 bytes.
+fn to_frame(block: CacheBlock, shape: KvShape) -> CacheTransfer {
+    match block {
+        CacheBlock::Span {
+            namespace,
+            tokens,
+            prefix_len,
+            kv,
+        } => CacheTransfer::CacheSpan {
+            namespace,
+            tokens,
+            prefix_len: u32::try_from(prefix_len).unwrap_or(u32::MAX),
+            layers: u32::try_from(shape.layers).unwrap_or(u32::MAX),
+            kv_dim: u32::try_from(shape.kv_dim).unwrap_or(u32::MAX),
+            kv: kv.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        },
+        CacheBlock::End { spans, tokens } => CacheTransfer::CacheEnd {
+            spans: spans as u64,
+            tokens: tokens as u64,
+        },
+    }
+}
+
+/// A frame from the import socket as an engine block; `Err` says why it
+/// cannot be used (another model's shape, a malformed frame).
+pub fn from_frame(frame: &[u8], shape: KvShape) -> Result<CacheBlock, String> {
+    let limits = Limits {
+        max_frame_bytes: MAX_TRANSFER_FRAME,
+        ..Limits::default()
+    };
+    match zinfer_protocol::decode::<CacheTransfer>(frame, &limits).map_err(|e| e.to_string())? {
+        CacheTransfer::CacheSpan {
+            namespace,
+            tokens,
+            prefix_len,
+            layers,
+            kv_dim,
+            kv,
+        } => {
+            if layers as usize != shape.layers || kv_dim as usize != shape.kv_dim {
+                return Err(format!(
+                    "K/V of {layers} layers x {kv_dim} does not fit this model's \
+                     {} layers x {}",
+                    shape.layers, shape.kv_dim
+                ));
+            }
+            if kv.len() % 4 != 0 {
+                return Err("K/V bytes are not whole f32 values".into());
+            }
+            let kv = kv
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            Ok(CacheBlock::Span {
+                namespace,
+                tokens,
+                prefix_len: prefix_len as usize,
+                kv,
+            })
+        }
+        CacheTransfer::CacheEnd { spans, tokens } => Ok(CacheBlock::End {
+            spans: spans as usize,
+            tokens: tokens as usize,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_survive_the_wire_and_other_shapes_are_refused() {
+        let shape = KvShape {
+            layers: 2,
+            kv_dim: 3,
+        };
+        let kv: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let block = CacheBlock::Span {
+            namespace: "t".into(),
+            tokens: vec![5, 6, 7, 8, 9],
+            prefix_len: 3,
+            kv: kv.clone(),
+        };
+        let frame = zinfer_protocol::encode(&to_frame(block.clone(), shape)).unwrap();
+        assert_eq!(from_frame(&frame, shape).unwrap(), block);
+        let other = KvShape {
+            layers: 30,
+            kv_dim: 3,
+        };
+        let err = from_frame(&frame, other).unwrap_err();
+        assert!(err.contains("30 layers"), "{err}");
+        let end = zinfer_protocol::encode(&to_frame(
+            CacheBlock::End {
+                spans: 1,
+                tokens: 2,
+            },
+            shape,
+        ))
+        .unwrap();
+        assert_eq!(
+            from_frame(&end, shape).unwrap(),
+            CacheBlock::End {
+                spans: 1,
+                tokens: 2
+            }
+        );
+        assert!(from_frame(b"\x81\xa4type\xa3bad", shape).is_err());
+    }
+}
