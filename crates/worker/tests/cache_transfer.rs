@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, bounded};
 use zinfer_protocol::{GenerateRequest, Usage};
@@ -311,12 +311,20 @@ fn an_imported_cache_serves_the_same_greedy_output_from_cache_hits() {
     };
     assert_eq!(*prefix_len, 0);
     let first_len = first_key.len();
-    let a_stats = a.stats();
     assert!(
         spans >= 4 && tokens >= shared,
         "{spans} spans, {tokens} tokens"
     );
-    assert_eq!(a_stats.cache_exported_tokens as usize, tokens);
+    // Stats are published after the step that sent `End`.
+    let started = Instant::now();
+    while a.stats().cache_exported_tokens as usize != tokens {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            a.stats()
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
 
     // On B: the same requests, served from the imported prefixes.
     let on_b = run_all(&b, &requests);
@@ -346,4 +354,37 @@ fn an_imported_cache_serves_the_same_greedy_output_from_cache_hits() {
     for (rid, (want, _)) in &again {
         assert_eq!(&during_on_a[rid], want, "request {rid} during the export");
     }
+
+    // Figures: an idle engine's export, and an import into an empty cache.
+    let (tx, rx) = bounded(1024);
+    let started = Instant::now();
+    a.export_cache(100_000, tx).unwrap();
+    let blocks: Vec<CacheBlock> = rx.iter().collect();
+    let exported = started.elapsed();
+    let Some(CacheBlock::End { tokens, .. }) = blocks.last() else {
+        panic!("no End");
+    };
+    let tokens = *tokens;
+    b.flush_cache(None);
+    let before = b.stats().cache_imported_tokens;
+    let started = Instant::now();
+    for block in blocks {
+        b.import_cache_timeout(block, Duration::from_secs(60))
+            .unwrap();
+    }
+    while b.stats().cache_imported_tokens - before < tokens as u64 {
+        assert!(started.elapsed() < Duration::from_secs(60));
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let imported = started.elapsed();
+    let per_token = KvShape {
+        layers: 30,
+        kv_dim: 192,
+    }
+    .floats_per_slot()
+        * 4;
+    eprintln!(
+        "{tokens} tokens ({} MiB of K/V): export {exported:?}, import {imported:?}",
+        (tokens * per_token) >> 20
+    );
 }
