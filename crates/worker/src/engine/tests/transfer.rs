@@ -259,3 +259,24 @@ fn a_busy_engine_copies_at_most_the_step_budget_per_step() {
     assert_eq!(progress, Progress::Finished);
     assert_eq!(rx.try_iter().count(), 17, "16 spans and End");
 }
+
+#[test]
+fn imports_beyond_the_queued_bound_answer_overloaded_until_the_engine_catches_up() {
+    let b = engine(Mode::Script, 256, 200, EngineConfig::default());
+    b.submit(greedy("hi\n", 3), 1).unwrap();
+    let end = || CacheBlock::End {
+        spans: 0,
+        tokens: 0,
+    };
+    // The engine sleeps 200 ms per step: it drains its queue once at most
+    // while these go in.
+    let refused = (0..40)
+        .filter(|_| matches!(b.import_cache(end()), Err(EngineError::Overloaded(_))))
+        .count();
+    assert!(refused >= 8, "{refused} of 40 refused");
+    b.import_cache_timeout(end(), Duration::from_secs(10))
+        .unwrap();
+    collect(&b, 1);
+    wait_idle(&b);
+    b.import_cache(end()).unwrap();
+}
