@@ -2,7 +2,7 @@
 //! bounded queueing on the caller's thread.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -51,6 +51,8 @@ pub(super) struct Shared {
     stats: Mutex<EngineStats>,
     inflight: Mutex<HashSet<u64>>,
     stopping: AtomicBool,
+    /// Import blocks queued and not yet handled by the engine.
+    queued_imports: AtomicUsize,
 }
 
 impl Shared {
@@ -67,7 +69,35 @@ impl Shared {
     pub(super) fn inflight(&self) -> MutexGuard<'_, HashSet<u64>> {
         self.inflight.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Takes a place for one import block; false when all are taken.
+    fn reserve_import(&self) -> bool {
+        self.queued_imports
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < MAX_QUEUED_IMPORTS).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Gives back the place of an import block the engine has handled (or
+    /// that was never queued).
+    pub(super) fn release_import(&self) {
+        // Never below zero, even if called once too often.
+        let _ = self
+            .queued_imports
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1));
+    }
 }
+
+/// Most import blocks queued for the engine at once. The command queue is
+/// bounded by count, sized for small commands; a span of the default model
+/// carries up to 11 MiB of K/V, so imports get their own, smaller bound
+/// (here about 180 MiB) and a transport that forwards faster than the
+/// engine imports is told `Overloaded` instead of filling memory.
+const MAX_QUEUED_IMPORTS: usize = 16;
+
+/// How often [`EngineHandle::import_cache_timeout`] looks for a free place.
+const IMPORT_POLL: Duration = Duration::from_millis(1);
 
 /// The socket loop's side of an engine. Dropping it stops the engine and
 /// fails what is still running.
@@ -201,11 +231,19 @@ impl EngineHandle {
     /// in [`EngineStats::cache_import_skipped_tokens`]. Imports do not
     /// count as cache queries or hits.
     ///
-    /// A full command queue answers [`EngineError::Overloaded`] at once and
-    /// the block is dropped: the caller backs off and resends, or uses
+    /// A full queue (16 import blocks, or the command queue) answers
+    /// [`EngineError::Overloaded`] at once and the block is dropped: the
+    /// caller backs off and resends, or uses
     /// [`Self::import_cache_timeout`], which waits for room instead.
     pub fn import_cache(&self, block: CacheBlock) -> Result<(), EngineError> {
-        self.queue(Command::ImportCache(block))
+        if !self.shared.reserve_import() {
+            return Err(EngineError::Overloaded(MAX_QUEUED_IMPORTS));
+        }
+        let queued = self.queue(Command::ImportCache(block));
+        if queued.is_err() {
+            self.shared.release_import();
+        }
+        queued
     }
 
     /// [`Self::import_cache`], waiting up to `timeout` for room in the
@@ -216,10 +254,24 @@ impl EngineHandle {
         block: CacheBlock,
         timeout: Duration,
     ) -> Result<(), EngineError> {
-        match self
+        let deadline = Instant::now() + timeout;
+        while !self.shared.reserve_import() {
+            if Instant::now() >= deadline {
+                return Err(EngineError::Overloaded(MAX_QUEUED_IMPORTS));
+            }
+            if self.thread.as_ref().is_none_or(JoinHandle::is_finished) {
+                return Err(EngineError::Stopped);
+            }
+            std::thread::sleep(IMPORT_POLL);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        let sent = self
             .commands
-            .send_timeout(Command::ImportCache(block), timeout)
-        {
+            .send_timeout(Command::ImportCache(block), left);
+        if sent.is_err() {
+            self.shared.release_import();
+        }
+        match sent {
             Ok(()) => Ok(()),
             Err(SendTimeoutError::Timeout(_)) => Err(EngineError::Overloaded(self.commands.len())),
             Err(SendTimeoutError::Disconnected(_)) => Err(EngineError::Stopped),

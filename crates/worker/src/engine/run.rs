@@ -156,6 +156,7 @@ impl EngineLoop {
                 self.exports.push_back(Export::new(spans, sink));
             }
             Command::ImportCache(block) => {
+                self.shared.release_import();
                 transfer::import(
                     self.model.as_mut(),
                     &mut self.scheduler,

@@ -94,10 +94,11 @@ impl Export {
         }
     }
 
-    /// Copies and sends spans until about `budget` tokens are copied, the
-    /// sink is full, or all are sent. With `wait`, a full sink is waited on
-    /// for a short while (the engine is idle); otherwise the block waits
-    /// for the next step, so a slow receiver never stalls serving.
+    /// Copies and sends spans while the tokens copied stay within `budget`
+    /// (one span always goes), until the sink is full or all are sent.
+    /// With `wait`, a full sink is waited on for a short while (the engine
+    /// is idle); otherwise the block waits for the next step, so a slow
+    /// receiver never stalls serving.
     pub(super) fn pump(
         &mut self,
         model: &dyn ForwardModel,
@@ -130,7 +131,9 @@ impl Export {
             if self.ended {
                 return Progress::Finished;
             }
-            if copied >= budget {
+            // At least one span per step, so an export always progresses.
+            let next = self.spans.front().map_or(0, CachedSpan::len);
+            if copied > 0 && copied + next > budget {
                 return Progress::Pending;
             }
             let Some(span) = self.spans.pop_front() else {

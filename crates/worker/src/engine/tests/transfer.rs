@@ -54,6 +54,20 @@ fn forward(blocks: &Receiver<CacheBlock>, to: &EngineHandle) -> (usize, usize) {
     }
 }
 
+/// The stats once `ready` holds for them (they are published after each
+/// step, so a receiver may see an export's `End` before its counts).
+fn wait_for(handle: &EngineHandle, ready: impl Fn(&EngineStats) -> bool) -> EngineStats {
+    let start = Instant::now();
+    loop {
+        let stats = handle.stats();
+        if ready(&stats) {
+            return stats;
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "{stats:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[test]
 fn an_exported_prefix_is_a_hit_on_the_importing_engine_with_the_same_output() {
     let a = engine(Mode::Hash, 1024, 0, EngineConfig::default());
@@ -67,9 +81,9 @@ fn an_exported_prefix_is_a_hit_on_the_importing_engine_with_the_same_output() {
     a.export_cache(10_000, tx).unwrap();
     let b = engine(Mode::Hash, 1024, 0, EngineConfig::default());
     let (spans, tokens) = forward(&rx, &b);
-    let a_stats = wait_idle(&a);
+    // Stats are published after the step that sent `End`.
+    let a_stats = wait_for(&a, |s| s.cache_exported_tokens as usize == tokens);
     assert!(spans >= 4, "the shared prefix and three branches: {spans}");
-    assert_eq!(a_stats.cache_exported_tokens as usize, tokens);
     assert_eq!(tokens, a_stats.kv_cached, "everything fits the budget");
     // The import is queued before the request, so it is done by then.
     let (tokens_b, usage_b) = serve(&b, 10, &prompts[0]);
@@ -178,4 +192,91 @@ fn a_receiver_that_goes_away_ends_the_export_and_nothing_else() {
     let stats = wait_idle(&a);
     assert!(stats.cache_exported_tokens > 0);
     assert_eq!(stats.kv_used, stats.kv_cached);
+}
+
+#[test]
+fn a_busy_engine_copies_at_most_the_step_budget_per_step() {
+    use zinfer_cache::{RadixCache, TokenPool};
+
+    use crate::engine::transfer::{EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
+    use crate::scheduler::Scheduler;
+
+    let mut scheduler = Scheduler::new(
+        SchedulerConfig::default(),
+        TokenPool::new(4096),
+        RadixCache::new(CacheConfig::default()),
+    );
+    // Eight unrelated 300-token prefixes: spans of 256 and 44 tokens.
+    for i in 0..8u32 {
+        let tokens: Vec<u32> = (0..300).map(|t| i * 1000 + t).collect();
+        let kept = scheduler.import_prefix("", &tokens, 0, |_| Ok::<(), ()>(()));
+        assert_eq!(kept.unwrap(), 300);
+    }
+    let model = FakeModel {
+        mode: Mode::Hash,
+        delay: Duration::ZERO,
+        kv: vec![None; 4096],
+        max_positions: usize::MAX,
+    };
+    let spans = scheduler.cache().hottest_spans(usize::MAX, SPAN_TOKENS);
+    assert_eq!(spans.len(), 16);
+    let (tx, rx) = bounded(100);
+    let mut export = Export::new(spans.clone(), tx);
+    let mut stats = EngineStats::default();
+    let mut per_step = Vec::new();
+    loop {
+        let progress = export.pump(
+            &model,
+            &scheduler,
+            EXPORT_TOKENS_PER_STEP,
+            false,
+            &mut stats,
+        );
+        let copied: usize = rx
+            .try_iter()
+            .map(|block| match block {
+                CacheBlock::Span {
+                    tokens, prefix_len, ..
+                } => tokens.len() - prefix_len,
+                CacheBlock::End { .. } => 0,
+            })
+            .sum();
+        per_step.push(copied);
+        if progress == Progress::Finished {
+            break;
+        }
+    }
+    assert!(
+        per_step.iter().all(|&n| n <= EXPORT_TOKENS_PER_STEP),
+        "{per_step:?}"
+    );
+    assert_eq!(per_step.iter().sum::<usize>(), 2400);
+    assert_eq!(stats.cache_exported_tokens, 2400);
+    // Idle, it all goes in one call.
+    let (tx, rx) = bounded(100);
+    let mut export = Export::new(spans, tx);
+    let progress = export.pump(&model, &scheduler, usize::MAX, true, &mut stats);
+    assert_eq!(progress, Progress::Finished);
+    assert_eq!(rx.try_iter().count(), 17, "16 spans and End");
+}
+
+#[test]
+fn imports_beyond_the_queued_bound_answer_overloaded_until_the_engine_catches_up() {
+    let b = engine(Mode::Script, 256, 200, EngineConfig::default());
+    b.submit(greedy("hi\n", 3), 1).unwrap();
+    let end = || CacheBlock::End {
+        spans: 0,
+        tokens: 0,
+    };
+    // The engine sleeps 200 ms per step: it drains its queue once at most
+    // while these go in.
+    let refused = (0..40)
+        .filter(|_| matches!(b.import_cache(end()), Err(EngineError::Overloaded(_))))
+        .count();
+    assert!(refused >= 8, "{refused} of 40 refused");
+    b.import_cache_timeout(end(), Duration::from_secs(10))
+        .unwrap();
+    collect(&b, 1);
+    wait_idle(&b);
+    b.import_cache(end()).unwrap();
 }
