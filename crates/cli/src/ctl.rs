@@ -14,7 +14,7 @@ pub(crate) struct CtlArgs {
     #[arg(long, default_value = "tcp://127.0.0.1:5557", env = "ZINFER_CONTROL")]
     control: String,
     /// Print the raw reply as JSON.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "ZINFER_JSON")]
     json: bool,
     #[command(subcommand)]
     command: CtlCommand,
