@@ -138,6 +138,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
 
     let metrics = WorkerMetrics::new()?;
     metrics.kv_capacity.set(engine.kv_capacity() as i64);
+    metrics.set_info(engine.model_name(), &device);
     if let Some(addr) = args.metrics {
         let exported = metrics.clone();
         zinfer_worker::metrics::serve(addr, Arc::new(move || exported.render()))?;
