@@ -2,7 +2,7 @@
 """Ask a zinfer router a question with the zinfer_client module.
 
     pip install pyzmq msgpack
-    python3 clients/python/example.py --router tcp://127.0.0.1:5555 "What is the capital of France?"
+    python3 clients/python/example.py --router tcp://127.0.0.1:5555 "Give me three tips for staying healthy."
 
 Prints the models, streams the answer to stdout, then a summary line
 (finish reason, token counts, time to first token) to stderr.

@@ -1,7 +1,7 @@
 // Command client streams a generation from a zinfer router with a stock Go
 // ZeroMQ binding (pebbe/zmq4, over the system libzmq) and msgpack:
 //
-//	cd examples/go && go mod tidy && go run . tcp://127.0.0.1:5555 "What is the capital of France?"
+//	cd examples/go && go mod tidy && go run . tcp://127.0.0.1:5555 "Give me three tips for staying healthy."
 //
 // The text streams to stdout; the `done` summary goes to stderr. The wire
 // protocol is in docs/protocol.md.
@@ -17,7 +17,7 @@ import (
 )
 
 func main() {
-	endpoint, prompt := "tcp://127.0.0.1:5555", "What is the capital of France?"
+	endpoint, prompt := "tcp://127.0.0.1:5555", "Give me three tips for staying healthy."
 	if len(os.Args) > 1 {
 		endpoint = os.Args[1]
 	}

@@ -1,7 +1,7 @@
 // Stream a generation from a zinfer router with the stock Node libraries:
 //
 //   npm install zeromq@6 @msgpack/msgpack@3
-//   node examples/node/client.mjs tcp://127.0.0.1:5555 "What is the capital of France?"
+//   node examples/node/client.mjs tcp://127.0.0.1:5555 "Give me three tips for staying healthy."
 //
 // The text streams to stdout; the `done` summary goes to stderr. The wire
 // protocol is in docs/protocol.md.
@@ -9,7 +9,7 @@ import { randomUUID } from "node:crypto";
 import { Dealer } from "zeromq";
 import { encode, decode } from "@msgpack/msgpack";
 
-const [endpoint = "tcp://127.0.0.1:5555", prompt = "What is the capital of France?"] = process.argv.slice(2);
+const [endpoint = "tcp://127.0.0.1:5555", prompt = "Give me three tips for staying healthy."] = process.argv.slice(2);
 const socket = new Dealer({ linger: 0, receiveTimeout: 60_000 });
 socket.connect(endpoint);
 
