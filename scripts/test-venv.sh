@@ -4,16 +4,18 @@
 #
 #   scripts/test-venv.sh openai [DIR]   # the official `openai` package (HTTP front test, README example)
 #   scripts/test-venv.sh k8s [DIR]      # `kubernetes-validate` (offline Kubernetes schemas) and PyYAML (deploy test)
+#   scripts/test-venv.sh client [DIR]   # pyzmq and msgpack (clients/python/zinfer_client.py test)
 #
 # DIR defaults to $CARGO_TARGET_DIR/NAME-venv (target/NAME-venv).
 # Exits non-zero, saying why, when the environment cannot be made.
 set -euo pipefail
 
-name=${1:?usage: scripts/test-venv.sh openai|k8s [DIR]}
+name=${1:?usage: scripts/test-venv.sh openai|k8s|client [DIR]}
 case "$name" in
   openai) spec='openai>=1.40,<3' check='import openai' ;;
   k8s) spec='kubernetes-validate>=1.28,<2' check='import kubernetes_validate, yaml' ;;
-  *) echo "test-venv: unknown environment '$name': use openai or k8s" >&2; exit 2 ;;
+  client) spec='pyzmq>=25 msgpack>=1' check='import zmq, msgpack' ;;
+  *) echo "test-venv: unknown environment '$name': use openai, k8s or client" >&2; exit 2 ;;
 esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${2:-${CARGO_TARGET_DIR:-$root/target}/$name-venv}
@@ -29,7 +31,9 @@ if ! python3 -m venv "$dir" >&2; then
   echo "test-venv: 'python3 -m venv' failed; on Debian/Ubuntu install python3-venv" >&2
   exit 1
 fi
-if ! "$python" -m pip install --quiet --disable-pip-version-check "$spec" >&2; then
+# $spec is a space-separated list of requirements.
+# shellcheck disable=SC2086
+if ! "$python" -m pip install --quiet --disable-pip-version-check $spec >&2; then
   echo "test-venv: pip could not install $spec into $dir" >&2
   exit 1
 fi

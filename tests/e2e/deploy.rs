@@ -262,7 +262,10 @@ fn deploy_k8s_manifests_pass_schema_and_flag_checks() {
             for env in container["env"].as_array().into_iter().flatten() {
                 let name = env["name"].as_str().unwrap();
                 assert!(
-                    help.contains(&format!("[env: {name}")),
+                    // `[env: NAME=value]`, or `[env: NAME]` for hidden values.
+                    ["=", "]"]
+                        .iter()
+                        .any(|end| help.contains(&format!("[env: {name}{end}"))),
                     "{file}: `zinfer {command}` reads no {name}"
                 );
             }

@@ -29,7 +29,7 @@ pub fn model_path() -> PathBuf {
     zinfer_worker::fetch::test_model_path().expect("fetching the default model for the e2e tests")
 }
 
-/// The python of the test virtual environment `name` (`openai` or `k8s`,
+/// The python of the test virtual environment `name` (`openai`, `k8s` or `client`,
 /// see `scripts/test-venv.sh`), made on first use. Fails, never skips,
 /// when it cannot be made.
 pub fn venv_python(name: &str) -> String {

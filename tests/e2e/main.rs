@@ -8,6 +8,7 @@
     unreachable_pub
 )]
 
+mod clients;
 mod control;
 mod deploy;
 mod harness;
@@ -297,6 +298,31 @@ fn metrics_endpoints_pass_promtool() {
     }
     let worker_text = scrape(worker_metrics);
     assert!(worker_text.contains("zinfer_worker_time_to_first_token_seconds_count 1"));
+    let worker = &cluster.workers_info()[0];
+    let info = format!(
+        "zinfer_worker_info{{device=\"{}\",model=\"{}\"}} 1",
+        worker.device, worker.models[0]
+    );
+    assert!(
+        worker_text.contains(&info),
+        "{info} missing:\n{worker_text}"
+    );
+    for (who, addr) in [
+        ("router", cluster.router_metrics.as_str()),
+        ("worker", worker_metrics.as_str()),
+    ] {
+        let text = scrape(addr);
+        for family in [
+            "process_resident_memory_bytes",
+            "process_cpu_seconds_total",
+            "process_open_fds",
+        ] {
+            assert!(
+                text.contains(&format!("\n{family} ")),
+                "{who}: no {family}:\n{text}"
+            );
+        }
+    }
 }
 
 /// Runs `promtool ARGS`, feeding `stdin`, and fails the test with its output

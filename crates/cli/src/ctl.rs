@@ -14,11 +14,11 @@ pub(crate) struct CtlArgs {
     #[arg(long, default_value = "tcp://127.0.0.1:5557", env = "ZINFER_CONTROL")]
     control: String,
     /// Print the raw reply as JSON.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, env = "ZINFER_JSON")]
     json: bool,
     /// Seconds to wait for `scale`, `migrate` and `reload`, which the
     /// router answers once workers have loaded.
-    #[arg(long, global = true, default_value_t = 600)]
+    #[arg(long, global = true, default_value_t = 600, env = "ZINFER_TIMEOUT")]
     timeout: u64,
     #[command(subcommand)]
     command: CtlCommand,
@@ -35,7 +35,7 @@ enum CtlCommand {
         /// Worker id, as `ctl workers` shows it.
         worker: String,
         /// Keep the drained worker running, idle, until `ctl resume`.
-        #[arg(long)]
+        #[arg(long, env = "ZINFER_DRAIN_PARK")]
         park: bool,
     },
     /// Route to a draining or parked worker again.
@@ -52,7 +52,7 @@ enum CtlCommand {
         device: String,
         /// Most cached tokens to carry (0: none). Default: the router's
         /// --carry-tokens.
-        #[arg(long)]
+        #[arg(long, env = "ZINFER_CARRY_TOKENS")]
         carry_tokens: Option<u64>,
     },
     /// Replace a worker by one loading a (new) model file on the same
@@ -61,7 +61,7 @@ enum CtlCommand {
         /// Worker id.
         worker: String,
         /// Model file for the replacement. Default: the same model.
-        #[arg(long)]
+        #[arg(long, env = "ZINFER_RELOAD_MODEL_PATH")]
         model_path: Option<String>,
     },
     /// Set the number of workers for a model; returns once that many serve.
@@ -72,7 +72,7 @@ enum CtlCommand {
         /// Wanted workers (0 drains them all).
         workers: u32,
         /// Device for new workers. Default: the supervisor's least used.
-        #[arg(long)]
+        #[arg(long, env = "ZINFER_DEVICE")]
         device: Option<String>,
     },
 }

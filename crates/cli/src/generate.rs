@@ -18,53 +18,53 @@ pub(crate) struct GenerateArgs {
     #[arg(long, default_value = "tcp://127.0.0.1:5555", env = "ZINFER_ROUTER")]
     router: String,
     /// Send the prompt as a chat message (uses the model's chat template).
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_CHAT")]
     chat: bool,
     /// System message to put before the prompt (implies --chat).
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_SYSTEM")]
     system: Option<String>,
     /// Model name; the router's only model when left out.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_REQUEST_MODEL")]
     model: Option<String>,
     /// Prefix-cache namespace (tenant); namespaces never share cached prefixes.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_NAMESPACE")]
     namespace: Option<String>,
     /// Most tokens to generate.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, env = "ZINFER_MAX_TOKENS")]
     max_tokens: u32,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.7)]
+    #[arg(long, default_value_t = 0.7, env = "ZINFER_TEMPERATURE")]
     temperature: f32,
     /// Nucleus sampling: keep the smallest set of tokens with this much probability.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, env = "ZINFER_TOP_P")]
     top_p: f32,
     /// Keep only the k most likely tokens (0: off).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, env = "ZINFER_TOP_K")]
     top_k: u32,
     /// Drop tokens less likely than min_p times the most likely one (0: off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, env = "ZINFER_MIN_P")]
     min_p: f32,
     /// Penalize tokens already seen (1.0: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, env = "ZINFER_REPETITION_PENALTY")]
     repetition_penalty: f32,
     /// Seed for reproducible sampling.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_SEED")]
     seed: Option<u64>,
     /// Stop string (repeatable); the output ends before it.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_STOP")]
     stop: Vec<String>,
     /// Wait for the whole answer instead of streaming it.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_NO_STREAM")]
     no_stream: bool,
     /// Print the final `done` record as one JSON line after the text.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_JSON")]
     json: bool,
     /// Give up after this many seconds without a reply.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 120.0, env = "ZINFER_TIMEOUT")]
     timeout: f64,
     /// Seconds to wait for the router to answer a ping before sending the
     /// request; no answer means no router is listening at --router.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, default_value_t = 3.0, env = "ZINFER_CONNECT_TIMEOUT")]
     connect_timeout: f64,
 }
 

@@ -10,49 +10,49 @@ use zinfer_router::{AutoscaleConfig, Policy, RouterConfig};
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct RouterArgs {
     /// Endpoint clients connect their DEALER sockets to.
-    #[arg(long, default_value = "tcp://*:5555")]
+    #[arg(long, default_value = "tcp://*:5555", env = "ZINFER_CLIENTS")]
     pub(crate) clients: String,
     /// Endpoint workers connect to.
-    #[arg(long, default_value = "tcp://*:5556")]
+    #[arg(long, default_value = "tcp://*:5556", env = "ZINFER_WORKERS")]
     pub(crate) workers: String,
     /// Control endpoint for `zinfer ctl`. It has no authentication: keep it
     /// on localhost.
-    #[arg(long, default_value = "tcp://127.0.0.1:5557")]
+    #[arg(long, default_value = "tcp://127.0.0.1:5557", env = "ZINFER_CONTROL")]
     pub(crate) control: String,
     /// Address of the router's Prometheus /metrics endpoint.
-    #[arg(long, default_value = "0.0.0.0:9100")]
+    #[arg(long, default_value = "0.0.0.0:9100", env = "ZINFER_METRICS")]
     pub(crate) metrics: SocketAddr,
     /// Turn the metrics endpoint off.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_NO_METRICS")]
     pub(crate) no_metrics: bool,
     /// Routing policy: cache_aware (longest cached prefix unless load is
     /// imbalanced), least_load, or round_robin.
-    #[arg(long, default_value_t = Policy::CacheAware)]
+    #[arg(long, default_value_t = Policy::CacheAware, env = "ZINFER_POLICY")]
     pub(crate) policy: Policy,
     /// Load is imbalanced when the busiest worker has more than this many
     /// requests over the idlest (and --balance-rel holds).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, env = "ZINFER_BALANCE_ABS")]
     pub(crate) balance_abs: u32,
     /// Load is imbalanced when the busiest worker has more than this times
     /// the idlest's requests (and --balance-abs holds).
-    #[arg(long, default_value_t = 1.5)]
+    #[arg(long, default_value_t = 1.5, env = "ZINFER_BALANCE_REL")]
     pub(crate) balance_rel: f64,
     /// Follow the best prefix match only when it covers more than this
     /// share of the prompt.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = 0.5, env = "ZINFER_CACHE_THRESHOLD")]
     pub(crate) cache_threshold: f64,
     /// Requests the router holds while every worker is busy; beyond it,
     /// new requests get `overloaded` at once.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, env = "ZINFER_QUEUE_CAPACITY")]
     pub(crate) queue_capacity: usize,
     /// Most requests one client connection may have in flight; more are
     /// answered `overloaded`. Default: no limit.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_MAX_INFLIGHT_PER_CLIENT")]
     pub(crate) max_inflight_per_client: Option<u32>,
     /// Generated tokens per second one client connection may use (a token
     /// bucket of one second); over it, new requests are answered
     /// `overloaded`. Default: no limit.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_MAX_TOKENS_PER_SECOND_PER_CLIENT")]
     pub(crate) max_tokens_per_second_per_client: Option<f64>,
     /// Seconds a spawned worker may take to load and register before the
     /// spawn counts as failed.
@@ -127,4 +127,117 @@ pub(crate) fn run(args: &RouterArgs) -> anyhow::Result<()> {
     zinfer_router::run(config, stop_rx)?;
     eprintln!("zinfer router: stopped");
     Ok(())
+}
+
+/// Environment variables of the whole `zinfer` command tree (every
+/// subcommand, not only `router`): containers configure zinfer with
+/// `ZINFER_*` variables alone, so a new flag without one fails here.
+#[cfg(test)]
+mod env_var_tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use clap::{ArgAction, CommandFactory};
+
+    /// One option: (subcommand path, `--long` name, environment variable).
+    type Flag = (String, String, Option<String>);
+
+    /// Every non-positional argument of every subcommand, globals included,
+    /// leaving out the `--help` and `--version` clap adds.
+    fn options() -> Vec<Flag> {
+        fn walk(cmd: &clap::Command, path: &str, out: &mut Vec<Flag>) {
+            for arg in cmd.get_arguments() {
+                let generated = matches!(
+                    arg.get_action(),
+                    ArgAction::Help
+                        | ArgAction::HelpShort
+                        | ArgAction::HelpLong
+                        | ArgAction::Version
+                );
+                if arg.is_positional() || generated {
+                    continue;
+                }
+                let long = arg.get_long().unwrap_or(arg.get_id().as_str());
+                let env = arg.get_env().map(|e| e.to_string_lossy().into_owned());
+                out.push((path.to_string(), long.to_string(), env));
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), out);
+            }
+        }
+        let mut cmd = crate::Cli::command();
+        cmd.build();
+        let mut out = Vec::new();
+        walk(&cmd, "zinfer", &mut out);
+        out
+    }
+
+    #[test]
+    fn every_flag_has_a_zinfer_environment_variable() {
+        let options = options();
+        // The walk reaches the subcommands' own flags, not only the globals.
+        for (path, long) in [
+            ("zinfer worker", "kv-tokens"),
+            ("zinfer serve", "policy"),
+            ("zinfer bench", "concurrency"),
+            ("zinfer ctl workers", "json"),
+        ] {
+            assert!(
+                options.iter().any(|(p, l, _)| p == path && l == long),
+                "{path} --{long} not found in {options:?}"
+            );
+        }
+        let missing: Vec<String> = options
+            .iter()
+            .filter(|(_, _, env)| !env.as_deref().is_some_and(|e| e.starts_with("ZINFER_")))
+            .map(|(path, long, env)| format!("{path} --{long} (env: {env:?})"))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "flags without a ZINFER_* variable (add `env = \"ZINFER_...\"`):\n{}",
+            missing.join("\n")
+        );
+    }
+
+    #[test]
+    fn one_variable_means_one_thing() {
+        let mut flags_of_var: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        let mut vars_of_flag: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (_, long, env) in options() {
+            let env = env.unwrap_or_default();
+            flags_of_var
+                .entry(env.clone())
+                .or_default()
+                .insert(long.clone());
+            vars_of_flag.entry(long).or_default().insert(env);
+        }
+        for (var, flags) in &flags_of_var {
+            assert_eq!(flags.len(), 1, "{var} sets different flags: {flags:?}");
+        }
+        // The same flag name reads the same variable everywhere, except
+        // where the name means something else in another subcommand.
+        let differing: BTreeMap<&str, BTreeSet<&str>> = [
+            // worker: the router's worker endpoint; elsewhere its client endpoint.
+            ("router", ["ZINFER_ROUTER", "ZINFER_WORKER_ROUTER"]),
+            // worker/serve: the model file; generate/bench: the name to ask for.
+            ("model", ["ZINFER_MODEL", "ZINFER_REQUEST_MODEL"]),
+            // generate: the sampling seed; bench: the workload's seed.
+            ("seed", ["ZINFER_SEED", "ZINFER_BENCH_SEED"]),
+            // worker: the worker's id; supervisor: the supervisor's.
+            ("id", ["ZINFER_WORKER_ID", "ZINFER_SUPERVISOR_ID"]),
+        ]
+        .into_iter()
+        .map(|(flag, vars)| (flag, vars.into_iter().collect()))
+        .collect();
+        for (flag, vars) in &vars_of_flag {
+            match differing.get(flag.as_str()) {
+                Some(expected) => {
+                    let vars: BTreeSet<&str> = vars.iter().map(String::as_str).collect();
+                    assert_eq!(&vars, expected, "--{flag}");
+                }
+                None => assert_eq!(vars.len(), 1, "--{flag} reads {vars:?}"),
+            }
+        }
+        assert_eq!(vars_of_flag["grace"].first().unwrap(), "ZINFER_GRACE");
+        assert_eq!(vars_of_flag["threads"].first().unwrap(), "ZINFER_THREADS");
+    }
 }

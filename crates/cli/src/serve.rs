@@ -27,16 +27,21 @@ pub(crate) struct ServeArgs {
     /// `cpu:0`, `cpu:1`, `cuda:0`, ...). `auto` picks the best device
     /// present: the CPU on a machine without a GPU. New workers (`ctl
     /// scale`) go to the least used of these.
-    #[arg(long = "device", default_value = "auto")]
+    #[arg(
+        long = "device",
+        default_value = "auto",
+        env = "ZINFER_DEVICE",
+        value_delimiter = ','
+    )]
     devices: Vec<String>,
     /// First port of the workers' /metrics endpoints (worker slot i uses port + i).
-    #[arg(long, default_value_t = 9101)]
+    #[arg(long, default_value_t = 9101, env = "ZINFER_WORKER_METRICS_PORT")]
     worker_metrics_port: u16,
     /// Seconds workers get to finish in-flight requests on shutdown.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, env = "ZINFER_GRACE")]
     grace: u64,
     /// Seconds to wait for every worker to load and register.
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, env = "ZINFER_STARTUP_TIMEOUT")]
     startup_timeout: u64,
     /// Also serve the OpenAI-compatible HTTP API on this address (as
     /// `zinfer http` would), e.g. 127.0.0.1:8000.

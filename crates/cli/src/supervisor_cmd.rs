@@ -26,7 +26,11 @@ pub(crate) struct SupervisorCmdArgs {
     #[arg(long, default_value = "tcp://127.0.0.1:5557", env = "ZINFER_CONTROL")]
     control: String,
     /// The router's worker endpoint, for the workers it starts.
-    #[arg(long, default_value = "tcp://127.0.0.1:5556", env = "ZINFER_ROUTER")]
+    #[arg(
+        long,
+        default_value = "tcp://127.0.0.1:5556",
+        env = "ZINFER_WORKER_ROUTER"
+    )]
     router: String,
     /// Supervisor id, unique among the router's supervisors. Default:
     /// supervisor-HOSTNAME-PID.
@@ -37,7 +41,7 @@ pub(crate) struct SupervisorCmdArgs {
     #[arg(
         long = "device",
         default_value = "cpu",
-        env = "ZINFER_DEVICES",
+        env = "ZINFER_DEVICE",
         value_delimiter = ','
     )]
     devices: Vec<String>,

@@ -23,17 +23,17 @@ pub(crate) struct EngineArgs {
     pub(crate) model: Option<PathBuf>,
     /// CPU threads for the forward pass. Default: all cores (split evenly
     /// between workers under `serve`).
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_THREADS")]
     pub(crate) threads: Option<usize>,
     /// KV pool size in tokens, shared by running sequences and the prefix cache.
-    #[arg(long, default_value_t = model::DEFAULT_KV_TOKENS)]
+    #[arg(long, default_value_t = model::DEFAULT_KV_TOKENS, env = "ZINFER_KV_TOKENS")]
     pub(crate) kv_tokens: usize,
     /// Most sequences decoded together in one step.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, env = "ZINFER_MAX_BATCH")]
     pub(crate) max_batch: usize,
     /// Most prompt tokens prefilled per step, so running decodes keep going
     /// while a long prompt is processed.
-    #[arg(long, default_value_t = 512)]
+    #[arg(long, default_value_t = 512, env = "ZINFER_PREFILL_CHUNK")]
     pub(crate) prefill_chunk: usize,
 }
 
@@ -57,24 +57,28 @@ impl EngineArgs {
 #[derive(Debug, clap::Args)]
 pub(crate) struct WorkerArgs {
     /// The router's worker endpoint.
-    #[arg(long, default_value = "tcp://127.0.0.1:5556")]
+    #[arg(
+        long,
+        default_value = "tcp://127.0.0.1:5556",
+        env = "ZINFER_WORKER_ROUTER"
+    )]
     router: String,
     /// Worker id, unique among the router's live workers: the router
     /// refuses a second live worker with the same id. Default:
     /// HOSTNAME-PID-XXXX (XXXX random hex), unique even where every
     /// container's worker is PID 1.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_WORKER_ID")]
     id: Option<String>,
     /// Device: `cpu`, `cpu:N` (the N-th group of --threads cores, pinned),
     /// `cuda:N` (binaries built with `--features cuda`), or `auto` for the
     /// best one present (the first GPU, else the CPU).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value = "auto", env = "ZINFER_DEVICE")]
     device: Device,
     /// Address of this worker's Prometheus /metrics endpoint.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_METRICS")]
     metrics: Option<SocketAddr>,
     /// Seconds to finish in-flight requests after SIGTERM or Ctrl-C.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, env = "ZINFER_GRACE")]
     grace: u64,
     /// Start as a migration target: take the prefix cache of the worker it
     /// replaces on a socket bound at --import-host (supervisors set this).
@@ -145,6 +149,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
 
     let metrics = WorkerMetrics::new()?;
     metrics.kv_capacity.set(engine.kv_capacity() as i64);
+    metrics.set_info(engine.model_name(), &device);
     if let Some(addr) = args.metrics {
         let exported = metrics.clone();
         zinfer_worker::metrics::serve(addr, Arc::new(move || exported.render()))?;

@@ -1,5 +1,7 @@
 //! Prometheus metrics of the router, in a private registry, and the tiny
-//! HTTP server that exposes them at `/metrics`.
+//! HTTP server that exposes them at `/metrics`, with the `process_*`
+//! families (CPU seconds, resident memory, open fds) of the prometheus
+//! crate's process collector on Linux.
 
 use std::{
     net::SocketAddr,
@@ -128,6 +130,10 @@ impl Metrics {
             &["state"],
         )?;
         registry.register(Box::new(workers.clone()))?;
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
         let metrics = Metrics {
             requests: counter_vec(
                 "zinfer_router_requests_total",
@@ -421,5 +427,25 @@ mod tests {
             body.contains("zinfer_router_relayed_chunks_total 7"),
             "{body}"
         );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn exports_process_cpu_memory_and_fds() {
+        let text = Metrics::new().unwrap().render();
+        for family in [
+            "# TYPE process_cpu_seconds_total counter",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE process_open_fds gauge",
+            "# TYPE process_start_time_seconds gauge",
+        ] {
+            assert!(text.contains(family), "missing {family} in\n{text}");
+        }
+        let rss: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .and_then(|v| v.parse().ok())
+            .unwrap();
+        assert!(rss > 1e6, "a running test process uses over 1 MB: {rss}");
     }
 }

@@ -2,14 +2,18 @@
 //!
 //! Names follow Prometheus conventions: `zinfer_worker_` prefix (the router
 //! uses `zinfer_router_`), base units (seconds, tokens), `_total` on counters.
+//! `zinfer_worker_info{model,device}` (always 1) names what the worker
+//! serves, for joins (`* on(instance) group_left(model) zinfer_worker_info`);
+//! the `process_*` families (CPU seconds, resident memory, open fds) come
+//! from the prometheus crate's process collector.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
+    Opts, Registry, TextEncoder,
 };
 
 /// Errors starting the metrics endpoint.
@@ -67,6 +71,8 @@ pub struct WorkerMetrics {
     pub preemptions: IntCounter,
     /// Messages to the router that could not be sent.
     pub dropped_sends: IntCounter,
+    /// 1 for the served model and device; set by [`WorkerMetrics::set_info`].
+    info: IntGaugeVec,
 }
 
 impl WorkerMetrics {
@@ -103,7 +109,17 @@ impl WorkerMetrics {
             &["outcome"],
         )?;
         registry.register(Box::new(requests.clone()))?;
+        let info = IntGaugeVec::new(
+            Opts::new(
+                "zinfer_worker_info",
+                "Always 1; its labels name the served model and the device.",
+            ),
+            &["model", "device"],
+        )?;
+        registry.register(Box::new(info.clone()))?;
+        register_process_collector(&registry)?;
         Ok(WorkerMetrics {
+            info,
             requests,
             running: int_gauge(
                 "zinfer_worker_running_requests",
@@ -165,6 +181,13 @@ impl WorkerMetrics {
         })
     }
 
+    /// Labels `zinfer_worker_info` with the model and device now served
+    /// (replacing any earlier pair).
+    pub fn set_info(&self, model: &str, device: &str) {
+        self.info.reset();
+        self.info.with_label_values(&[model, device]).set(1);
+    }
+
     /// The metrics in Prometheus text format.
     pub fn render(&self) -> String {
         let mut buffer = Vec::new();
@@ -177,6 +200,18 @@ impl WorkerMetrics {
         }
         String::from_utf8(buffer).unwrap_or_default()
     }
+}
+
+/// Adds the `process_*` families of this process (Linux only: they are
+/// read from /proc).
+fn register_process_collector(registry: &Registry) -> Result<(), MetricsError> {
+    #[cfg(target_os = "linux")]
+    registry.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ))?;
+    #[cfg(not(target_os = "linux"))]
+    let _ = registry;
+    Ok(())
 }
 
 /// Serves `GET /metrics`, and the probes `GET /health` and `GET /ready`
@@ -259,8 +294,18 @@ mod tests {
         metrics.requests.with_label_values(&["stop"]).inc();
         metrics.ttft.observe(0.05);
         metrics.kv_usage.set(0.25);
+        metrics.set_info("old", "cpu");
+        metrics.set_info("smollm2-135m", "cpu");
         let text = metrics.render();
+        assert!(!text.contains("model=\"old\""), "{text}");
         for name in [
+            "zinfer_worker_info{device=\"cpu\",model=\"smollm2-135m\"} 1",
+            #[cfg(target_os = "linux")]
+            "process_resident_memory_bytes",
+            #[cfg(target_os = "linux")]
+            "process_cpu_seconds_total",
+            #[cfg(target_os = "linux")]
+            "process_open_fds",
             "zinfer_worker_requests_total{outcome=\"stop\"} 1",
             "zinfer_worker_time_to_first_token_seconds_bucket",
             "zinfer_worker_kv_cache_usage_ratio 0.25",

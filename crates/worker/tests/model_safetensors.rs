@@ -157,7 +157,23 @@ fn safetensors_directory_matches_the_gguf() {
     let (gguf_path, hf_dir) = convert(&test_model_path().unwrap(), &original);
     let mut from_gguf = load(&gguf_path, &options).unwrap();
     let mut from_hf = load(&hf_dir, &options).unwrap();
+    // A chat_template.jinja beside the checkpoint wins over the template of
+    // tokenizer_config.json (Python string methods included).
+    std::fs::write(
+        hf_dir.join("chat_template.jinja"),
+        "{% for m in messages %}\n<{{ m['role'] }}>{{ m['content'].strip().upper() }}\n{% endfor %}",
+    )
+    .unwrap();
+    let with_jinja = load(&hf_dir, &options).unwrap();
     let _ = std::fs::remove_dir_all(gguf_path.parent().unwrap());
+    let padded = [zinfer_protocol::ChatMessage {
+        role: "user".into(),
+        content: "  Name three colours. ".into(),
+    }];
+    assert_eq!(
+        with_jinja.tokenizer.apply_chat_template(&padded).unwrap(),
+        "<user>NAME THREE COLOURS.\n"
+    );
 
     let messages = [zinfer_protocol::ChatMessage {
         role: "user".into(),

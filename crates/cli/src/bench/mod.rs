@@ -64,13 +64,18 @@ pub(crate) struct BenchArgs {
     pub(crate) router: String,
 
     /// Workload to send.
-    #[arg(long, value_enum, default_value = "random")]
+    #[arg(
+        long,
+        value_enum,
+        default_value = "random",
+        env = "ZINFER_BENCH_WORKLOAD"
+    )]
     pub(crate) workload: WorkloadKind,
 
     /// Prompt length in words (~tokens), N or MIN-MAX: the whole prompt for
     /// random (default 128-512), each question for shared-prefix (default
     /// 16-64), each user turn for multi-turn (default 32-128).
-    #[arg(long, value_name = "N|MIN-MAX")]
+    #[arg(long, value_name = "N|MIN-MAX", env = "ZINFER_BENCH_INPUT_LEN")]
     pub(crate) input_len: Option<LenRange>,
 
     /// max_tokens of each request, N or MIN-MAX. Generation may stop
@@ -79,100 +84,106 @@ pub(crate) struct BenchArgs {
         long,
         visible_alias = "max-tokens",
         value_name = "N|MIN-MAX",
-        default_value = "64-128"
+        default_value = "64-128",
+        env = "ZINFER_BENCH_OUTPUT_LEN"
     )]
     pub(crate) output_len: LenRange,
 
     /// shared-prefix: number of distinct system prompts (K).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..), env = "ZINFER_BENCH_PREFIX_GROUPS")]
     pub(crate) prefix_groups: u32,
 
     /// shared-prefix: words in each system prompt (P).
-    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..), env = "ZINFER_BENCH_PREFIX_LEN")]
     pub(crate) prefix_len: u32,
 
     /// shared-prefix: questions sharing each system prompt (M).
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..), env = "ZINFER_BENCH_QUESTIONS_PER_PREFIX")]
     pub(crate) questions_per_prefix: u32,
 
     /// multi-turn: user turns per chat.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..), env = "ZINFER_BENCH_TURNS")]
     pub(crate) turns: u32,
 
     /// file: JSONL prompts, one {"prompt": "...", "max_tokens": N} per line
     /// (max_tokens optional).
-    #[arg(long, required_if_eq("workload", "file"))]
+    #[arg(long, required_if_eq("workload", "file"), env = "ZINFER_BENCH_FILE")]
     pub(crate) file: Option<PathBuf>,
 
     /// Requests to send. Default: K x M for shared-prefix, the line count
     /// for file, 100 otherwise (unless --duration is given).
-    #[arg(long, short = 'n', value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, short = 'n', value_parser = clap::value_parser!(u64).range(1..), env = "ZINFER_BENCH_NUM_PROMPTS")]
     pub(crate) num_prompts: Option<u64>,
 
     /// Stop starting requests after this many seconds (requests in flight
     /// are awaited). With --num-prompts, whichever comes first.
-    #[arg(long, value_name = "SECONDS")]
+    #[arg(long, value_name = "SECONDS", env = "ZINFER_BENCH_DURATION")]
     pub(crate) duration: Option<f64>,
 
     /// Closed loop: this many clients, each sending its next request as soon
     /// as its last one finished (default 4). With --request-rate: the most
     /// requests in flight at once.
-    #[arg(long, short = 'c', value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, short = 'c', value_parser = clap::value_parser!(u64).range(1..), env = "ZINFER_BENCH_CONCURRENCY")]
     pub(crate) concurrency: Option<u64>,
 
     /// Open loop: Poisson arrivals at this mean rate per second, regardless
     /// of how fast the server answers. A multi-turn chat arrives as a whole;
     /// its later turns follow their predecessors at once.
-    #[arg(long, value_name = "PER_SECOND")]
+    #[arg(long, value_name = "PER_SECOND", env = "ZINFER_BENCH_REQUEST_RATE")]
     pub(crate) request_rate: Option<f64>,
 
     /// Seed of the workload, the arrivals and each request's sampling seed:
     /// the same seed sends the same requests.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, env = "ZINFER_BENCH_SEED")]
     pub(crate) seed: u64,
 
     /// Model name to ask for (the router's only model when absent).
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_REQUEST_MODEL")]
     pub(crate) model: Option<String>,
 
     /// Prefix-cache namespace to send requests in.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_NAMESPACE")]
     pub(crate) namespace: Option<String>,
 
     /// Sampling temperature; 0 (greedy) keeps outputs reproducible.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, env = "ZINFER_TEMPERATURE")]
     pub(crate) temperature: f32,
 
     /// Generate exactly the output length asked for, past the model's
     /// end-of-sequence token (as vLLM's --ignore-eos), so runs compare
     /// equal work. Also sent to --compare-url (llama-server and vLLM honour it).
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_BENCH_IGNORE_EOS")]
     pub(crate) ignore_eos: bool,
 
     /// Fail a request with no terminal reply after this many seconds.
-    #[arg(long, value_name = "SECONDS", default_value_t = 300.0)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 300.0,
+        env = "ZINFER_TIMEOUT"
+    )]
     pub(crate) timeout: f64,
 
     /// Print the report as JSON on stdout.
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_JSON")]
     pub(crate) json: bool,
 
     /// Also run the workload against this OpenAI-compatible server
     /// (e.g. http://127.0.0.1:8080 for llama-server) and print both.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "ZINFER_BENCH_COMPARE_URL")]
     pub(crate) compare_url: Option<String>,
 
     /// Model name for --compare-url (default: --model, else the first model
     /// the server lists).
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_BENCH_COMPARE_MODEL")]
     pub(crate) compare_model: Option<String>,
 
     /// Always show progress on stderr (a bar on a terminal, lines otherwise).
-    #[arg(long, overrides_with = "no_progress")]
+    #[arg(long, overrides_with = "no_progress", env = "ZINFER_BENCH_PROGRESS")]
     pub(crate) progress: bool,
 
     /// Never show progress (default: a bar when stderr is a terminal).
-    #[arg(long, overrides_with = "progress")]
+    #[arg(long, overrides_with = "progress", env = "ZINFER_BENCH_NO_PROGRESS")]
     pub(crate) no_progress: bool,
 }
 

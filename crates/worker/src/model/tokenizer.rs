@@ -137,14 +137,26 @@ impl ModelTokenizer {
         };
         let bos = token_of("bos_token");
         let eos = token_of("eos_token");
-        let template = match &config["chat_template"] {
-            serde_json::Value::String(s) => Some(s.clone()),
-            serde_json::Value::Array(list) => list
-                .iter()
-                .find(|t| t["name"] == "default")
-                .and_then(|t| t["template"].as_str())
-                .map(String::from),
-            _ => None,
+        // As transformers does: `chat_template.jinja` beside the checkpoint
+        // wins over the `chat_template` of `tokenizer_config.json`.
+        let jinja = dir.join("chat_template.jinja");
+        let template = match std::fs::read_to_string(&jinja) {
+            Ok(source) => Some(source),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match &config["chat_template"] {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Array(list) => list
+                    .iter()
+                    .find(|t| t["name"] == "default")
+                    .and_then(|t| t["template"].as_str())
+                    .map(String::from),
+                _ => None,
+            },
+            Err(e) => {
+                return Err(ModelError::ChatTemplate(format!(
+                    "{}: {e}",
+                    jinja.display()
+                )));
+            }
         };
         let mut me = Self::assemble(tokenizer, template, bos, eos);
         for &id in eos_from_config {
@@ -431,6 +443,64 @@ mod tests {
         assert_eq!(
             chat,
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    /// A word-level `tokenizer.json` with `<s>` and `</s>` as special tokens.
+    const TINY_TOKENIZER: &str = r#"{"version":"1.0","truncation":null,"padding":null,
+        "added_tokens":[
+          {"id":0,"content":"<s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+          {"id":1,"content":"</s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+        "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+        "model":{"type":"WordLevel","vocab":{"<s>":0,"</s>":1,"hi":2,"[UNK]":3},"unk_token":"[UNK]"}}"#;
+
+    /// A checkpoint directory with the tiny tokenizer and the given files.
+    fn hf_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), TINY_TOKENIZER).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        dir
+    }
+
+    fn chat_of(dir: &tempfile::TempDir) -> String {
+        let tok = ModelTokenizer::from_hf_dir(dir.path(), &[]).unwrap();
+        tok.apply_chat_template(&[ChatMessage {
+            role: "user".to_string(),
+            content: "  hi ".to_string(),
+        }])
+        .unwrap()
+    }
+
+    const CONFIG: &str = r#"{"bos_token":"<s>","eos_token":"</s>",
+        "chat_template":"{{ bos_token }}{% for m in messages %}[config {{ m['content'].strip() }}]{% endfor %}"}"#;
+
+    #[test]
+    fn checkpoint_template_comes_from_chat_template_jinja_before_tokenizer_config() {
+        // tokenizer_config.json alone: its template, with its special tokens.
+        let dir = hf_dir(&[("tokenizer_config.json", CONFIG)]);
+        assert_eq!(chat_of(&dir), "<s>[config hi]");
+        assert_eq!(
+            ModelTokenizer::from_hf_dir(dir.path(), &[])
+                .unwrap()
+                .eos_token_ids(),
+            [1]
+        );
+
+        // chat_template.jinja beside it wins, Python methods and all.
+        let jinja = "{% for m in messages %}\n{% if m['content'].strip().startswith('hi') %}\n[jinja {{ m['content'].strip().title() }}]{{ eos_token }}\n{% endif %}\n{% endfor %}";
+        let dir = hf_dir(&[
+            ("tokenizer_config.json", CONFIG),
+            ("chat_template.jinja", jinja),
+        ]);
+        assert_eq!(chat_of(&dir), "[jinja Hi]</s>\n");
+
+        // Neither: ChatML.
+        let dir = hf_dir(&[]);
+        assert_eq!(
+            chat_of(&dir),
+            "<|im_start|>user\n  hi <|im_end|>\n<|im_start|>assistant\n"
         );
     }
 }
