@@ -46,31 +46,37 @@ impl ControlPlane {
         args.extend_from_slice(router_args);
         let router = harness::spawn("router", &args);
         let model = harness::model_path().display().to_string();
-        let mut args = vec![
-            "supervisor",
-            "--control",
-            &control,
-            "--router",
-            &workers,
-            "--threads",
-            "1",
-            "--kv-tokens",
-            "8192",
-            "--max-batch",
-            "8",
-        ];
-        if !supervisor_args.contains(&"--model") {
-            args.extend_from_slice(&["--model", &model]);
-        }
+        let mut args = vec!["supervisor", "--control", &control, "--router", &workers];
         args.extend_from_slice(supervisor_args);
+        for (flag, value) in [
+            ("--model", model.as_str()),
+            ("--threads", "1"),
+            ("--kv-tokens", "8192"),
+            ("--max-batch", "8"),
+        ] {
+            if !supervisor_args.contains(&flag) {
+                args.extend_from_slice(&[flag, value]);
+            }
+        }
         let supervisor = harness::spawn("supervisor", &args);
-        ControlPlane {
+        let plane = ControlPlane {
             clients,
             control,
             metrics,
             _router: router,
             _supervisor: supervisor,
             _guard: guard,
+        };
+        plane.wait_for_supervisor();
+        plane
+    }
+
+    /// Waits until the supervisor has registered with the router.
+    fn wait_for_supervisor(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.try_metric("zinfer_router_supervisors").unwrap_or(0.0) < 1.0 {
+            assert!(Instant::now() < deadline, "the supervisor did not register");
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 
@@ -114,12 +120,26 @@ impl ControlPlane {
     }
 
     fn metric(&self, name: &str) -> f64 {
-        let text = harness::scrape(&self.metrics);
+        self.try_metric(name)
+            .unwrap_or_else(|| panic!("no metric {name} at {}", self.metrics))
+    }
+
+    /// A sample's value, or `None` when the endpoint is not up (yet) or
+    /// has no such sample.
+    fn try_metric(&self, name: &str) -> Option<f64> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&self.metrics).ok()?;
+        write!(
+            stream,
+            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).ok()?;
         text.lines()
             .find(|line| line.starts_with(name) && !line.starts_with('#'))
             .and_then(|line| line.rsplit(' ').next())
             .and_then(|value| value.parse().ok())
-            .unwrap_or_else(|| panic!("no metric {name} in\n{text}"))
     }
 }
 
@@ -236,8 +256,6 @@ fn assert_nothing_lost(report: &LoadReport) {
 fn concurrent_scales_start_exactly_the_workers_needed() {
     let plane = ControlPlane::start(&[], &[]);
     let model = model_name();
-    // Let the supervisor register, so the 64 calls race for real.
-    assert!(plane.scale(&model, 0).0);
     let replies: Arc<Mutex<Vec<AdminReply>>> = Arc::default();
     let threads: Vec<_> = (0..8)
         .map(|_| {
@@ -298,8 +316,6 @@ fn a_bad_model_fails_every_waiter_at_once_and_is_not_retried() {
     std::fs::write(&broken, b"GGUF but not really a model file").unwrap();
     let broken = broken.display().to_string();
     let plane = ControlPlane::start(&[], &["--model", &broken]);
-    // Register first (scale 0 needs no spawn).
-    assert!(plane.scale("broken", 0).0);
     let threads: Vec<_> = (0..8)
         .map(|_| {
             let control = plane.control.clone();
@@ -412,7 +428,7 @@ fn migration_carries_the_hot_cache_and_loses_nothing() {
     let model = model_name();
     assert!(plane.scale(&model, 1).0);
     let first = plane.serving().remove(0);
-    let docs = documents(24);
+    let docs = documents(16);
     hit_ratio(&plane.clients, &docs, "Summarize.");
     let before = hit_ratio(&plane.clients, &docs, "Translate.");
     assert!(before > 0.5, "warm cache hit ratio {before}");

@@ -114,6 +114,7 @@ pub(crate) fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// Must run before this process starts any thread: it sets the thread-count
 /// environment variables candle reads when its pool starts.
 pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
+    zinfer_supervisor::exit_with_parent().map_err(anyhow::Error::msg)?;
     let threads = args
         .engine
         .threads

@@ -84,6 +84,27 @@ pub enum SupervisorError {
     },
 }
 
+/// Set on every worker a supervisor starts, to the supervisor's process
+/// id: the worker exits when that process dies (see [`exit_with_parent`]),
+/// so a killed supervisor leaves no orphans behind.
+pub const EXIT_WITH_PARENT: &str = "ZINFER_EXIT_WITH_PARENT";
+
+/// In a worker started by a supervisor: asks the kernel for SIGTERM when
+/// the supervisor dies, and exits at once if it already has. Call it
+/// first thing in the worker; a no-op elsewhere.
+pub fn exit_with_parent() -> Result<(), String> {
+    let Ok(parent) = std::env::var(EXIT_WITH_PARENT) else {
+        return Ok(());
+    };
+    nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
+        .map_err(|e| format!("cannot ask to stop with the supervisor: {e}"))?;
+    // The supervisor may have died before the request took effect.
+    if nix::unistd::getppid().as_raw().to_string() != parent {
+        return Err(format!("the supervisor (pid {parent}) is gone"));
+    }
+    Ok(())
+}
+
 /// How often the supervisor reports to the router and checks its workers.
 const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
