@@ -505,3 +505,48 @@ fn the_autoscaler_adds_a_worker_under_a_burst_and_removes_it_when_idle() {
     assert_eq!(h.metrics.autoscale.with_label_values(&["down"]).get(), 1);
     assert_eq!(h.outcome("stop"), 6);
 }
+
+#[test]
+fn reload_starts_a_replacement_on_the_same_device_without_the_cache() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&["old"]);
+    h.ready("old", &["m"], 8);
+    h.control_request(
+        "admin",
+        &AdminRequest::Reload {
+            worker: "old".into(),
+            model_path: Some("/models/m-v2.gguf".into()),
+        },
+    );
+    let out = h.sent();
+    let spawn = out.iter().find_map(|o| match o {
+        Out::Supervisor(RouterToSupervisor::Spawn {
+            worker_id,
+            model_path,
+            device,
+            import_cache,
+            ..
+        }) => Some((
+            worker_id.clone(),
+            model_path.clone(),
+            device.clone(),
+            *import_cache,
+        )),
+        _ => None,
+    });
+    let (new, model_path, device, import_cache) = spawn.expect("a spawn");
+    assert_eq!(model_path.as_deref(), Some("/models/m-v2.gguf"));
+    assert_eq!(device.as_deref(), Some("cpu"), "the old worker's device");
+    assert!(
+        !import_cache,
+        "other weights make other K/V: nothing carried"
+    );
+    h.ready_as(&new, None);
+    let replies = acks(&h.sent());
+    assert!(
+        replies.len() == 1 && replies[0].1 && replies[0].2.starts_with("reloaded old"),
+        "{replies:?}"
+    );
+    assert_eq!(h.state_of(&new), Some(WorkerState::Ready));
+    assert_eq!(h.state_of("old"), Some(WorkerState::Stopping));
+}
