@@ -437,6 +437,23 @@ impl Core {
             return;
         };
         self.metrics.spawn_failures.inc();
+        tracing::warn!(model = %spawn.model, worker = worker_id, reason, "spawn failed");
+        if let Some(migration) = self.control.migrations.remove(worker_id) {
+            // One operator request, answered at once: no backoff for the
+            // model, whose other spawns may well work (a bad target device
+            // says nothing about them).
+            let what = if migration.reload {
+                "reload"
+            } else {
+                "migration"
+            };
+            let message = format!(
+                "{what} of {} to {} failed: {reason}; {} keeps serving",
+                migration.old_id, migration.device, migration.old_id
+            );
+            self.abort_migration(migration, &message);
+            return;
+        }
         let backoff = self
             .control
             .backoff
@@ -453,21 +470,8 @@ impl Core {
         backoff.until = now + pause;
         backoff.reason = reason.to_string();
         backoff.at = now;
-        tracing::warn!(model = %spawn.model, worker = worker_id, reason, ?pause, "spawn failed");
-        if let Some(migration) = self.control.migrations.remove(worker_id) {
-            let what = if migration.reload {
-                "reload"
-            } else {
-                "migration"
-            };
-            let message = format!(
-                "{what} of {} to {} failed: {reason}; {} keeps serving",
-                migration.old_id, migration.device, migration.old_id
-            );
-            self.abort_migration(migration, &message);
-        } else {
-            self.fail_scale(now, &spawn.model, reason);
-        }
+        tracing::debug!(model = %spawn.model, ?pause, "spawns of the model paused");
+        self.fail_scale(now, &spawn.model, reason);
     }
 
     /// Undoes a migration that did not finish: the old worker serves on.

@@ -426,6 +426,9 @@ fn a_failed_migration_leaves_the_old_worker_serving() {
     h.generate("c", prompt("a", "x"));
     assert_eq!(h.dispatched()[0].0, "old");
     assert_eq!(h.metrics.migrations.with_label_values(&["failed"]).get(), 1);
+    // The model itself is not paused: a scale right after spawns.
+    h.control_request("admin", &scale(2));
+    assert_eq!(spawns(&h.sent()).len(), 1);
 }
 
 #[test]
