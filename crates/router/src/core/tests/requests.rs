@@ -67,7 +67,8 @@ fn streams_chunks_and_done_with_client_id_and_worker() {
             id: "req-1".into(),
             index: 0,
             text: "Hel".into(),
-            tokens: vec![0]
+            tokens: vec![0],
+            logprobs: None,
         }
     );
     assert!(matches!(&replies[1], ClientReply::Chunk { index: 1, text, .. } if text == "lo"));
@@ -111,6 +112,7 @@ fn non_streamed_request_gets_only_done_with_text() {
             text: Some("full text".into()),
             usage: Usage::default(),
             timings: Timings::default(),
+            logprobs: None,
         },
     );
     let replies = h.client_replies();
