@@ -2,7 +2,7 @@
 //! the caller supplies the response id, the time and the replies.
 
 use serde_json::{Value, json};
-use zinfer_protocol::{ClientReply, FinishReason, Usage};
+use zinfer_protocol::{ClientReply, FinishReason, TokenLogprob, Usage};
 
 use crate::error::ApiError;
 
@@ -26,6 +26,8 @@ pub struct Meta {
     pub created: u64,
     /// The model name echoed back.
     pub model: String,
+    /// Whether the request asked for log probabilities.
+    pub logprobs: bool,
 }
 
 impl Meta {
@@ -66,17 +68,89 @@ pub fn usage(usage: &Usage) -> Value {
     })
 }
 
-/// The whole (non-streaming) response.
-pub fn full_response(meta: &Meta, text: &str, reason: FinishReason, used: &Usage) -> Value {
+/// The lowest logprob reported: JSON has no `-inf`, and OpenAI clients
+/// expect a number (vLLM uses the same floor).
+const LOGPROB_FLOOR: f32 = -9999.0;
+
+fn finite(logprob: f32) -> f32 {
+    if logprob.is_nan() {
+        LOGPROB_FLOOR
+    } else {
+        logprob.max(LOGPROB_FLOOR)
+    }
+}
+
+/// Chat's `logprobs` object: `{"content": [{token, logprob, bytes,
+/// top_logprobs}]}`, `bytes` being the UTF-8 of the token's text.
+pub fn chat_logprobs(entries: &[TokenLogprob]) -> Value {
+    let one = |text: &str, logprob: f32| json!({"token": text, "logprob": finite(logprob), "bytes": text.as_bytes()});
+    let content: Vec<Value> = entries
+        .iter()
+        .map(|entry| {
+            let mut item = one(&entry.text, entry.logprob);
+            item["top_logprobs"] = entry
+                .top_logprobs
+                .iter()
+                .map(|top| one(&top.text, top.logprob))
+                .collect();
+            item
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+/// Legacy completions' `logprobs` object: parallel `tokens`,
+/// `token_logprobs`, `top_logprobs` (a map of text to logprob per position,
+/// the chosen token included, as OpenAI does) and `text_offset` (each
+/// token's character offset in the output, counted from `offset`, which is
+/// advanced past these tokens).
+pub fn completion_logprobs(entries: &[TokenLogprob], offset: &mut usize) -> Value {
+    let mut tokens = Vec::with_capacity(entries.len());
+    let mut token_logprobs = Vec::with_capacity(entries.len());
+    let mut top_logprobs = Vec::with_capacity(entries.len());
+    let mut text_offset = Vec::with_capacity(entries.len());
+    for entry in entries {
+        tokens.push(entry.text.clone());
+        token_logprobs.push(finite(entry.logprob));
+        let mut top = serde_json::Map::new();
+        for alternative in &entry.top_logprobs {
+            // Two ids may decode to one text (U+FFFD): keep the likelier.
+            top.entry(alternative.text.clone())
+                .or_insert_with(|| json!(finite(alternative.logprob)));
+        }
+        top.entry(entry.text.clone())
+            .or_insert_with(|| json!(finite(entry.logprob)));
+        top_logprobs.push(Value::Object(top));
+        text_offset.push(*offset);
+        *offset += entry.text.chars().count();
+    }
+    json!({
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top_logprobs,
+        "text_offset": text_offset,
+    })
+}
+
+/// The whole (non-streaming) response; `entries` are every token's
+/// log probabilities, used when the request asked for them.
+pub fn full_response(
+    meta: &Meta,
+    text: &str,
+    reason: FinishReason,
+    used: &Usage,
+    entries: &[TokenLogprob],
+) -> Value {
     let choice = match meta.endpoint {
         Endpoint::Completions => json!({
-            "index": 0, "text": text, "logprobs": null,
+            "index": 0, "text": text,
+            "logprobs": meta.logprobs.then(|| completion_logprobs(entries, &mut 0)),
             "finish_reason": finish_reason(reason),
         }),
         Endpoint::Chat => json!({
             "index": 0,
             "message": {"role": "assistant", "content": text},
-            "logprobs": null,
+            "logprobs": meta.logprobs.then(|| chat_logprobs(entries)),
             "finish_reason": finish_reason(reason),
         }),
     };
@@ -94,6 +168,8 @@ pub struct StreamEncoder {
     include_usage: bool,
     sent_role: bool,
     finished: bool,
+    /// Characters of output so far, for completions' `text_offset`.
+    text_offset: usize,
 }
 
 /// The payload that ends every stream.
@@ -107,6 +183,7 @@ impl StreamEncoder {
             include_usage,
             sent_role: false,
             finished: false,
+            text_offset: 0,
         }
     }
 
@@ -115,11 +192,21 @@ impl StreamEncoder {
         self.finished
     }
 
-    fn chunk(&self, delta_text: Option<&str>, role: bool, reason: Option<FinishReason>) -> Value {
+    /// One chunk; `entries` are the log probabilities of its tokens, shown
+    /// when the request asked for them and this is not the finishing chunk.
+    fn chunk(
+        &mut self,
+        delta_text: Option<&str>,
+        role: bool,
+        reason: Option<FinishReason>,
+        entries: &[TokenLogprob],
+    ) -> Value {
+        let with_logprobs = self.meta.logprobs && reason.is_none();
         let reason = reason.map(finish_reason);
         let choice = match self.meta.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": delta_text.unwrap_or(""), "logprobs": null,
+                "index": 0, "text": delta_text.unwrap_or(""),
+                "logprobs": with_logprobs.then(|| completion_logprobs(entries, &mut self.text_offset)),
                 "finish_reason": reason,
             }),
             Endpoint::Chat => {
@@ -130,7 +217,8 @@ impl StreamEncoder {
                 if let Some(text) = delta_text {
                     delta["content"] = json!(text);
                 }
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
+                let logprobs = with_logprobs.then(|| chat_logprobs(entries));
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
             }
         };
         let mut body = self.meta.envelope(true, json!([choice]));
@@ -148,10 +236,11 @@ impl StreamEncoder {
         }
         let mut out = Vec::new();
         match reply {
-            ClientReply::Chunk { text, .. } => {
+            ClientReply::Chunk { text, logprobs, .. } => {
                 let role = self.meta.endpoint == Endpoint::Chat && !self.sent_role;
-                if role || !text.is_empty() {
-                    out.push(self.chunk(Some(&text), role, None).to_string());
+                let entries = logprobs.unwrap_or_default();
+                if role || !text.is_empty() || !entries.is_empty() {
+                    out.push(self.chunk(Some(&text), role, None, &entries).to_string());
                     self.sent_role = true;
                 }
             }
@@ -159,17 +248,20 @@ impl StreamEncoder {
                 finish_reason,
                 usage: used,
                 text,
+                logprobs,
                 ..
             } => {
                 let role = self.meta.endpoint == Endpoint::Chat && !self.sent_role;
                 let text = text.filter(|t| !t.is_empty());
-                if role || text.is_some() {
-                    out.push(
-                        self.chunk(Some(text.as_deref().unwrap_or("")), role, None)
-                            .to_string(),
-                    );
+                let entries = logprobs.unwrap_or_default();
+                if role || text.is_some() || !entries.is_empty() {
+                    let text = text.as_deref().unwrap_or("");
+                    out.push(self.chunk(Some(text), role, None, &entries).to_string());
                 }
-                out.push(self.chunk(None, false, Some(finish_reason)).to_string());
+                out.push(
+                    self.chunk(None, false, Some(finish_reason), &[])
+                        .to_string(),
+                );
                 if self.include_usage {
                     let mut body = self.meta.envelope(true, json!([]));
                     body["usage"] = usage(&used);
@@ -213,6 +305,40 @@ mod tests {
             id: "chatcmpl-1".into(),
             created: 1_700_000_000,
             model: "smol".into(),
+            logprobs: false,
+        }
+    }
+
+    fn with_logprobs(endpoint: Endpoint) -> Meta {
+        Meta {
+            logprobs: true,
+            ..meta(endpoint)
+        }
+    }
+
+    fn entry(token: u32, text: &str, logprob: f32, top: &[(u32, &str, f32)]) -> TokenLogprob {
+        TokenLogprob {
+            token,
+            text: text.into(),
+            logprob,
+            top_logprobs: top
+                .iter()
+                .map(|&(token, text, logprob)| zinfer_protocol::TopLogprob {
+                    token,
+                    text: text.into(),
+                    logprob,
+                })
+                .collect(),
+        }
+    }
+
+    fn chunk_with(index: u32, text: &str, entries: Vec<TokenLogprob>) -> ClientReply {
+        ClientReply::Chunk {
+            id: "h-1".into(),
+            index,
+            text: text.into(),
+            tokens: entries.iter().map(|e| e.token).collect(),
+            logprobs: Some(entries),
         }
     }
 
@@ -222,6 +348,7 @@ mod tests {
             index,
             text: text.into(),
             tokens: vec![1],
+            logprobs: None,
         }
     }
 
@@ -237,6 +364,7 @@ mod tests {
             },
             timings: Timings::default(),
             worker: "w0".into(),
+            logprobs: None,
         }
     }
 
@@ -314,7 +442,14 @@ mod tests {
             cached_tokens: 0,
             completion_tokens: 1,
         };
-        let body = full_response(&meta(Endpoint::Chat), "Paris", FinishReason::Stop, &used);
+        let body = full_response(
+            &meta(Endpoint::Chat),
+            "Paris",
+            FinishReason::Stop,
+            &used,
+            &[],
+        );
+        assert!(body["choices"][0]["logprobs"].is_null());
         assert_eq!(body["object"], "chat.completion");
         assert_eq!(body["choices"][0]["message"]["content"], "Paris");
         assert_eq!(body["choices"][0]["message"]["role"], "assistant");
@@ -325,9 +460,132 @@ mod tests {
             "x",
             FinishReason::Length,
             &used,
+            &[],
         );
+        assert!(body["choices"][0]["logprobs"].is_null());
         assert_eq!(body["object"], "text_completion");
         assert_eq!(body["choices"][0]["text"], "x");
         assert_eq!(body["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn chat_logprobs_are_openai_shaped_streamed_and_not() {
+        let used = Usage::default();
+        let entries = vec![
+            entry(5, "Par", -0.25, &[(5, "Par", -0.25), (9, "Lon", -2.0)]),
+            entry(6, "\u{e9}", f32::NEG_INFINITY, &[]),
+        ];
+        let body = full_response(
+            &with_logprobs(Endpoint::Chat),
+            "Par\u{e9}",
+            FinishReason::Stop,
+            &used,
+            &entries,
+        );
+        let content = &body["choices"][0]["logprobs"]["content"];
+        assert_eq!(content.as_array().map(Vec::len), Some(2), "{body}");
+        assert_eq!(content[0]["token"], "Par");
+        assert_eq!(content[0]["logprob"], -0.25);
+        assert_eq!(content[0]["bytes"], json!([80, 97, 114]));
+        assert_eq!(content[0]["top_logprobs"][1]["token"], "Lon");
+        assert_eq!(content[0]["top_logprobs"][1]["logprob"], -2.0);
+        assert_eq!(
+            content[0]["top_logprobs"][1]["bytes"],
+            json!([76, 111, 110])
+        );
+        assert_eq!(content[1]["bytes"], json!([0xc3, 0xa9]));
+        assert_eq!(content[1]["logprob"], -9999.0, "no -inf in JSON");
+        assert_eq!(content[1]["top_logprobs"], json!([]));
+
+        let mut encoder = StreamEncoder::new(with_logprobs(Endpoint::Chat), false);
+        let mut payloads = encoder.on_reply(chunk_with(0, "", vec![entries[0].clone()]));
+        payloads.extend(encoder.on_reply(chunk_with(1, "Par\u{e9}", vec![entries[1].clone()])));
+        payloads.extend(encoder.on_reply(done()));
+        let events = parse(&payloads);
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert_eq!(
+            events[0]["choices"][0]["logprobs"]["content"][0]["token"], "Par",
+            "a chunk with held-back text still carries its tokens' logprobs"
+        );
+        assert_eq!(events[0]["choices"][0]["delta"]["content"], "");
+        assert_eq!(
+            events[1]["choices"][0]["logprobs"]["content"][0]["token"],
+            "\u{e9}"
+        );
+        assert!(events[2]["choices"][0]["logprobs"].is_null());
+        assert_eq!(events[2]["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn completion_logprobs_are_openai_shaped_streamed_and_not() {
+        let used = Usage::default();
+        let entries = vec![
+            entry(5, " red", -0.5, &[(7, " blue", -0.25), (5, " red", -0.5)]),
+            entry(
+                6,
+                ",",
+                -0.125,
+                &[
+                    (6, ",", -0.125),
+                    (8, "\u{fffd}", -3.0),
+                    (9, "\u{fffd}", -4.0),
+                ],
+            ),
+            entry(10, " green", -1.0, &[]),
+        ];
+        let body = full_response(
+            &with_logprobs(Endpoint::Completions),
+            " red, green",
+            FinishReason::Length,
+            &used,
+            &entries,
+        );
+        let logprobs = &body["choices"][0]["logprobs"];
+        assert_eq!(logprobs["tokens"], json!([" red", ",", " green"]));
+        assert_eq!(logprobs["token_logprobs"], json!([-0.5, -0.125, -1.0]));
+        assert_eq!(logprobs["text_offset"], json!([0, 4, 5]));
+        assert_eq!(
+            logprobs["top_logprobs"][0],
+            json!({" blue": -0.25, " red": -0.5})
+        );
+        assert_eq!(
+            logprobs["top_logprobs"][1],
+            json!({",": -0.125, "\u{fffd}": -3.0}),
+            "equal texts keep the likelier"
+        );
+        assert_eq!(
+            logprobs["top_logprobs"][2],
+            json!({" green": -1.0}),
+            "the chosen token is always listed"
+        );
+
+        let mut encoder = StreamEncoder::new(with_logprobs(Endpoint::Completions), false);
+        let mut payloads = encoder.on_reply(chunk_with(0, " red,", entries[..2].to_vec()));
+        payloads.extend(encoder.on_reply(chunk_with(1, " green", entries[2..].to_vec())));
+        payloads.extend(encoder.on_reply(done()));
+        let events = parse(&payloads);
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert_eq!(
+            events[0]["choices"][0]["logprobs"]["text_offset"],
+            json!([0, 4])
+        );
+        assert_eq!(
+            events[1]["choices"][0]["logprobs"]["text_offset"],
+            json!([5]),
+            "offsets run on across chunks"
+        );
+        assert_eq!(
+            events[1]["choices"][0]["logprobs"]["tokens"],
+            json!([" green"])
+        );
+        assert!(events[2]["choices"][0]["logprobs"].is_null());
+    }
+
+    #[test]
+    fn no_logprobs_unless_asked() {
+        let mut encoder = StreamEncoder::new(meta(Endpoint::Completions), false);
+        let payloads = encoder.on_reply(chunk(0, "Hi"));
+        let events = parse(&payloads);
+        assert!(events[0]["choices"][0]["logprobs"].is_null());
     }
 }

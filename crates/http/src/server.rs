@@ -155,6 +155,7 @@ async fn generate(state: AppState, endpoint: Endpoint, body: Bytes) -> Result<Re
         Endpoint::Chat => translate::chat(&body, ctx)?,
     };
     let model = translated.request.model.clone();
+    let logprobs = translated.request.logprobs;
     let mut pending = state.client.generate(translated.request)?;
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
@@ -165,6 +166,7 @@ async fn generate(state: AppState, endpoint: Endpoint, body: Bytes) -> Result<Re
         id: format!("{prefix}-{id}"),
         created: now_unix(),
         model: translated.model,
+        logprobs,
     };
     let timeout = state.reply_timeout;
     let first = pending.next(timeout).await?;
@@ -208,20 +210,30 @@ async fn whole(
     model: Option<&str>,
 ) -> Result<Response, ApiError> {
     let mut text = String::new();
+    let mut entries = Vec::new();
     let mut reply = first;
     loop {
         match reply {
-            ClientReply::Chunk { text: delta, .. } => text.push_str(&delta),
+            ClientReply::Chunk {
+                text: delta,
+                logprobs,
+                ..
+            } => {
+                text.push_str(&delta);
+                entries.extend(logprobs.unwrap_or_default());
+            }
             ClientReply::Done {
                 finish_reason,
                 usage,
                 text: whole,
+                logprobs,
                 ..
             } => {
                 if let Some(whole) = whole {
                     text.push_str(&whole);
                 }
-                let body = full_response(meta, &text, finish_reason, &usage);
+                entries.extend(logprobs.unwrap_or_default());
+                let body = full_response(meta, &text, finish_reason, &usage, &entries);
                 return Ok(axum::Json(body).into_response());
             }
             ClientReply::Error { code, message, .. } => {

@@ -198,7 +198,21 @@ pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError
     body.only_default::<u32>("best_of", |n| *n == 1, "only best_of 1 is served")?;
     body.only_default::<bool>("echo", |e| !e, "the prompt is not echoed")?;
     body.only_default::<String>("suffix", String::is_empty, "no insertion mode")?;
-    body.only_default::<u32>("logprobs", |_| false, "log probabilities are not returned")?;
+    // Legacy completions: `logprobs: n` asks for the n most likely tokens
+    // at each position, besides the chosen one (0: only the chosen one).
+    if let Some(top) = body.get::<u32>("logprobs")? {
+        if top > ctx.limits.max_top_logprobs {
+            return Err(ApiError::invalid(
+                "logprobs",
+                format!(
+                    "\"logprobs\" must be at most {}, got {top}",
+                    ctx.limits.max_top_logprobs
+                ),
+            ));
+        }
+        request.logprobs = true;
+        request.top_logprobs = top;
+    }
     finish(body, request, ctx)
 }
 
@@ -222,12 +236,10 @@ pub fn chat(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
     request.max_tokens = max_completion
         .or(body.get::<u32>("max_tokens")?)
         .unwrap_or(ctx.limits.max_tokens_cap);
-    body.only_default::<bool>("logprobs", |l| !l, "log probabilities are not returned")?;
-    body.only_default::<u32>(
-        "top_logprobs",
-        |n| *n == 0,
-        "log probabilities are not returned",
-    )?;
+    // Range and "top_logprobs needs logprobs" are checked by the
+    // protocol's validation below, which names the field.
+    request.logprobs = body.get::<bool>("logprobs")?.unwrap_or(false);
+    request.top_logprobs = body.get::<u32>("top_logprobs")?.unwrap_or(0);
     body.only_default::<Vec<Value>>("tools", Vec::is_empty, "no tool calling")?;
     body.only_default::<Vec<Value>>("functions", Vec::is_empty, "no function calling")?;
     body.only_default::<Value>("tool_choice", |c| c == "none", "no tool calling")?;
@@ -505,7 +517,6 @@ mod tests {
             ("n", serde_json::json!(2)),
             ("tools", serde_json::json!([{"type": "function"}])),
             ("tool_choice", serde_json::json!("auto")),
-            ("logprobs", serde_json::json!(true)),
             ("presence_penalty", serde_json::json!(0.5)),
             ("logit_bias", serde_json::json!({"1": 5})),
             (
@@ -527,7 +538,7 @@ mod tests {
         // Defaults of unsupported fields are fine.
         chat_ok(
             serde_json::json!({"messages": user, "n": 1, "tools": [], "tool_choice": "none",
-            "logprobs": false, "frequency_penalty": 0.0, "logit_bias": {},
+            "frequency_penalty": 0.0, "logit_bias": {},
             "response_format": {"type": "text"}, "parallel_tool_calls": true}),
         );
     }
@@ -567,6 +578,58 @@ mod tests {
     }
 
     #[test]
+    fn chat_logprobs_map_to_the_protocol() {
+        let user = serde_json::json!([{"role": "user", "content": "x"}]);
+        let t = chat_ok(serde_json::json!({"messages": user}));
+        assert!(!t.request.logprobs && t.request.top_logprobs == 0);
+        let t = chat_ok(serde_json::json!({"messages": user, "logprobs": false}));
+        assert!(!t.request.logprobs);
+        let t = chat_ok(serde_json::json!({"messages": user, "logprobs": true}));
+        assert!(t.request.logprobs && t.request.top_logprobs == 0);
+        let t =
+            chat_ok(serde_json::json!({"messages": user, "logprobs": true, "top_logprobs": 20}));
+        assert!(t.request.logprobs && t.request.top_logprobs == 20);
+        for body in [
+            serde_json::json!({"messages": user, "logprobs": true, "top_logprobs": 21}),
+            serde_json::json!({"messages": user, "logprobs": true, "top_logprobs": -1}),
+            serde_json::json!({"messages": user, "top_logprobs": 2}),
+            serde_json::json!({"messages": user, "logprobs": false, "top_logprobs": 2}),
+        ] {
+            let error = chat_err(body.clone());
+            assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(
+                param(&error).as_deref(),
+                Some("top_logprobs"),
+                "{body}: {error}"
+            );
+            assert_eq!(error.body()["error"]["type"], "invalid_request_error");
+        }
+        let error = chat_err(serde_json::json!({"messages": user, "logprobs": 2}));
+        assert_eq!(param(&error).as_deref(), Some("logprobs"));
+    }
+
+    #[test]
+    fn completion_logprobs_count_maps_to_top_logprobs() {
+        let t = completion_ok(serde_json::json!({"prompt": "x"}));
+        assert!(!t.request.logprobs);
+        let t = completion_ok(serde_json::json!({"prompt": "x", "logprobs": null}));
+        assert!(!t.request.logprobs);
+        let t = completion_ok(serde_json::json!({"prompt": "x", "logprobs": 0}));
+        assert!(t.request.logprobs && t.request.top_logprobs == 0);
+        let t = completion_ok(serde_json::json!({"prompt": "x", "logprobs": 5}));
+        assert!(t.request.logprobs && t.request.top_logprobs == 5);
+        for bad in [
+            serde_json::json!(21),
+            serde_json::json!(-1),
+            serde_json::json!(true),
+        ] {
+            let error = completion_err(serde_json::json!({"prompt": "x", "logprobs": bad}));
+            assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST);
+            assert_eq!(param(&error).as_deref(), Some("logprobs"), "{error}");
+        }
+    }
+
+    #[test]
     fn completion_prompt_forms() {
         let t = completion_ok(serde_json::json!({"model": "m", "prompt": "Once"}));
         assert_eq!(t.request.prompt.as_deref(), Some("Once"));
@@ -590,8 +653,6 @@ mod tests {
         }
         let error = completion_err(serde_json::json!({"prompt": "x", "echo": true}));
         assert_eq!(param(&error).as_deref(), Some("echo"));
-        let error = completion_err(serde_json::json!({"prompt": "x", "logprobs": 2}));
-        assert_eq!(param(&error).as_deref(), Some("logprobs"));
         let error = completion_err(serde_json::json!({"prompt": "x", "messages": []}));
         assert_eq!(param(&error).as_deref(), Some("messages"));
         let error = completion_err(serde_json::json!({"prompt": "x", "max_tokens": 40000}));

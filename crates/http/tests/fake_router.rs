@@ -69,6 +69,7 @@ fn fake_router() -> (String, mpsc::Receiver<String>) {
                         index,
                         text: text.into(),
                         tokens: vec![index],
+                        logprobs: None,
                     };
                     send(chunk(0, "Hel"));
                     if request.prompt.as_deref() == Some("hang") {
@@ -86,6 +87,7 @@ fn fake_router() -> (String, mpsc::Receiver<String>) {
                         },
                         timings: Timings::default(),
                         worker: "w0".into(),
+                        logprobs: None,
                     });
                 }
                 ClientRequest::Cancel { id } => {

@@ -24,6 +24,12 @@ pub struct Limits {
     pub max_tokens_cap: u32,
     /// Longest id, model name or namespace in bytes.
     pub max_name_bytes: usize,
+    /// Highest `top_logprobs` accepted.
+    pub max_top_logprobs: u32,
+    /// Most log-probability entries one non-streamed `done` may have to
+    /// carry: `max_tokens` x (1 + `top_logprobs`). Keeps that frame well
+    /// under `max_frame_bytes`; streamed requests send them chunk by chunk.
+    pub max_logprob_entries: usize,
 }
 
 impl Default for Limits {
@@ -39,6 +45,8 @@ impl Default for Limits {
             max_stop_token_ids: 64,
             max_tokens_cap: 32_768,
             max_name_bytes: 256,
+            max_top_logprobs: 20,
+            max_logprob_entries: 4096,
         }
     }
 }

@@ -131,6 +131,22 @@ pub struct GenerateRequest {
     /// Give up after this many milliseconds from arrival at the router.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_ms: Option<u64>,
+    /// Report each generated token's log probability in `chunk` (or, not
+    /// streamed, in `done`); default false.
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "is_default"
+    )]
+    pub logprobs: bool,
+    /// With `logprobs`, also report this many most likely tokens at each
+    /// position (0 to 20; default 0).
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "is_default"
+    )]
+    pub top_logprobs: u32,
 }
 
 impl GenerateRequest {
@@ -156,8 +172,45 @@ impl GenerateRequest {
             stream: true,
             priority: 0,
             deadline_ms: None,
+            logprobs: false,
+            top_logprobs: 0,
         }
     }
+}
+
+/// A likely token at one output position, with its log probability.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// Token id.
+    pub token: u32,
+    /// The token's text: the tokenizer's decoding of this id alone.
+    pub text: String,
+    /// Natural log of its probability (see [`TokenLogprob::logprob`]).
+    pub logprob: f32,
+}
+
+/// One generated token with its log probability and, when asked for, the
+/// most likely tokens at its position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The generated token id (the same as in `tokens`).
+    pub token: u32,
+    /// The token's text: the tokenizer's decoding of this id alone (may
+    /// hold U+FFFD where the token is part of a UTF-8 character).
+    pub text: String,
+    /// Natural log of the token's probability under the distribution the
+    /// sampler drew from: log-softmax of the logits after the repetition
+    /// penalty, divided by the temperature (1 when the temperature is 0),
+    /// before top-k, top-p and min-p cut the candidates.
+    pub logprob: f32,
+    /// The `top_logprobs` most likely tokens at this position, most likely
+    /// first (ties by lower id); empty when `top_logprobs` was 0.
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub top_logprobs: Vec<TopLogprob>,
 }
 
 /// client -> router.
@@ -345,6 +398,10 @@ pub enum ClientReply {
         text: String,
         /// Token ids produced since the previous chunk.
         tokens: Vec<u32>,
+        /// One entry per entry of `tokens`, when the request asked for
+        /// `logprobs`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<Vec<TokenLogprob>>,
     },
     /// The request finished; terminal.
     Done {
@@ -361,6 +418,10 @@ pub enum ClientReply {
         timings: Timings,
         /// The worker that served it.
         worker: String,
+        /// Every generated token's entry, when the request was not
+        /// streamed and asked for `logprobs`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<Vec<TokenLogprob>>,
     },
     /// The request failed (terminal when `id` is set), or a message could
     /// not be understood.
@@ -525,6 +586,10 @@ pub enum WorkerToRouter {
         text: String,
         /// Token ids since the previous chunk.
         tokens: Vec<u32>,
+        /// One entry per entry of `tokens`, when the request asked for
+        /// `logprobs`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<Vec<TokenLogprob>>,
     },
     /// Request `rid` finished.
     Done {
@@ -539,6 +604,10 @@ pub enum WorkerToRouter {
         usage: Usage,
         /// Time spent in the worker.
         timings: Timings,
+        /// Every generated token's entry, when the request was not
+        /// streamed and asked for `logprobs`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        logprobs: Option<Vec<TokenLogprob>>,
     },
     /// Request `rid` failed.
     Error {

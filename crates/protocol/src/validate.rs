@@ -2,8 +2,8 @@
 
 use crate::{
     AdminReply, AdminRequest, CacheTransfer, ClientReply, ClientRequest, DecodeError,
-    GenerateRequest, Limits, RouterToSupervisor, RouterToWorker, SupervisorToRouter, WireMessage,
-    WorkerToRouter,
+    GenerateRequest, Limits, RouterToSupervisor, RouterToWorker, SupervisorToRouter, TokenLogprob,
+    WireMessage, WorkerToRouter,
 };
 
 fn over(field: &'static str, size: usize, max: usize) -> Result<(), DecodeError> {
@@ -108,6 +108,35 @@ impl GenerateRequest {
                 detail: "must be greater than 0".into(),
             });
         }
+        self.validate_logprobs(limits)
+    }
+
+    fn validate_logprobs(&self, limits: &Limits) -> Result<(), DecodeError> {
+        over(
+            "top_logprobs",
+            self.top_logprobs as usize,
+            limits.max_top_logprobs as usize,
+        )?;
+        if self.top_logprobs > 0 && !self.logprobs {
+            return Err(DecodeError::Invalid {
+                field: "top_logprobs",
+                detail: "needs \"logprobs\": true".into(),
+            });
+        }
+        if self.logprobs && !self.stream {
+            let entries = (self.max_tokens as usize).saturating_mul(1 + self.top_logprobs as usize);
+            if entries > limits.max_logprob_entries {
+                return Err(DecodeError::OverLimit {
+                    field: "logprobs",
+                    detail: format!(
+                        "a non-streamed request would carry max_tokens x (1 + top_logprobs) = \
+                         {entries} entries in one done, over the limit of {}; stream it or \
+                         lower max_tokens",
+                        limits.max_logprob_entries
+                    ),
+                });
+            }
+        }
         Ok(())
     }
 }
@@ -128,8 +157,50 @@ impl WireMessage for ClientRequest {
     }
 }
 
+/// Log-probability entries: one per token of a chunk, and at most
+/// `max_top_logprobs` alternatives each.
+fn logprobs(
+    entries: Option<&[TokenLogprob]>,
+    tokens: Option<usize>,
+    limits: &Limits,
+) -> Result<(), DecodeError> {
+    let Some(entries) = entries else {
+        return Ok(());
+    };
+    if let Some(tokens) = tokens
+        && entries.len() != tokens
+    {
+        return Err(DecodeError::Invalid {
+            field: "logprobs",
+            detail: format!("{} entries for {tokens} tokens", entries.len()),
+        });
+    }
+    for entry in entries {
+        over(
+            "top_logprobs",
+            entry.top_logprobs.len(),
+            limits.max_top_logprobs as usize,
+        )?;
+    }
+    Ok(())
+}
+
 impl WireMessage for ClientReply {
     const TYPES: &'static [&'static str] = &["chunk", "done", "error", "models", "pong"];
+
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        match self {
+            ClientReply::Chunk {
+                tokens,
+                logprobs: entries,
+                ..
+            } => logprobs(entries.as_deref(), Some(tokens.len()), limits),
+            ClientReply::Done {
+                logprobs: entries, ..
+            } => logprobs(entries.as_deref(), None, limits),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl WireMessage for RouterToWorker {
@@ -170,24 +241,34 @@ impl WireMessage for WorkerToRouter {
     ];
 
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
-        if let WorkerToRouter::Ready {
-            worker_id,
-            models,
-            device,
-            import_endpoint,
-            ..
-        } = self
-        {
-            name("worker_id", worker_id, limits)?;
-            name("device", device, limits)?;
-            if let Some(endpoint) = import_endpoint {
-                name("import_endpoint", endpoint, limits)?;
+        match self {
+            WorkerToRouter::Ready {
+                worker_id,
+                models,
+                device,
+                import_endpoint,
+                ..
+            } => {
+                name("worker_id", worker_id, limits)?;
+                name("device", device, limits)?;
+                if let Some(endpoint) = import_endpoint {
+                    name("import_endpoint", endpoint, limits)?;
+                }
+                for model in models {
+                    name("models", model, limits)?;
+                }
+                Ok(())
             }
-            for model in models {
-                name("models", model, limits)?;
-            }
+            WorkerToRouter::Chunk {
+                tokens,
+                logprobs: entries,
+                ..
+            } => logprobs(entries.as_deref(), Some(tokens.len()), limits),
+            WorkerToRouter::Done {
+                logprobs: entries, ..
+            } => logprobs(entries.as_deref(), None, limits),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 

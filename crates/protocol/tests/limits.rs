@@ -7,8 +7,8 @@ mod common;
 
 use zinfer_protocol::{
     AdminRequest, CacheTransfer, ChatMessage, ClientReply, ClientRequest, DecodeError,
-    GenerateRequest, Limits, RouterToSupervisor, RouterToWorker, SupervisorToRouter,
-    WorkerToRouter, decode, encode,
+    FinishReason, GenerateRequest, Limits, RouterToSupervisor, RouterToWorker, SupervisorToRouter,
+    Timings, TokenLogprob, TopLogprob, Usage, WorkerToRouter, decode, encode,
 };
 
 fn generate(edit: impl FnOnce(&mut GenerateRequest)) -> Vec<u8> {
@@ -366,6 +366,147 @@ fn generate_value_domains_are_checked() {
     ));
 }
 
+#[test]
+fn top_logprobs_bound_and_needs_logprobs() {
+    let with = |top: u32| {
+        generate(move |r| {
+            r.logprobs = true;
+            r.top_logprobs = top;
+        })
+    };
+    assert_bound("top_logprobs", with(20), with(21), &Limits::default());
+    let alone = generate(|r| r.top_logprobs = 1);
+    assert!(matches!(
+        decode_request(&alone, &Limits::default()),
+        Err(DecodeError::Invalid {
+            field: "top_logprobs",
+            ..
+        })
+    ));
+    // logprobs alone, without alternatives, is fine.
+    decode_request(&generate(|r| r.logprobs = true), &Limits::default()).unwrap();
+}
+
+/// A non-streamed request carries every entry in one `done`, so its size is
+/// bounded up front; a streamed one is not.
+#[test]
+fn non_streamed_logprob_entries_are_bounded() {
+    let limits = Limits::default();
+    let request = |max_tokens: u32, stream: bool| {
+        generate(move |r| {
+            r.logprobs = true;
+            r.top_logprobs = 3;
+            r.max_tokens = max_tokens;
+            r.stream = stream;
+        })
+    };
+    let at = limits.max_logprob_entries as u32 / 4;
+    assert_bound(
+        "logprobs",
+        request(at, false),
+        request(at + 1, false),
+        &limits,
+    );
+    decode_request(&request(limits.max_tokens_cap, true), &limits).unwrap();
+}
+
+/// At the entry limit, with token texts longer than the default model's
+/// (at most 16 bytes, usually 2 to 8), a `done` fits well within a frame;
+/// so does a streamed chunk of 16 tokens with 20 alternatives each.
+#[test]
+fn logprob_frames_at_the_limits_fit_a_frame() {
+    let limits = Limits::default();
+    let top = limits.max_top_logprobs as usize;
+    let entry = |token: u32| TokenLogprob {
+        token: 40_000 + token,
+        text: "x".repeat(48),
+        logprob: -17.123_456,
+        top_logprobs: (0..top)
+            .map(|i| TopLogprob {
+                token: 40_000 + i as u32,
+                text: "y".repeat(48),
+                logprob: -(i as f32) - 0.5,
+            })
+            .collect(),
+    };
+    let tokens = limits.max_logprob_entries / (1 + top);
+    let done = WorkerToRouter::Done {
+        rid: u64::MAX,
+        finish_reason: FinishReason::Length,
+        text: Some("x".repeat(48 * tokens)),
+        usage: Usage::default(),
+        timings: Timings::default(),
+        logprobs: Some((0..tokens as u32).map(entry).collect()),
+    };
+    let frame = encode(&done).unwrap();
+    assert!(
+        frame.len() < limits.max_frame_bytes / 2,
+        "{} bytes",
+        frame.len()
+    );
+    assert_eq!(decode::<WorkerToRouter>(&frame, &limits).unwrap(), done);
+    let chunk = WorkerToRouter::Chunk {
+        rid: 1,
+        index: 0,
+        text: String::new(),
+        tokens: (0..16).collect(),
+        logprobs: Some((0..16).map(entry).collect()),
+    };
+    let frame = encode(&chunk).unwrap();
+    assert!(frame.len() < 64 * 1024, "{} bytes", frame.len());
+}
+
+#[test]
+fn logprobs_come_one_per_token_with_bounded_alternatives() {
+    let limits = Limits::default();
+    let mut entries = common::token_logprobs();
+    let chunk = |entries: Vec<TokenLogprob>| {
+        encode(&WorkerToRouter::Chunk {
+            rid: 1,
+            index: 0,
+            text: "a".into(),
+            tokens: vec![7042, 2208],
+            logprobs: Some(entries),
+        })
+        .unwrap()
+    };
+    decode::<WorkerToRouter>(&chunk(entries.clone()), &limits).unwrap();
+    let one_short = chunk(entries[..1].to_vec());
+    assert!(matches!(
+        decode::<WorkerToRouter>(&one_short, &limits),
+        Err(DecodeError::Invalid {
+            field: "logprobs",
+            ..
+        })
+    ));
+    let alternative = entries[0].top_logprobs[0].clone();
+    entries[0].top_logprobs = vec![alternative; 21];
+    let frame = chunk(entries);
+    assert!(matches!(
+        decode::<WorkerToRouter>(&frame, &limits),
+        Err(DecodeError::OverLimit {
+            field: "top_logprobs",
+            ..
+        })
+    ));
+    // The client side checks the same.
+    let reply = encode(&ClientReply::Chunk {
+        id: "r".into(),
+        index: 0,
+        text: String::new(),
+        tokens: vec![1, 2, 3],
+        logprobs: Some(common::token_logprobs()),
+    })
+    .unwrap();
+    assert!(matches!(
+        decode::<ClientReply>(&reply, &limits),
+        Err(DecodeError::Invalid {
+            field: "logprobs",
+            ..
+        })
+    ));
+}
+
 fn map(pairs: Vec<(&str, rmpv::Value)>) -> Vec<u8> {
     let map = pairs.into_iter().map(|(k, v)| (k.into(), v)).collect();
     let mut out = Vec::new();
@@ -560,6 +701,8 @@ fn nil_in_an_optional_field_is_its_default() {
         "deadline_ms",
         "model",
         "namespace",
+        "logprobs",
+        "top_logprobs",
     ];
     let extra = fields
         .iter()

@@ -362,6 +362,7 @@ fn core_cost_ns(chunks: u32) -> f64 {
                 index,
                 text: " token".into(),
                 tokens: vec![index],
+                logprobs: None,
             };
             encode(&chunk).expect("encode")
         })

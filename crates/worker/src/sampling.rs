@@ -5,6 +5,11 @@
 //! per-request RNG seeded from the request's seed, so the same seed,
 //! parameters and prompt give the same tokens. Top-k and top-p use partial
 //! selection, so a 49k vocabulary is never fully sorted.
+//!
+//! For a request that asks for log probabilities, the sampler also
+//! computes the log-softmax of the row it drew from (after the penalty and
+//! the temperature) for the chosen token and the `top_logprobs` best; a
+//! request that does not ask pays nothing for it.
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use zinfer_protocol::{FinishReason, GenerateRequest};
@@ -40,6 +45,9 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Seed of the request's RNG.
     pub seed: u64,
+    /// Report log probabilities: `Some(k)` with the k most likely tokens
+    /// (k may be 0); `None` is off.
+    pub logprobs: Option<usize>,
 }
 
 impl SamplingParams {
@@ -53,6 +61,7 @@ impl SamplingParams {
             min_p: request.min_p,
             repetition_penalty: request.repetition_penalty,
             seed: request.seed.unwrap_or(fallback_seed),
+            logprobs: request.logprobs.then_some(request.top_logprobs as usize),
         }
     }
 
@@ -65,8 +74,20 @@ impl SamplingParams {
             min_p: 0.0,
             repetition_penalty: 1.0,
             seed: 0,
+            logprobs: None,
         }
     }
+}
+
+/// Log probabilities of one sampled position, ids only (the engine adds
+/// the texts).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprobs {
+    /// The chosen token's log probability.
+    pub chosen: f32,
+    /// The most likely tokens and their log probabilities, most likely
+    /// first, ties by lower id.
+    pub top: Vec<(u32, f32)>,
 }
 
 /// Samples the tokens of one request; owns its RNG and the set of tokens
@@ -77,6 +98,8 @@ pub struct Sampler {
     rng: StdRng,
     seen: SeenTokens,
     candidates: Vec<(u32, f32)>,
+    /// Log probabilities of the last draw, when the request asks for them.
+    last_logprobs: Option<Logprobs>,
 }
 
 impl Sampler {
@@ -91,7 +114,14 @@ impl Sampler {
             params,
             seen,
             candidates: Vec::new(),
+            last_logprobs: None,
         }
+    }
+
+    /// The log probabilities of the last sampled token (`None` when the
+    /// request did not ask, or already taken).
+    pub fn take_logprobs(&mut self) -> Option<Logprobs> {
+        self.last_logprobs.take()
     }
 
     /// Draws the next token from `logits` (modified in place by the
@@ -106,6 +136,15 @@ impl Sampler {
         } else {
             self.draw(logits)?
         };
+        if let Some(top) = self.params.logprobs {
+            self.last_logprobs = Some(logprobs(
+                logits,
+                self.params.temperature,
+                token,
+                top,
+                &mut self.candidates,
+            ));
+        }
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(token);
         }
@@ -175,6 +214,65 @@ impl Sampler {
             .last()
             .map(|&(id, _)| id)
             .ok_or(SamplingError::NoFiniteLogit)
+    }
+}
+
+/// Log-softmax of `logits / temperature` (temperature 1 when it is 0, for
+/// greedy) for `chosen` and the `top` most likely tokens. NaN logits count
+/// as impossible. One pass for the normalizer, one partial selection for
+/// the top; `scratch` is reused between calls.
+fn logprobs(
+    logits: &[f32],
+    temperature: f32,
+    chosen: u32,
+    top: usize,
+    scratch: &mut Vec<(u32, f32)>,
+) -> Logprobs {
+    let inv_t = if temperature > 0.0 {
+        1.0 / temperature
+    } else {
+        1.0
+    };
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits
+        .iter()
+        .filter(|x| !x.is_nan())
+        .map(|&x| f64::from((x - max) * inv_t).exp())
+        .sum();
+    // log of the normalizer, relative to the best logit.
+    let log_z = sum.ln() as f32;
+    let logprob = |x: f32| {
+        if x.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            ((x - max) * inv_t - log_z).min(0.0)
+        }
+    };
+    let chosen_logprob = logits
+        .get(chosen as usize)
+        .map_or(f32::NEG_INFINITY, |&x| logprob(x));
+    scratch.clear();
+    if top > 0 {
+        scratch.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, x)| !x.is_nan())
+                .map(|(id, &x)| (id as u32, x)),
+        );
+        if top < scratch.len() {
+            scratch.select_nth_unstable_by(top - 1, by_weight_desc);
+            scratch.truncate(top);
+        }
+        scratch.sort_unstable_by(by_weight_desc);
+    }
+    Logprobs {
+        chosen: chosen_logprob,
+        top: scratch.iter().map(|&(id, x)| (id, logprob(x))).collect(),
     }
 }
 
@@ -463,6 +561,101 @@ mod tests {
         // Negative logits are multiplied, so they sink further.
         let mut sampler = Sampler::new(penalized, &[0]);
         assert_eq!(sampler.sample(&mut [-1.0, -1.5, -9.0]).unwrap(), 1);
+    }
+
+    fn with_logprobs(params: SamplingParams, top: usize) -> SamplingParams {
+        SamplingParams {
+            logprobs: Some(top),
+            ..params
+        }
+    }
+
+    /// The plain definition: log(softmax(row / t)) in f64.
+    fn reference_logprobs(row: &[f32], temperature: f32) -> Vec<f64> {
+        let t = if temperature > 0.0 { temperature } else { 1.0 };
+        let scaled: Vec<f64> = row.iter().map(|&x| f64::from(x) / f64::from(t)).collect();
+        let max = scaled.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let log_z = max + scaled.iter().map(|x| (x - max).exp()).sum::<f64>().ln();
+        scaled.iter().map(|x| x - log_z).collect()
+    }
+
+    #[test]
+    fn greedy_logprobs_are_a_distribution_whose_best_is_the_chosen_token() {
+        let row = logits();
+        let mut sampler = Sampler::new(with_logprobs(SamplingParams::greedy(), 20), &[]);
+        let token = sampler.sample(&mut row.clone()).unwrap();
+        let got = sampler.take_logprobs().unwrap();
+        assert_eq!(got.top.len(), 20);
+        assert!(got.chosen <= 0.0, "{}", got.chosen);
+        assert!(got.top.iter().all(|&(_, lp)| lp <= 0.0), "{:?}", got.top);
+        let best = got.top.iter().map(|&(_, lp)| lp).fold(f32::MIN, f32::max);
+        assert_eq!(got.chosen, best, "greedy takes the most likely token");
+        assert_eq!(got.top[0], (token, got.chosen));
+        let mass: f32 = got.top.iter().map(|&(_, lp)| lp.exp()).sum();
+        assert!(mass <= 1.0 + 1e-5 && mass > 0.0, "{mass}");
+        assert!(
+            got.top.windows(2).all(|w| w[0].1 >= w[1].1),
+            "most likely first: {:?}",
+            got.top
+        );
+        // Taken once; the next draw computes them again.
+        assert_eq!(sampler.take_logprobs(), None);
+        sampler.sample(&mut row.clone()).unwrap();
+        assert!(sampler.take_logprobs().is_some());
+    }
+
+    #[test]
+    fn logprobs_match_the_plain_definition_after_temperature() {
+        let row = [2.0f32, 1.0, 0.5, -1.0, f32::NEG_INFINITY, f32::NAN];
+        for temperature in [0.0f32, 0.5, 2.0] {
+            let mut sampler = Sampler::new(with_logprobs(params(temperature, 3), 10), &[]);
+            let token = sampler.sample(&mut row.to_vec()).unwrap();
+            let got = sampler.take_logprobs().unwrap();
+            let finite: Vec<f32> = row[..5].to_vec();
+            let want = reference_logprobs(&finite, temperature);
+            assert!(
+                (f64::from(got.chosen) - want[token as usize]).abs() < 1e-5,
+                "t={temperature}: {} vs {}",
+                got.chosen,
+                want[token as usize]
+            );
+            // NaN is left out; -inf is listed last with -inf.
+            assert_eq!(got.top.len(), 5);
+            assert_eq!(
+                got.top.iter().map(|&(id, _)| id).collect::<Vec<_>>(),
+                vec![0, 1, 2, 3, 4]
+            );
+            for &(id, lp) in &got.top[..4] {
+                assert!(
+                    (f64::from(lp) - want[id as usize]).abs() < 1e-5,
+                    "t={temperature}"
+                );
+            }
+            assert_eq!(got.top[4].1, f32::NEG_INFINITY);
+            let mass: f64 = got.top.iter().map(|&(_, lp)| f64::from(lp).exp()).sum();
+            assert!(
+                (mass - 1.0).abs() < 1e-5,
+                "the whole vocabulary sums to 1: {mass}"
+            );
+        }
+    }
+
+    #[test]
+    fn logprobs_follow_the_repetition_penalty_and_cost_nothing_unasked() {
+        let penalized = SamplingParams {
+            repetition_penalty: 2.0,
+            ..SamplingParams::greedy()
+        };
+        // Token 0 was in the prompt: its logit 3.0 counts as 1.5.
+        let mut sampler = Sampler::new(with_logprobs(penalized.clone(), 0), &[0]);
+        assert_eq!(sampler.sample(&mut [3.0, 2.0, -1.0]).unwrap(), 1);
+        let got = sampler.take_logprobs().unwrap();
+        let want = reference_logprobs(&[1.5, 2.0, -1.0], 0.0);
+        assert!((f64::from(got.chosen) - want[1]).abs() < 1e-6);
+        assert!(got.top.is_empty(), "top_logprobs 0 lists none");
+        let mut plain = Sampler::new(penalized, &[0]);
+        plain.sample(&mut [3.0, 2.0, -1.0]).unwrap();
+        assert_eq!(plain.take_logprobs(), None);
     }
 
     #[test]

@@ -630,6 +630,7 @@ fn relay_events(events: Receiver<EngineEvent>, out: zmq::Socket, metrics: Worker
                 index,
                 text,
                 tokens,
+                logprobs,
             } => {
                 let now = Instant::now();
                 if let Some(stream) = streams.get_mut(&rid) {
@@ -645,6 +646,7 @@ fn relay_events(events: Receiver<EngineEvent>, out: zmq::Socket, metrics: Worker
                     index,
                     text,
                     tokens,
+                    logprobs,
                 }
             }
             EngineEvent::Done {
@@ -653,6 +655,7 @@ fn relay_events(events: Receiver<EngineEvent>, out: zmq::Socket, metrics: Worker
                 text,
                 usage,
                 timings,
+                logprobs,
             } => {
                 streams.remove(&rid);
                 let outcome = finish_reason.as_str();
@@ -671,6 +674,7 @@ fn relay_events(events: Receiver<EngineEvent>, out: zmq::Socket, metrics: Worker
                     text,
                     usage,
                     timings,
+                    logprobs,
                 }
             }
             EngineEvent::Error { rid, code, message } => {

@@ -93,6 +93,7 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
             index: index as u32,
             text: text.into(),
             tokens: vec![index as u32 + 10],
+            logprobs: None,
         });
     }
     let prompt_tokens = prompt.split_whitespace().count() as u32;
@@ -107,6 +108,7 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
         },
         timings: Timings::default(),
         worker: "fake".into(),
+        logprobs: None,
     });
 }
 
@@ -168,6 +170,7 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
                         index,
                         text,
                         tokens,
+                        logprobs: None,
                     },
                     ClientReply::Done {
                         finish_reason,
@@ -181,6 +184,7 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
                         text,
                         usage,
                         timings,
+                        logprobs: None,
                     },
                     ClientReply::Error { code, message, .. } => {
                         WorkerToRouter::Error { rid, code, message }

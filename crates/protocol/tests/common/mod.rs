@@ -7,8 +7,8 @@
 use zinfer_protocol::{
     AdminReply, AdminRequest, CacheTransfer, ChatMessage, ClientReply, ClientRequest, ControlOp,
     DecodeError, ErrorCode, FinishReason, GenerateRequest, Limits, LoadReport, ModelInfo,
-    ModelOffer, RouterToSupervisor, RouterToWorker, SupervisorToRouter, Timings, Usage,
-    WireMessage, WorkerInfo, WorkerState, WorkerToRouter, decode, encode,
+    ModelOffer, RouterToSupervisor, RouterToWorker, SupervisorToRouter, Timings, TokenLogprob,
+    TopLogprob, Usage, WireMessage, WorkerInfo, WorkerState, WorkerToRouter, decode, encode,
 };
 
 /// A sample message with its golden name, `<direction>.<case>`.
@@ -21,7 +21,9 @@ fn sample<T>(name: &'static str, message: T) -> Sample<T> {
     Sample { name, message }
 }
 
-/// A generate with every field set away from its default.
+/// A generate with every field of v1 as first shipped set away from its
+/// default; the later optional fields are in [`logprobs_generate`], so this
+/// frame shows that older encoders are still understood byte for byte.
 pub fn full_generate() -> GenerateRequest {
     GenerateRequest {
         id: "req-1".into(),
@@ -43,7 +45,42 @@ pub fn full_generate() -> GenerateRequest {
         stream: false,
         priority: -3,
         deadline_ms: Some(30_000),
+        logprobs: false,
+        top_logprobs: 0,
     }
+}
+
+/// A generate asking for log probabilities and two alternatives per token.
+pub fn logprobs_generate() -> GenerateRequest {
+    let mut request = GenerateRequest::from_prompt("req-4", "Once upon a time");
+    request.temperature = 0.0;
+    request.max_tokens = 16;
+    request.logprobs = true;
+    request.top_logprobs = 2;
+    request
+}
+
+/// Entries for tokens 7042 (" Paris") and 2208; logprobs exact in f32.
+pub fn token_logprobs() -> Vec<TokenLogprob> {
+    let top = |token: u32, text: &str, logprob: f32| TopLogprob {
+        token,
+        text: text.into(),
+        logprob,
+    };
+    vec![
+        TokenLogprob {
+            token: 7042,
+            text: " Paris".into(),
+            logprob: -0.125,
+            top_logprobs: vec![top(7042, " Paris", -0.125), top(4220, " Lyon", -2.5)],
+        },
+        TokenLogprob {
+            token: 2208,
+            text: "\u{fffd}".into(),
+            logprob: -1.5,
+            top_logprobs: vec![top(2208, "\u{fffd}", -1.5), top(30, "!", -1.75)],
+        },
+    ]
 }
 
 pub fn chat_generate() -> GenerateRequest {
@@ -118,6 +155,10 @@ pub fn client_requests() -> Vec<Sample<ClientRequest>> {
             ClientRequest::Generate(tokens_generate()),
         ),
         sample(
+            "client_request.generate_logprobs",
+            ClientRequest::Generate(logprobs_generate()),
+        ),
+        sample(
             "client_request.cancel",
             ClientRequest::Cancel { id: "req-1".into() },
         ),
@@ -140,6 +181,17 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 index: 0,
                 text: "Paris é".into(),
                 tokens: vec![7042, 2208],
+                logprobs: None,
+            },
+        ),
+        sample(
+            "client_reply.chunk_logprobs",
+            ClientReply::Chunk {
+                id: "req-4".into(),
+                index: 0,
+                text: " Paris".into(),
+                tokens: vec![7042, 2208],
+                logprobs: Some(token_logprobs()),
             },
         ),
         sample(
@@ -151,6 +203,19 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 usage: usage(),
                 timings: timings(),
                 worker: "w-cpu-0".into(),
+                logprobs: None,
+            },
+        ),
+        sample(
+            "client_reply.done_logprobs",
+            ClientReply::Done {
+                id: "req-4".into(),
+                finish_reason: FinishReason::Length,
+                text: Some(" Paris\u{fffd}".into()),
+                usage: usage(),
+                timings: timings(),
+                worker: "w-cpu-0".into(),
+                logprobs: Some(token_logprobs()),
             },
         ),
         sample(
@@ -162,6 +227,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 usage: usage(),
                 timings: timings(),
                 worker: "w-cpu-0".into(),
+                logprobs: None,
             },
         ),
         sample(
@@ -293,6 +359,17 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 index: 2,
                 text: " Paris".into(),
                 tokens: vec![7042],
+                logprobs: None,
+            },
+        ),
+        sample(
+            "worker_to_router.chunk_logprobs",
+            WorkerToRouter::Chunk {
+                rid: 8,
+                index: 0,
+                text: " Paris".into(),
+                tokens: vec![7042, 2208],
+                logprobs: Some(token_logprobs()),
             },
         ),
         sample(
@@ -303,6 +380,18 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 text: None,
                 usage: usage(),
                 timings: timings(),
+                logprobs: None,
+            },
+        ),
+        sample(
+            "worker_to_router.done_logprobs",
+            WorkerToRouter::Done {
+                rid: 8,
+                finish_reason: FinishReason::Length,
+                text: Some(" Paris\u{fffd}".into()),
+                usage: usage(),
+                timings: timings(),
+                logprobs: Some(token_logprobs()),
             },
         ),
         sample(

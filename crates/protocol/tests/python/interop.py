@@ -57,6 +57,22 @@ def check_done(frame):
     assert set(msg) == {"type", "id", "finish_reason", "text", "usage", "timings", "worker"}, msg
 
 
+def check_chunk_logprobs(frame):
+    msg = msgpack.unpackb(frame, raw=False)
+    assert msg["type"] == "chunk" and msg["tokens"] == [7042, 2208], msg
+    first, second = msg["logprobs"]
+    assert first == {
+        "token": 7042,
+        "text": " Paris",
+        "logprob": -0.125,
+        "top_logprobs": [
+            {"token": 7042, "text": " Paris", "logprob": -0.125},
+            {"token": 4220, "text": " Lyon", "logprob": -2.5},
+        ],
+    }, first
+    assert second["text"] == "\ufffd" and second["logprob"] == -1.5, second
+
+
 def check_models(frame, with_limits):
     msg = msgpack.unpackb(frame, raw=False)
     model = msg["models"][0]
@@ -96,7 +112,7 @@ def edge_cases():
     nils = dict(base, **{field: None for field in (
         "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
         "stop", "stop_token_ids", "ignore_eos", "stream", "priority", "seed",
-        "deadline_ms")})
+        "deadline_ms", "logprobs", "top_logprobs")})
     return {
         "nil_is_absent": msgpack.packb(nils),
         "integer_key": msgpack.packb({**base, 18: 3}),
@@ -109,6 +125,7 @@ def main():
     directory = sys.argv[1]
     check_generate(golden(directory, "client_request.generate"))
     check_done(golden(directory, "client_reply.done"))
+    check_chunk_logprobs(golden(directory, "client_reply.chunk_logprobs"))
     check_models(golden(directory, "client_reply.models"), with_limits=False)
     check_models(golden(directory, "client_reply.models_with_limits"), with_limits=True)
     print(python_generate().hex())

@@ -173,6 +173,7 @@ impl Core {
                 ..Timings::default()
             },
             worker: String::new(),
+            logprobs: None,
         };
         self.send(Peer::Client(request.client), &reply);
     }

@@ -176,6 +176,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                         index: 0,
                         text: "t".into(),
                         tokens: vec![1],
+                        logprobs: None,
                     },
                     Op::Done(_) => WorkerToRouter::Done {
                         rid,
@@ -183,6 +184,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                         text: None,
                         usage: Usage::default(),
                         timings: Timings::default(),
+                        logprobs: None,
                     },
                     _ => WorkerToRouter::Error {
                         rid,
@@ -200,6 +202,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                     text: None,
                     usage: Usage::default(),
                     timings: Timings::default(),
+                    logprobs: None,
                 };
                 worker_message(&mut core, now, WORKERS[w].as_bytes(), &message);
             }

@@ -8,7 +8,7 @@ use std::{
 
 use zinfer_protocol::{
     ClientReply, ControlOp, ErrorCode, FinishReason, LoadReport, PROTOCOL_VERSION, RouterToWorker,
-    Timings, Usage, WorkerInfo, WorkerState, WorkerToRouter, decode,
+    Timings, TokenLogprob, Usage, WorkerInfo, WorkerState, WorkerToRouter, decode,
 };
 
 use super::{Addr, Core, Peer, seconds};
@@ -153,14 +153,27 @@ impl Core {
                 index,
                 text,
                 tokens,
-            } => self.relay_chunk(now, from, rid, index, text, tokens),
+                logprobs,
+            } => self.relay_chunk(now, from, rid, index, text, tokens, logprobs),
             WorkerToRouter::Done {
                 rid,
                 finish_reason,
                 text,
                 usage,
                 timings,
-            } => self.relay_done(now, from, rid, finish_reason, text, usage, timings),
+                logprobs,
+            } => self.relay_done(
+                now,
+                from,
+                rid,
+                Finished {
+                    finish_reason,
+                    text,
+                    usage,
+                    timings,
+                    logprobs,
+                },
+            ),
             WorkerToRouter::Error { rid, code, message } => {
                 self.relay_error(now, from, rid, code, message)
             }
@@ -438,6 +451,7 @@ impl Core {
         self.metrics.waiting.set(waiting);
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn relay_chunk(
         &mut self,
         now: Instant,
@@ -446,6 +460,7 @@ impl Core {
         index: u32,
         text: String,
         tokens: Vec<u32>,
+        logprobs: Option<Vec<TokenLogprob>>,
     ) {
         let Some(request) = self.requests.get_mut(&rid) else {
             tracing::debug!(rid, "chunk for an ended request; dropped");
@@ -483,23 +498,21 @@ impl Core {
             index,
             text,
             tokens,
+            logprobs,
         };
         let to = Peer::Client(request.client.clone());
         self.metrics.relayed_chunks.inc();
         self.send(to, &reply);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn relay_done(
-        &mut self,
-        now: Instant,
-        from: &Addr,
-        rid: u64,
-        finish_reason: FinishReason,
-        text: Option<String>,
-        usage: Usage,
-        timings: Timings,
-    ) {
+    fn relay_done(&mut self, now: Instant, from: &Addr, rid: u64, finished: Finished) {
+        let Finished {
+            finish_reason,
+            text,
+            usage,
+            timings,
+            logprobs,
+        } = finished;
         if !self.runs_on(rid, from) {
             tracing::debug!(rid, "done for a request not running there; dropped");
             return;
@@ -533,6 +546,7 @@ impl Core {
             usage,
             timings,
             worker: worker_id,
+            logprobs,
         };
         self.send(Peer::Client(request.client), &reply);
         self.settle_drains(now);
@@ -563,6 +577,15 @@ impl Core {
             .get(&rid)
             .is_some_and(|request| request.worker.as_deref() == Some(from.identity.as_slice()))
     }
+}
+
+/// A worker's `done`, less the request id.
+struct Finished {
+    finish_reason: FinishReason,
+    text: Option<String>,
+    usage: Usage,
+    timings: Timings,
+    logprobs: Option<Vec<TokenLogprob>>,
 }
 
 /// A `ready` message's fields.

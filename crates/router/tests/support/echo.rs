@@ -123,6 +123,7 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                                 index,
                                 text: piece,
                                 tokens: vec![index],
+                                logprobs: None,
                             });
                         }
                     }
@@ -136,6 +137,7 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                             completion_tokens: n,
                         },
                         timings: Timings::default(),
+                        logprobs: None,
                     });
                 }
                 Ok(RouterToWorker::Disconnect { .. }) => {

@@ -18,7 +18,7 @@ mod transfer;
 use std::sync::Arc;
 
 use zinfer_cache::CacheConfig;
-use zinfer_protocol::{ChatMessage, ErrorCode, FinishReason, Limits, Timings, Usage};
+use zinfer_protocol::{ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, Usage};
 
 use crate::detokenize::{DetokenizeError, TokenDecoder};
 use crate::model::{ForwardModel, LoadedModel, ModelTokenizer};
@@ -73,6 +73,8 @@ pub enum EngineEvent {
         text: String,
         /// Token ids since the previous chunk (stop tokens left out).
         tokens: Vec<u32>,
+        /// One entry per token, when the request asked for logprobs.
+        logprobs: Option<Vec<TokenLogprob>>,
     },
     /// The request finished; terminal.
     Done {
@@ -86,6 +88,9 @@ pub enum EngineEvent {
         usage: Usage,
         /// Where the time went inside the worker.
         timings: Timings,
+        /// Every token's entry, when the request was not streamed and
+        /// asked for logprobs.
+        logprobs: Option<Vec<TokenLogprob>>,
     },
     /// The request failed; terminal.
     Error {

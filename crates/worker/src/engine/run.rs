@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use zinfer_cache::{RadixCache, TokenPool};
-use zinfer_protocol::{ErrorCode, FinishReason, Timings, Usage};
+use zinfer_protocol::{ErrorCode, FinishReason, Timings, TokenLogprob, TopLogprob, Usage};
 
 use super::handle::{Command, Shared, Submission};
 use super::transfer::{self, EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
 use super::{Decode, EngineConfig, EngineEvent, EngineStats, TextCodec};
 use crate::detokenize::Detokenizer;
 use crate::model::{ForwardModel, SeqChunk};
-use crate::sampling::{Sampler, SamplingParams, StopTokens};
+use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens};
 use crate::scheduler::{NewSequence, Scheduler, SchedulerError, StepPlan};
 
 /// How long an engine with work it cannot schedule waits before retrying;
@@ -23,6 +23,11 @@ const STUCK_WAIT: Duration = Duration::from_millis(20);
 
 /// How often a send blocked on a full event channel checks the stop flag.
 const SEND_POLL: Duration = Duration::from_millis(50);
+
+/// A streamed request with log probabilities gets a chunk at least every
+/// this many tokens, even when its text is held back, so no chunk grows
+/// past a few tens of KiB (16 tokens x 21 entries).
+const LOGPROB_CHUNK_TOKENS: usize = 16;
 
 /// Engine-side state of one request.
 struct Request {
@@ -36,6 +41,11 @@ struct Request {
     text: String,
     /// Tokens not yet sent in a chunk.
     unsent: Vec<u32>,
+    /// Whether the request asked for log probabilities.
+    logprobs: bool,
+    /// Log-probability entries of `unsent` (streamed) or of the whole
+    /// output (not streamed).
+    logprob_entries: Vec<TokenLogprob>,
     generated: usize,
     chunks: u32,
     cached_tokens: usize,
@@ -219,6 +229,8 @@ impl EngineLoop {
             detok: Detokenizer::new(&request.stop),
             text: String::new(),
             unsent: Vec::new(),
+            logprobs: request.logprobs,
+            logprob_entries: Vec::new(),
             generated: 0,
             chunks: 0,
             cached_tokens: 0,
@@ -360,9 +372,24 @@ impl EngineLoop {
             Some(last) => self.stats.inter_token.record((now - last).as_secs_f64()),
         }
         request.last_token = Some(now);
+        let logprobs = request.sampler.take_logprobs();
         let mut reason = request.stop.check(token, request.generated);
         if !request.stop.is_stop_token(token) {
             request.unsent.push(token);
+            if request.logprobs {
+                match logprobs.map(|lp| entry(self.text.as_ref(), token, lp)) {
+                    Some(Ok(entry)) => request.logprob_entries.push(entry),
+                    Some(Err(message)) => {
+                        self.fail(rid, ErrorCode::Internal, &message);
+                        return;
+                    }
+                    None => {
+                        let message = "the sampler computed no log probabilities (bug)";
+                        self.fail(rid, ErrorCode::Internal, message);
+                        return;
+                    }
+                }
+            }
             match request.detok.push(&Decode(self.text.as_ref()), token) {
                 Ok(delta) => {
                     request.text.push_str(&delta.text);
@@ -371,7 +398,8 @@ impl EngineLoop {
                     }
                     // The last token's text goes out too: `finish` only sends
                     // what the detokenizer still holds back.
-                    if request.stream && !delta.text.is_empty() {
+                    let flush = request.logprobs && request.unsent.len() >= LOGPROB_CHUNK_TOKENS;
+                    if request.stream && (!delta.text.is_empty() || flush) {
                         let event = chunk_event(request, delta.text);
                         self.send(event);
                     }
@@ -419,12 +447,14 @@ impl EngineLoop {
         self.stats.cached_tokens += request.cached_tokens as u64;
         tracing::debug!(rid, ?reason, generated = request.generated, "request done");
         self.shared.inflight().remove(&rid);
+        let logprobs = (request.logprobs && !request.stream).then_some(request.logprob_entries);
         self.send(EngineEvent::Done {
             rid,
             finish_reason: reason,
             text: (!request.stream).then_some(request.text),
             usage,
             timings,
+            logprobs,
         });
     }
 
@@ -517,7 +547,36 @@ fn chunk_event(request: &mut Request, text: String) -> EngineEvent {
         index,
         text,
         tokens: std::mem::take(&mut request.unsent),
+        logprobs: request
+            .logprobs
+            .then(|| std::mem::take(&mut request.logprob_entries)),
     }
+}
+
+/// The protocol entry for a generated token, with each token's text
+/// decoded alone.
+fn entry(text: &dyn TextCodec, token: u32, logprobs: Logprobs) -> Result<TokenLogprob, String> {
+    let decode = |id: u32| {
+        text.decode(&[id])
+            .map_err(|e| format!("cannot decode token {id} for logprobs: {e}"))
+    };
+    let top_logprobs = logprobs
+        .top
+        .into_iter()
+        .map(|(id, logprob)| {
+            Ok(TopLogprob {
+                token: id,
+                text: decode(id)?,
+                logprob,
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok(TokenLogprob {
+        token,
+        text: decode(token)?,
+        logprob: logprobs.chosen,
+        top_logprobs,
+    })
 }
 
 fn timings(request: &Request, now: Instant) -> Timings {

@@ -600,3 +600,119 @@ fn dropping_the_handle_fails_what_is_still_running() {
     assert_eq!(terminal.len(), 3);
     assert!(terminal.values().all(|&c| c == ErrorCode::Unavailable));
 }
+
+/// Tokens and log-probability entries of every chunk, in order.
+fn chunk_logprobs(events: &[EngineEvent]) -> Vec<(Vec<u32>, Vec<TokenLogprob>)> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            EngineEvent::Chunk {
+                tokens, logprobs, ..
+            } => Some((
+                tokens.clone(),
+                logprobs.clone().expect("logprobs asked for"),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn with_logprobs(request: GenerateRequest, top: u32) -> GenerateRequest {
+    GenerateRequest {
+        logprobs: true,
+        top_logprobs: top,
+        ..request
+    }
+}
+
+/// Every output token has one entry: its id, the text of the id alone,
+/// logprob <= 0, and (greedy) itself as the most likely; the EOS that ends
+/// the script is not reported.
+fn assert_script_entries(entries: &[TokenLogprob], top: usize) {
+    let script: Vec<u32> = SCRIPT.bytes().map(u32::from).collect();
+    let ids: Vec<u32> = entries.iter().map(|e| e.token).collect();
+    assert_eq!(ids, script, "one entry per shown token, no EOS");
+    for entry in entries {
+        assert_eq!(entry.text, Bytes.decode(&[entry.token]).unwrap());
+        assert!(
+            entry.logprob <= 0.0 && entry.logprob.is_finite(),
+            "{entry:?}"
+        );
+        assert_eq!(entry.top_logprobs.len(), top);
+        assert_eq!(
+            entry.top_logprobs[0].token, entry.token,
+            "greedy: {entry:?}"
+        );
+        assert_eq!(entry.top_logprobs[0].logprob, entry.logprob);
+        let mass: f32 = entry.top_logprobs.iter().map(|t| t.logprob.exp()).sum();
+        assert!(mass <= 1.0 + 1e-5, "{mass}");
+    }
+}
+
+#[test]
+fn logprobs_come_one_per_streamed_token_and_whole_when_not_streamed() {
+    let handle = engine(Mode::Script, 256, 0, EngineConfig::default());
+    handle
+        .submit(with_logprobs(greedy("hi\n", 100), 3), 1)
+        .unwrap();
+    let events = collect(&handle, 1);
+    assert_eq!(streamed_text(&events), SCRIPT);
+    let chunks = chunk_logprobs(&events);
+    for (tokens, entries) in &chunks {
+        assert_eq!(entries.len(), tokens.len());
+    }
+    let entries: Vec<TokenLogprob> = chunks.into_iter().flat_map(|(_, e)| e).collect();
+    assert_script_entries(&entries, 3);
+    assert!(matches!(
+        events.last(),
+        Some(EngineEvent::Done { logprobs: None, .. })
+    ));
+
+    let not_streamed = GenerateRequest {
+        stream: false,
+        ..with_logprobs(greedy("hi\n", 100), 2)
+    };
+    handle.submit(not_streamed, 2).unwrap();
+    let events = collect(&handle, 2);
+    assert_eq!(events.len(), 1, "only done");
+    let Some(EngineEvent::Done {
+        logprobs: Some(entries),
+        usage,
+        ..
+    }) = events.last()
+    else {
+        panic!("{events:?}")
+    };
+    assert_eq!(entries.len() + 1, usage.completion_tokens as usize);
+    assert_script_entries(entries, 2);
+
+    // Not asked: none anywhere.
+    handle.submit(greedy("hi\n", 100), 3).unwrap();
+    for event in collect(&handle, 3) {
+        assert!(matches!(
+            event,
+            EngineEvent::Chunk { logprobs: None, .. } | EngineEvent::Done { logprobs: None, .. }
+        ));
+    }
+}
+
+/// A stop string that matches a prefix of the whole output holds all text
+/// back; with logprobs a chunk still goes out every 16 tokens, so no
+/// chunk grows without bound.
+#[test]
+fn held_back_text_still_sends_logprobs_every_16_tokens() {
+    let handle = engine(Mode::Script, 256, 0, EngineConfig::default());
+    let request = GenerateRequest {
+        stop: vec![format!("{SCRIPT}!")],
+        ..with_logprobs(greedy("hi\n", 100), 0)
+    };
+    handle.submit(request, 1).unwrap();
+    let events = collect(&handle, 1);
+    assert_eq!(streamed_text(&events), SCRIPT);
+    let chunks = chunk_logprobs(&events);
+    assert!(chunks.len() >= 2, "{chunks:?}");
+    assert!(chunks.iter().all(|(tokens, _)| tokens.len() <= 16));
+    let entries: Vec<TokenLogprob> = chunks.into_iter().flat_map(|(_, e)| e).collect();
+    assert_eq!(entries.len(), SCRIPT.len());
+    assert!(entries.iter().all(|e| e.top_logprobs.is_empty()));
+}

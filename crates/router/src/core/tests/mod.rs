@@ -169,6 +169,7 @@ impl Harness {
                     completion_tokens: 3,
                 },
                 timings: Timings::default(),
+                logprobs: None,
             },
         );
     }
@@ -181,6 +182,7 @@ impl Harness {
                 index,
                 text: text.into(),
                 tokens: vec![index],
+                logprobs: None,
             },
         );
     }

@@ -1,6 +1,7 @@
 //! Client requests: relay, terminal replies, rejections, queue, cancel, deadlines.
 
 use super::*;
+use zinfer_protocol::{TokenLogprob, TopLogprob};
 
 #[test]
 fn ping_and_models() {
@@ -67,7 +68,8 @@ fn streams_chunks_and_done_with_client_id_and_worker() {
             id: "req-1".into(),
             index: 0,
             text: "Hel".into(),
-            tokens: vec![0]
+            tokens: vec![0],
+            logprobs: None,
         }
     );
     assert!(matches!(&replies[1], ClientReply::Chunk { index: 1, text, .. } if text == "lo"));
@@ -111,11 +113,76 @@ fn non_streamed_request_gets_only_done_with_text() {
             text: Some("full text".into()),
             usage: Usage::default(),
             timings: Timings::default(),
+            logprobs: None,
         },
     );
     let replies = h.client_replies();
     assert_eq!(replies.len(), 1, "{replies:?}");
     assert!(matches!(&replies[0], ClientReply::Done { text: Some(t), .. } if t == "full text"));
+}
+
+/// The worker's logprob entries reach the client as they were, on chunks
+/// and on a non-streamed done; the request's fields reach the worker.
+#[test]
+fn logprobs_are_forwarded_and_relayed_unchanged() {
+    let entry = |token: u32, logprob: f32| TokenLogprob {
+        token,
+        text: format!("t{token}"),
+        logprob,
+        top_logprobs: vec![TopLogprob {
+            token,
+            text: format!("t{token}"),
+            logprob,
+        }],
+    };
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 4);
+    let mut request = prompt("s", "hi");
+    request.logprobs = true;
+    request.top_logprobs = 1;
+    h.generate("c", request);
+    let (_, rid, forwarded) = h.dispatched().remove(0);
+    assert!(forwarded.logprobs && forwarded.top_logprobs == 1);
+    let entries = vec![entry(5, -0.5), entry(6, -1.25)];
+    h.worker(
+        "w1",
+        &WorkerToRouter::Chunk {
+            rid,
+            index: 0,
+            text: "ab".into(),
+            tokens: vec![5, 6],
+            logprobs: Some(entries.clone()),
+        },
+    );
+    h.done("w1", rid, FinishReason::Stop);
+    let replies = h.client_replies();
+    assert!(
+        matches!(&replies[0], ClientReply::Chunk { logprobs: Some(got), .. } if *got == entries),
+        "{replies:?}"
+    );
+
+    let mut request = prompt("n", "hi");
+    request.logprobs = true;
+    request.stream = false;
+    request.max_tokens = 8;
+    h.generate("c", request);
+    let rid = h.dispatched()[0].1;
+    h.worker(
+        "w1",
+        &WorkerToRouter::Done {
+            rid,
+            finish_reason: FinishReason::Length,
+            text: Some("ab".into()),
+            usage: Usage::default(),
+            timings: Timings::default(),
+            logprobs: Some(entries.clone()),
+        },
+    );
+    let replies = h.client_replies();
+    assert!(
+        matches!(&replies[0], ClientReply::Done { logprobs: Some(got), .. } if *got == entries),
+        "{replies:?}"
+    );
 }
 
 #[test]
