@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what zinfer needs beyond Rust, Python and a C toolchain:
 # the system libzmq (with CURVE) and pkg-config; with --tests also promtool
-# for the metrics tests and the Python packages the interop and client
-# tests use (`make serve` needs none of those).
+# for the metrics tests and Python's venv module: the tests' Python packages
+# go into virtual environments (scripts/test-venv.sh), never the system
+# Python (`make serve` needs none of those).
 # Safe to run again: it only installs what is missing.
 set -euo pipefail
 
@@ -13,6 +14,7 @@ need_apt=()
 pkg-config --version >/dev/null 2>&1 || need_apt+=(pkg-config)
 pkg-config --exists 'libzmq >= 4.3.4' 2>/dev/null || need_apt+=(libzmq3-dev)
 $tests && { command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus); }
+$tests && { python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || need_apt+=(python3-venv); }
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
@@ -28,14 +30,4 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     echo "  Elsewhere install libzmq >= 4.3.4 built with libsodium, pkg-config and promtool." >&2
     exit 1
   fi
-fi
-
-$tests || exit 0
-
-if ! python3 -c 'import msgpack, zmq' >/dev/null 2>&1; then
-  echo "setup: installing Python packages msgpack and pyzmq with pip" >&2
-  python3 -m pip install --quiet msgpack pyzmq || {
-    echo "setup: pip failed; run: python3 -m pip install msgpack pyzmq" >&2
-    exit 1
-  }
 fi

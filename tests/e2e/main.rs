@@ -358,7 +358,8 @@ fn python_client_example_streams_from_a_real_router() {
         env!("CARGO_MANIFEST_DIR"),
         "/../../examples/python/client.py"
     );
-    let output = std::process::Command::new("python3")
+    let python = harness::venv_python("client");
+    let output = std::process::Command::new(&python)
         .args([
             script,
             "--router",
@@ -370,9 +371,7 @@ fn python_client_example_streams_from_a_real_router() {
             "Name a fruit:",
         ])
         .output()
-        .expect(
-            "python3 not found: install Python 3 (and run scripts/setup.sh for pyzmq and msgpack)",
-        );
+        .unwrap_or_else(|e| panic!("running {python}: {e}"));
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

@@ -1,6 +1,7 @@
 //! A stock Python msgpack client reads our golden frames and writes one the
-//! Rust decoder accepts. Needs `python3` with the `msgpack` package; fails
-//! (never skips) when they are missing.
+//! Rust decoder accepts. Runs in the `client` test virtual environment
+//! (`scripts/test-venv.sh`, made on first use); fails, never skips, when it
+//! cannot be made.
 
 #![allow(clippy::unwrap_used)]
 
@@ -8,16 +9,34 @@ use std::{path::PathBuf, process::Command};
 
 use zinfer_protocol::{ChatMessage, ClientRequest, DecodeError, GenerateRequest, Limits, decode};
 
-const INSTALL: &str = "this test needs python3 with msgpack: pip install msgpack";
+const INSTALL: &str = "this test needs python3 with msgpack (scripts/test-venv.sh client)";
+
+/// The python of the `client` test virtual environment, made on first use.
+fn venv_python() -> String {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dir = format!("{}/client-venv", env!("CARGO_TARGET_TMPDIR"));
+    let output = Command::new("bash")
+        .arg(root.join("scripts/test-venv.sh"))
+        .args(["client", &dir])
+        .output()
+        .expect("running scripts/test-venv.sh (needs bash and python3)");
+    assert!(
+        output.status.success(),
+        "scripts/test-venv.sh client could not make its venv:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
 
 #[test]
 fn python_msgpack_reads_and_writes_protocol_frames() {
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests");
-    let output = Command::new("python3")
+    let python = venv_python();
+    let output = Command::new(&python)
         .arg(dir.join("python/interop.py"))
         .arg(dir.join("golden"))
         .output()
-        .unwrap_or_else(|e| panic!("could not run python3 ({e}); {INSTALL}"));
+        .unwrap_or_else(|e| panic!("could not run {python} ({e}); {INSTALL}"));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.code() != Some(3),
