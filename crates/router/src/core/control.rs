@@ -719,24 +719,15 @@ impl Core {
              when its last request ends"
         );
         self.ack(waiter, true, message);
-        // A drain can leave a model below its target: keep the count.
+        // A drained worker is not replaced: the count it leaves is the target.
         let models = self
             .workers
             .get(&identity)
             .map(|w| w.models.clone())
             .unwrap_or_default();
         for model in models {
+            let serving = self.serving(&model).len() as u32;
             if let Some(target) = self.control.targets.get_mut(&model) {
-                let serving = self
-                    .order
-                    .iter()
-                    .filter(|i| {
-                        self.workers
-                            .get(*i)
-                            .is_some_and(|w| w.routable() && w.serves(&model))
-                            && !self.control.drains.contains_key(*i)
-                    })
-                    .count() as u32;
                 *target = (*target).min(serving);
             }
         }

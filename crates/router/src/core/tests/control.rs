@@ -553,3 +553,29 @@ fn reload_starts_a_replacement_on_the_same_device_without_the_cache() {
     assert_eq!(h.state_of(&new), Some(WorkerState::Ready));
     assert_eq!(h.state_of("old"), Some(WorkerState::Stopping));
 }
+
+#[test]
+fn a_drained_worker_of_a_scaled_model_is_not_replaced() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&[]);
+    h.control_request("admin", &scale(2));
+    for (worker, _, _) in spawns(&h.sent()) {
+        h.ready_as(&worker, None);
+    }
+    assert!(acks(&h.sent())[0].1, "scaled to 2");
+    let AdminReply::Workers { workers } = h.admin(&AdminRequest::Workers {}) else {
+        panic!("expected workers");
+    };
+    assert_eq!(workers.len(), 2);
+    let reply = h.admin(&AdminRequest::Drain {
+        worker: workers[0].id.clone(),
+        park: false,
+    });
+    assert!(matches!(reply, AdminReply::Ack { ok: true, .. }));
+    for _ in 0..3 {
+        h.advance(1_000);
+        h.supervisor_status(&[]);
+        h.worker(&workers[1].id, &WorkerToRouter::Heartbeat {});
+    }
+    assert!(spawns(&h.sent()).is_empty(), "the drain lowered the target");
+}
