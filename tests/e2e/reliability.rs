@@ -292,3 +292,209 @@ fn workers_re_register_with_a_restarted_router_on_their_own() {
     eprintln!("served again {:?} after the restart", restarted.elapsed());
     assert!(!cluster.router_exited());
 }
+
+/// A streamed greedy request of exactly `max_tokens` tokens.
+fn streamed(id: &str, max_tokens: u32, priority: i32) -> ClientRequest {
+    let mut request = harness::greedy(id, "Once upon a time", max_tokens);
+    request.ignore_eos = true;
+    request.stream = true;
+    request.priority = priority;
+    ClientRequest::Generate(request)
+}
+
+/// The tokens streamed for a request whose only terminal reply is `done`;
+/// panics otherwise.
+fn streamed_tokens(id: &str, replies: &[ClientReply]) -> usize {
+    assert!(
+        matches!(terminals(replies).as_slice(), [ClientReply::Done { .. }]),
+        "{id}: {replies:?}"
+    );
+    replies
+        .iter()
+        .map(|r| match r {
+            ClientReply::Chunk { tokens, .. } => tokens.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+fn alive(proc: &mut harness::Proc) -> bool {
+    matches!(proc.child.try_wait(), Ok(None))
+}
+
+#[test]
+fn a_client_that_never_reads_does_not_hold_up_others() {
+    let mut cluster = Cluster::start("least_load", 2);
+    let client = cluster.client();
+    let timed = |id: &str| {
+        let start = Instant::now();
+        client.send(&streamed(id, 16, 10));
+        let by_id = replies_by_id(&client, &[id], Duration::from_secs(120), Duration::ZERO);
+        let replies = by_id.get(id).cloned().unwrap_or_default();
+        assert_eq!(streamed_tokens(id, &replies), 16, "{id}");
+        start.elapsed()
+    };
+    let baseline = timed("base");
+
+    // A client with the smallest buffers that sends and never reads: the
+    // router's pipe to it fills up.
+    let context = zmq::Context::new();
+    let stalled = context.socket(zmq::DEALER).unwrap();
+    stalled.set_linger(0).unwrap();
+    stalled.set_rcvhwm(1).unwrap();
+    stalled.set_rcvbuf(1024).unwrap();
+    stalled.connect(&cluster.clients).unwrap();
+    for i in 0..200 {
+        let frame = zinfer_protocol::encode(&streamed(&format!("st{i}"), 8, 0)).unwrap();
+        stalled.send(frame, 0).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Others, at a higher priority than the stalled client's queue, are
+    // served once a batch slot frees: a stalled client's work costs them
+    // queueing (each of its requests is short), but a router blocked on
+    // its full pipe would hold them forever.
+    let during: Vec<Duration> = (0..5).map(|i| timed(&format!("d{i}"))).collect();
+    let worst = during.iter().max().copied().unwrap();
+    eprintln!("alone: {baseline:?}; beside a stalled client: {during:?}");
+    assert!(
+        worst < baseline * 10 + Duration::from_secs(30),
+        "a request beside a stalled client took {worst:?} (alone {baseline:?})"
+    );
+    client.send(&ClientRequest::Ping {
+        id: Some("p".into()),
+    });
+    assert!(matches!(
+        client.recv(Duration::from_secs(2)),
+        Some(ClientReply::Pong { .. })
+    ));
+    assert!(!cluster.router_exited(), "the router died");
+    for (id, proc, _) in &mut cluster.workers {
+        assert!(alive(proc), "worker {id} died");
+    }
+}
+
+/// A deterministic xorshift generator; the test needs no seed of its own.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> usize {
+        (self.next() % n) as usize
+    }
+
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Frame `i` of a garbage stream: random bytes, truncated requests,
+/// nesting far past the depth limit, huge declared lengths, empty frames.
+/// None of them can be a valid message.
+fn garbage(rng: &mut Rng, i: usize) -> Vec<u8> {
+    match i % 6 {
+        0 => {
+            let len = rng.below(64);
+            let mut frame = vec![0xc1]; // never used in MessagePack
+            frame.extend(rng.bytes(len));
+            frame
+        }
+        1 => {
+            let whole = zinfer_protocol::encode(&streamed(&format!("t{i}"), 8, 0)).unwrap();
+            whole[..1 + rng.below(whole.len() as u64 - 1)].to_vec()
+        }
+        2 => {
+            let mut frame = vec![0x91; 100 + rng.below(5000)];
+            frame.push(0xc0);
+            frame
+        }
+        3 => {
+            // A map or array declaring 2^32 - 1 entries, then a few bytes.
+            let mut frame = vec![if rng.next() % 2 == 0 { 0xdf } else { 0xdd }];
+            frame.extend([0xff; 4]);
+            let len = rng.below(16);
+            frame.extend(rng.bytes(len));
+            frame
+        }
+        4 => Vec::new(),
+        _ => {
+            let len = rng.below(256);
+            // Not a map, so not a message whatever follows.
+            let mut frame = vec![0x90 | (rng.next() as u8 & 0x0f)];
+            frame.extend(rng.bytes(len));
+            frame
+        }
+    }
+}
+
+#[test]
+fn garbage_frames_at_load_lose_no_valid_request() {
+    let mut cluster = Cluster::start("least_load", 2);
+    let streamers: Vec<_> = (0..2)
+        .map(|c| {
+            let endpoint = cluster.clients.clone();
+            std::thread::spawn(move || {
+                let client = harness::Client::connect(&endpoint);
+                for i in 0..4 {
+                    let id = format!("v{c}-{i}");
+                    client.send(&streamed(&id, 16, 0));
+                    let by_id = replies_by_id(
+                        &client,
+                        &[&id],
+                        Duration::from_secs(120),
+                        Duration::from_millis(100),
+                    );
+                    assert_eq!(by_id.len(), 1, "replies for other ids: {by_id:?}");
+                    assert_eq!(streamed_tokens(&id, &by_id[&id]), 16, "{id}");
+                }
+            })
+        })
+        .collect();
+
+    let attacker = cluster.client();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let (mut bad_requests, mut other) = (0, Vec::new());
+    let mut tally = |reply: ClientReply| match reply {
+        ClientReply::Error {
+            code: ErrorCode::BadRequest,
+            ..
+        } => bad_requests += 1,
+        reply => other.push(reply),
+    };
+    let start = Instant::now();
+    for i in 0..2000 {
+        attacker.send_raw(&garbage(&mut rng, i));
+        while let Some(reply) = attacker.recv(Duration::ZERO) {
+            tally(reply);
+        }
+    }
+    while let Some(reply) = attacker.recv(Duration::from_secs(2)) {
+        tally(reply);
+    }
+    eprintln!(
+        "2000 garbage frames in {:?}: {bad_requests} bad_request replies",
+        start.elapsed()
+    );
+    for streamer in streamers {
+        streamer
+            .join()
+            .expect("a valid client's requests all ended once");
+    }
+    assert!(other.is_empty(), "replies to garbage: {other:?}");
+    assert_eq!(bad_requests, 2000, "garbage frames without a bad_request");
+    assert!(!cluster.router_exited(), "the router died");
+    for (id, proc, _) in &mut cluster.workers {
+        assert!(alive(proc), "worker {id} died");
+    }
+    let outcome = attacker.generate(harness::greedy("after", "Hello", 2));
+    assert!(
+        matches!(outcome.terminal, Some(ClientReply::Done { .. })),
+        "{outcome:?}"
+    );
+}
