@@ -416,7 +416,11 @@ fn garbage(rng: &mut Rng, i: usize) -> Vec<u8> {
         }
         3 => {
             // A map or array declaring 2^32 - 1 entries, then a few bytes.
-            let mut frame = vec![if rng.next() % 2 == 0 { 0xdf } else { 0xdd }];
+            let mut frame = vec![if rng.next().is_multiple_of(2) {
+                0xdf
+            } else {
+                0xdd
+            }];
             frame.extend([0xff; 4]);
             let len = rng.below(16);
             frame.extend(rng.bytes(len));
