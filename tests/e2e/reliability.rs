@@ -232,6 +232,16 @@ fn a_hung_worker_is_expired_its_requests_end_once_and_it_comes_back() {
             .is_some_and(|w| w.state == WorkerState::Ready)
     });
     eprintln!("resumed worker ready again after {back:?}");
+    // It dropped the work the router had already ended or moved.
+    wait_until(
+        "the victim's stale work cancelled",
+        Duration::from_secs(5),
+        || {
+            cluster
+                .worker_info(&victim)
+                .is_some_and(|w| w.load.running == 0 && w.load.waiting == 0)
+        },
+    );
     let late = replies_by_id(&client, &[], Duration::ZERO, Duration::from_secs(2));
     assert!(late.is_empty(), "replies after the terminal ones: {late:?}");
     client.send(&ClientRequest::Generate(harness::greedy("r1", "Hello", 2)));
@@ -276,6 +286,16 @@ fn workers_re_register_with_a_restarted_router_on_their_own() {
         },
     );
     eprintln!("workers re-registered {took:?} after the router restart");
+    // Nobody waits for the stream the old router had running: its worker
+    // drops it rather than generating on for no one.
+    wait_until(
+        "the orphaned stream cancelled",
+        Duration::from_secs(5),
+        || {
+            let workers = cluster.workers_info();
+            workers.len() == 2 && workers.iter().all(|w| w.load.running == 0)
+        },
+    );
     // The old client's socket reconnects too, and a new request succeeds.
     let outcome = client.generate(harness::greedy("ok", "Hello", 2));
     assert!(
