@@ -364,9 +364,19 @@ fn a_client_that_never_reads_does_not_hold_up_others() {
     stalled.set_rcvhwm(1).unwrap();
     stalled.set_rcvbuf(1024).unwrap();
     stalled.connect(&cluster.clients).unwrap();
+    let rss_before = rss_kib(cluster.router_pid());
     for i in 0..200 {
         let frame = zinfer_protocol::encode(&streamed(&format!("st{i}"), 8, 0)).unwrap();
         stalled.send(frame, 0).unwrap();
+    }
+    // Cheap replies, more than the router queues for one peer (its
+    // high-water mark, 100,000 messages), fill its pipe at once.
+    let ping = zinfer_protocol::encode(&ClientRequest::Ping {
+        id: Some("ping".into()),
+    })
+    .unwrap();
+    for _ in 0..150_000 {
+        stalled.send(&ping[..], 0).unwrap();
     }
     std::thread::sleep(Duration::from_secs(2));
 
@@ -388,10 +398,40 @@ fn a_client_that_never_reads_does_not_hold_up_others() {
         client.recv(Duration::from_secs(2)),
         Some(ClientReply::Pong { .. })
     ));
+    // The stall was real: the router gave up sends to that client rather
+    // than wait for it, and kept its memory.
+    let dropped = metric(
+        &harness::scrape(&cluster.router_metrics),
+        "zinfer_router_dropped_sends_total{socket=\"clients\"}",
+    );
+    let rss_after = rss_kib(cluster.router_pid());
+    eprintln!("dropped sends to clients: {dropped}; router RSS {rss_before} -> {rss_after} KiB");
+    assert!(dropped > 0.0, "the stalled client's pipe never filled");
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "router RSS grew from {rss_before} to {rss_after} KiB"
+    );
     assert!(!cluster.router_exited(), "the router died");
     for (id, proc, _) in &mut cluster.workers {
         assert!(alive(proc), "worker {id} died");
     }
+}
+
+/// Resident memory of process `pid`, from /proc/PID/status.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("a VmRSS line")
+}
+
+/// The value of the sample named exactly `name` in a metrics page.
+fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{page}"))
 }
 
 /// A deterministic xorshift generator; the test needs no seed of its own.
