@@ -71,6 +71,7 @@ pub struct Cluster {
     pub workers_endpoint: String,
     pub control: String,
     pub router_metrics: String,
+    policy: String,
     /// The router process; it lives as long as the cluster.
     router: Proc,
     pub workers: Vec<(String, Proc, String)>,
@@ -101,27 +102,19 @@ impl Cluster {
         let workers_endpoint = format!("tcp://127.0.0.1:{pw}");
         let control = format!("tcp://127.0.0.1:{pctl}");
         let router_metrics = format!("127.0.0.1:{pm}");
-        let router = spawn(
-            "router",
-            &[
-                "router",
-                "--clients",
-                &clients,
-                "--workers",
-                &workers_endpoint,
-                "--control",
-                &control,
-                "--metrics",
-                &router_metrics,
-                "--policy",
-                policy,
-            ],
+        let router = spawn_router(
+            &clients,
+            &workers_endpoint,
+            &control,
+            &router_metrics,
+            policy,
         );
         let mut cluster = Cluster {
             clients,
             workers_endpoint,
             control,
             router_metrics,
+            policy: policy.to_string(),
             router,
             workers: Vec::new(),
             _guard: guard,
@@ -194,9 +187,47 @@ impl Cluster {
         self.router.child.id()
     }
 
+    /// Kills the router (SIGKILL, no goodbye to anyone) and starts a new
+    /// one on the same endpoints.
+    pub fn restart_router(&mut self) {
+        let _ = self.router.child.kill();
+        let _ = self.router.child.wait();
+        self.router = spawn_router(
+            &self.clients,
+            &self.workers_endpoint,
+            &self.control,
+            &self.router_metrics,
+            &self.policy,
+        );
+    }
+
+    /// Whether the router process has exited.
+    pub fn router_exited(&mut self) -> bool {
+        !matches!(self.router.child.try_wait(), Ok(None))
+    }
+
     pub fn client(&self) -> Client {
         Client::connect(&self.clients)
     }
+}
+
+fn spawn_router(clients: &str, workers: &str, control: &str, metrics: &str, policy: &str) -> Proc {
+    spawn(
+        "router",
+        &[
+            "router",
+            "--clients",
+            clients,
+            "--workers",
+            workers,
+            "--control",
+            control,
+            "--metrics",
+            metrics,
+            "--policy",
+            policy,
+        ],
+    )
 }
 
 pub fn spawn(name: &str, args: &[&str]) -> Proc {

@@ -1,7 +1,12 @@
-//! Reliability: an idle router sleeps, worker ids do not collide, and a
-//! client without a router says so quickly.
+//! Reliability: an idle router sleeps, worker ids do not collide, a
+//! client without a router says so quickly, and faults with real
+//! processes (a hung worker, a restarted router, a stalled client,
+//! garbage at load) end every request once.
 
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
+
+use zinfer_protocol::{ClientReply, ClientRequest, ErrorCode, WorkerState};
 
 use crate::harness::{self, Cluster};
 
@@ -71,4 +76,489 @@ fn generate_without_a_router_says_so_within_seconds() {
         "{stderr}"
     );
     assert!(took < Duration::from_secs(10), "took {took:?}: {stderr}");
+}
+
+/// Every reply `client` gets within `timeout`, grouped by request id,
+/// returning once each of `ids` has a terminal reply and a further
+/// `linger` has passed without anything new (so duplicates show up).
+fn replies_by_id(
+    client: &harness::Client,
+    ids: &[&str],
+    timeout: Duration,
+    linger: Duration,
+) -> HashMap<String, Vec<ClientReply>> {
+    let mut by_id: HashMap<String, Vec<ClientReply>> = HashMap::new();
+    let deadline = Instant::now() + timeout;
+    let all_ended = |by_id: &HashMap<String, Vec<ClientReply>>| {
+        ids.iter()
+            .all(|id| by_id.get(*id).is_some_and(|r| r.iter().any(is_terminal)))
+    };
+    loop {
+        let wait = if all_ended(&by_id) {
+            linger
+        } else {
+            deadline.saturating_duration_since(Instant::now())
+        };
+        let Some(reply) = client.recv(wait) else {
+            return by_id;
+        };
+        let id = match &reply {
+            ClientReply::Chunk { id, .. } | ClientReply::Done { id, .. } => id.to_string(),
+            ClientReply::Error { id, .. } => id.as_deref().unwrap_or("").to_string(),
+            _ => String::new(),
+        };
+        by_id.entry(id).or_default().push(reply);
+    }
+}
+
+fn is_terminal(reply: &ClientReply) -> bool {
+    matches!(reply, ClientReply::Done { .. } | ClientReply::Error { .. })
+}
+
+fn terminals(replies: &[ClientReply]) -> Vec<&ClientReply> {
+    replies.iter().filter(|r| is_terminal(r)).collect()
+}
+
+fn long_request(id: &str, max_tokens: u32, stream: bool) -> ClientRequest {
+    let mut request = harness::greedy(id, "1, 2, 3, 4, 5, 6, 7, 8,", max_tokens);
+    request.ignore_eos = true;
+    request.stream = stream;
+    ClientRequest::Generate(request)
+}
+
+fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < timeout, "{what} within {timeout:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn a_hung_worker_is_expired_its_requests_end_once_and_it_comes_back() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let cluster = Cluster::start("round_robin", 2);
+    let client = cluster.client();
+    // A streamed request that has shown output lands on the victim...
+    client.start_stream("s1", "1, 2, 3, 4, 5, 6, 7, 8,", 4000);
+    let victim = cluster
+        .workers_info()
+        .into_iter()
+        .find(|w| w.inflight == 1)
+        .expect("a worker running s1")
+        .id;
+    let survivor = if victim == "w0" { "w1" } else { "w0" }.to_string();
+    // ...a short one goes round to the survivor, and a non-streamed one
+    // (never shown anything) back to the victim.
+    let outcome = client.generate(harness::greedy("f1", "Hello", 2));
+    assert!(
+        matches!(&outcome.terminal, Some(ClientReply::Done { worker, .. }) if *worker == survivor),
+        "{outcome:?}"
+    );
+    client.send(&long_request("n1", 24, false));
+    wait_until("n1 in flight on the victim", Duration::from_secs(5), || {
+        cluster
+            .worker_info(&victim)
+            .is_some_and(|w| w.inflight == 2)
+    });
+    let pid = cluster
+        .workers
+        .iter()
+        .find(|(id, ..)| *id == victim)
+        .map(|(_, proc, _)| Pid::from_raw(proc.child.id() as i32))
+        .unwrap();
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let stopped_at = Instant::now();
+
+    // s1 ends with worker_lost, once, within heartbeat expiry plus slack.
+    let by_id = replies_by_id(&client, &["s1"], Duration::from_secs(8), Duration::ZERO);
+    let detected = stopped_at.elapsed();
+    let s1 = terminals(by_id.get("s1").map(Vec::as_slice).unwrap_or(&[]))
+        .into_iter()
+        .cloned()
+        .collect::<Vec<_>>();
+    assert!(
+        matches!(
+            s1.as_slice(),
+            [ClientReply::Error {
+                code: ErrorCode::WorkerLost,
+                retryable: true,
+                ..
+            }]
+        ),
+        "s1 after {detected:?}: {s1:?}"
+    );
+    assert!(
+        detected < Duration::from_secs(5),
+        "s1 ended after {detected:?}"
+    );
+    eprintln!("hung worker detected after {detected:?}");
+
+    // A new request goes to the survivor, while the victim is still stopped.
+    client.send(&ClientRequest::Generate(harness::greedy("g1", "Hello", 2)));
+    // n1 is retried on the survivor: one done, from there, nothing else.
+    let by_id = replies_by_id(
+        &client,
+        &["n1", "g1"],
+        Duration::from_secs(60),
+        Duration::from_millis(500),
+    );
+    for id in ["n1", "g1"] {
+        let replies = by_id.get(id).cloned().unwrap_or_default();
+        assert!(
+            matches!(
+                terminals(&replies).as_slice(),
+                [ClientReply::Done { worker, .. }] if *worker == survivor
+            ),
+            "{id}: {replies:?}"
+        );
+    }
+    assert!(
+        !cluster
+            .worker_info(&victim)
+            .is_some_and(|w| w.state == WorkerState::Ready),
+        "a stopped worker still listed ready"
+    );
+
+    // SIGCONT: the victim registers again, its stale work shows the
+    // client nothing, and it serves.
+    kill(pid, Signal::SIGCONT).unwrap();
+    let back = wait_until("the victim ready again", Duration::from_secs(15), || {
+        cluster
+            .worker_info(&victim)
+            .is_some_and(|w| w.state == WorkerState::Ready)
+    });
+    eprintln!("resumed worker ready again after {back:?}");
+    // It dropped the work the router had already ended or moved.
+    wait_until(
+        "the victim's stale work cancelled",
+        Duration::from_secs(5),
+        || {
+            cluster
+                .worker_info(&victim)
+                .is_some_and(|w| w.load.running == 0 && w.load.waiting == 0)
+        },
+    );
+    let late = replies_by_id(&client, &[], Duration::ZERO, Duration::from_secs(2));
+    assert!(late.is_empty(), "replies after the terminal ones: {late:?}");
+    client.send(&ClientRequest::Generate(harness::greedy("r1", "Hello", 2)));
+    client.send(&ClientRequest::Generate(harness::greedy("r2", "Hello", 2)));
+    let by_id = replies_by_id(
+        &client,
+        &["r1", "r2"],
+        Duration::from_secs(60),
+        Duration::ZERO,
+    );
+    let served: HashSet<String> = ["r1", "r2"]
+        .iter()
+        .filter_map(|id| match terminals(by_id.get(*id)?).as_slice() {
+            [ClientReply::Done { worker, .. }] => Some(worker.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        served,
+        HashSet::from([victim.clone(), survivor.clone()]),
+        "{by_id:?}"
+    );
+}
+
+#[test]
+fn workers_re_register_with_a_restarted_router_on_their_own() {
+    let mut cluster = Cluster::start("least_load", 2);
+    let client = cluster.client();
+    client.start_stream("lost", "1, 2, 3, 4, 5, 6, 7, 8,", 4000);
+    cluster.restart_router();
+    let restarted = Instant::now();
+    let took = wait_until(
+        "both workers registered again",
+        Duration::from_secs(10),
+        || {
+            cluster
+                .workers_info()
+                .iter()
+                .filter(|w| w.state == WorkerState::Ready)
+                .count()
+                == 2
+        },
+    );
+    eprintln!("workers re-registered {took:?} after the router restart");
+    // Nobody waits for the stream the old router had running: its worker
+    // drops it rather than generating on for no one.
+    wait_until(
+        "the orphaned stream cancelled",
+        Duration::from_secs(5),
+        || {
+            let workers = cluster.workers_info();
+            workers.len() == 2 && workers.iter().all(|w| w.load.running == 0)
+        },
+    );
+    // The old client's socket reconnects too, and a new request succeeds.
+    let outcome = client.generate(harness::greedy("ok", "Hello", 2));
+    assert!(
+        matches!(outcome.terminal, Some(ClientReply::Done { .. })),
+        "{outcome:?}"
+    );
+    let outcome = cluster
+        .client()
+        .generate(harness::greedy("ok2", "Hello", 2));
+    assert!(
+        matches!(outcome.terminal, Some(ClientReply::Done { .. })),
+        "{outcome:?}"
+    );
+    eprintln!("served again {:?} after the restart", restarted.elapsed());
+    assert!(!cluster.router_exited());
+}
+
+/// A streamed greedy request of exactly `max_tokens` tokens.
+fn streamed(id: &str, max_tokens: u32, priority: i32) -> ClientRequest {
+    let mut request = harness::greedy(id, "Once upon a time", max_tokens);
+    request.ignore_eos = true;
+    request.stream = true;
+    request.priority = priority;
+    ClientRequest::Generate(request)
+}
+
+/// The tokens streamed for a request whose only terminal reply is `done`;
+/// panics otherwise.
+fn streamed_tokens(id: &str, replies: &[ClientReply]) -> usize {
+    assert!(
+        matches!(terminals(replies).as_slice(), [ClientReply::Done { .. }]),
+        "{id}: {replies:?}"
+    );
+    replies
+        .iter()
+        .map(|r| match r {
+            ClientReply::Chunk { tokens, .. } => tokens.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+fn alive(proc: &mut harness::Proc) -> bool {
+    matches!(proc.child.try_wait(), Ok(None))
+}
+
+#[test]
+fn a_client_that_never_reads_does_not_hold_up_others() {
+    let mut cluster = Cluster::start("least_load", 2);
+    let client = cluster.client();
+    let timed = |id: &str| {
+        let start = Instant::now();
+        client.send(&streamed(id, 16, 10));
+        let by_id = replies_by_id(&client, &[id], Duration::from_secs(120), Duration::ZERO);
+        let replies = by_id.get(id).cloned().unwrap_or_default();
+        assert_eq!(streamed_tokens(id, &replies), 16, "{id}");
+        start.elapsed()
+    };
+    let baseline = timed("base");
+
+    // A client with the smallest buffers that sends and never reads: the
+    // router's pipe to it fills up.
+    let context = zmq::Context::new();
+    let stalled = context.socket(zmq::DEALER).unwrap();
+    stalled.set_linger(0).unwrap();
+    stalled.set_rcvhwm(1).unwrap();
+    stalled.set_rcvbuf(1024).unwrap();
+    stalled.connect(&cluster.clients).unwrap();
+    let rss_before = rss_kib(cluster.router_pid());
+    for i in 0..200 {
+        let frame = zinfer_protocol::encode(&streamed(&format!("st{i}"), 8, 0)).unwrap();
+        stalled.send(frame, 0).unwrap();
+    }
+    // Cheap replies, more than the router queues for one peer (its
+    // high-water mark, 100,000 messages), fill its pipe at once.
+    let ping = zinfer_protocol::encode(&ClientRequest::Ping {
+        id: Some("ping".into()),
+    })
+    .unwrap();
+    for _ in 0..150_000 {
+        stalled.send(&ping[..], 0).unwrap();
+    }
+    std::thread::sleep(Duration::from_secs(2));
+
+    // Others, at a higher priority than the stalled client's queue, are
+    // served once a batch slot frees: a stalled client's work costs them
+    // queueing (each of its requests is short), but a router blocked on
+    // its full pipe would hold them forever.
+    let during: Vec<Duration> = (0..5).map(|i| timed(&format!("d{i}"))).collect();
+    let worst = during.iter().max().copied().unwrap();
+    eprintln!("alone: {baseline:?}; beside a stalled client: {during:?}");
+    assert!(
+        worst < baseline * 10 + Duration::from_secs(30),
+        "a request beside a stalled client took {worst:?} (alone {baseline:?})"
+    );
+    client.send(&ClientRequest::Ping {
+        id: Some("p".into()),
+    });
+    assert!(matches!(
+        client.recv(Duration::from_secs(2)),
+        Some(ClientReply::Pong { .. })
+    ));
+    // The stall was real: the router gave up sends to that client rather
+    // than wait for it, and kept its memory.
+    let dropped = metric(
+        &harness::scrape(&cluster.router_metrics),
+        "zinfer_router_dropped_sends_total{socket=\"clients\"}",
+    );
+    let rss_after = rss_kib(cluster.router_pid());
+    eprintln!("dropped sends to clients: {dropped}; router RSS {rss_before} -> {rss_after} KiB");
+    assert!(dropped > 0.0, "the stalled client's pipe never filled");
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "router RSS grew from {rss_before} to {rss_after} KiB"
+    );
+    assert!(!cluster.router_exited(), "the router died");
+    for (id, proc, _) in &mut cluster.workers {
+        assert!(alive(proc), "worker {id} died");
+    }
+}
+
+/// Resident memory of process `pid`, from /proc/PID/status.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/PID/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("a VmRSS line")
+}
+
+/// The value of the sample named exactly `name` in a metrics page.
+fn metric(page: &str, name: &str) -> f64 {
+    page.lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{page}"))
+}
+
+/// A deterministic xorshift generator; the test needs no seed of its own.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn below(&mut self, n: u64) -> usize {
+        (self.next() % n) as usize
+    }
+
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
+
+/// Frame `i` of a garbage stream: random bytes, truncated requests,
+/// nesting far past the depth limit, huge declared lengths, empty frames.
+/// None of them can be a valid message.
+fn garbage(rng: &mut Rng, i: usize) -> Vec<u8> {
+    match i % 6 {
+        0 => {
+            let len = rng.below(64);
+            let mut frame = vec![0xc1]; // never used in MessagePack
+            frame.extend(rng.bytes(len));
+            frame
+        }
+        1 => {
+            let whole = zinfer_protocol::encode(&streamed(&format!("t{i}"), 8, 0)).unwrap();
+            whole[..1 + rng.below(whole.len() as u64 - 1)].to_vec()
+        }
+        2 => {
+            let mut frame = vec![0x91; 100 + rng.below(5000)];
+            frame.push(0xc0);
+            frame
+        }
+        3 => {
+            // A map or array declaring 2^32 - 1 entries, then a few bytes.
+            let mut frame = vec![if rng.next().is_multiple_of(2) {
+                0xdf
+            } else {
+                0xdd
+            }];
+            frame.extend([0xff; 4]);
+            let len = rng.below(16);
+            frame.extend(rng.bytes(len));
+            frame
+        }
+        4 => Vec::new(),
+        _ => {
+            let len = rng.below(256);
+            // Not a map, so not a message whatever follows.
+            let mut frame = vec![0x90 | (rng.next() as u8 & 0x0f)];
+            frame.extend(rng.bytes(len));
+            frame
+        }
+    }
+}
+
+#[test]
+fn garbage_frames_at_load_lose_no_valid_request() {
+    let mut cluster = Cluster::start("least_load", 2);
+    let streamers: Vec<_> = (0..2)
+        .map(|c| {
+            let endpoint = cluster.clients.clone();
+            std::thread::spawn(move || {
+                let client = harness::Client::connect(&endpoint);
+                for i in 0..4 {
+                    let id = format!("v{c}-{i}");
+                    client.send(&streamed(&id, 16, 0));
+                    let by_id = replies_by_id(
+                        &client,
+                        &[&id],
+                        Duration::from_secs(120),
+                        Duration::from_millis(100),
+                    );
+                    assert_eq!(by_id.len(), 1, "replies for other ids: {by_id:?}");
+                    assert_eq!(streamed_tokens(&id, &by_id[&id]), 16, "{id}");
+                }
+            })
+        })
+        .collect();
+
+    let attacker = cluster.client();
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let (mut bad_requests, mut other) = (0, Vec::new());
+    let mut tally = |reply: ClientReply| match reply {
+        ClientReply::Error {
+            code: ErrorCode::BadRequest,
+            ..
+        } => bad_requests += 1,
+        reply => other.push(reply),
+    };
+    let start = Instant::now();
+    for i in 0..2000 {
+        attacker.send_raw(&garbage(&mut rng, i));
+        while let Some(reply) = attacker.recv(Duration::ZERO) {
+            tally(reply);
+        }
+    }
+    while let Some(reply) = attacker.recv(Duration::from_secs(2)) {
+        tally(reply);
+    }
+    eprintln!(
+        "2000 garbage frames in {:?}: {bad_requests} bad_request replies",
+        start.elapsed()
+    );
+    for streamer in streamers {
+        streamer
+            .join()
+            .expect("a valid client's requests all ended once");
+    }
+    assert!(other.is_empty(), "replies to garbage: {other:?}");
+    assert_eq!(bad_requests, 2000, "garbage frames without a bad_request");
+    assert!(!cluster.router_exited(), "the router died");
+    for (id, proc, _) in &mut cluster.workers {
+        assert!(alive(proc), "worker {id} died");
+    }
+    let outcome = attacker.generate(harness::greedy("after", "Hello", 2));
+    assert!(
+        matches!(outcome.terminal, Some(ClientReply::Done { .. })),
+        "{outcome:?}"
+    );
 }

@@ -87,6 +87,14 @@ impl Router {
             Arc::clone(&self.metrics),
             Instant::now(),
         );
+        // Workers outlive a router: one restarted on the same endpoints
+        // must not hand out the rids its predecessor left running there
+        // (the worker would refuse them as already in flight). The wall
+        // clock in nanoseconds moves faster than any router hands out rids.
+        let epoch_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| u64::try_from(d.as_nanos()).unwrap_or(1));
+        core.start_rids_at(epoch_ns.max(1));
         loop {
             match shutdown.try_recv() {
                 Ok(()) | Err(TryRecvError::Disconnected) => break,

@@ -164,6 +164,7 @@ pub fn run(
         last_load_check: Instant::now(),
         last_load: None,
         registered: false,
+        last_register: None,
         draining: false,
         stop_at: None,
         import,
@@ -225,6 +226,8 @@ struct Io {
     last_load: Option<LoadReport>,
     /// Whether `ready` has been handed to the socket since the last (re)connect.
     registered: bool,
+    /// When `ready` was last tried.
+    last_register: Option<Instant>,
     draining: bool,
     stop_at: Option<Instant>,
     /// The cache-import socket of a migration target, until the import ended.
@@ -352,9 +355,29 @@ impl Io {
                     tracing::debug!(%reason, "router forgot us while stopping");
                     return;
                 }
+                // Every message sent before our `ready` reached a router
+                // that does not know us earns one of these; answering each
+                // would register again and again, and the router takes a
+                // second `ready` for a restart and loses what it just gave
+                // us. Once per heartbeat is enough: if the router still
+                // does not know us, our next heartbeat brings another.
+                if self
+                    .last_register
+                    .is_some_and(|at| at.elapsed() < self.config.heartbeat)
+                {
+                    tracing::debug!(%reason, "router forgot us again; registered just now");
+                    return;
+                }
                 // Also how a refused registration (a duplicate id, another
                 // protocol version) is explained, so it must be visible.
                 tracing::warn!(%reason, "router asked us to register again");
+                // A router that does not know us does not know our
+                // requests either (it ended or retried them, or it
+                // restarted): nobody waits for their output.
+                let orphaned = self.engine.cancel_all();
+                if orphaned > 0 {
+                    tracing::warn!(orphaned, "cancelled requests the router no longer knows");
+                }
                 self.register();
             }
             RouterToWorker::Drain {} => {
@@ -579,6 +602,7 @@ impl Io {
             import_endpoint: self.config.import_endpoint.clone(),
         };
         self.last_load = None;
+        self.last_register = Some(Instant::now());
         // With ZMQ_IMMEDIATE a send fails until the connection is up; the
         // timer tries again rather than counting it as a drop.
         self.registered = match zinfer_protocol::encode(&ready) {

@@ -158,6 +158,11 @@ pub struct Core {
 }
 
 impl Core {
+    /// Makes `first` the next request id handed out (1 by default).
+    pub fn start_rids_at(&mut self, first: u64) {
+        self.next_rid = first;
+    }
+
     /// A router with no workers and no requests.
     pub fn new(config: RouterConfig, metrics: Arc<Metrics>, now: Instant) -> Self {
         Core {

@@ -195,6 +195,16 @@ impl EngineHandle {
         }
     }
 
+    /// Cancels every request in flight, as [`EngineHandle::cancel`] does
+    /// one; returns how many.
+    pub fn cancel_all(&self) -> usize {
+        let rids: Vec<u64> = self.shared.inflight().iter().copied().collect();
+        for &rid in &rids {
+            self.cancel(rid);
+        }
+        rids.len()
+    }
+
     /// Drops cached prefixes: of one namespace, or all of them.
     pub fn flush_cache(&self, namespace: Option<String>) {
         if self
