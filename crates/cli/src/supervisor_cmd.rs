@@ -70,7 +70,7 @@ pub(crate) fn config(
     let model = worker_cmd::resolve_model(engine.model.as_deref())?;
     let total = match budget.memory_budget {
         Some(bytes) => bytes,
-        None => zinfer_supervisor::available_memory()
+        None => zinfer_worker::procfs::available_bytes()
             .map(|bytes| bytes / 10 * 9)
             .context("reading /proc/meminfo; give --memory-budget")?,
     };

@@ -18,7 +18,7 @@ use crossbeam_channel::Receiver;
 use zinfer_protocol::{Limits, ModelOffer, RouterToSupervisor, SupervisorToRouter};
 use zinfer_worker::device::Device;
 
-pub use budget::{MemoryBudget, OverBudget, available_memory, gib, parse_bytes, worker_bytes};
+pub use budget::{MemoryBudget, OverBudget, gib, parse_bytes, worker_bytes};
 use process::WorkerProcess;
 
 /// A model this supervisor can start workers for.
@@ -175,16 +175,31 @@ struct Supervisor {
     workers: HashMap<String, WorkerProcess>,
     /// Highest resident memory seen per model, for estimates.
     measured: HashMap<String, u64>,
+    /// File and KV-pool bytes per offered model file.
+    unmeasured: HashMap<PathBuf, (u64, u64)>,
     outbox: Vec<SupervisorToRouter>,
     host: String,
 }
 
 impl Supervisor {
     fn new(config: SupervisorConfig) -> Self {
+        // Read once: the GGUF header holds the whole vocabulary, too much
+        // to parse again for every status.
+        let unmeasured = config
+            .models
+            .iter()
+            .map(|spec| {
+                (
+                    spec.path.clone(),
+                    unmeasured_bytes(&spec.path, config.kv_tokens),
+                )
+            })
+            .collect();
         Supervisor {
             config,
             workers: HashMap::new(),
             measured: HashMap::new(),
+            unmeasured,
             outbox: Vec::new(),
             host: host_name(),
         }
@@ -192,10 +207,11 @@ impl Supervisor {
 
     /// Expected bytes of one more worker of `spec`.
     fn estimate(&self, spec: &ModelSpec) -> u64 {
-        let file = model_bytes(&spec.path);
-        let kv = zinfer_worker::model::kv_bytes_per_token(&spec.path)
-            .map(|per_token| per_token * self.config.kv_tokens as u64)
-            .unwrap_or(0);
+        let (file, kv) = self
+            .unmeasured
+            .get(&spec.path)
+            .copied()
+            .unwrap_or_else(|| unmeasured_bytes(&spec.path, self.config.kv_tokens));
         worker_bytes(file, kv, self.measured.get(&spec.name).copied())
     }
 
@@ -405,6 +421,15 @@ impl Supervisor {
         }
         self.workers.clear();
     }
+}
+
+/// A model's file bytes and its KV pool's bytes (0 when the header does
+/// not tell), the estimate before any worker of it ran.
+fn unmeasured_bytes(path: &Path, kv_tokens: usize) -> (u64, u64) {
+    let kv = zinfer_worker::model::kv_bytes_per_token(path)
+        .map(|per_token| per_token * kv_tokens as u64)
+        .unwrap_or(0);
+    (model_bytes(path), kv)
 }
 
 /// Bytes of a model file, or of the files of a model directory.

@@ -101,7 +101,7 @@ impl WorkerProcess {
 
     /// Resident memory now (and the peak is updated).
     pub(crate) fn resident(&mut self) -> u64 {
-        let rss = resident_bytes(self.child.id()).unwrap_or(0);
+        let rss = zinfer_worker::procfs::resident_bytes(Some(self.child.id())).unwrap_or(0);
         self.peak_rss = self.peak_rss.max(rss);
         rss
     }
@@ -125,12 +125,4 @@ impl WorkerProcess {
         let tail = self.tail.lock().unwrap_or_else(PoisonError::into_inner);
         tail.iter().cloned().collect::<Vec<_>>().join(" | ")
     }
-}
-
-/// Resident memory of process `pid` (VmRSS), read from /proc.
-pub(crate) fn resident_bytes(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
 }

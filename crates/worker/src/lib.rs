@@ -12,6 +12,7 @@ pub mod fetch;
 pub mod metrics;
 pub mod migration;
 pub mod model;
+pub mod procfs;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;

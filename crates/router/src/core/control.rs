@@ -117,6 +117,14 @@ impl ControlPlane {
             .map(|at| at + Duration::from_millis(1))
     }
 
+    /// Spawns of `model` in flight for scaling (migration targets apart).
+    fn scale_spawns(&self, model: &str) -> usize {
+        self.spawns
+            .iter()
+            .filter(|(id, s)| s.model == model && !self.is_migration_target(id))
+            .count()
+    }
+
     /// Whether `worker_id` was spawned as a migration target.
     pub(super) fn is_migration_target(&self, worker_id: &str) -> bool {
         self.migrations.contains_key(worker_id)
@@ -265,12 +273,7 @@ impl Core {
             return;
         };
         let serving = self.serving(model);
-        let spawning = self
-            .control
-            .spawns
-            .iter()
-            .filter(|(id, s)| s.model == model && !self.control.is_migration_target(id))
-            .count();
+        let spawning = self.control.scale_spawns(model);
         let have = serving.len() + spawning;
         let target_n = target as usize;
         if have < target_n {
@@ -315,11 +318,7 @@ impl Core {
     /// Answers `model`'s scale operation once its target is met.
     fn settle_scale(&mut self, model: &str) {
         let serving = self.serving(model).len();
-        let spawning = self
-            .control
-            .spawns
-            .iter()
-            .any(|(id, s)| s.model == model && !self.control.is_migration_target(id));
+        let spawning = self.control.scale_spawns(model) > 0;
         let Some(op) = self.control.scales.get(model) else {
             return;
         };
@@ -789,6 +788,10 @@ impl Core {
     /// Finishes drains whose worker has nothing in flight: park it, or
     /// tell it (and its supervisor) to exit.
     pub(super) fn settle_drains(&mut self, now: Instant) {
+        // Called after every terminal reply: nothing to do is the common case.
+        if self.control.drains.is_empty() {
+            return;
+        }
         let done: Vec<Vec<u8>> = self
             .control
             .drains
@@ -800,6 +803,7 @@ impl Core {
             })
             .cloned()
             .collect();
+        let settled = !done.is_empty();
         for identity in done {
             let Some(drain) = self.control.drains.remove(&identity) else {
                 continue;
@@ -838,7 +842,9 @@ impl Core {
                 );
             }
         }
-        self.refresh_gauges();
+        if settled {
+            self.refresh_gauges();
+        }
     }
 
     /// Control timers: spawn timeouts, carry timeouts, silent supervisors,

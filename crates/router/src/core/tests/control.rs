@@ -70,16 +70,31 @@ fn scale(workers: u32) -> AdminRequest {
     }
 }
 
-/// Spawn requests among `out`: (worker id, device, import_cache).
-fn spawns(out: &[Out]) -> Vec<(String, Option<String>, bool)> {
+/// A spawn request the router sent.
+#[derive(Clone, Debug)]
+struct Spawned {
+    id: String,
+    device: Option<String>,
+    model_path: Option<String>,
+    import_cache: bool,
+}
+
+/// Spawn requests among `out`.
+fn spawns(out: &[Out]) -> Vec<Spawned> {
     out.iter()
         .filter_map(|o| match o {
             Out::Supervisor(RouterToSupervisor::Spawn {
                 worker_id,
                 device,
+                model_path,
                 import_cache,
                 ..
-            }) => Some((worker_id.clone(), device.clone(), *import_cache)),
+            }) => Some(Spawned {
+                id: worker_id.clone(),
+                device: device.clone(),
+                model_path: model_path.clone(),
+                import_cache: *import_cache,
+            }),
             _ => None,
         })
         .collect()
@@ -124,9 +139,9 @@ fn concurrent_scales_of_one_model_start_exactly_the_workers_needed() {
         "nobody is answered before the workers register"
     );
     assert_eq!(h.metrics.spawns.get(), 2);
-    h.ready_as(&started[0].0, None);
+    h.ready_as(&started[0].id, None);
     assert!(acks(&h.sent()).is_empty());
-    h.ready_as(&started[1].0, None);
+    h.ready_as(&started[1].id, None);
     let replies = acks(&h.sent());
     assert_eq!(replies.len(), 64, "every waiter gets the one outcome");
     assert!(
@@ -152,7 +167,7 @@ fn a_failed_spawn_fails_every_waiter_at_once_and_backs_off() {
     let started = spawns(&h.sent());
     assert_eq!(started.len(), 2);
     h.supervisor_says(&SupervisorToRouter::WorkerExited {
-        worker_id: started[0].0.clone(),
+        worker_id: started[0].id.clone(),
         status: "exit status: 1: reading /bad.gguf: No such file".into(),
     });
     let replies = acks(&h.sent());
@@ -173,7 +188,7 @@ fn a_failed_spawn_fails_every_waiter_at_once_and_backs_off() {
     // The other spawn of the failed operation fails too; a new scale right
     // after a failure is refused with the reason and the wait.
     h.supervisor_says(&SupervisorToRouter::SpawnFailed {
-        worker_id: started[1].0.clone(),
+        worker_id: started[1].id.clone(),
         reason: "bad model file".into(),
     });
     h.control_request("admin-0", &scale(2));
@@ -292,16 +307,16 @@ fn a_lost_worker_of_a_scaled_model_is_replaced() {
     h.supervisor_status(&[]);
     h.control_request("admin", &scale(1));
     let started = spawns(&h.sent());
-    h.ready_as(&started[0].0, None);
+    h.ready_as(&started[0].id, None);
     h.sent();
     h.supervisor_says(&SupervisorToRouter::WorkerExited {
-        worker_id: started[0].0.clone(),
+        worker_id: started[0].id.clone(),
         status: "signal: 9 (SIGKILL)".into(),
     });
     h.advance(1);
     let again = spawns(&h.sent());
     assert_eq!(again.len(), 1, "the count is kept");
-    assert_ne!(again[0].0, started[0].0, "a fresh id");
+    assert_ne!(again[0].id, started[0].id, "a fresh id");
 }
 
 #[test]
@@ -320,7 +335,7 @@ fn a_spawn_that_never_registers_times_out() {
     let out = h.sent();
     assert!(out.iter().any(|o| matches!(
         o,
-        Out::Supervisor(RouterToSupervisor::Stop { worker_id, .. }) if *worker_id == started[0].0
+        Out::Supervisor(RouterToSupervisor::Stop { worker_id, .. }) if *worker_id == started[0].id
     )));
     let replies = acks(&out);
     assert!(
@@ -346,8 +361,9 @@ fn migration_carries_the_cache_then_switches_routing_in_one_step() {
     );
     let started = spawns(&h.sent());
     assert_eq!(started.len(), 1);
-    let (new, device, import) = started[0].clone();
-    assert_eq!((device.as_deref(), import), (Some("cpu:1"), true));
+    let new = started[0].id.clone();
+    assert_eq!(started[0].device.as_deref(), Some("cpu:1"));
+    assert!(started[0].import_cache);
     assert_eq!(h.state_of("old"), Some(WorkerState::Migrating));
     // The old worker keeps serving while the new one loads.
     h.generate("c", prompt("r2", "a shared prefix"));
@@ -362,7 +378,8 @@ fn migration_carries_the_cache_then_switches_routing_in_one_step() {
     assert_eq!(h.state_of(&new), Some(WorkerState::Warming));
     // Not routed to while warming.
     h.generate("c", prompt("r3", "a shared prefix"));
-    assert_eq!(h.dispatched()[0].0, "old");
+    let (to, r3, _) = h.dispatched().remove(0);
+    assert_eq!(to, "old");
     h.worker(
         &new,
         &WorkerToRouter::CacheImported {
@@ -387,7 +404,6 @@ fn migration_carries_the_cache_then_switches_routing_in_one_step() {
     h.done("old", r1, FinishReason::Stop);
     h.done("old", r2, FinishReason::Stop);
     h.sent();
-    let r3 = 3;
     h.done("old", r3, FinishReason::Stop);
     assert!(h.sent().iter().any(|o| matches!(
         o,
@@ -413,7 +429,7 @@ fn a_failed_migration_leaves_the_old_worker_serving() {
     );
     let started = spawns(&h.sent());
     h.supervisor_says(&SupervisorToRouter::SpawnFailed {
-        worker_id: started[0].0.clone(),
+        worker_id: started[0].id.clone(),
         reason: "device cuda:7: not built with CUDA".into(),
     });
     let replies = acks(&h.sent());
@@ -445,8 +461,8 @@ fn a_migration_without_carry_switches_when_the_replacement_registers() {
         },
     );
     let started = spawns(&h.sent());
-    assert!(!started[0].2, "no cache import asked");
-    h.ready_as(&started[0].0, None);
+    assert!(!started[0].import_cache, "no cache import asked");
+    h.ready_as(&started[0].id, None);
     let out = h.sent();
     assert!(
         !out.iter()
@@ -485,7 +501,7 @@ fn the_autoscaler_adds_a_worker_under_a_burst_and_removes_it_when_idle() {
     }
     assert_eq!(added.len(), 1, "{added:?}");
     assert_eq!(h.metrics.autoscale.with_label_values(&["up"]).get(), 1);
-    h.ready_as(&added[0].0, None);
+    h.ready_as(&added[0].id, None);
     // Finish everything; then idle for the window: back to one worker.
     let mut pending = first;
     pending.extend(h.dispatched());
@@ -496,9 +512,9 @@ fn the_autoscaler_adds_a_worker_under_a_burst_and_removes_it_when_idle() {
     let mut drained = false;
     for _ in 0..8 {
         h.advance(1_000);
-        h.supervisor_status(&["w1", &added[0].0]);
+        h.supervisor_status(&["w1", &added[0].id]);
         h.worker("w1", &WorkerToRouter::Heartbeat {});
-        h.worker(&added[0].0, &WorkerToRouter::Heartbeat {});
+        h.worker(&added[0].id, &WorkerToRouter::Heartbeat {});
         drained |= h
             .sent()
             .iter()
@@ -521,29 +537,18 @@ fn reload_starts_a_replacement_on_the_same_device_without_the_cache() {
             model_path: Some("/models/m-v2.gguf".into()),
         },
     );
-    let out = h.sent();
-    let spawn = out.iter().find_map(|o| match o {
-        Out::Supervisor(RouterToSupervisor::Spawn {
-            worker_id,
-            model_path,
-            device,
-            import_cache,
-            ..
-        }) => Some((
-            worker_id.clone(),
-            model_path.clone(),
-            device.clone(),
-            *import_cache,
-        )),
-        _ => None,
-    });
-    let (new, model_path, device, import_cache) = spawn.expect("a spawn");
-    assert_eq!(model_path.as_deref(), Some("/models/m-v2.gguf"));
-    assert_eq!(device.as_deref(), Some("cpu"), "the old worker's device");
+    let spawn = spawns(&h.sent()).pop().expect("a spawn");
+    assert_eq!(spawn.model_path.as_deref(), Some("/models/m-v2.gguf"));
+    assert_eq!(
+        spawn.device.as_deref(),
+        Some("cpu"),
+        "the old worker's device"
+    );
     assert!(
-        !import_cache,
+        !spawn.import_cache,
         "other weights make other K/V: nothing carried"
     );
+    let new = spawn.id;
     h.ready_as(&new, None);
     let replies = acks(&h.sent());
     assert!(
@@ -559,8 +564,8 @@ fn a_drained_worker_of_a_scaled_model_is_not_replaced() {
     let mut h = Harness::new(config(Policy::RoundRobin));
     h.supervisor_status(&[]);
     h.control_request("admin", &scale(2));
-    for (worker, _, _) in spawns(&h.sent()) {
-        h.ready_as(&worker, None);
+    for spawned in spawns(&h.sent()) {
+        h.ready_as(&spawned.id, None);
     }
     assert!(acks(&h.sent())[0].1, "scaled to 2");
     let AdminReply::Workers { workers } = h.admin(&AdminRequest::Workers {}) else {
