@@ -127,16 +127,8 @@ impl ControlPlane {
     /// A sample's value, or `None` when the endpoint is not up (yet) or
     /// has no such sample.
     fn try_metric(&self, name: &str) -> Option<f64> {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(&self.metrics).ok()?;
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut text = String::new();
-        stream.read_to_string(&mut text).ok()?;
-        text.lines()
+        harness::try_scrape(&self.metrics)?
+            .lines()
             .find(|line| line.starts_with(name) && !line.starts_with('#'))
             .and_then(|line| line.rsplit(' ').next())
             .and_then(|value| value.parse().ok())
@@ -145,21 +137,8 @@ impl ControlPlane {
 
 /// One request and its reply on a fresh control connection.
 fn call(control: &str, request: &AdminRequest, timeout: Duration) -> AdminReply {
-    let context = zmq::Context::new();
-    let socket = context.socket(zmq::DEALER).unwrap();
-    socket.set_linger(0).unwrap();
-    socket.connect(control).unwrap();
-    socket
-        .send(zinfer_protocol::encode(request).unwrap(), 0)
-        .unwrap();
-    assert!(
-        socket
-            .poll(zmq::POLLIN, timeout.as_millis() as i64)
-            .unwrap()
-            > 0,
-        "no reply to {request:?} within {timeout:?}"
-    );
-    zinfer_protocol::decode(&socket.recv_bytes(0).unwrap(), &Limits::default()).unwrap()
+    harness::admin_within(control, request, timeout)
+        .unwrap_or_else(|| panic!("no reply to {request:?} within {timeout:?}"))
 }
 
 fn model_name() -> String {

@@ -275,6 +275,16 @@ pub fn spawn_until(line: &str, args: &[&str]) -> Proc {
 
 /// One request-reply on the control socket; `None` when nobody answers.
 pub fn admin(control: &str, request: &AdminRequest) -> Option<AdminReply> {
+    admin_within(control, request, Duration::from_secs(1))
+}
+
+/// [`admin`] with a reply allowed to take `timeout` (`scale` and
+/// `migrate` answer once workers have loaded).
+pub fn admin_within(
+    control: &str,
+    request: &AdminRequest,
+    timeout: Duration,
+) -> Option<AdminReply> {
     let context = zmq::Context::new();
     let socket = context.socket(zmq::DEALER).ok()?;
     socket.set_linger(0).ok()?;
@@ -282,7 +292,7 @@ pub fn admin(control: &str, request: &AdminRequest) -> Option<AdminReply> {
     socket
         .send(zinfer_protocol::encode(request).ok()?, 0)
         .ok()?;
-    if socket.poll(zmq::POLLIN, 1000).ok()? == 0 {
+    if socket.poll(zmq::POLLIN, timeout.as_millis() as i64).ok()? == 0 {
         return None;
     }
     let frame = socket.recv_bytes(0).ok()?;
@@ -397,19 +407,23 @@ pub fn greedy(id: &str, prompt: &str, max_tokens: u32) -> GenerateRequest {
 
 /// Fetches `http://addr/metrics`.
 pub fn scrape(addr: &str) -> String {
+    try_scrape(addr).unwrap_or_else(|| panic!("no 200 answer from http://{addr}/metrics"))
+}
+
+/// The `/metrics` body, or `None` while the endpoint is not up (or not
+/// answering 200).
+pub fn try_scrape(addr: &str) -> Option<String> {
     use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("metrics endpoint reachable");
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
     write!(
         stream,
         "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
-    .expect("write");
+    .ok()?;
     let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    body
+    stream.read_to_string(&mut response).ok()?;
+    if !response.starts_with("HTTP/1.1 200") {
+        return None;
+    }
+    response.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
 }
