@@ -334,9 +334,7 @@ fn a_soak_with_chaos_ends_every_request_exactly_once() {
                 let record = records.get_mut(id).expect("an open request has a record");
                 if record.cancel_at.is_some_and(|at| at <= now) {
                     record.cancel_at = None;
-                    let cancel = ClientRequest::Cancel {
-                        id: id.clone().into(),
-                    };
+                    let cancel = ClientRequest::Cancel { id: id.clone() };
                     let frame = zinfer_protocol::encode(&cancel).expect("encode");
                     client.socket.send(frame, 0).expect("send");
                 }
