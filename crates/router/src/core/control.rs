@@ -96,8 +96,9 @@ pub(super) struct ControlPlane {
 }
 
 impl ControlPlane {
-    /// The earliest instant a control timer fires, if any.
-    pub(super) fn next_timer(&self, config: &crate::RouterConfig) -> Option<Instant> {
+    /// The earliest instant a control timer fires, if any; a backoff
+    /// ending after `now` is one (a replacement waits for it).
+    pub(super) fn next_timer(&self, config: &crate::RouterConfig, now: Instant) -> Option<Instant> {
         let spawns = self
             .spawns
             .values()
@@ -110,9 +111,15 @@ impl ControlPlane {
             .supervisors
             .values()
             .map(|s| s.last_seen + config.heartbeat_expiry);
+        let backoffs = self
+            .backoff
+            .values()
+            .map(|b| b.until)
+            .filter(|&until| until > now);
         spawns
             .chain(carries)
             .chain(supervisors)
+            .chain(backoffs)
             .min()
             .map(|at| at + Duration::from_millis(1))
     }
@@ -293,6 +300,9 @@ impl Core {
                         }
                     }
                     Err(reason) => {
+                        if !self.control.scales.contains_key(model) {
+                            self.back_off(now, model, &reason);
+                        }
                         self.fail_scale(now, model, &reason);
                         return;
                     }
@@ -343,14 +353,22 @@ impl Core {
     }
 
     /// Ends `model`'s scale operation with an error for every waiter, and
-    /// stops aiming at its target (no retry loop: the next `scale` tries again).
+    /// stops aiming at its target (no retry loop: the next `scale` tries
+    /// again). With no operation under way the spawn was a replacement for
+    /// a worker that died: the target stays, and the next try waits for
+    /// the model's backoff, so a worker killed while it loads (or a host
+    /// briefly out of memory) does not shrink the fleet for good.
     fn fail_scale(&mut self, now: Instant, model: &str, reason: &str) {
-        let serving = self.serving(model).len() as u32;
-        self.control.targets.insert(model.to_string(), serving);
         let Some(op) = self.control.scales.remove(model) else {
-            tracing::warn!(model, reason, "keeping the worker count failed");
+            tracing::warn!(
+                model,
+                reason,
+                "replacing a worker failed; retrying after the backoff"
+            );
             return;
         };
+        let serving = self.serving(model).len() as u32;
+        self.control.targets.insert(model.to_string(), serving);
         tracing::warn!(model, target = op.target, reason, "scale failed");
         let message = format!(
             "scaling {model} to {} worker(s) failed: {reason}; {serving} worker(s) serving",
@@ -453,10 +471,17 @@ impl Core {
             self.abort_migration(migration, &message);
             return;
         }
+        self.back_off(now, &spawn.model, reason);
+        self.fail_scale(now, &spawn.model, reason);
+    }
+
+    /// Pauses spawns of `model` after a failure: 1 s, doubling per failure
+    /// in a row up to `spawn_backoff_max`.
+    fn back_off(&mut self, now: Instant, model: &str, reason: &str) {
         let backoff = self
             .control
             .backoff
-            .entry(spawn.model.clone())
+            .entry(model.to_string())
             .or_insert(Backoff {
                 failures: 0,
                 until: now,
@@ -469,8 +494,7 @@ impl Core {
         backoff.until = now + pause;
         backoff.reason = reason.to_string();
         backoff.at = now;
-        tracing::debug!(model = %spawn.model, ?pause, "spawns of the model paused");
-        self.fail_scale(now, &spawn.model, reason);
+        tracing::debug!(model, ?pause, "spawns of the model paused");
     }
 
     /// Undoes a migration that did not finish: the old worker serves on.

@@ -266,7 +266,7 @@ impl Core {
         workers
             .chain(refusals)
             .chain(deadlines)
-            .chain(self.control.next_timer(&self.config))
+            .chain(self.control.next_timer(&self.config, now))
             .fold(self.next_heartbeat, Instant::min)
             .max(now + Duration::from_millis(1))
     }

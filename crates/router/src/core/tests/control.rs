@@ -320,6 +320,40 @@ fn a_lost_worker_of_a_scaled_model_is_replaced() {
 }
 
 #[test]
+fn a_replacement_killed_while_it_loads_is_retried_after_the_backoff() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&[]);
+    h.control_request("admin", &scale(1));
+    let started = spawns(&h.sent());
+    h.ready_as(&started[0].id, None);
+    h.sent();
+    let exited = |id: &str| SupervisorToRouter::WorkerExited {
+        worker_id: id.into(),
+        status: "signal: 9 (SIGKILL)".into(),
+    };
+    h.supervisor_says(&exited(&started[0].id));
+    h.advance(1);
+    let replacement = spawns(&h.sent());
+    assert_eq!(replacement.len(), 1);
+    // The replacement dies before it registers: a failed spawn, with no
+    // scale operation waiting on it.
+    h.supervisor_says(&exited(&replacement[0].id));
+    h.advance(500);
+    h.supervisor_status(&[]);
+    assert!(spawns(&h.sent()).is_empty(), "the backoff holds the retry");
+    let retry_at = h.core.poll_timeout();
+    assert!(
+        retry_at <= h.now + Duration::from_millis(501),
+        "the core wakes for the end of the backoff"
+    );
+    h.advance(600);
+    let again = spawns(&h.sent());
+    assert_eq!(again.len(), 1, "the target of one worker is kept");
+    h.ready_as(&again[0].id, None);
+    assert_eq!(h.state_of(&again[0].id), Some(WorkerState::Ready));
+}
+
+#[test]
 fn a_spawn_that_never_registers_times_out() {
     let mut h = Harness::new(RouterConfig {
         spawn_timeout: Duration::from_secs(5),
