@@ -410,6 +410,33 @@ pub fn scrape(addr: &str) -> String {
     try_scrape(addr).unwrap_or_else(|| panic!("no 200 answer from http://{addr}/metrics"))
 }
 
+/// `POST path` with a JSON `body` on `addr`; returns the status and body.
+pub fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connecting to the HTTP front");
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .expect("sending the HTTP request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("reading the HTTP answer");
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    (status, body)
+}
+
 /// The `/metrics` body, or `None` while the endpoint is not up (or not
 /// answering 200).
 pub fn try_scrape(addr: &str) -> Option<String> {

@@ -13,6 +13,7 @@ mod control;
 mod deploy;
 mod harness;
 mod http;
+mod multihost;
 mod reliability;
 mod soak;
 

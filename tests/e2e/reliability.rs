@@ -271,8 +271,47 @@ fn workers_re_register_with_a_restarted_router_on_their_own() {
     let mut cluster = Cluster::start("least_load", 2);
     let client = cluster.client();
     client.start_stream("lost", "1, 2, 3, 4, 5, 6, 7, 8,", 4000);
+    // The OpenAI front's request in flight, too, is lost with the router.
+    let listen = format!("127.0.0.1:{}", harness::free_port());
+    let _front = harness::spawn_until(
+        "listening on",
+        &[
+            "http",
+            "--router",
+            &cluster.clients,
+            "--listen",
+            &listen,
+            "--served-model-name",
+            "smol",
+        ],
+    );
+    let http_request = {
+        let listen = listen.clone();
+        std::thread::spawn(move || {
+            let body = r#"{"model": "smol", "prompt": "1, 2, 3,", "max_tokens": 4000, "ignore_eos": true}"#;
+            let answer = harness::http_post(&listen, "/v1/completions", body);
+            (Instant::now(), answer)
+        })
+    };
+    wait_until("both requests running", Duration::from_secs(30), || {
+        cluster
+            .workers_info()
+            .iter()
+            .map(|w| w.load.running)
+            .sum::<u32>()
+            == 2
+    });
+    let killed = Instant::now();
     cluster.restart_router();
     let restarted = Instant::now();
+    let (answered, (status, body)) = http_request.join().expect("the HTTP client thread");
+    eprintln!(
+        "the HTTP front answered its lost request {:?} after the router was killed",
+        answered.duration_since(killed)
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("connection to the router dropped"), "{body}");
+    assert!(answered.duration_since(killed) < Duration::from_secs(5));
     let took = wait_until(
         "both workers registered again",
         Duration::from_secs(10),

@@ -3,6 +3,12 @@
 //! request id. Handlers send commands over a bounded channel and wake the
 //! thread through a socket pair that it polls together with the DEALER;
 //! replies come back on one bounded channel per request.
+//!
+//! A dropped router connection loses every request on it: a restarted
+//! router knows none of them, and a new connection gets a new identity, so
+//! no reply for them can ever arrive. The thread watches the socket's
+//! `disconnected` events and ends those requests at once with a retryable
+//! `unavailable` instead of leaving them to time out.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -24,6 +30,9 @@ const COMMAND_QUEUE: usize = 4096;
 const CONNECT_WAIT: Duration = Duration::from_secs(2);
 /// A `models` request nobody answered is forgotten after this long.
 const MODELS_EXPIRY: Duration = Duration::from_secs(30);
+/// What a request in flight gets when the router connection drops.
+const CONNECTION_LOST: &str = "the connection to the router dropped (router restarted or \
+     network cut) while this request was in flight; its output is lost: retry it";
 
 enum Command {
     Generate {
@@ -87,6 +96,15 @@ impl RouterClient {
         socket
             .set_maxmsgsize(limits.max_frame_bytes as i64)
             .map_err(zmq_error)?;
+        let watch = format!(
+            "inproc://http-router-monitor-{}",
+            MONITORS.fetch_add(1, Ordering::Relaxed)
+        );
+        socket
+            .monitor(&watch, zmq::SocketEvent::DISCONNECTED as i32)
+            .map_err(zmq_error)?;
+        let monitor = context.socket(zmq::PAIR).map_err(zmq_error)?;
+        monitor.connect(&watch).map_err(zmq_error)?;
         socket.connect(endpoint).map_err(zmq_error)?;
         let (wake_tx, wake_rx) = UnixStream::pair()?;
         wake_tx.set_nonblocking(true)?;
@@ -98,6 +116,7 @@ impl RouterClient {
                 let _context = context;
                 IoThread {
                     socket,
+                    monitor,
                     wake: wake_rx,
                     commands: receiver,
                     limits,
@@ -221,8 +240,13 @@ impl Drop for Pending {
     }
 }
 
+/// Names each connection's monitor endpoint uniquely within the process.
+static MONITORS: AtomicU64 = AtomicU64::new(0);
+
 struct IoThread {
     socket: zmq::Socket,
+    /// The DEALER's `disconnected` events.
+    monitor: zmq::Socket,
     wake: UnixStream,
     commands: mpsc::Receiver<Command>,
     limits: Limits,
@@ -238,6 +262,7 @@ impl IoThread {
             let mut items = [
                 self.socket.as_poll_item(zmq::POLLIN),
                 zmq::PollItem::from_fd(self.wake.as_raw_fd(), zmq::POLLIN),
+                self.monitor.as_poll_item(zmq::POLLIN),
             ];
             let wait = if self.unsent.is_empty() { 1000 } else { 20 };
             if let Err(error) = zmq::poll(&mut items, wait) {
@@ -263,6 +288,9 @@ impl IoThread {
                     }
                 }
             }
+            if self.connection_dropped() {
+                self.end_in_flight();
+            }
             for (arrived, request, replies) in std::mem::take(&mut self.unsent) {
                 self.try_generate(arrived, request, replies);
             }
@@ -270,6 +298,39 @@ impl IoThread {
             self.models
                 .retain(|_, (asked, _)| now.duration_since(*asked) < MODELS_EXPIRY);
         }
+    }
+
+    /// Whether the monitor reported a dropped connection since last asked
+    /// (reading every event it has queued).
+    fn connection_dropped(&self) -> bool {
+        let mut dropped = false;
+        while let Ok(frames) = self.monitor.recv_multipart(zmq::DONTWAIT) {
+            let event = frames
+                .first()
+                .and_then(|f| f.get(..2))
+                .map(|b| u16::from_ne_bytes([b[0], b[1]]));
+            dropped |= event == Some(zmq::SocketEvent::DISCONNECTED as u16);
+        }
+        dropped
+    }
+
+    /// Ends every request sent on the dropped connection; replies to them
+    /// can no longer arrive.
+    fn end_in_flight(&mut self) {
+        if !self.requests.is_empty() {
+            tracing::warn!(
+                requests = self.requests.len(),
+                "router connection dropped; ending the requests in flight"
+            );
+        }
+        for (id, replies) in self.requests.drain() {
+            let _ = replies.try_send(unavailable(
+                id,
+                ErrorCode::Unavailable,
+                CONNECTION_LOST.to_string(),
+            ));
+        }
+        self.models.clear();
     }
 
     /// Sends without blocking: with no router connected a DEALER would
