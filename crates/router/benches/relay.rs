@@ -13,7 +13,8 @@
 //!
 //! `cargo bench -p zinfer-router --bench relay`. Knobs (environment):
 //! `RELAY_ROUNDS` (5), `RELAY_REQUESTS` (20000), `RELAY_CHUNKS` (8),
-//! `RELAY_WINDOW` (1000), `RELAY_PINGS` (3000).
+//! `RELAY_WINDOW` (1000), `RELAY_PINGS` (3000), and `RELAY_TRANSPORT`
+//! (`tcp`, or `ipc` for Unix sockets, as for workers on the router's host).
 
 #[path = "../tests/support/echo.rs"]
 mod echo;
@@ -47,11 +48,12 @@ fn main() {
     let chunks = knob("RELAY_CHUNKS", 8) as u32;
     let window = knob("RELAY_WINDOW", 1_000);
     let pings = knob("RELAY_PINGS", 3_000);
+    let transport = Transport::from_env();
 
     let config = RouterConfig {
-        clients: "tcp://127.0.0.1:*".into(),
-        workers: "tcp://127.0.0.1:*".into(),
-        control: "tcp://127.0.0.1:*".into(),
+        clients: transport.endpoint("clients"),
+        workers: transport.endpoint("workers"),
+        control: transport.endpoint("control"),
         metrics: None,
         max_inflight_per_worker: Some(1_000_000),
         ..RouterConfig::default()
@@ -63,19 +65,21 @@ fn main() {
 
     let context = zmq::Context::new();
     let _worker = EchoWorker::connect(&context, &endpoints.workers, "echo-1", "m");
-    let (_direct_worker, direct_endpoint) = EchoWorker::bind(&context, "tcp://127.0.0.1:*");
+    let (_direct_worker, direct_endpoint) =
+        EchoWorker::bind(&context, &transport.endpoint("direct"));
     let client = dealer(&context, &endpoints.clients);
     let direct = dealer(&context, &direct_endpoint);
     wait_for_worker(&client);
-    let forwarder = Forwarder::start();
+    let forwarder = Forwarder::start(&transport);
     let _forwarded_worker = EchoWorker::connect(&context, &forwarder.back, "echo-2", "m");
     let via_forwarder = dealer(&context, &forwarder.front);
     // The forwarder learns the worker's identity from its `ready`.
     std::thread::sleep(Duration::from_millis(300));
 
     println!(
-        "relay bench: {requests} requests x ({chunks} chunks + done), window {window}; \
-         {pings} ping-pongs; {rounds} rounds"
+        "relay bench over {}: {requests} requests x ({chunks} chunks + done), window {window}; \
+         {pings} ping-pongs; {rounds} rounds",
+        transport.name()
     );
     let mut core_ns = Vec::new();
     for _ in 0..rounds {
@@ -268,7 +272,7 @@ struct Forwarder {
 }
 
 impl Forwarder {
-    fn start() -> Self {
+    fn start(transport: &Transport) -> Self {
         let context = zmq::Context::new();
         let bind = |endpoint: &str| {
             let socket = context.socket(zmq::ROUTER).expect("router");
@@ -280,8 +284,8 @@ impl Forwarder {
                 .expect("utf-8");
             (socket, bound)
         };
-        let (front, front_endpoint) = bind("tcp://127.0.0.1:*");
-        let (back, back_endpoint) = bind("tcp://127.0.0.1:*");
+        let (front, front_endpoint) = bind(&transport.endpoint("forwarder-front"));
+        let (back, back_endpoint) = bind(&transport.endpoint("forwarder-back"));
         let stop = Arc::new(AtomicBool::new(false));
         let flag = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
@@ -323,6 +327,38 @@ impl Drop for Forwarder {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(thread) = self.thread.take() {
             let _ = thread.join();
+        }
+    }
+}
+
+/// How the bench's sockets reach each other.
+enum Transport {
+    Tcp,
+    /// Unix sockets under a directory removed at exit.
+    Ipc(tempfile::TempDir),
+}
+
+impl Transport {
+    fn from_env() -> Self {
+        match std::env::var("RELAY_TRANSPORT").as_deref() {
+            Ok("ipc") => Transport::Ipc(tempfile::tempdir().expect("a temporary directory")),
+            Ok("tcp") | Err(_) => Transport::Tcp,
+            Ok(other) => panic!("RELAY_TRANSPORT={other}: use tcp or ipc"),
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Transport::Tcp => "loopback TCP",
+            Transport::Ipc(_) => "ipc (Unix sockets)",
+        }
+    }
+
+    /// A bindable endpoint for the socket called `name`.
+    fn endpoint(&self, name: &str) -> String {
+        match self {
+            Transport::Tcp => "tcp://127.0.0.1:*".into(),
+            Transport::Ipc(dir) => format!("ipc://{}/{name}", dir.path().display()),
         }
     }
 }
