@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the protocol decoder's cargo-fuzz target (crates/protocol/fuzz) for a
+# bounded time, seeded with the golden frames: `scripts/fuzz.sh [SECONDS]`
+# (default 60). It needs a nightly toolchain and cargo-fuzz; cargo-fuzz is
+# installed when missing. Where either cannot be had, it says so loudly and
+# exits 0: CI fuzzes where it can, and the decoder's proptests run anyway.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds="${1:-60}"
+
+skip() {
+  echo "*** fuzz: SKIPPED: $1 ***" >&2
+  exit 0
+}
+
+rustup run nightly rustc --version >/dev/null 2>&1 ||
+  skip "no nightly toolchain (rustup toolchain install nightly)"
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "fuzz: installing cargo-fuzz" >&2
+  cargo install cargo-fuzz --locked >/dev/null 2>&1 || skip "cargo install cargo-fuzz failed"
+fi
+
+cd crates/protocol/fuzz
+corpus=corpus/decode
+mkdir -p "$corpus"
+for hex in ../tests/golden/*.hex; do
+  python3 -c 'import sys; sys.stdout.buffer.write(bytes.fromhex(open(sys.argv[1]).read()))' \
+    "$hex" >"$corpus/$(basename "$hex" .hex)"
+done
+# No sanitizer: the decoder has no unsafe code, and an ASan build of the
+# dependencies would double the build time on a 2-core machine.
+cargo +nightly fuzz run --sanitizer none decode "$corpus" -- \
+  -max_len=4096 -max_total_time="$seconds" -print_final_stats=1
