@@ -122,6 +122,9 @@ pub struct RouterConfig {
     pub spawn_backoff_max: Duration,
     /// Adds and removes workers by load; `None` leaves counts to `scale`.
     pub autoscale: Option<AutoscaleConfig>,
+    /// CURVE encryption and allow-lists on all three sockets; `None`:
+    /// plain connections (then the control socket must be on loopback).
+    pub curve: Option<crate::CurveConfig>,
     /// Makes the ids of spawned workers unique to this router process
     /// (random by default), so a restarted router never reuses the id of a
     /// worker its predecessor started.
@@ -185,6 +188,7 @@ impl Default for RouterConfig {
             carry_timeout: Duration::from_secs(60),
             spawn_backoff_max: Duration::from_secs(60),
             autoscale: None,
+            curve: None,
             spawn_nonce: std::process::id()
                 ^ std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)

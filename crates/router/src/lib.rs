@@ -48,12 +48,14 @@
 //! - REQ clients work for `ping`, `models` and non-streamed `generate`
 //!   (one reply per request); streaming needs a DEALER.
 
+mod auth;
 mod config;
 mod core;
 mod index;
 mod metrics;
 mod server;
 
+pub use crate::auth::CurveConfig;
 pub use crate::config::{AutoscaleConfig, ParsePolicyError, Policy, RouterConfig};
 pub use crate::core::{Action, Addr, Core, Peer, SendFailure};
 pub use crate::metrics::{Metrics, MetricsError, MetricsServer};
@@ -89,6 +91,28 @@ pub enum RouterError {
         /// What libzmq said.
         source: zmq::Error,
     },
+    /// The control socket would listen off this host with no
+    /// authentication.
+    #[error(
+        "the control socket {endpoint} is not on loopback and CURVE is off: anyone who \
+         reaches it could stop workers; bind it to tcp://127.0.0.1:PORT, or turn CURVE on \
+         with --curve-key ROUTER.key and --admin-keys (see `zinfer keys generate`)"
+    )]
+    ControlExposed {
+        /// The endpoint asked for.
+        endpoint: String,
+    },
+    /// CURVE could not be set up on a socket.
+    #[error("CURVE on the {socket} socket: {source}")]
+    Curve {
+        /// Which socket.
+        socket: &'static str,
+        /// What went wrong.
+        source: zinfer_curve::CurveError,
+    },
+    /// The ZAP handler thread could not start.
+    #[error("cannot start the CURVE authentication thread: {0}")]
+    Thread(std::io::Error),
     /// Polling the sockets failed.
     #[error("polling sockets failed: {0}")]
     Poll(zmq::Error),
