@@ -32,6 +32,9 @@ pub enum ServerError {
     /// The relay thread could not be started.
     #[error("cannot start the relay thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// CURVE could not be set up on the DEALER.
+    #[error("CURVE to the router: {0}")]
+    Curve(#[from] zinfer_curve::CurveError),
     /// The cache-import socket could not be set up.
     #[error(transparent)]
     Transfer(#[from] migration::TransferError),
@@ -73,6 +76,8 @@ pub struct ServerConfig {
     pub grace: Duration,
     /// Limits on frames from the router.
     pub limits: Limits,
+    /// CURVE to the router (its public key, our key pair); `None`: plain.
+    pub curve: Option<zinfer_curve::ClientCurve>,
 }
 
 impl ServerConfig {
@@ -95,6 +100,7 @@ impl ServerConfig {
             load_interval: Duration::from_millis(100),
             grace: Duration::from_secs(10),
             limits: Limits::default(),
+            curve: None,
         }
     }
 }
@@ -208,6 +214,7 @@ fn connect(context: &zmq::Context, config: &ServerConfig) -> Result<zmq::Socket,
     dealer
         .set_sndhwm(100_000)
         .map_err(sock("setting ZMQ_SNDHWM"))?;
+    zinfer_curve::apply_client(&dealer, config.curve.as_ref())?;
     dealer
         .connect(&config.router)
         .map_err(sock("connecting to the router"))?;
