@@ -14,6 +14,7 @@ mod deploy;
 mod harness;
 mod http;
 mod reliability;
+mod security;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
