@@ -52,7 +52,7 @@ pub(crate) static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLo
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve a model: a router, a supervisor and one worker per device.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Start and stop workers on this host for a router's control plane
     /// (`ctl scale`, `ctl migrate`, the autoscaler).
     Supervisor(supervisor_cmd::SupervisorCmdArgs),
