@@ -422,3 +422,169 @@ print(json.dumps(out))
     assert_eq!(out["completion_tokens"], 3, "{out}");
     assert_eq!(out["stranger"], "timeout", "{out}");
 }
+
+#[test]
+fn the_router_refuses_an_open_control_socket_and_incomplete_curve_flags() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    generate_keys(dir.path(), &["router", "worker"]);
+    let router = |extra: &[&str]| {
+        let port = |_| format!("tcp://127.0.0.1:{}", free_port());
+        let (clients, workers) = (port(0), port(1));
+        let output = Command::new(zinfer())
+            .args([
+                "router",
+                "--no-metrics",
+                "--clients",
+                &clients,
+                "--workers",
+                &workers,
+            ])
+            .args(extra)
+            .output()
+            .expect("running zinfer router");
+        assert!(
+            !output.status.success(),
+            "the router started with {extra:?}"
+        );
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let open = format!("tcp://0.0.0.0:{}", free_port());
+    let stderr = router(&["--control", &open]);
+    assert!(
+        stderr.contains("not on loopback") && stderr.contains("--admin-keys"),
+        "{stderr}"
+    );
+    let key = dir.path().join("router.key").display().to_string();
+    let stderr = router(&["--curve-key", &key]);
+    assert!(stderr.contains("--worker-keys"), "{stderr}");
+    let workers = dir.path().join("worker.pub").display().to_string();
+    let stderr = router(&["--curve-key", &key, "--worker-keys", &workers]);
+    assert!(stderr.contains("--admin-keys"), "{stderr}");
+    let public = dir.path().join("router.pub").display().to_string();
+    let stderr = router(&[
+        "--curve-key",
+        &public,
+        "--worker-keys",
+        &workers,
+        "--admin-keys",
+        &workers,
+    ]);
+    assert!(
+        stderr.contains("router.pub") && stderr.contains("secret:"),
+        "a .pub given as the key pair: {stderr}"
+    );
+    let stderr = router(&["--client-keys", &workers]);
+    assert!(stderr.contains("--curve-key"), "{stderr}");
+}
+
+#[test]
+fn serve_with_curve_lets_its_own_workers_and_http_front_in() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+
+    let _guard = exclusive();
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let keys = dir.path();
+    generate_keys(keys, &["router", "admin", "alice"]);
+    let path = |name: &str| keys.join(name).display().to_string();
+    let ports: Vec<u16> = (0..6).map(|_| free_port()).collect();
+    let clients = format!("tcp://127.0.0.1:{}", ports[0]);
+    // Off loopback: allowed, because CURVE guards it.
+    let control = format!("tcp://0.0.0.0:{}", ports[2]);
+    let http = format!("127.0.0.1:{}", ports[5]);
+    let mut serve = crate::harness::spawn_until(
+        "zinfer serve: ready",
+        &[
+            "serve",
+            "--threads",
+            "1",
+            "--kv-tokens",
+            "4096",
+            "--clients",
+            &clients,
+            "--workers",
+            &format!("tcp://127.0.0.1:{}", ports[1]),
+            "--control",
+            &control,
+            "--metrics",
+            &format!("127.0.0.1:{}", ports[3]),
+            "--worker-metrics-port",
+            &ports[4].to_string(),
+            "--model",
+            &model_path().display().to_string(),
+            "--http",
+            &http,
+            "--curve-key",
+            &path("router.key"),
+            "--client-keys",
+            &path("alice.pub"),
+            "--admin-keys",
+            &path("admin.pub"),
+        ],
+    );
+    let serve_pid = serve.child.id();
+    let key_dirs = || -> Vec<PathBuf> {
+        std::fs::read_dir(std::env::temp_dir())
+            .expect("temp dir")
+            .filter_map(Result::ok)
+            .map(|entry| entry.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with(&format!("zinfer-serve-{serve_pid}-")))
+            })
+            .collect()
+    };
+    assert_eq!(
+        key_dirs().len(),
+        1,
+        "serve keeps its workers' keys in one private dir"
+    );
+
+    // Its workers registered over CURVE (serve printed `ready`); a client
+    // on the list is served, and the admin key lists the worker.
+    let context = zmq::Context::new();
+    let server = keys.join("router.pub");
+    let alice = dealer(&context, &clients, &server, Some(&keys.join("alice.key")));
+    let (usage, _, chunks) = generate(&alice, greedy("a", "Hello there", 3));
+    assert!(chunks && usage.completion_tokens == 3, "{usage:?}");
+    let local_control = format!("tcp://127.0.0.1:{}", ports[2]);
+    let (ok, stdout, stderr) = ctl_workers(
+        &local_control,
+        &[
+            ("--curve-server-key", &server),
+            ("--curve-key", &keys.join("admin.key")),
+        ],
+    );
+    assert!(ok && stdout.contains("cpu"), "{stdout}\n{stderr}");
+
+    // The in-process HTTP front reaches the router too.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        use std::io::{Read, Write};
+        let mut response = String::new();
+        if let Ok(mut stream) = std::net::TcpStream::connect(&http) {
+            let _ = write!(
+                stream,
+                "GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            );
+            let _ = stream.read_to_string(&mut response);
+        }
+        if response.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the HTTP front never got ready: {response}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    kill(Pid::from_raw(serve_pid as i32), Signal::SIGTERM).expect("SIGTERM");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while serve.child.try_wait().expect("wait").is_none() {
+        assert!(Instant::now() < deadline, "serve did not stop");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(key_dirs().is_empty(), "serve left its key dir behind");
+}
