@@ -588,3 +588,137 @@ fn serve_with_curve_lets_its_own_workers_and_http_front_in() {
     }
     assert!(key_dirs().is_empty(), "serve left its key dir behind");
 }
+
+#[test]
+fn a_supervisor_with_keys_starts_workers_that_get_in_and_any_curve_client_is_served() {
+    let _guard = exclusive();
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let keys = dir.path();
+    generate_keys(keys, &["router", "admin", "worker"]);
+    let path = |name: &str| keys.join(name).display().to_string();
+    let (pc, pw, pctl, pm) = (free_port(), free_port(), free_port(), free_port());
+    let clients = format!("tcp://127.0.0.1:{pc}");
+    let workers = format!("tcp://127.0.0.1:{pw}");
+    let control = format!("tcp://127.0.0.1:{pctl}");
+    let metrics = format!("127.0.0.1:{pm}");
+    // No --client-keys: any CURVE client.
+    let _router = spawn(
+        "router",
+        &[
+            "router",
+            "--clients",
+            &clients,
+            "--workers",
+            &workers,
+            "--control",
+            &control,
+            "--metrics",
+            &metrics,
+            "--curve-key",
+            &path("router.key"),
+            "--worker-keys",
+            &path("worker.pub"),
+            "--admin-keys",
+            &path("admin.pub"),
+        ],
+    );
+    let model = model_path();
+    let model_arg = model.display().to_string();
+    let supervisor_args = |extra: &[&str]| -> Vec<String> {
+        let mut args: Vec<String> = [
+            "supervisor",
+            "--control",
+            &control,
+            "--router",
+            &workers,
+            "--model",
+            &model_arg,
+            "--threads",
+            "1",
+            "--kv-tokens",
+            "8192",
+            "--curve-server-key",
+            &path("router.pub"),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+
+    // Without a key for its workers it stops at once, saying which flag.
+    let output = Command::new(zinfer())
+        .args(supervisor_args(&[]))
+        .output()
+        .expect("running zinfer supervisor");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--worker-curve-key"), "{stderr}");
+
+    let args = supervisor_args(&[
+        "--curve-key",
+        &path("admin.key"),
+        "--worker-curve-key",
+        &path("worker.key"),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let _supervisor = spawn("supervisor", &args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !scrape(&metrics)
+        .lines()
+        .any(|line| line == "zinfer_router_supervisors 1")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the supervisor never registered over CURVE"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // `ctl scale` (admin key) has it start a worker, which gets in with
+    // the worker key the supervisor handed it.
+    let name = model
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .expect("a model file name")
+        .to_string();
+    let output = Command::new(zinfer())
+        .args(["ctl", "--control", &control, "scale", &name, "1"])
+        .args([
+            "--curve-server-key",
+            &path("router.pub"),
+            "--curve-key",
+            &path("admin.key"),
+        ])
+        .output()
+        .expect("running zinfer ctl scale");
+    assert!(
+        output.status.success(),
+        "scale failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+
+    // A client with a throwaway key (no --curve-key) is served: the router
+    // has no client allow-list.
+    let output = Command::new(zinfer())
+        .args([
+            "generate",
+            "--router",
+            &clients,
+            "--max-tokens",
+            "3",
+            "--temperature",
+            "0",
+        ])
+        .args(["--curve-server-key", &path("router.pub")])
+        .arg("The capital of France is")
+        .output()
+        .expect("running zinfer generate");
+    assert!(
+        output.status.success() && !output.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

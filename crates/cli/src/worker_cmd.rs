@@ -179,10 +179,15 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         ..ServerConfig::new(args.router.clone(), id.clone())
     };
     eprintln!(
-        "zinfer worker {id}: serving {} ({} KV tokens), connecting to {}",
+        "zinfer worker {id}: serving {} ({} KV tokens), connecting to {}{}",
         engine.model_name(),
         engine.kv_capacity(),
-        args.router
+        args.router,
+        match &server_config.curve {
+            // The key to put on the router's --worker-keys list.
+            Some(curve) => format!(" with CURVE as key {}", curve.own.public()),
+            None => String::new(),
+        }
     );
     server::run(server_config, engine, metrics, stop_rx)?;
     eprintln!("zinfer worker {id}: stopped");

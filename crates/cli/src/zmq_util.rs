@@ -74,7 +74,9 @@ pub(crate) fn ping(socket: &zmq::Socket, endpoint: &str, timeout: Duration) -> a
         if left.is_zero() || socket.poll(zmq::POLLIN, poll_millis(left))? == 0 {
             bail!(
                 "no reply from {endpoint} within {:.1} s (is the router running? start \
-                 `zinfer serve`, or `zinfer router` plus a worker, or pass --router)",
+                 `zinfer serve`, or `zinfer router` plus a worker, or pass --router; a router \
+                 with CURVE answers nothing to a client without --curve-server-key, or whose \
+                 --curve-key is not on its --client-keys list)",
                 timeout.as_secs_f64()
             );
         }

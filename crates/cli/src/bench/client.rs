@@ -86,7 +86,8 @@ impl ZmqTransport {
         }
         bail!(
             "no answer from a router at {endpoint} within {wait:?}: start one \
-             (`zinfer serve`) or point --router at it"
+             (`zinfer serve`) or point --router at it (a router with CURVE answers nothing \
+             without the right --curve-server-key and --curve-key)"
         )
     }
 
