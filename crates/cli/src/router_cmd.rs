@@ -218,6 +218,74 @@ pub(crate) fn run(args: &RouterArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Key flags into the router's CURVE settings.
+#[cfg(test)]
+mod curve_tests {
+    use clap::Parser;
+    use zinfer_curve::KeyPair;
+
+    use super::RouterArgs;
+
+    #[derive(Debug, clap::Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        router: RouterArgs,
+    }
+
+    fn args(flags: &[&str]) -> RouterArgs {
+        let mut argv = vec!["router"];
+        argv.extend_from_slice(flags);
+        Wrapper::parse_from(argv).router
+    }
+
+    #[test]
+    fn lists_load_and_the_internal_key_joins_every_given_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = KeyPair::generate().unwrap();
+        let worker = KeyPair::generate().unwrap();
+        router.write(dir.path(), "router", false).unwrap();
+        worker.write(dir.path(), "worker", false).unwrap();
+        let key = dir.path().join("router.key").display().to_string();
+        let workers = dir.path().join("worker.pub").display().to_string();
+        assert!(
+            args(&[]).curve_config(None).unwrap().is_none(),
+            "off by default"
+        );
+
+        let plain = args(&[
+            "--curve-key",
+            &key,
+            "--worker-keys",
+            &workers,
+            "--admin-keys",
+            &workers,
+        ]);
+        let curve = plain.curve_config(None).unwrap().unwrap();
+        assert_eq!(curve.keys.public(), router.public());
+        assert!(curve.clients.is_none(), "no client list: any CURVE client");
+        assert!(curve.workers.contains(&worker.public()) && curve.workers.len() == 1);
+
+        // serve: its internal key joins the lists, which may then be left out.
+        let internal = KeyPair::generate().unwrap().public();
+        let serve = args(&["--curve-key", &key, "--client-keys", &workers]);
+        let curve = serve.curve_config(Some(internal)).unwrap().unwrap();
+        assert!(curve.workers.contains(&internal) && curve.admins.contains(&internal));
+        let clients = curve.clients.unwrap();
+        assert!(clients.contains(&internal) && clients.contains(&worker.public()));
+        let open = args(&["--curve-key", &key])
+            .curve_config(Some(internal))
+            .unwrap()
+            .unwrap();
+        assert!(open.clients.is_none(), "no client list given: none made");
+
+        let err = args(&["--curve-key", &key, "--worker-keys", &workers])
+            .curve_config(None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--admin-keys"), "{err}");
+    }
+}
+
 /// Environment variables of the whole `zinfer` command tree (every
 /// subcommand, not only `router`): containers configure zinfer with
 /// `ZINFER_*` variables alone, so a new flag without one fails here.
