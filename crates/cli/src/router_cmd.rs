@@ -48,13 +48,14 @@ pub(crate) struct RouterArgs {
     /// new requests get `overloaded` at once.
     #[arg(long, default_value_t = 1024, env = "ZINFER_QUEUE_CAPACITY")]
     pub(crate) queue_capacity: usize,
-    /// Most requests one client connection may have in flight; more are
-    /// answered `overloaded`. Default: no limit.
+    /// Most requests one client connection (with CURVE: one client key)
+    /// may have in flight; more are answered `overloaded`. Default: no
+    /// limit.
     #[arg(long, env = "ZINFER_MAX_INFLIGHT_PER_CLIENT")]
     pub(crate) max_inflight_per_client: Option<u32>,
-    /// Generated tokens per second one client connection may use (a token
-    /// bucket of one second); over it, new requests are answered
-    /// `overloaded`. Default: no limit.
+    /// Generated tokens per second one client connection (with CURVE: one
+    /// client key) may use (a token bucket of one second); over it, new
+    /// requests are answered `overloaded`. Default: no limit.
     #[arg(long, env = "ZINFER_MAX_TOKENS_PER_SECOND_PER_CLIENT")]
     pub(crate) max_tokens_per_second_per_client: Option<f64>,
     /// Seconds a spawned worker may take to load and register before the

@@ -88,13 +88,14 @@ pub struct RouterConfig {
     /// worker's `max_batch` (twice that, so its batch refills without a
     /// round trip).
     pub max_inflight_per_worker: Option<u32>,
-    /// Most requests one client connection may have in flight (queued or
-    /// running); more get `overloaded`. `None`: no limit.
-    pub max_inflight_per_client: Option<u32>,
-    /// Generated tokens per second one client connection may use, as a
-    /// token bucket holding one second's worth; a client whose bucket is
-    /// empty gets `overloaded` for new requests (running ones go on).
+    /// Most requests one client connection (with CURVE: one client key)
+    /// may have in flight (queued or running); more get `overloaded`.
     /// `None`: no limit.
+    pub max_inflight_per_client: Option<u32>,
+    /// Generated tokens per second one client connection (with CURVE: one
+    /// client key) may use, as a token bucket holding one second's worth;
+    /// a client whose bucket is empty gets `overloaded` for new requests
+    /// (running ones go on). `None`: no limit.
     pub max_tokens_per_second_per_client: Option<f64>,
     /// How often the router heartbeats each worker.
     pub heartbeat_interval: Duration,

@@ -22,7 +22,8 @@
 //!   (highest `priority` first, then oldest), and when the queue is full
 //!   the answer is `overloaded` at once. Optional per-client limits
 //!   (requests in flight, generated tokens per second, keyed by the
-//!   client's connection) answer `overloaded` too, counted in
+//!   client's connection, or with CURVE by the tenant of its key) answer
+//!   `overloaded` too, counted in
 //!   `zinfer_router_client_limited_total{limit}`. `deadline_ms` counts from arrival
 //!   at the router: a queued request past it gets `deadline`, and a worker
 //!   is sent what is left of it.
@@ -47,6 +48,11 @@
 //!   that re-registers at once cannot spin the router.
 //! - REQ clients work for `ping`, `models` and non-streamed `generate`
 //!   (one reply per request); streaming needs a DEALER.
+//! - With CURVE ([`CurveConfig`]) every socket checks keys against its
+//!   allow-list; a refused peer gets no message at all (ZeroMQ drops it in
+//!   the handshake), counted in `zinfer_router_auth_refusals_total`. A
+//!   client's requests run in the cache namespace of its key's tenant
+//!   (`tenant:HEX`, then `/` and its own `namespace`).
 
 mod auth;
 mod config;
