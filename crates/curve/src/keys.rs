@@ -148,8 +148,8 @@ impl KeyPair {
             self.public,
             encode_key(&self.secret)
         );
-        write_file(&key_path, &key_text, 0o600)?;
-        write_file(&pub_path, &format!("{}\n", self.public), 0o644)?;
+        write_file(&key_path, &key_text, 0o600, force)?;
+        write_file(&pub_path, &format!("{}\n", self.public), 0o644, force)?;
         Ok((key_path, pub_path))
     }
 }
@@ -190,13 +190,27 @@ pub(crate) fn read_text(path: &Path) -> Result<String, CurveError> {
     })
 }
 
-fn write_file(path: &Path, text: &str, mode: u32) -> Result<(), CurveError> {
-    let fail = |source| CurveError::Write {
-        path: path.to_path_buf(),
-        source,
+/// Writes `text` to `path` with `mode`; without `replace`, fails if the
+/// file appeared since the caller checked (never clobbers a key).
+fn write_file(path: &Path, text: &str, mode: u32, replace: bool) -> Result<(), CurveError> {
+    let fail = |source: std::io::Error| {
+        if source.kind() == std::io::ErrorKind::AlreadyExists {
+            CurveError::Exists {
+                path: path.to_path_buf(),
+            }
+        } else {
+            CurveError::Write {
+                path: path.to_path_buf(),
+                source,
+            }
+        }
     };
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
+    if replace {
+        options.write(true).create(true).truncate(true);
+    } else {
+        options.write(true).create_new(true);
+    }
     #[cfg(unix)]
     {
         use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
