@@ -176,6 +176,7 @@ pub fn run(
         import,
         import_state: ImportState::default(),
         export: None,
+        sends_failing: false,
     };
     io.register();
     let result = io.serve(&relay_in, &shutdown);
@@ -242,6 +243,9 @@ struct Io {
     import_state: ImportState,
     /// The running cache export's outcome, when one runs.
     export: Option<Receiver<ExportOutcome>>,
+    /// Sends are failing (no router connection): logged once, not per
+    /// message, until one gets through.
+    sends_failing: bool,
 }
 
 /// Progress of taking a predecessor's cache.
@@ -631,9 +635,28 @@ impl Io {
     }
 
     fn send_frame(&mut self, frame: Vec<u8>) {
-        if let Err(error) = self.dealer.send(frame, zmq::DONTWAIT) {
-            self.metrics.dropped_sends.inc();
-            tracing::warn!(%error, "dropped a message to the router");
+        match self.dealer.send(frame, zmq::DONTWAIT) {
+            Ok(()) => self.sends_failing = false,
+            Err(error) => {
+                self.metrics.dropped_sends.inc();
+                if self.sends_failing {
+                    tracing::debug!(%error, "dropped a message to the router");
+                } else {
+                    self.sends_failing = true;
+                    // A router refusing our CURVE key looks exactly like no router.
+                    let hint = if self.config.curve.is_some() {
+                        " With CURVE, also check that the router's --worker-keys lists this \
+                         worker's key and that --curve-server-key is the router's."
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(
+                        %error,
+                        "dropped a message to the router: is it reachable?{hint} Further \
+                         drops are logged at debug level until a send succeeds."
+                    );
+                }
+            }
         }
     }
 }
