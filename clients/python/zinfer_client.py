@@ -18,6 +18,16 @@ Every call waits at most `timeout` seconds for each reply and raises
 worker answer raise `ZinferError` with the protocol's `code`, `message` and
 `retryable`. The wire protocol is in docs/protocol.md. A `Client` owns one
 socket: use it from one thread, one request at a time.
+
+A router started with `--curve-key` speaks CURVE only: pass its public key
+and your key pair (Z85 text, as `zinfer keys generate` writes them):
+
+    server = load_public_key("keys/router.pub")
+    public, secret = load_key_pair("keys/alice.key")
+    Client(endpoint, curve_server_key=server, curve_public_key=public, curve_secret_key=secret)
+
+A router that refuses the key sends nothing back (ZeroMQ closes the
+connection during the handshake), so a wrong key shows as `ZinferTimeout`.
 """
 
 from __future__ import annotations
@@ -30,7 +40,16 @@ from typing import Any, Iterator, Optional
 import msgpack
 import zmq
 
-__all__ = ["Client", "Chunk", "Completion", "Stream", "ZinferError", "ZinferTimeout"]
+__all__ = [
+    "Client",
+    "Chunk",
+    "Completion",
+    "Stream",
+    "ZinferError",
+    "ZinferTimeout",
+    "load_key_pair",
+    "load_public_key",
+]
 
 # Sampling and routing fields of a `generate` request (docs/protocol.md, section 3).
 _GENERATE_FIELDS = frozenset(
@@ -51,6 +70,33 @@ _GENERATE_FIELDS = frozenset(
         "deadline_ms",
     }
 )
+
+
+def _key_lines(path: str) -> list:
+    with open(path, encoding="ascii") as f:
+        return [line.strip() for line in f if line.strip() and not line.strip().startswith("#")]
+
+
+def load_key_pair(path: str) -> tuple:
+    """(public, secret) Z85 keys from a key pair file (`NAME.key`, with
+    `public:` and `secret:` lines)."""
+    fields = dict(line.split(":", 1) for line in _key_lines(path) if ":" in line)
+    try:
+        return fields["public"].strip(), fields["secret"].strip()
+    except KeyError:
+        raise ValueError(f"{path} is not a zinfer key pair file (needs public: and secret: lines)") from None
+
+
+def load_public_key(path: str) -> str:
+    """A Z85 public key from a `NAME.pub` file (or a key pair file's
+    `public:` line)."""
+    lines = _key_lines(path)
+    for line in lines:
+        if line.startswith("public:"):
+            return line[len("public:"):].strip()
+    if len(lines) != 1 or len(lines[0]) != 40:
+        raise ValueError(f"{path} is not a zinfer public key file (one 40-character Z85 key)")
+    return lines[0]
 
 
 class ZinferError(Exception):
@@ -139,15 +185,32 @@ class Client:
         timeout: float = 60.0,
         connect_timeout: float = 3.0,
         context: Optional[zmq.Context] = None,
+        curve_server_key: Optional[str] = None,
+        curve_public_key: Optional[str] = None,
+        curve_secret_key: Optional[str] = None,
     ):
         """`timeout`: most seconds to wait for each reply. `connect_timeout`:
         most seconds for the router to answer the `ping` sent before the
-        first request (no answer: no router listens at `endpoint`)."""
+        first request (no answer: no router listens at `endpoint`, or it
+        refused our CURVE key). `curve_server_key` (the router's public
+        key, Z85) turns CURVE on; `curve_public_key`/`curve_secret_key` are
+        our key pair, on the router's client allow-list (left out: a
+        throwaway pair, enough for a router without a client allow-list)."""
         self.endpoint = endpoint
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        if curve_server_key is not None:
+            if curve_public_key is None or curve_secret_key is None:
+                if curve_public_key is not None or curve_secret_key is not None:
+                    raise ValueError("give both curve_public_key and curve_secret_key, or neither")
+                curve_public_key, curve_secret_key = (k.decode() for k in zmq.curve_keypair())
+            self._socket.curve_serverkey = curve_server_key.encode()
+            self._socket.curve_publickey = curve_public_key.encode()
+            self._socket.curve_secretkey = curve_secret_key.encode()
+        elif curve_public_key is not None or curve_secret_key is not None:
+            raise ValueError("curve_public_key/curve_secret_key need curve_server_key (the router's public key)")
         self._socket.connect(endpoint)
         self._checked = False
 

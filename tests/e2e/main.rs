@@ -15,6 +15,7 @@ mod harness;
 mod http;
 mod multihost;
 mod reliability;
+mod security;
 mod soak;
 
 use std::collections::HashMap;

@@ -13,6 +13,10 @@ pub(crate) struct CtlArgs {
     /// Router control endpoint (bound to localhost by default).
     #[arg(long, default_value = "tcp://127.0.0.1:5557", env = "ZINFER_CONTROL")]
     control: String,
+    /// CURVE: the router's public key and an admin key pair (on the
+    /// router's --admin-keys list).
+    #[command(flatten)]
+    curve: zmq_util::CurveArgs,
     /// Print the raw reply as JSON.
     #[arg(long, global = true, env = "ZINFER_JSON")]
     json: bool,
@@ -125,7 +129,8 @@ pub(crate) fn run(args: &CtlArgs) -> anyhow::Result<()> {
         // Loading a model takes a while; the router answers when done.
         _ => Duration::from_secs(args.timeout),
     };
-    let reply = call(&args.control, &request, timeout)?;
+    let curve = args.curve.load()?;
+    let reply = call(&args.control, &request, timeout, curve.as_ref())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reply)?);
     }
@@ -145,14 +150,21 @@ pub(crate) fn call(
     endpoint: &str,
     request: &AdminRequest,
     timeout: Duration,
+    curve: Option<&zinfer_curve::ClientCurve>,
 ) -> anyhow::Result<AdminReply> {
     let context = zmq::Context::new();
-    let socket = zmq_util::client_socket(&context, endpoint)?;
+    let socket = zmq_util::client_socket(&context, endpoint, curve)?;
     socket.send(zinfer_protocol::encode(request)?, 0)?;
     if socket.poll(zmq::POLLIN, timeout.as_millis() as i64)? == 0 {
         bail!(
-            "no reply from the router's control socket at {endpoint} within {} s; is the router running, and is --control the address it binds?",
-            timeout.as_secs()
+            "no reply from the router's control socket at {endpoint} within {} s; is the router running, and is --control the address it binds?{}",
+            timeout.as_secs(),
+            if curve.is_some() {
+                " With CURVE, a key not on the router's --admin-keys list gets no reply at all: \
+                 check --curve-key and --curve-server-key."
+            } else {
+                " If the router runs with --curve-key, pass --curve-server-key and --curve-key."
+            }
         );
     }
     let frame = socket.recv_bytes(0).context("reading the reply")?;

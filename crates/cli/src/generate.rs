@@ -17,6 +17,8 @@ pub(crate) struct GenerateArgs {
     /// Router client endpoint.
     #[arg(long, default_value = "tcp://127.0.0.1:5555", env = "ZINFER_ROUTER")]
     router: String,
+    #[command(flatten)]
+    curve: zmq_util::CurveArgs,
     /// Send the prompt as a chat message (uses the model's chat template).
     #[arg(long, env = "ZINFER_CHAT")]
     chat: bool,
@@ -105,7 +107,8 @@ impl GenerateArgs {
 pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let request = args.request();
     let context = zmq::Context::new();
-    let socket = zmq_util::client_socket(&context, &args.router)?;
+    let curve = args.curve.load()?;
+    let socket = zmq_util::client_socket(&context, &args.router, curve.as_ref())?;
     zmq_util::ping(
         &socket,
         &args.router,

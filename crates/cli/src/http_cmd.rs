@@ -20,6 +20,8 @@ pub(crate) struct HttpArgs {
     #[arg(long, default_value = "127.0.0.1:8000", env = "ZINFER_HTTP_LISTEN")]
     listen: SocketAddr,
     #[command(flatten)]
+    curve: crate::zmq_util::CurveArgs,
+    #[command(flatten)]
     options: HttpOptions,
 }
 
@@ -49,6 +51,7 @@ impl HttpOptions {
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),
             served_model_name: self.served_model_name.clone().filter(|n| !n.is_empty()),
             reply_timeout: Duration::from_secs(self.http_timeout.max(1)),
+            curve: None,
         }
     }
 }
@@ -133,7 +136,11 @@ pub(crate) fn run(args: &HttpArgs) -> anyhow::Result<()> {
         let _ = stop_tx.try_send(());
     })
     .context("installing the Ctrl-C handler")?;
-    let (front, addr) = Front::start(args.options.config(&args.router, args.listen))?;
+    let config = zinfer_http::HttpConfig {
+        curve: args.curve.load()?,
+        ..args.options.config(&args.router, args.listen)
+    };
+    let (front, addr) = Front::start(config)?;
     eprintln!(
         "zinfer http: listening on http://{addr} (OpenAI API under /v1), router {}",
         args.router

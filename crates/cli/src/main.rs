@@ -5,6 +5,7 @@ mod bench;
 mod ctl;
 mod generate;
 mod http_cmd;
+mod keys;
 mod router_cmd;
 mod serve;
 mod supervisor_cmd;
@@ -51,7 +52,7 @@ pub(crate) static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLo
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve a model: a router, a supervisor and one worker per device.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Start and stop workers on this host for a router's control plane
     /// (`ctl scale`, `ctl migrate`, the autoscaler).
     Supervisor(supervisor_cmd::SupervisorCmdArgs),
@@ -71,6 +72,9 @@ enum Command {
     /// Manage local models.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Make CURVE key pairs for encrypted, authenticated connections.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -95,6 +99,7 @@ fn main() -> anyhow::Result<()> {
         Command::Http(args) => http_cmd::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Ctl(args) => ctl::run(args),
+        Command::Keys(command) => keys::run(command),
         Command::Model(ModelCommand::Fetch) => {
             let path = zinfer_worker::fetch::fetch_default_model(true)?;
             println!("{}", path.display());

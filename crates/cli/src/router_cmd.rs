@@ -1,10 +1,12 @@
 //! `zinfer router`: the gateway alone; workers connect to it.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::Context;
-use zinfer_router::{AutoscaleConfig, Policy, RouterConfig};
+use anyhow::{Context, bail};
+use zinfer_curve::{AllowList, KeyPair, PublicKey};
+use zinfer_router::{AutoscaleConfig, CurveConfig, Policy, RouterConfig};
 
 /// Flags of `zinfer router` (and the router half of `zinfer serve`).
 #[derive(Debug, Clone, clap::Args)]
@@ -15,8 +17,9 @@ pub(crate) struct RouterArgs {
     /// Endpoint workers connect to.
     #[arg(long, default_value = "tcp://*:5556", env = "ZINFER_WORKERS")]
     pub(crate) workers: String,
-    /// Control endpoint for `zinfer ctl`. It has no authentication: keep it
-    /// on localhost.
+    /// Control endpoint for `zinfer ctl` and supervisors. Without CURVE it
+    /// has no authentication, so the router refuses to start with it off
+    /// loopback unless --curve-key and --admin-keys are given.
     #[arg(long, default_value = "tcp://127.0.0.1:5557", env = "ZINFER_CONTROL")]
     pub(crate) control: String,
     /// Address of the router's Prometheus /metrics endpoint.
@@ -45,13 +48,14 @@ pub(crate) struct RouterArgs {
     /// new requests get `overloaded` at once.
     #[arg(long, default_value_t = 1024, env = "ZINFER_QUEUE_CAPACITY")]
     pub(crate) queue_capacity: usize,
-    /// Most requests one client connection may have in flight; more are
-    /// answered `overloaded`. Default: no limit.
+    /// Most requests one client connection (with CURVE: one client key)
+    /// may have in flight; more are answered `overloaded`. Default: no
+    /// limit.
     #[arg(long, env = "ZINFER_MAX_INFLIGHT_PER_CLIENT")]
     pub(crate) max_inflight_per_client: Option<u32>,
-    /// Generated tokens per second one client connection may use (a token
-    /// bucket of one second); over it, new requests are answered
-    /// `overloaded`. Default: no limit.
+    /// Generated tokens per second one client connection (with CURVE: one
+    /// client key) may use (a token bucket of one second); over it, new
+    /// requests are answered `overloaded`. Default: no limit.
     #[arg(long, env = "ZINFER_MAX_TOKENS_PER_SECOND_PER_CLIENT")]
     pub(crate) max_tokens_per_second_per_client: Option<f64>,
     /// Seconds a spawned worker may take to load and register before the
@@ -79,10 +83,86 @@ pub(crate) struct RouterArgs {
     /// waiting and a worker idle.
     #[arg(long, default_value_t = 60, env = "ZINFER_AUTOSCALE_IDLE_WINDOW")]
     pub(crate) autoscale_idle_window: u64,
+    /// The router's key pair file (ROUTER.key from `zinfer keys generate`):
+    /// turns CURVE encryption and key checks on for all three sockets.
+    /// Peers then need --curve-server-key ROUTER.pub. Off by default.
+    #[arg(long, value_name = "FILE", env = "ZINFER_CURVE_KEY")]
+    pub(crate) curve_key: Option<PathBuf>,
+    /// With --curve-key: client public keys allowed on the client socket (a
+    /// file of Z85 keys, one per line, `#` comments, or a directory of
+    /// *.pub files). Left out: any CURVE client is served (encrypted, and
+    /// its key still picks its cache tenant).
+    #[arg(long, value_name = "PATH", env = "ZINFER_CLIENT_KEYS")]
+    pub(crate) client_keys: Option<PathBuf>,
+    /// With --curve-key: worker public keys allowed on the worker socket
+    /// (file or directory, as --client-keys). Required with --curve-key.
+    #[arg(long, value_name = "PATH", env = "ZINFER_WORKER_KEYS")]
+    pub(crate) worker_keys: Option<PathBuf>,
+    /// With --curve-key: admin (`zinfer ctl`) and supervisor public keys
+    /// allowed on the control socket (file or directory, as
+    /// --client-keys). Required with --curve-key.
+    #[arg(long, value_name = "PATH", env = "ZINFER_ADMIN_KEYS")]
+    pub(crate) admin_keys: Option<PathBuf>,
 }
 
 impl RouterArgs {
-    /// The library configuration these flags describe.
+    /// CURVE settings from the key flags, files read and checked. `internal`
+    /// is a key of this process's own peers (`serve`'s supervisor and
+    /// workers): it joins every allow-list, and the worker and admin lists
+    /// may then be left out.
+    pub(crate) fn curve_config(
+        &self,
+        internal: Option<PublicKey>,
+    ) -> anyhow::Result<Option<CurveConfig>> {
+        let Some(key_path) = &self.curve_key else {
+            if let Some(list) = [&self.client_keys, &self.worker_keys, &self.admin_keys]
+                .into_iter()
+                .flatten()
+                .next()
+            {
+                bail!(
+                    "allow-list {} given without --curve-key: allow-lists need CURVE on; \
+                     pass the router's key pair file (`zinfer keys generate --name router`)",
+                    list.display()
+                );
+            }
+            return Ok(None);
+        };
+        let keys = KeyPair::read(key_path)?;
+        let load = |path: &Option<PathBuf>| -> anyhow::Result<Option<AllowList>> {
+            let mut list = path.as_deref().map(AllowList::load).transpose()?;
+            if let Some(internal) = internal {
+                list.get_or_insert_with(AllowList::default).insert(internal);
+            }
+            Ok(list)
+        };
+        let required = |list: Option<AllowList>, flag: &str, who: &str| match list {
+            Some(list) => Ok(list),
+            None => Err(anyhow::anyhow!(
+                "--curve-key turns CURVE on for every socket, so {flag} is required: the \
+                 public keys of the {who} allowed in (a file of keys or a directory of *.pub \
+                 files; make key pairs with `zinfer keys generate --out DIR --name NAME`)"
+            )),
+        };
+        // No client list: any CURVE client, the internal key included.
+        let clients = match &self.client_keys {
+            Some(_) => load(&self.client_keys)?,
+            None => None,
+        };
+        Ok(Some(CurveConfig {
+            keys,
+            clients,
+            workers: required(load(&self.worker_keys)?, "--worker-keys", "workers")?,
+            admins: required(
+                load(&self.admin_keys)?,
+                "--admin-keys",
+                "admins (`zinfer ctl`) and supervisors",
+            )?,
+        }))
+    }
+
+    /// The library configuration these flags describe (CURVE aside: see
+    /// [`RouterArgs::curve_config`]).
     pub(crate) fn config(&self) -> RouterConfig {
         RouterConfig {
             clients: self.clients.clone(),
@@ -119,14 +199,92 @@ pub(crate) fn run(args: &RouterArgs) -> anyhow::Result<()> {
         let _ = stop_tx.try_send(());
     })
     .context("installing the Ctrl-C handler")?;
-    let config = args.config();
+    let config = RouterConfig {
+        curve: args.curve_config(None)?,
+        ..args.config()
+    };
     eprintln!(
-        "zinfer router: clients on {}, workers on {}, control on {}, policy {}",
-        config.clients, config.workers, config.control, config.policy
+        "zinfer router: clients on {}, workers on {}, control on {}, policy {}{}",
+        config.clients,
+        config.workers,
+        config.control,
+        config.policy,
+        match &config.curve {
+            Some(curve) => format!(", CURVE on (public key {})", curve.keys.public()),
+            None => String::new(),
+        }
     );
     zinfer_router::run(config, stop_rx)?;
     eprintln!("zinfer router: stopped");
     Ok(())
+}
+
+/// Key flags into the router's CURVE settings.
+#[cfg(test)]
+mod curve_tests {
+    use clap::Parser;
+    use zinfer_curve::KeyPair;
+
+    use super::RouterArgs;
+
+    #[derive(Debug, clap::Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        router: RouterArgs,
+    }
+
+    fn args(flags: &[&str]) -> RouterArgs {
+        let mut argv = vec!["router"];
+        argv.extend_from_slice(flags);
+        Wrapper::parse_from(argv).router
+    }
+
+    #[test]
+    fn lists_load_and_the_internal_key_joins_every_given_list() {
+        let dir = tempfile::tempdir().unwrap();
+        let router = KeyPair::generate().unwrap();
+        let worker = KeyPair::generate().unwrap();
+        router.write(dir.path(), "router", false).unwrap();
+        worker.write(dir.path(), "worker", false).unwrap();
+        let key = dir.path().join("router.key").display().to_string();
+        let workers = dir.path().join("worker.pub").display().to_string();
+        assert!(
+            args(&[]).curve_config(None).unwrap().is_none(),
+            "off by default"
+        );
+
+        let plain = args(&[
+            "--curve-key",
+            &key,
+            "--worker-keys",
+            &workers,
+            "--admin-keys",
+            &workers,
+        ]);
+        let curve = plain.curve_config(None).unwrap().unwrap();
+        assert_eq!(curve.keys.public(), router.public());
+        assert!(curve.clients.is_none(), "no client list: any CURVE client");
+        assert!(curve.workers.contains(&worker.public()) && curve.workers.len() == 1);
+
+        // serve: its internal key joins the lists, which may then be left out.
+        let internal = KeyPair::generate().unwrap().public();
+        let serve = args(&["--curve-key", &key, "--client-keys", &workers]);
+        let curve = serve.curve_config(Some(internal)).unwrap().unwrap();
+        assert!(curve.workers.contains(&internal) && curve.admins.contains(&internal));
+        let clients = curve.clients.unwrap();
+        assert!(clients.contains(&internal) && clients.contains(&worker.public()));
+        let open = args(&["--curve-key", &key])
+            .curve_config(Some(internal))
+            .unwrap()
+            .unwrap();
+        assert!(open.clients.is_none(), "no client list given: none made");
+
+        let err = args(&["--curve-key", &key, "--worker-keys", &workers])
+            .curve_config(None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--admin-keys"), "{err}");
+    }
 }
 
 /// Environment variables of the whole `zinfer` command tree (every

@@ -4,10 +4,13 @@
 //! them, and a worker that dies is replaced.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use zinfer_curve::{ClientCurve, KeyPair, PublicKey};
 use zinfer_protocol::{AdminReply, AdminRequest};
+use zinfer_router::RouterConfig;
 
 use crate::http_cmd::{Front, HttpOptions};
 use crate::router_cmd::RouterArgs;
@@ -65,7 +68,29 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     })
     .context("installing the Ctrl-C handler")?;
 
-    let config = args.router.config();
+    // With CURVE on, this process's own peers (supervisor, workers, the
+    // HTTP front, the start-up `scale`) share one throwaway key pair that
+    // joins the router's allow-lists; its files live as long as `serve`.
+    let internal = match &args.router.curve_key {
+        Some(_) => Some(InternalKeys::create()?),
+        None => None,
+    };
+    let config = RouterConfig {
+        curve: args
+            .router
+            .curve_config(internal.as_ref().map(|keys| keys.pair.public()))?,
+        ..args.router.config()
+    };
+    let client_curve = match (&config.curve, &internal) {
+        (Some(curve), Some(internal)) => Some(ClientCurve {
+            server: curve.keys.public(),
+            own: internal.pair.clone(),
+        }),
+        _ => None,
+    };
+    if let (Some(curve), Some(internal)) = (&config.curve, &internal) {
+        internal.write_server_key(&curve.keys.public())?;
+    }
     let worker_endpoint = local_endpoint(&config.workers);
     let control_endpoint = local_endpoint(&config.control);
     let client_endpoint = config.clients.clone();
@@ -79,6 +104,15 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
         threads,
     )?;
     supervisor_config.metrics_base = Some(args.worker_metrics_port);
+    supervisor_config.curve = client_curve.clone();
+    if let Some(internal) = &internal {
+        supervisor_config
+            .worker_args
+            .extend(supervisor_cmd::worker_curve_args(
+                &internal.server_key_path(),
+                &internal.key_path(),
+            )?);
+    }
     supervisor_config.stop_grace = Duration::from_secs(args.grace + 5);
     supervisor_config
         .worker_args
@@ -97,7 +131,11 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let front = match args.http {
         Some(listen) => {
             let router = local_endpoint(&client_endpoint);
-            let (front, addr) = Front::start(args.http_options.config(&router, listen))?;
+            let config = zinfer_http::HttpConfig {
+                curve: client_curve.clone(),
+                ..args.http_options.config(&router, listen)
+            };
+            let (front, addr) = Front::start(config)?;
             eprintln!("zinfer serve: OpenAI API on http://{addr}/v1");
             Some(front)
         }
@@ -110,6 +148,7 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
         &model.name,
         devices.len(),
         Duration::from_secs(args.startup_timeout),
+        client_curve.as_ref(),
     )
     .map(|message| {
         eprintln!(
@@ -150,6 +189,7 @@ fn start_workers(
     model: &str,
     workers: usize,
     timeout: Duration,
+    curve: Option<&ClientCurve>,
 ) -> anyhow::Result<String> {
     let request = AdminRequest::Scale {
         model: model.to_string(),
@@ -161,7 +201,7 @@ fn start_workers(
         // The first call can beat the supervisor's registration; it then
         // says no supervisor is connected, and we ask again.
         let left = deadline.saturating_duration_since(Instant::now());
-        match crate::ctl::call(control, &request, left.max(Duration::from_secs(1)))? {
+        match crate::ctl::call(control, &request, left.max(Duration::from_secs(1)), curve)? {
             AdminReply::Ack { ok: true, message } => return Ok(message),
             AdminReply::Ack { ok: false, message }
                 if message.contains("no supervisor") && Instant::now() < deadline =>
@@ -173,6 +213,55 @@ fn start_workers(
             }
             AdminReply::Workers { .. } => bail!("the router answered scale with a worker list"),
         }
+    }
+}
+
+/// The throwaway key pair of `serve`'s own supervisor and workers, in a
+/// private directory removed when dropped.
+struct InternalKeys {
+    dir: PathBuf,
+    pair: KeyPair,
+}
+
+impl InternalKeys {
+    fn create() -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!(
+            "zinfer-serve-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        let mut builder = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        builder
+            .create(&dir)
+            .with_context(|| format!("creating {} for serve's worker keys", dir.display()))?;
+        let keys = InternalKeys {
+            dir,
+            pair: KeyPair::generate()?,
+        };
+        keys.pair.write(&keys.dir, "serve", false)?;
+        Ok(keys)
+    }
+
+    fn key_path(&self) -> PathBuf {
+        self.dir.join("serve.key")
+    }
+
+    fn server_key_path(&self) -> PathBuf {
+        self.dir.join("router.pub")
+    }
+
+    fn write_server_key(&self, key: &PublicKey) -> anyhow::Result<()> {
+        let path = self.server_key_path();
+        std::fs::write(&path, format!("{key}\n"))
+            .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+impl Drop for InternalKeys {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -1,9 +1,10 @@
 //! `zinfer supervisor`: starts and stops workers on this host when the
 //! router's control plane asks (`ctl scale`, `ctl migrate`, autoscaling).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use zinfer_supervisor::{MemoryBudget, ModelSpec, SupervisorConfig};
 use zinfer_worker::device::Device;
 
@@ -51,6 +52,15 @@ pub(crate) struct SupervisorCmdArgs {
     /// Seconds a worker gets to exit after SIGTERM before it is killed.
     #[arg(long, default_value_t = 15, env = "ZINFER_STOP_GRACE")]
     stop_grace: u64,
+    /// CURVE: the router's public key, and this supervisor's key pair (on
+    /// the router's --admin-keys list).
+    #[command(flatten)]
+    curve: crate::zmq_util::CurveArgs,
+    /// The key pair file the workers it starts use (on the router's
+    /// --worker-keys list). Default: --curve-key, which must then be on
+    /// both lists.
+    #[arg(long, value_name = "FILE", env = "ZINFER_WORKER_CURVE_KEY")]
+    worker_curve_key: Option<PathBuf>,
     #[command(flatten)]
     budget: SupervisorArgs,
     #[command(flatten)]
@@ -90,7 +100,31 @@ pub(crate) fn config(
         )],
         metrics_base: None,
         stop_grace: Duration::from_secs(15),
+        curve: None,
     })
+}
+
+/// The CURVE flags for the workers a supervisor starts: the router's
+/// public key and the workers' key pair, as absolute paths (the files are
+/// read now, so a bad one stops the supervisor, not every spawn).
+pub(crate) fn worker_curve_args(
+    server_key: &Path,
+    worker_key: &Path,
+) -> anyhow::Result<Vec<String>> {
+    zinfer_curve::read_public_key(server_key)?;
+    zinfer_curve::KeyPair::read(worker_key)?;
+    let absolute = |path: &Path| -> anyhow::Result<String> {
+        Ok(std::path::absolute(path)
+            .with_context(|| format!("resolving {}", path.display()))?
+            .display()
+            .to_string())
+    };
+    Ok(vec![
+        "--curve-server-key".into(),
+        absolute(server_key)?,
+        "--curve-key".into(),
+        absolute(worker_key)?,
+    ])
 }
 
 /// Checks every device names one this build can use.
@@ -126,6 +160,27 @@ pub(crate) fn run(args: &SupervisorCmdArgs) -> anyhow::Result<()> {
     )?;
     config.metrics_base = args.worker_metrics_port;
     config.stop_grace = Duration::from_secs(args.stop_grace);
+    config.curve = args.curve.load()?;
+    if let Some(server_key) = &args.curve.curve_server_key {
+        let Some(worker_key) = args
+            .worker_curve_key
+            .as_ref()
+            .or(args.curve.curve_key.as_ref())
+        else {
+            bail!(
+                "with --curve-server-key the workers this supervisor starts need a key pair on \
+                 the router's --worker-keys list: pass --worker-curve-key FILE (or --curve-key)"
+            );
+        };
+        config
+            .worker_args
+            .extend(worker_curve_args(server_key, worker_key)?);
+    } else if let Some(worker_key) = &args.worker_curve_key {
+        bail!(
+            "--worker-curve-key {} needs --curve-server-key (the router's public key)",
+            worker_key.display()
+        );
+    }
     let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
     ctrlc::set_handler(move || {
         let _ = stop_tx.try_send(());

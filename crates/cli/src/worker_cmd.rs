@@ -89,6 +89,8 @@ pub(crate) struct WorkerArgs {
     #[arg(long, default_value = "127.0.0.1", env = "ZINFER_IMPORT_HOST")]
     import_host: String,
     #[command(flatten)]
+    curve: crate::zmq_util::CurveArgs,
+    #[command(flatten)]
     engine: EngineArgs,
 }
 
@@ -115,6 +117,8 @@ pub(crate) fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
 /// environment variables candle reads when its pool starts.
 pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     zinfer_supervisor::exit_with_parent().map_err(anyhow::Error::msg)?;
+    // Key files are checked before the (slow) model load.
+    let curve = args.curve.load()?;
     let threads = args
         .engine
         .threads
@@ -171,13 +175,19 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         vocab_size: u32::try_from(engine.vocab_size()).ok(),
         grace: Duration::from_secs(args.grace),
         import_host: args.import_cache.then(|| args.import_host.clone()),
+        curve,
         ..ServerConfig::new(args.router.clone(), id.clone())
     };
     eprintln!(
-        "zinfer worker {id}: serving {} ({} KV tokens), connecting to {}",
+        "zinfer worker {id}: serving {} ({} KV tokens), connecting to {}{}",
         engine.model_name(),
         engine.kv_capacity(),
-        args.router
+        args.router,
+        match &server_config.curve {
+            // The key to put on the router's --worker-keys list.
+            Some(curve) => format!(" with CURVE as key {}", curve.own.public()),
+            None => String::new(),
+        }
     );
     server::run(server_config, engine, metrics, stop_rx)?;
     eprintln!("zinfer worker {id}: stopped");

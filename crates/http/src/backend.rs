@@ -72,6 +72,14 @@ pub enum ConnectError {
         /// ZeroMQ's error.
         source: zmq::Error,
     },
+    /// CURVE could not be set up on the DEALER.
+    #[error("CURVE to the router at {endpoint}: {source}")]
+    Curve {
+        /// The endpoint.
+        endpoint: String,
+        /// What went wrong.
+        source: zinfer_curve::CurveError,
+    },
     /// The wake-up socket pair or the thread could not be created.
     #[error("starting the router I/O thread: {0}")]
     Io(#[from] std::io::Error),
@@ -82,6 +90,14 @@ impl RouterClient {
     /// connection is made in the background: a router that is not up yet
     /// is reached once it is.
     pub fn connect(endpoint: &str) -> Result<RouterClient, ConnectError> {
+        Self::connect_with(endpoint, None)
+    }
+
+    /// [`RouterClient::connect`], with CURVE when `curve` is given.
+    pub fn connect_with(
+        endpoint: &str,
+        curve: Option<&zinfer_curve::ClientCurve>,
+    ) -> Result<RouterClient, ConnectError> {
         let zmq_error = |source| ConnectError::Zmq {
             endpoint: endpoint.to_string(),
             source,
@@ -96,6 +112,10 @@ impl RouterClient {
         socket
             .set_maxmsgsize(limits.max_frame_bytes as i64)
             .map_err(zmq_error)?;
+        zinfer_curve::apply_client(&socket, curve).map_err(|source| ConnectError::Curve {
+            endpoint: endpoint.to_string(),
+            source,
+        })?;
         let watch = format!(
             "inproc://http-router-monitor-{}",
             MONITORS.fetch_add(1, Ordering::Relaxed)

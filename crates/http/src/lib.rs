@@ -43,6 +43,8 @@ pub struct HttpConfig {
     pub served_model_name: Option<String>,
     /// Longest wait for the router's next reply to a request.
     pub reply_timeout: Duration,
+    /// CURVE to the router's client socket; `None`: plain.
+    pub curve: Option<zinfer_curve::ClientCurve>,
 }
 
 /// Why the HTTP front could not start or stopped with an error.
@@ -72,7 +74,7 @@ impl HttpServer {
     /// Connects to the router and binds the listen address. Call inside a
     /// tokio runtime.
     pub async fn bind(config: HttpConfig) -> Result<HttpServer, HttpError> {
-        let client = RouterClient::connect(&config.router)?;
+        let client = RouterClient::connect_with(&config.router, config.curve.as_ref())?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| HttpError::Io {

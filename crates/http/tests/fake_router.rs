@@ -109,6 +109,7 @@ fn start_front(api_key: Option<&str>) -> (SocketAddr, mpsc::Receiver<String>) {
         api_key: api_key.map(str::to_string),
         served_model_name: Some("alias".into()),
         reply_timeout: Duration::from_secs(10),
+        curve: None,
     };
     let (addr_tx, addr_rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -272,6 +273,7 @@ fn no_router_is_a_fast_503() {
         api_key: None,
         served_model_name: None,
         reply_timeout: Duration::from_secs(60),
+        curve: None,
     };
     let (addr_tx, addr_rx) = mpsc::channel();
     std::thread::spawn(move || {

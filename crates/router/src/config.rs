@@ -88,13 +88,14 @@ pub struct RouterConfig {
     /// worker's `max_batch` (twice that, so its batch refills without a
     /// round trip).
     pub max_inflight_per_worker: Option<u32>,
-    /// Most requests one client connection may have in flight (queued or
-    /// running); more get `overloaded`. `None`: no limit.
-    pub max_inflight_per_client: Option<u32>,
-    /// Generated tokens per second one client connection may use, as a
-    /// token bucket holding one second's worth; a client whose bucket is
-    /// empty gets `overloaded` for new requests (running ones go on).
+    /// Most requests one client connection (with CURVE: one client key)
+    /// may have in flight (queued or running); more get `overloaded`.
     /// `None`: no limit.
+    pub max_inflight_per_client: Option<u32>,
+    /// Generated tokens per second one client connection (with CURVE: one
+    /// client key) may use, as a token bucket holding one second's worth;
+    /// a client whose bucket is empty gets `overloaded` for new requests
+    /// (running ones go on). `None`: no limit.
     pub max_tokens_per_second_per_client: Option<f64>,
     /// How often the router heartbeats each worker.
     pub heartbeat_interval: Duration,
@@ -122,6 +123,9 @@ pub struct RouterConfig {
     pub spawn_backoff_max: Duration,
     /// Adds and removes workers by load; `None` leaves counts to `scale`.
     pub autoscale: Option<AutoscaleConfig>,
+    /// CURVE encryption and allow-lists on all three sockets; `None`:
+    /// plain connections (then the control socket must be on loopback).
+    pub curve: Option<crate::CurveConfig>,
     /// Makes the ids of spawned workers unique to this router process
     /// (random by default), so a restarted router never reuses the id of a
     /// worker its predecessor started.
@@ -185,6 +189,7 @@ impl Default for RouterConfig {
             carry_timeout: Duration::from_secs(60),
             spawn_backoff_max: Duration::from_secs(60),
             autoscale: None,
+            curve: None,
             spawn_nonce: std::process::id()
                 ^ std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)

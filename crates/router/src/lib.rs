@@ -22,7 +22,8 @@
 //!   (highest `priority` first, then oldest), and when the queue is full
 //!   the answer is `overloaded` at once. Optional per-client limits
 //!   (requests in flight, generated tokens per second, keyed by the
-//!   client's connection) answer `overloaded` too, counted in
+//!   client's connection, or with CURVE by the tenant of its key) answer
+//!   `overloaded` too, counted in
 //!   `zinfer_router_client_limited_total{limit}`. `deadline_ms` counts from arrival
 //!   at the router: a queued request past it gets `deadline`, and a worker
 //!   is sent what is left of it.
@@ -47,13 +48,20 @@
 //!   that re-registers at once cannot spin the router.
 //! - REQ clients work for `ping`, `models` and non-streamed `generate`
 //!   (one reply per request); streaming needs a DEALER.
+//! - With CURVE ([`CurveConfig`]) every socket checks keys against its
+//!   allow-list; a refused peer gets no message at all (ZeroMQ drops it in
+//!   the handshake), counted in `zinfer_router_auth_refusals_total`. A
+//!   client's requests run in the cache namespace of its key's tenant
+//!   (`tenant:HEX`, then `/` and its own `namespace`).
 
+mod auth;
 mod config;
 mod core;
 mod index;
 mod metrics;
 mod server;
 
+pub use crate::auth::CurveConfig;
 pub use crate::config::{AutoscaleConfig, ParsePolicyError, Policy, RouterConfig};
 pub use crate::core::{Action, Addr, Core, Peer, SendFailure};
 pub use crate::metrics::{Metrics, MetricsError, MetricsServer};
@@ -89,6 +97,28 @@ pub enum RouterError {
         /// What libzmq said.
         source: zmq::Error,
     },
+    /// The control socket would listen off this host with no
+    /// authentication.
+    #[error(
+        "the control socket {endpoint} is not on loopback and CURVE is off: anyone who \
+         reaches it could stop workers; bind it to tcp://127.0.0.1:PORT, or turn CURVE on \
+         with --curve-key ROUTER.key and --admin-keys (see `zinfer keys generate`)"
+    )]
+    ControlExposed {
+        /// The endpoint asked for.
+        endpoint: String,
+    },
+    /// CURVE could not be set up on a socket.
+    #[error("CURVE on the {socket} socket: {source}")]
+    Curve {
+        /// Which socket.
+        socket: &'static str,
+        /// What went wrong.
+        source: zinfer_curve::CurveError,
+    },
+    /// The ZAP handler thread could not start.
+    #[error("cannot start the CURVE authentication thread: {0}")]
+    Thread(std::io::Error),
     /// Polling the sockets failed.
     #[error("polling sockets failed: {0}")]
     Poll(zmq::Error),

@@ -75,6 +75,10 @@ pub struct Metrics {
     pub(crate) refused: IntCounterVec,
     /// Requests refused with `overloaded` for a per-client limit, by limit.
     pub(crate) client_limited: IntCounterVec,
+    /// CURVE handshakes refused (unknown key, no CURVE, bad handshake), by
+    /// socket: a refused peer gets no error frame, so this is where
+    /// refusals show.
+    pub(crate) auth_refusals: IntCounterVec,
     /// Worker processes the router asked supervisors to start.
     pub(crate) spawns: IntCounter,
     /// Spawns that produced no worker.
@@ -213,6 +217,11 @@ impl Metrics {
                 "Requests answered overloaded for a per-client limit (inflight, tokens_per_second).",
                 "limit",
             )?,
+            auth_refusals: counter_vec(
+                "zinfer_router_auth_refusals_total",
+                "Connections refused during the CURVE handshake (unknown or missing key), by socket.",
+                "socket",
+            )?,
             spawns: counter(
                 "zinfer_router_spawns_total",
                 "Worker processes the router asked supervisors to start.",
@@ -266,6 +275,7 @@ impl Metrics {
         }
         for socket in ["clients", "workers", "control"] {
             metrics.dropped.with_label_values(&[socket]).inc_by(0);
+            metrics.auth_refusals.with_label_values(&[socket]).inc_by(0);
         }
         Ok(metrics)
     }
@@ -277,6 +287,11 @@ impl Metrics {
             tracing::error!(%err, "encoding metrics failed");
         }
         String::from_utf8_lossy(&buffer).into_owned()
+    }
+
+    /// Counts a connection refused during the CURVE handshake on `socket`.
+    pub(crate) fn count_auth_refusal(&self, socket: &str) {
+        self.auth_refusals.with_label_values(&[socket]).inc();
     }
 
     /// Counts a send the I/O loop gave up on.

@@ -10,6 +10,7 @@ use crossbeam_channel::{Receiver, TryRecvError};
 
 use crate::{
     RouterConfig, RouterError,
+    auth::{self, AuthThread, Authenticator},
     core::{Action, Addr, Core, Peer, SendFailure},
     metrics::{Metrics, MetricsServer},
 };
@@ -23,6 +24,8 @@ pub struct Router {
     metrics: Arc<Metrics>,
     metrics_server: Option<MetricsServer>,
     _context: zmq::Context,
+    /// The ZAP handler, with CURVE on; stopped (joined) when dropped.
+    _auth: Option<AuthThread>,
     front: zmq::Socket,
     back: zmq::Socket,
     control: zmq::Socket,
@@ -46,27 +49,58 @@ impl Router {
     /// Checks libzmq, starts `/metrics` and binds the three sockets.
     pub fn bind(config: RouterConfig) -> Result<Self, RouterError> {
         crate::check_zmq_version()?;
+        if config.curve.is_none() && !auth::is_loopback(&config.control) {
+            return Err(RouterError::ControlExposed {
+                endpoint: config.control.clone(),
+            });
+        }
+        if config.curve.is_some() {
+            zinfer_curve::check_available().map_err(|source| RouterError::Curve {
+                socket: "clients",
+                source,
+            })?;
+        }
         let metrics = Arc::new(Metrics::new()?);
         let metrics_server = match config.metrics {
             Some(addr) => Some(MetricsServer::start(addr, Arc::clone(&metrics))?),
             None => None,
         };
         let context = zmq::Context::new();
-        let front = router_socket(&context, &config, "clients", &config.clients, false)?;
-        let back = router_socket(&context, &config, "workers", &config.workers, true)?;
-        let control = router_socket(&context, &config, "control", &config.control, false)?;
+        // The ZAP handler binds before any CURVE socket: without one,
+        // libzmq would accept every key.
+        let pending_auth = match &config.curve {
+            Some(curve) => Some(AuthThread::bind(
+                &context,
+                Authenticator::new(curve),
+                Arc::clone(&metrics),
+            )?),
+            None => None,
+        };
+        let front = router_socket(&context, &config, auth::CLIENTS, &config.clients, false)?;
+        let back = router_socket(&context, &config, auth::WORKERS, &config.workers, true)?;
+        let control = router_socket(&context, &config, auth::CONTROL, &config.control, false)?;
+        let auth = match pending_auth {
+            Some(pending) => Some(pending.start(&[auth::CLIENTS, auth::WORKERS, auth::CONTROL])?),
+            None => None,
+        };
         let endpoints = Endpoints {
             clients: last_endpoint(&front, &config.clients),
             workers: last_endpoint(&back, &config.workers),
             control: last_endpoint(&control, &config.control),
             metrics: metrics_server.as_ref().map(MetricsServer::addr),
         };
-        tracing::info!(?endpoints, policy = %config.policy, "router listening");
+        tracing::info!(
+            ?endpoints,
+            policy = %config.policy,
+            curve = config.curve.is_some(),
+            "router listening"
+        );
         Ok(Router {
             config,
             metrics,
             metrics_server,
             _context: context,
+            _auth: auth,
             front,
             back,
             control,
@@ -150,9 +184,10 @@ impl Router {
 
     fn read(&self, core: &mut Core, side: Side) {
         let socket = self.socket(side);
+        let curve = self.config.curve.is_some();
         for _ in 0..BATCH {
-            let parts = match socket.recv_multipart(zmq::DONTWAIT) {
-                Ok(parts) => parts,
+            let (parts, user_id) = match recv_parts(socket, curve) {
+                Ok(received) => received,
                 Err(zmq::Error::EAGAIN) => return,
                 Err(err) => {
                     tracing::warn!(%err, socket = side.name(), "receive failed");
@@ -162,7 +197,10 @@ impl Router {
             let now = Instant::now();
             match split_envelope(parts, self.config.limits.max_frames) {
                 Ok((from, payload)) => match side {
-                    Side::Front => core.handle_client(now, &from, &payload),
+                    Side::Front => {
+                        let tenant = user_id.as_deref().and_then(auth::tenant_of);
+                        core.handle_client_as(now, &from, tenant.as_deref(), &payload);
+                    }
                     Side::Back => core.handle_worker(now, &from, &payload),
                     Side::Control => core.handle_admin(now, &from, &payload),
                 },
@@ -223,6 +261,31 @@ impl Side {
     }
 }
 
+/// One whole message and, when `curve`, the ZAP `User-Id` it carries
+/// (the sender's Z85 public key). `recv_multipart` would drop the
+/// metadata, so frames are read one by one.
+fn recv_parts(
+    socket: &zmq::Socket,
+    curve: bool,
+) -> Result<(Vec<Vec<u8>>, Option<String>), zmq::Error> {
+    let mut parts = Vec::with_capacity(3);
+    let mut user_id = None;
+    let mut flags = zmq::DONTWAIT;
+    loop {
+        let mut message = socket.recv_msg(flags)?;
+        if curve && user_id.is_none() {
+            user_id = message.gets("User-Id").map(str::to_string);
+        }
+        let more = message.get_more();
+        parts.push(message.to_vec());
+        if !more {
+            return Ok((parts, user_id));
+        }
+        // The rest of a message is already there once its first frame is.
+        flags = 0;
+    }
+}
+
 /// `timeout` in whole milliseconds for `zmq::poll`, rounded up: rounding
 /// down would turn the last fraction of a millisecond before a timer into
 /// `poll(0)` calls in a busy loop.
@@ -242,6 +305,17 @@ fn router_socket(
         source,
     };
     let socket = context.socket(zmq::ROUTER).map_err(setup)?;
+    if let Some(curve) = &config.curve {
+        zinfer_curve::apply_server(&socket, &curve.keys, name).map_err(|source| {
+            RouterError::Curve {
+                socket: name,
+                source,
+            }
+        })?;
+        socket
+            .monitor(&auth::monitor_endpoint(name), auth::monitored_events())
+            .map_err(setup)?;
+    }
     socket.set_router_mandatory(true).map_err(setup)?;
     if handover {
         socket.set_router_handover(true).map_err(setup)?;

@@ -69,11 +69,17 @@ pub struct SupervisorConfig {
     pub metrics_base: Option<u16>,
     /// How long a stopped worker may take before it is killed.
     pub stop_grace: Duration,
+    /// CURVE to the router's control socket; `None`: plain. (Workers get
+    /// their own key flags through `worker_args`.)
+    pub curve: Option<zinfer_curve::ClientCurve>,
 }
 
 /// Why the supervisor could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
+    /// CURVE could not be set up on its socket.
+    #[error("CURVE to the router's control socket: {0}")]
+    Curve(#[from] zinfer_curve::CurveError),
     /// Its socket could not be set up.
     #[error("supervisor socket error while {context}: {source}")]
     Socket {
@@ -122,6 +128,7 @@ pub fn run(config: SupervisorConfig, stop: Receiver<()>) -> Result<(), Superviso
     dealer
         .set_linger(500)
         .map_err(socket("setting ZMQ_LINGER"))?;
+    zinfer_curve::apply_client(&dealer, config.curve.as_ref())?;
     dealer
         .connect(&config.control)
         .map_err(socket("connecting to the router's control socket"))?;

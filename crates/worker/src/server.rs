@@ -32,6 +32,9 @@ pub enum ServerError {
     /// The relay thread could not be started.
     #[error("cannot start the relay thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// CURVE could not be set up on the DEALER.
+    #[error("CURVE to the router: {0}")]
+    Curve(#[from] zinfer_curve::CurveError),
     /// The cache-import socket could not be set up.
     #[error(transparent)]
     Transfer(#[from] migration::TransferError),
@@ -73,6 +76,8 @@ pub struct ServerConfig {
     pub grace: Duration,
     /// Limits on frames from the router.
     pub limits: Limits,
+    /// CURVE to the router (its public key, our key pair); `None`: plain.
+    pub curve: Option<zinfer_curve::ClientCurve>,
 }
 
 impl ServerConfig {
@@ -95,6 +100,7 @@ impl ServerConfig {
             load_interval: Duration::from_millis(100),
             grace: Duration::from_secs(10),
             limits: Limits::default(),
+            curve: None,
         }
     }
 }
@@ -170,6 +176,7 @@ pub fn run(
         import,
         import_state: ImportState::default(),
         export: None,
+        sends_failing: false,
     };
     io.register();
     let result = io.serve(&relay_in, &shutdown);
@@ -208,6 +215,7 @@ fn connect(context: &zmq::Context, config: &ServerConfig) -> Result<zmq::Socket,
     dealer
         .set_sndhwm(100_000)
         .map_err(sock("setting ZMQ_SNDHWM"))?;
+    zinfer_curve::apply_client(&dealer, config.curve.as_ref())?;
     dealer
         .connect(&config.router)
         .map_err(sock("connecting to the router"))?;
@@ -235,6 +243,9 @@ struct Io {
     import_state: ImportState,
     /// The running cache export's outcome, when one runs.
     export: Option<Receiver<ExportOutcome>>,
+    /// Sends are failing (no router connection): logged once, not per
+    /// message, until one gets through.
+    sends_failing: bool,
 }
 
 /// Progress of taking a predecessor's cache.
@@ -624,9 +635,28 @@ impl Io {
     }
 
     fn send_frame(&mut self, frame: Vec<u8>) {
-        if let Err(error) = self.dealer.send(frame, zmq::DONTWAIT) {
-            self.metrics.dropped_sends.inc();
-            tracing::warn!(%error, "dropped a message to the router");
+        match self.dealer.send(frame, zmq::DONTWAIT) {
+            Ok(()) => self.sends_failing = false,
+            Err(error) => {
+                self.metrics.dropped_sends.inc();
+                if self.sends_failing {
+                    tracing::debug!(%error, "dropped a message to the router");
+                } else {
+                    self.sends_failing = true;
+                    // A router refusing our CURVE key looks exactly like no router.
+                    let hint = if self.config.curve.is_some() {
+                        " With CURVE, also check that the router's --worker-keys lists this \
+                         worker's key and that --curve-server-key is the router's."
+                    } else {
+                        ""
+                    };
+                    tracing::warn!(
+                        %error,
+                        "dropped a message to the router: is it reachable?{hint} Further \
+                         drops are logged at debug level until a send succeeds."
+                    );
+                }
+            }
         }
     }
 }

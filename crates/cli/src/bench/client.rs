@@ -47,6 +47,7 @@ impl ZmqTransport {
         endpoint: &str,
         settings: RequestSettings,
         wait: Duration,
+        curve: Option<&zinfer_curve::ClientCurve>,
     ) -> anyhow::Result<ZmqTransport> {
         let limits = Limits::default();
         let socket = context
@@ -55,6 +56,7 @@ impl ZmqTransport {
         socket.set_linger(0)?;
         socket.set_rcvhwm(0)?;
         socket.set_maxmsgsize(i64::try_from(limits.max_frame_bytes).unwrap_or(i64::MAX))?;
+        zinfer_curve::apply_client(&socket, curve)?;
         socket
             .connect(endpoint)
             .with_context(|| format!("connecting to the router at {endpoint}"))?;
@@ -84,7 +86,8 @@ impl ZmqTransport {
         }
         bail!(
             "no answer from a router at {endpoint} within {wait:?}: start one \
-             (`zinfer serve`) or point --router at it"
+             (`zinfer serve`) or point --router at it (a router with CURVE answers nothing \
+             without the right --curve-server-key and --curve-key)"
         )
     }
 
@@ -218,9 +221,14 @@ mod tests {
     fn streams_chunks_and_done_from_a_router_multiplexed_by_id() {
         let router = fakes::router();
         let context = zmq::Context::new();
-        let mut transport =
-            ZmqTransport::connect(&context, &router.url, settings(), Duration::from_secs(5))
-                .unwrap();
+        let mut transport = ZmqTransport::connect(
+            &context,
+            &router.url,
+            settings(),
+            Duration::from_secs(5),
+            None,
+        )
+        .unwrap();
         transport.send(7, &outgoing("one two three four")).unwrap();
         transport.send(8, &outgoing("please FAIL")).unwrap();
         let mut events = Vec::new();
@@ -275,10 +283,15 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let endpoint = format!("tcp://{}", listener.local_addr().unwrap());
         drop(listener);
-        let error =
-            ZmqTransport::connect(&context, &endpoint, settings(), Duration::from_millis(200))
-                .err()
-                .unwrap();
+        let error = ZmqTransport::connect(
+            &context,
+            &endpoint,
+            settings(),
+            Duration::from_millis(200),
+            None,
+        )
+        .err()
+        .unwrap();
         assert!(
             error.to_string().contains("no answer from a router"),
             "{error}"

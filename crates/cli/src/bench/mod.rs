@@ -62,6 +62,8 @@ pub(crate) struct BenchArgs {
     /// Router front socket to benchmark.
     #[arg(long, env = "ZINFER_ROUTER", default_value = "tcp://127.0.0.1:5555")]
     pub(crate) router: String,
+    #[command(flatten)]
+    pub(crate) curve: crate::zmq_util::CurveArgs,
 
     /// Workload to send.
     #[arg(
@@ -218,7 +220,14 @@ pub(crate) fn run_report(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         ignore_eos: args.ignore_eos,
     };
     let context = zmq::Context::new();
-    let mut zmq = ZmqTransport::connect(&context, &args.router, settings.clone(), PING_WAIT)?;
+    let curve = args.curve.load()?;
+    let mut zmq = ZmqTransport::connect(
+        &context,
+        &args.router,
+        settings.clone(),
+        PING_WAIT,
+        curve.as_ref(),
+    )?;
     let mut report = plan.run("zinfer", &args.router, &mut zmq, args)?;
     if let Some(base) = &args.compare_url {
         let compare_settings = RequestSettings {

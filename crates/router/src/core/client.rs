@@ -16,8 +16,23 @@ use crate::{
 impl Core {
     /// A frame from a client on the front socket.
     pub fn handle_client(&mut self, now: Instant, from: &Addr, frame: &[u8]) {
+        self.handle_client_as(now, from, None, frame);
+    }
+
+    /// A frame from a client authenticated as `tenant` (with CURVE on, the
+    /// tenant of its public key). The tenant prefixes the request's cache
+    /// namespace, so a client can only ever reach its own tenant's cached
+    /// prefixes whatever `namespace` it sends, and keys its per-client
+    /// limits, so a reconnect with a new routing id is the same client.
+    pub fn handle_client_as(
+        &mut self,
+        now: Instant,
+        from: &Addr,
+        tenant: Option<&str>,
+        frame: &[u8],
+    ) {
         match decode::<ClientRequest>(frame, &self.config.limits) {
-            Ok(ClientRequest::Generate(request)) => self.accept(now, from, request),
+            Ok(ClientRequest::Generate(request)) => self.accept(now, from, tenant, request),
             Ok(ClientRequest::Cancel { id }) => self.cancel(now, from, id),
             Ok(ClientRequest::Models { id }) => {
                 let models = self.served_models();
@@ -46,7 +61,13 @@ impl Core {
         );
     }
 
-    fn accept(&mut self, now: Instant, from: &Addr, mut request: GenerateRequest) {
+    fn accept(
+        &mut self,
+        now: Instant,
+        from: &Addr,
+        tenant: Option<&str>,
+        mut request: GenerateRequest,
+    ) {
         let client_key = (from.identity.clone(), request.id.clone());
         if self.by_client.contains_key(&client_key) {
             let message = format!(
@@ -56,7 +77,17 @@ impl Core {
             self.reply_error(from, Some(request.id), ErrorCode::BadRequest, message);
             return;
         }
-        if let Some((limit, message)) = self.client_limit(now, &from.identity) {
+        if let Some(tenant) = tenant {
+            match tenant_namespace(tenant, request.namespace.as_deref(), &self.config.limits) {
+                Ok(namespace) => request.namespace = Some(namespace),
+                Err(message) => {
+                    self.reply_error(from, Some(request.id), ErrorCode::BadRequest, message);
+                    return;
+                }
+            }
+        }
+        let quota_key = tenant.map_or_else(|| from.identity.clone(), |t| t.as_bytes().to_vec());
+        if let Some((limit, message)) = self.client_limit(now, &quota_key) {
             self.metrics
                 .client_limited
                 .with_label_values(&[limit])
@@ -90,6 +121,7 @@ impl Core {
         span.in_scope(|| tracing::debug!(%model, "accepted"));
         let entry = Request {
             client: from.clone(),
+            quota_key: quota_key.clone(),
             id: request.id.clone(),
             index_namespace: index_namespace(&model, request.namespace.as_deref()),
             deadline: request.deadline_ms.map(|ms| now + millis(ms)),
@@ -106,7 +138,7 @@ impl Core {
         };
         self.requests.insert(rid, entry);
         self.by_client.insert(client_key, rid);
-        self.quota_started(now, &from.identity);
+        self.quota_started(now, &quota_key);
         if !self.try_dispatch(now, rid) {
             if self.queue.len() >= self.config.queue_capacity {
                 self.fail_overloaded(now, rid);
@@ -278,4 +310,28 @@ impl Core {
         models.sort_by(|a, b| a.name.cmp(&b.name));
         models
     }
+}
+
+/// The cache namespace of a request from `tenant`: the tenant, then `/`
+/// and the client's own namespace when it sent one. The tenant has no `/`,
+/// so no client namespace can spell another tenant's.
+pub(super) fn tenant_namespace(
+    tenant: &str,
+    namespace: Option<&str>,
+    limits: &zinfer_protocol::Limits,
+) -> Result<String, String> {
+    let namespace = match namespace {
+        Some(namespace) if !namespace.is_empty() => format!("{tenant}/{namespace}"),
+        _ => tenant.to_string(),
+    };
+    if namespace.len() > limits.max_name_bytes {
+        return Err(format!(
+            "field \"namespace\": with CURVE the router prefixes it with your tenant \
+             ({} bytes), leaving at most {} bytes of the {}-byte limit; use a shorter namespace",
+            tenant.len() + 1,
+            limits.max_name_bytes.saturating_sub(tenant.len() + 1),
+            limits.max_name_bytes
+        ));
+    }
+    Ok(namespace)
 }

@@ -99,6 +99,9 @@ pub enum SendFailure {
 /// One request the router accepted and has not yet ended.
 struct Request {
     client: Addr,
+    /// What per-client limits count under: the tenant with CURVE on, else
+    /// the connection's routing id.
+    quota_key: Vec<u8>,
     id: String,
     /// The request as forwarded, `model` filled in.
     request: GenerateRequest,
@@ -336,7 +339,7 @@ impl Core {
     /// terminal reply.
     fn take(&mut self, now: Instant, rid: u64) -> Option<Request> {
         let request = self.requests.remove(&rid)?;
-        self.quota_ended(&request.client.identity);
+        self.quota_ended(&request.quota_key);
         self.by_client
             .remove(&(request.client.identity.clone(), request.id.clone()));
         if self.queue.remove(&request.queue_key(rid)) {

@@ -1,5 +1,6 @@
 //! Per-client limits: requests in flight and generated tokens per second,
-//! keyed by the client's connection identity. A client over a limit gets
+//! keyed by the client's connection identity, or with CURVE by its
+//! tenant, so a reconnect does not reset them. A client over a limit gets
 //! `overloaded` at once, so one client cannot fill the queue or the
 //! workers for everyone else.
 
@@ -47,7 +48,7 @@ impl Core {
             return Some((
                 "inflight",
                 format!(
-                    "this connection already has {max} requests in flight, its limit; \
+                    "this client already has {max} requests in flight, its limit; \
                      wait for one to end, then retry with backoff"
                 ),
             ));
@@ -58,7 +59,7 @@ impl Core {
             return Some((
                 "tokens_per_second",
                 format!(
-                    "this connection is over its limit of {rate} generated tokens per second; \
+                    "this client is over its limit of {rate} generated tokens per second; \
                      retry with backoff"
                 ),
             ));

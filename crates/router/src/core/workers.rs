@@ -483,7 +483,7 @@ impl Core {
         let stream = request.request.stream;
         // Only a token-rate limit needs the client here; no clone otherwise.
         if self.config.max_tokens_per_second_per_client.is_some() {
-            let client = request.client.identity.clone();
+            let client = request.quota_key.clone();
             self.quota_charge(now, &client, tokens.len());
         }
         if !stream {

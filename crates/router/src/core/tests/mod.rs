@@ -20,6 +20,7 @@ mod control;
 mod policies;
 mod quota;
 mod requests;
+mod tenancy;
 mod timers;
 mod workers;
 
