@@ -16,7 +16,10 @@
 Every call waits at most `timeout` seconds for each reply and raises
 `ZinferTimeout` (a `ZinferError`) when none comes; errors the router or a
 worker answer raise `ZinferError` with the protocol's `code`, `message` and
-`retryable`. The wire protocol is in docs/protocol.md. A `Client` owns one
+`retryable`. A request open when the connection to the router drops
+(router restarted, network cut) raises `ZinferConnectionLost` (code
+`unavailable`, retryable) at once: no reply for it can arrive any more.
+The wire protocol is in docs/protocol.md. A `Client` owns one
 socket: use it from one thread, one request at a time.
 
 A router started with `--curve-key` speaks CURVE only: pass its public key
@@ -26,8 +29,8 @@ and your key pair (Z85 text, as `zinfer keys generate` writes them):
     public, secret = load_key_pair("keys/alice.key")
     Client(endpoint, curve_server_key=server, curve_public_key=public, curve_secret_key=secret)
 
-A router that refuses the key sends nothing back (ZeroMQ closes the
-connection during the handshake), so a wrong key shows as `ZinferTimeout`.
+A router that refuses the key closes the connection during the handshake;
+the request then raises `ZinferRefused` (code `refused`, not retryable).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any, Iterator, Optional
 
 import msgpack
 import zmq
+import zmq.utils.monitor
 
 __all__ = [
     "Client",
@@ -107,6 +111,23 @@ class ZinferError(Exception):
         self.code = code
         self.message = message
         self.retryable = retryable
+
+
+class ZinferConnectionLost(ZinferError):
+    """The connection to the router dropped while the request was open
+    (router restarted, network cut): no reply for it can arrive any more.
+    Retryable: send the request again."""
+
+    def __init__(self, message: str):
+        super().__init__("unavailable", message, retryable=True)
+
+
+class ZinferRefused(ZinferError):
+    """The router refused our CURVE key during the handshake (it is not on
+    the router's client allow-list). Not retryable as is."""
+
+    def __init__(self, message: str):
+        super().__init__("refused", message, retryable=False)
 
 
 class ZinferTimeout(ZinferError):
@@ -211,10 +232,20 @@ class Client:
             self._socket.curve_secretkey = curve_secret_key.encode()
         elif curve_public_key is not None or curve_secret_key is not None:
             raise ValueError("curve_public_key/curve_secret_key need curve_server_key (the router's public key)")
+        # A dropped connection loses every open request (a restarted router
+        # knows none of them): watch for it rather than wait out timeouts.
+        self._monitor = self._socket.get_monitor_socket(
+            zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        )
+        self._drops = 0
+        self._refused = False
+        self._opened_at: dict[str, int] = {}
         self._socket.connect(endpoint)
         self._checked = False
 
     def close(self) -> None:
+        self._socket.disable_monitor()
+        self._monitor.close()
         self._socket.close()
 
     def __enter__(self) -> "Client":
@@ -299,7 +330,18 @@ class Client:
             self.ping()
 
     def _send(self, message: dict[str, Any]) -> None:
+        self._count_drops()
+        if "id" in message and message.get("type") != "cancel":
+            self._opened_at[message["id"]] = self._drops
         self._socket.send(msgpack.packb(message, use_bin_type=True))
+
+    def _count_drops(self) -> None:
+        while self._monitor.poll(0):
+            event = zmq.utils.monitor.recv_monitor_message(self._monitor)
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._drops += 1
+            elif event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                self._refused = True
 
     def _recv_for(self, request_id: str, timeout: Optional[float] = None) -> dict[str, Any]:
         """The next reply about `request_id`; replies to other ids (left
@@ -307,15 +349,37 @@ class Client:
         is the router refusing a frame it could not read: raised here."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._socket.poll(int(left * 1000)):
+            ready = dict(poller.poll(int(left * 1000))) if left > 0 else {}
+            if self._monitor in ready:
+                self._count_drops()
+            if self._drops > self._opened_at.get(request_id, self._drops):
+                self._opened_at.pop(request_id, None)
+                if self._refused:
+                    raise ZinferRefused(
+                        f"the router at {self.endpoint} refused our CURVE key: put our public key "
+                        "on its --client-keys allow-list, or use a key that is on it"
+                    )
+                raise ZinferConnectionLost(
+                    f"the connection to the router at {self.endpoint} dropped (router restarted or "
+                    f"network cut) while request {request_id} was open; its output is lost: retry it"
+                )
+            if self._socket not in ready:
+                if self._monitor in ready:
+                    continue
+                self._opened_at.pop(request_id, None)
                 raise ZinferTimeout(f"no reply from {self.endpoint} within {wait} s for request {request_id}")
             reply = msgpack.unpackb(self._socket.recv(), raw=False)
             if not isinstance(reply, dict):
                 raise ZinferError("bad_reply", f"expected a map, got {reply!r}")
             reply_id = reply.get("id")
             if reply_id == request_id:
+                if reply.get("type") in ("done", "error", "pong", "models"):
+                    self._opened_at.pop(request_id, None)
                 return reply
             if reply_id is None and reply.get("type") == "error":
                 raise _error(reply)

@@ -266,6 +266,25 @@ fn a_hung_worker_is_expired_its_requests_end_once_and_it_comes_back() {
     );
 }
 
+/// Streams a long request, says `streaming` after its first chunk, and
+/// prints how the client module ended it once the router went away.
+const PYTHON_STREAM_LOST: &str = r#"
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from zinfer_client import Client, ZinferConnectionLost
+with Client(sys.argv[2], timeout=60) as client:
+    stream = client.stream("1, 2, 3,", max_tokens=4000, ignore_eos=True, temperature=0)
+    started = None
+    try:
+        for chunk in stream:
+            if started is None:
+                print("streaming", flush=True)
+                started = time.monotonic()
+    except ZinferConnectionLost as e:
+        print(json.dumps({"code": e.code, "retryable": e.retryable,
+                          "after_s": time.monotonic() - started}), flush=True)
+"#;
+
 #[test]
 fn workers_re_register_with_a_restarted_router_on_their_own() {
     let mut cluster = Cluster::start("least_load", 2);
@@ -293,17 +312,44 @@ fn workers_re_register_with_a_restarted_router_on_their_own() {
             (Instant::now(), answer)
         })
     };
-    wait_until("both requests running", Duration::from_secs(30), || {
+    // And the Python client's open stream.
+    let mut python = std::process::Command::new(harness::venv_python("client"))
+        .args(["-c", PYTHON_STREAM_LOST])
+        .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/../../clients/python"))
+        .arg(&cluster.clients)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("the client venv's python");
+    let mut python_out = std::io::BufReader::new(python.stdout.take().expect("piped stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut python_out, &mut line).expect("the python client's output");
+    assert_eq!(
+        line.trim(),
+        "streaming",
+        "the python client's stream started"
+    );
+    wait_until("three requests running", Duration::from_secs(30), || {
         cluster
             .workers_info()
             .iter()
             .map(|w| w.load.running)
             .sum::<u32>()
-            == 2
+            == 3
     });
     let killed = Instant::now();
     cluster.restart_router();
     let restarted = Instant::now();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut python_out, &mut line).expect("the python client's verdict");
+    let _ = python.wait();
+    let verdict: serde_json::Value = serde_json::from_str(line.trim()).expect("json from python");
+    eprintln!("the python client's open stream: {verdict}");
+    assert_eq!(verdict["code"], "unavailable", "{verdict}");
+    assert_eq!(verdict["retryable"], true, "{verdict}");
+    assert!(
+        verdict["after_s"].as_f64().is_some_and(|s| s < 5.0),
+        "the python client learned of the lost stream within 5 s: {verdict}"
+    );
     let (answered, (status, body)) = http_request.join().expect("the HTTP client thread");
     eprintln!(
         "the HTTP front answered its lost request {:?} after the router was killed",

@@ -378,13 +378,14 @@ fn curve_allow_lists_and_tenancy_from_client_keys() {
         cold_timings.prefill_s
     );
 
-    // The Python client over CURVE: served with alice's key, nothing
-    // (a timeout) with an unknown one.
+    // The Python client over CURVE: served with alice's key, refused (and
+    // told so by the handshake's failure, not left to time out) with an
+    // unknown one.
     let python = venv_python("client");
     let script = r#"
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from zinfer_client import Client, ZinferTimeout, load_key_pair, load_public_key
+from zinfer_client import Client, ZinferRefused, load_key_pair, load_public_key
 server = load_public_key(sys.argv[3])
 out = {}
 public, secret = load_key_pair(sys.argv[4])
@@ -396,8 +397,8 @@ public, secret = load_key_pair(sys.argv[5])
 try:
     Client(sys.argv[2], connect_timeout=1, curve_server_key=server,
            curve_public_key=public, curve_secret_key=secret).models()
-except ZinferTimeout:
-    out["stranger"] = "timeout"
+except ZinferRefused as e:
+    out["stranger"] = [e.code, e.retryable]
 print(json.dumps(out))
 "#;
     let output = Command::new(&python)
@@ -420,7 +421,11 @@ print(json.dumps(out))
     );
     let out: serde_json::Value = serde_json::from_str(stdout.trim()).expect("json");
     assert_eq!(out["completion_tokens"], 3, "{out}");
-    assert_eq!(out["stranger"], "timeout", "{out}");
+    assert_eq!(
+        out["stranger"],
+        serde_json::json!(["refused", false]),
+        "a stranger's key is refused at once, and says so: {out}"
+    );
 }
 
 #[test]

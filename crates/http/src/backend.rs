@@ -31,8 +31,9 @@ const CONNECT_WAIT: Duration = Duration::from_secs(2);
 /// A `models` request nobody answered is forgotten after this long.
 const MODELS_EXPIRY: Duration = Duration::from_secs(30);
 /// What a request in flight gets when the router connection drops.
-const CONNECTION_LOST: &str = "the connection to the router dropped (router restarted or \
-     network cut) while this request was in flight; its output is lost: retry it";
+const CONNECTION_LOST: &str = "the connection to the router dropped (router restarted, \
+     network cut, or our CURVE key refused) while this request was in flight; its output is \
+     lost: retry it";
 
 enum Command {
     Generate {
