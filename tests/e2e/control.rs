@@ -12,7 +12,7 @@ use zinfer_protocol::{
     WorkerState,
 };
 
-use crate::harness::{self, Client, Proc};
+use crate::harness::{self, Client, Proc, RouterEndpoints};
 
 /// A router and one supervisor, on fresh loopback ports.
 struct ControlPlane {
@@ -29,24 +29,19 @@ impl ControlPlane {
     /// thread and a small KV pool per worker).
     fn start(router_args: &[&str], supervisor_args: &[&str]) -> ControlPlane {
         let guard = harness::exclusive();
-        let port = || format!("tcp://127.0.0.1:{}", harness::free_port());
-        let (clients, workers, control) = (port(), port(), port());
-        let metrics = format!("127.0.0.1:{}", harness::free_port());
-        let mut args = vec![
-            "router",
-            "--clients",
-            &clients,
-            "--workers",
-            &workers,
-            "--control",
-            &control,
-            "--metrics",
-            &metrics,
-        ];
+        let endpoints = RouterEndpoints::fresh();
+        let mut args = vec!["router"];
+        args.extend(endpoints.args());
         args.extend_from_slice(router_args);
         let router = harness::spawn("router", &args);
         let model = harness::model_path().display().to_string();
-        let mut args = vec!["supervisor", "--control", &control, "--router", &workers];
+        let mut args = vec![
+            "supervisor",
+            "--control",
+            &endpoints.control,
+            "--router",
+            &endpoints.workers,
+        ];
         args.extend_from_slice(supervisor_args);
         for (flag, value) in [
             ("--model", model.as_str()),
@@ -60,9 +55,9 @@ impl ControlPlane {
         }
         let supervisor = harness::spawn("supervisor", &args);
         let plane = ControlPlane {
-            clients,
-            control,
-            metrics,
+            clients: endpoints.clients.clone(),
+            control: endpoints.control.clone(),
+            metrics: endpoints.metrics.clone(),
             _router: router,
             _supervisor: supervisor,
             _guard: guard,

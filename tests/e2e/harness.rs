@@ -54,6 +54,42 @@ pub fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
+/// Fresh loopback endpoints for a router's three sockets and `/metrics`.
+#[derive(Debug, Clone)]
+pub struct RouterEndpoints {
+    pub clients: String,
+    pub workers: String,
+    pub control: String,
+    /// `host:port` of `/metrics`.
+    pub metrics: String,
+}
+
+impl RouterEndpoints {
+    pub fn fresh() -> RouterEndpoints {
+        let tcp = || format!("tcp://127.0.0.1:{}", free_port());
+        RouterEndpoints {
+            clients: tcp(),
+            workers: tcp(),
+            control: tcp(),
+            metrics: format!("127.0.0.1:{}", free_port()),
+        }
+    }
+
+    /// The flags that put `zinfer router` (or `serve`) on them.
+    pub fn args(&self) -> [&str; 8] {
+        [
+            "--clients",
+            &self.clients,
+            "--workers",
+            &self.workers,
+            "--control",
+            &self.control,
+            "--metrics",
+            &self.metrics,
+        ]
+    }
+}
+
 /// A child process killed when dropped.
 pub struct Proc {
     pub child: Child,
@@ -97,23 +133,13 @@ impl Cluster {
 
     pub fn start_with(policy: &str, n: usize, spec: WorkerSpec) -> Cluster {
         let guard = exclusive();
-        let (pc, pw, pctl, pm) = (free_port(), free_port(), free_port(), free_port());
-        let clients = format!("tcp://127.0.0.1:{pc}");
-        let workers_endpoint = format!("tcp://127.0.0.1:{pw}");
-        let control = format!("tcp://127.0.0.1:{pctl}");
-        let router_metrics = format!("127.0.0.1:{pm}");
-        let router = spawn_router(
-            &clients,
-            &workers_endpoint,
-            &control,
-            &router_metrics,
-            policy,
-        );
+        let endpoints = RouterEndpoints::fresh();
+        let router = spawn_router(&endpoints, policy);
         let mut cluster = Cluster {
-            clients,
-            workers_endpoint,
-            control,
-            router_metrics,
+            clients: endpoints.clients,
+            workers_endpoint: endpoints.workers,
+            control: endpoints.control,
+            router_metrics: endpoints.metrics,
             policy: policy.to_string(),
             router,
             workers: Vec::new(),
@@ -192,13 +218,13 @@ impl Cluster {
     pub fn restart_router(&mut self) {
         let _ = self.router.child.kill();
         let _ = self.router.child.wait();
-        self.router = spawn_router(
-            &self.clients,
-            &self.workers_endpoint,
-            &self.control,
-            &self.router_metrics,
-            &self.policy,
-        );
+        let endpoints = RouterEndpoints {
+            clients: self.clients.clone(),
+            workers: self.workers_endpoint.clone(),
+            control: self.control.clone(),
+            metrics: self.router_metrics.clone(),
+        };
+        self.router = spawn_router(&endpoints, &self.policy);
     }
 
     /// Whether the router process has exited.
@@ -211,23 +237,11 @@ impl Cluster {
     }
 }
 
-fn spawn_router(clients: &str, workers: &str, control: &str, metrics: &str, policy: &str) -> Proc {
-    spawn(
-        "router",
-        &[
-            "router",
-            "--clients",
-            clients,
-            "--workers",
-            workers,
-            "--control",
-            control,
-            "--metrics",
-            metrics,
-            "--policy",
-            policy,
-        ],
-    )
+fn spawn_router(endpoints: &RouterEndpoints, policy: &str) -> Proc {
+    let mut args = vec!["router"];
+    args.extend(endpoints.args());
+    args.extend(["--policy", policy]);
+    spawn("router", &args)
 }
 
 pub fn spawn(name: &str, args: &[&str]) -> Proc {

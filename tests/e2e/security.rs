@@ -12,7 +12,8 @@ use zinfer_protocol::{
 };
 
 use crate::harness::{
-    Proc, exclusive, free_port, greedy, model_path, scrape, spawn, venv_python, zinfer,
+    Proc, RouterEndpoints, exclusive, free_port, greedy, model_path, scrape, spawn, venv_python,
+    zinfer,
 };
 
 /// Runs `zinfer keys generate` for each name into `dir`.
@@ -210,11 +211,12 @@ fn curve_allow_lists_and_tenancy_from_client_keys() {
         std::fs::copy(path(name), client_dir.join(name)).expect("copy");
     }
 
-    let (pc, pw, pctl, pm) = (free_port(), free_port(), free_port(), free_port());
-    let clients = format!("tcp://127.0.0.1:{pc}");
-    let workers = format!("tcp://127.0.0.1:{pw}");
-    let control = format!("tcp://127.0.0.1:{pctl}");
-    let metrics = format!("127.0.0.1:{pm}");
+    let RouterEndpoints {
+        clients,
+        workers,
+        control,
+        metrics,
+    } = RouterEndpoints::fresh();
     let _router = spawn(
         "router",
         &[
@@ -601,11 +603,12 @@ fn a_supervisor_with_keys_starts_workers_that_get_in_and_any_curve_client_is_ser
     let keys = dir.path();
     generate_keys(keys, &["router", "admin", "worker"]);
     let path = |name: &str| keys.join(name).display().to_string();
-    let (pc, pw, pctl, pm) = (free_port(), free_port(), free_port(), free_port());
-    let clients = format!("tcp://127.0.0.1:{pc}");
-    let workers = format!("tcp://127.0.0.1:{pw}");
-    let control = format!("tcp://127.0.0.1:{pctl}");
-    let metrics = format!("127.0.0.1:{pm}");
+    let RouterEndpoints {
+        clients,
+        workers,
+        control,
+        metrics,
+    } = RouterEndpoints::fresh();
     // No --client-keys: any CURVE client.
     let _router = spawn(
         "router",

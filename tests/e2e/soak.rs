@@ -228,25 +228,17 @@ fn metric(page: &str, name: &str) -> f64 {
 fn a_soak_with_chaos_ends_every_request_exactly_once() {
     let settings = Settings::from_env();
     let _guard = harness::exclusive();
-    let port = || harness::free_port();
-    let (clients_ep, workers_ep, control) = (
-        format!("tcp://127.0.0.1:{}", port()),
-        format!("tcp://127.0.0.1:{}", port()),
-        format!("tcp://127.0.0.1:{}", port()),
+    let endpoints = harness::RouterEndpoints::fresh();
+    let (clients_ep, control, metrics) = (
+        endpoints.clients.clone(),
+        endpoints.control.clone(),
+        endpoints.metrics.clone(),
     );
-    let metrics = format!("127.0.0.1:{}", port());
-    let metrics_base = port().to_string();
+    let metrics_base = harness::free_port().to_string();
     let model = harness::model_path().display().to_string();
-    let mut args = vec![
-        "serve",
-        "--clients",
-        &clients_ep,
-        "--workers",
-        &workers_ep,
-        "--control",
-        &control,
-        "--metrics",
-        &metrics,
+    let mut args = vec!["serve"];
+    args.extend(endpoints.args());
+    args.extend([
         "--model",
         &model,
         "--threads",
@@ -257,7 +249,7 @@ fn a_soak_with_chaos_ends_every_request_exactly_once() {
         "16",
         "--worker-metrics-port",
         &metrics_base,
-    ];
+    ]);
     for _ in 0..WORKERS {
         args.extend_from_slice(&["--device", "cpu"]);
     }

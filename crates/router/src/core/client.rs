@@ -274,9 +274,22 @@ impl Core {
         }
     }
 
-    /// Models of every live worker (draining ones included), by name.
+    /// Models of every live worker (draining ones included), by name, and
+    /// models whose first or replacement worker is being started (with 0
+    /// workers): requests for those wait for it.
     fn known_models(&self) -> Vec<ModelInfo> {
-        self.count_models(|worker| worker.is_live())
+        let mut models = self.count_models(|worker| worker.is_live());
+        for model in self.control.spawning_models() {
+            if !models.iter().any(|info| info.name == model) {
+                models.push(ModelInfo {
+                    name: model,
+                    workers: 0,
+                    context_length: None,
+                    vocab_size: None,
+                });
+            }
+        }
+        models
     }
 
     /// Models of workers taking requests, for the `models` reply.

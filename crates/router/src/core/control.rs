@@ -125,11 +125,24 @@ impl ControlPlane {
     }
 
     /// Spawns of `model` in flight for scaling (migration targets apart).
-    fn scale_spawns(&self, model: &str) -> usize {
+    pub(super) fn scale_spawns(&self, model: &str) -> usize {
         self.spawns
             .iter()
             .filter(|(id, s)| s.model == model && !self.is_migration_target(id))
             .count()
+    }
+
+    /// Models with spawns in flight for scaling, each once.
+    pub(super) fn spawning_models(&self) -> Vec<String> {
+        let mut models: Vec<String> = self
+            .spawns
+            .iter()
+            .filter(|(id, _)| !self.is_migration_target(id))
+            .map(|(_, s)| s.model.clone())
+            .collect();
+        models.sort();
+        models.dedup();
+        models
     }
 
     /// Whether `worker_id` was spawned as a migration target.
@@ -473,6 +486,8 @@ impl Core {
         }
         self.back_off(now, &spawn.model, reason);
         self.fail_scale(now, &spawn.model, reason);
+        // Requests held for this spawn fail unless another worker can take them.
+        self.fail_orphans(now);
     }
 
     /// Pauses spawns of `model` after a failure: 1 s, doubling per failure

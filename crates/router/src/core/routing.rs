@@ -33,11 +33,15 @@ impl Decision {
 }
 
 impl Core {
-    /// Whether some worker takes requests for `model` (busy or not).
+    /// Whether requests for `model` can be served now or soon: some
+    /// worker takes them (busy or not), or the control plane is starting
+    /// one. While a dead worker's replacement loads, requests wait in the
+    /// queue (up to their deadline) instead of failing at once.
     pub(super) fn any_routable(&self, model: &str) -> bool {
         self.workers
             .values()
             .any(|worker| worker.routable() && worker.serves(model))
+            || self.control.scale_spawns(model) > 0
     }
 
     /// Sends request `rid` to a worker if one has room; false if none has.

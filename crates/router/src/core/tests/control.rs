@@ -320,6 +320,65 @@ fn a_lost_worker_of_a_scaled_model_is_replaced() {
 }
 
 #[test]
+fn requests_wait_for_a_replacement_instead_of_failing() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&[]);
+    h.control_request("admin", &scale(1));
+    let started = spawns(&h.sent());
+    h.ready_as(&started[0].id, None);
+    h.sent();
+    h.supervisor_says(&SupervisorToRouter::WorkerExited {
+        worker_id: started[0].id.clone(),
+        status: "signal: 9 (SIGKILL)".into(),
+    });
+    h.advance(1);
+    let replacement = spawns(&h.sent());
+    assert_eq!(replacement.len(), 1);
+
+    h.generate("c", prompt("held", "x"));
+    let out = h.sent();
+    assert!(
+        !out.iter()
+            .any(|o| matches!(o, Out::Client(_, ClientReply::Error { .. }))),
+        "no error while the replacement loads: {out:?}"
+    );
+    h.ready_as(&replacement[0].id, None);
+    let dispatched = h.dispatched();
+    assert_eq!(
+        dispatched.len(),
+        1,
+        "the held request goes to the replacement"
+    );
+    assert_eq!(dispatched[0].0, replacement[0].id);
+
+    // With the replacement gone too and nothing starting, a held request
+    // fails (retryable) rather than waiting for the backoff.
+    h.supervisor_says(&SupervisorToRouter::WorkerExited {
+        worker_id: replacement[0].id.clone(),
+        status: "signal: 9 (SIGKILL)".into(),
+    });
+    h.advance(1);
+    let next = spawns(&h.sent());
+    h.generate("c", prompt("held-2", "x"));
+    h.supervisor_says(&SupervisorToRouter::WorkerExited {
+        worker_id: next[0].id.clone(),
+        status: "signal: 9 (SIGKILL)".into(),
+    });
+    let errors: Vec<ErrorCode> = h
+        .sent()
+        .into_iter()
+        .filter_map(|o| match o {
+            Out::Client(_, ClientReply::Error { code, .. }) => Some(code),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        errors.contains(&ErrorCode::Unavailable),
+        "the held request fails once no worker is starting: {errors:?}"
+    );
+}
+
+#[test]
 fn a_replacement_killed_while_it_loads_is_retried_after_the_backoff() {
     let mut h = Harness::new(config(Policy::RoundRobin));
     h.supervisor_status(&[]);
