@@ -4,8 +4,12 @@
 //! ```text
 //! cargo run --release -p zinfer-worker --example synth_model -- \
 //!     --shape tinyllama-1.1b --quant q4_k_m --out /tmp/tinyllama-q4km.gguf \
-//!     [--seed N] [--layers N] [--tokenizer-from PATH]
+//!     [--seed N] [--layers N] [--tokenizer-from PATH] [--check]
 //! ```
+//!
+//! `--check` then loads the file with the worker's loader and times a
+//! 128-token prefill and 32 decode steps (one sequence), a quick sanity and
+//! speed figure; the engine bench and `llama-bench` give the real ones.
 //!
 //! The tokenizer metadata comes from `--tokenizer-from` (a GGUF file), else
 //! from the default SmolLM2 model.
@@ -14,6 +18,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
+use zinfer_worker::model::{LoadOptions, SeqChunk, load};
 use zinfer_worker::synthetic::{PRESETS, QUANTS, SynthShape, SynthSpec, generate};
 
 /// Errors are reported, not handled: a boxed error is enough here.
@@ -28,11 +33,12 @@ struct Args {
     seed: u64,
     layers: Option<usize>,
     tokenizer_from: Option<PathBuf>,
+    check: bool,
 }
 
 fn usage() -> String {
     format!(
-        "usage: synth_model --shape NAME --quant TYPE --out FILE [--seed N] [--layers N] [--tokenizer-from GGUF]\n  shapes: {}\n  quants: {}",
+        "usage: synth_model --shape NAME --quant TYPE --out FILE [--seed N] [--layers N] [--tokenizer-from GGUF] [--check]\n  shapes: {}\n  quants: {}",
         PRESETS.join(", "),
         QUANTS.join(", ")
     )
@@ -45,11 +51,16 @@ fn parse_args() -> Result<Args> {
     let mut seed = 0;
     let mut layers = None;
     let mut tokenizer_from = None;
+    let mut check = false;
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
             println!("{}", usage());
             std::process::exit(0);
+        }
+        if flag == "--check" {
+            check = true;
+            continue;
         }
         let value = it
             .next()
@@ -72,6 +83,7 @@ fn parse_args() -> Result<Args> {
         seed,
         layers,
         tokenizer_from,
+        check,
     })
 }
 
@@ -134,6 +146,65 @@ fn main() -> Result<()> {
         summary.file_bytes as f64 / MIB,
         start.elapsed().as_secs_f64(),
         types.join(", ")
+    );
+    if args.check {
+        check(&args.out, s.vocab)?;
+    }
+    Ok(())
+}
+
+/// Loads the file as the worker would and times one sequence's prefill and
+/// decode; fails on logits that are not finite.
+fn check(path: &std::path::Path, vocab: usize) -> Result<()> {
+    const PREFILL: usize = 128;
+    const DECODE: usize = 32;
+    let start = Instant::now();
+    let mut m = load(
+        path,
+        &LoadOptions {
+            kv_capacity: PREFILL + DECODE,
+            ..LoadOptions::default()
+        },
+    )?;
+    println!("loaded in {:.2} s", start.elapsed().as_secs_f64());
+    // Any ids below the vocabulary do: speed does not depend on them.
+    let mut ids: Vec<u32> = (0..PREFILL).map(|i| ((1000 + 7 * i) % vocab) as u32).collect();
+    let slots: Vec<u32> = (0..(PREFILL + DECODE) as u32).collect();
+    let mut step = |ids: &[u32], start_pos: usize| -> Result<u32> {
+        let logits = m.model.forward(&[SeqChunk {
+            tokens: &ids[start_pos..],
+            slots: &slots[..ids.len()],
+            start_pos,
+        }])?;
+        let last = logits.first().ok_or("no logits")?;
+        if last.len() != vocab || !last.iter().all(|x| x.is_finite()) {
+            return Err(format!(
+                "bad logits: {} values, finite: {}",
+                last.len(),
+                last.iter().all(|x| x.is_finite())
+            )
+            .into());
+        }
+        let next = last
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .map_or(0, |(i, _)| i as u32);
+        Ok(next)
+    };
+    let t = Instant::now();
+    let mut next = step(&ids, 0)?;
+    let prefill_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for _ in 0..DECODE {
+        ids.push(next);
+        next = step(&ids, ids.len() - 1)?;
+    }
+    let decode_s = t.elapsed().as_secs_f64();
+    println!(
+        "prefill {PREFILL} tokens: {:.1} tok/s; decode {DECODE} tokens: {:.1} tok/s (one sequence, logits finite)",
+        PREFILL as f64 / prefill_s,
+        DECODE as f64 / decode_s
     );
     Ok(())
 }

@@ -289,7 +289,7 @@ impl Quant {
 /// first and last eighth, and every third layer between.
 pub fn use_more_bits(layer: usize, n_layers: usize) -> bool {
     let eighth = n_layers / 8;
-    layer < eighth || layer >= 7 * n_layers / 8 || (layer >= eighth && (layer - eighth) % 3 == 2)
+    layer < eighth || layer >= 7 * n_layers / 8 || (layer - eighth) % 3 == 2
 }
 
 /// The type llama.cpp's quantizer uses when a row of `cols` values does not
@@ -523,7 +523,7 @@ pub fn generate(
 }
 
 /// The `general.*` and `llama.*` keys llama.cpp and zinfer's loader read,
-/// with the integer widths llama.cpp checks (u32) .
+/// with the integer widths llama.cpp checks (u32).
 fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     let u = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
     let kv = |k: &str, v: Value| (k.to_string(), v);
