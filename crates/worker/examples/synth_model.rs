@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release -p zinfer-worker --example synth_model -- \
 //!     --shape tinyllama-1.1b --quant q4_k_m --out /tmp/tinyllama-q4km.gguf \
-//!     [--seed N] [--layers N] [--tokenizer-from PATH] [--check]
+//!     [--seed N] [--layers N] [--tokenizer-from PATH] [--threads N] [--check]
 //! ```
 //!
 //! `--check` then loads the file with the worker's loader and times a
@@ -12,7 +12,8 @@
 //! speed figure; the engine bench and `llama-bench` give the real ones.
 //!
 //! The tokenizer metadata comes from `--tokenizer-from` (a GGUF file), else
-//! from the default SmolLM2 model.
+//! from the default SmolLM2 model. `--threads` (default: every core)
+//! quantize in parallel; the file is the same for any count.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -34,11 +35,12 @@ struct Args {
     layers: Option<usize>,
     tokenizer_from: Option<PathBuf>,
     check: bool,
+    threads: usize,
 }
 
 fn usage() -> String {
     format!(
-        "usage: synth_model --shape NAME --quant TYPE --out FILE [--seed N] [--layers N] [--tokenizer-from GGUF] [--check]\n  shapes: {}\n  quants: {}",
+        "usage: synth_model --shape NAME --quant TYPE --out FILE [--seed N] [--layers N] [--tokenizer-from GGUF] [--threads N] [--check]\n  shapes: {}\n  quants: {}",
         PRESETS.join(", "),
         QUANTS.join(", ")
     )
@@ -52,6 +54,7 @@ fn parse_args() -> Result<Args> {
     let mut layers = None;
     let mut tokenizer_from = None;
     let mut check = false;
+    let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         if flag == "-h" || flag == "--help" {
@@ -71,6 +74,7 @@ fn parse_args() -> Result<Args> {
             "--out" => out = Some(PathBuf::from(value)),
             "--seed" => seed = value.parse().map_err(|e| format!("--seed: {e}"))?,
             "--layers" => layers = Some(value.parse().map_err(|e| format!("--layers: {e}"))?),
+            "--threads" => threads = value.parse().map_err(|e| format!("--threads: {e}"))?,
             "--tokenizer-from" => tokenizer_from = Some(PathBuf::from(value)),
             other => return Err(format!("unknown flag {other}\n{}", usage()).into()),
         }
@@ -84,6 +88,7 @@ fn parse_args() -> Result<Args> {
         layers,
         tokenizer_from,
         check,
+        threads,
     })
 }
 
@@ -97,6 +102,7 @@ fn main() -> Result<()> {
         shape,
         quant: args.quant.parse()?,
         seed: args.seed,
+        threads: args.threads,
     };
     let tok_path = match args.tokenizer_from {
         Some(p) => p,
@@ -168,7 +174,9 @@ fn check(path: &std::path::Path, vocab: usize) -> Result<()> {
     )?;
     println!("loaded in {:.2} s", start.elapsed().as_secs_f64());
     // Any ids below the vocabulary do: speed does not depend on them.
-    let mut ids: Vec<u32> = (0..PREFILL).map(|i| ((1000 + 7 * i) % vocab) as u32).collect();
+    let mut ids: Vec<u32> = (0..PREFILL)
+        .map(|i| ((1000 + 7 * i) % vocab) as u32)
+        .collect();
     let slots: Vec<u32> = (0..(PREFILL + DECODE) as u32).collect();
     let mut step = |ids: &[u32], start_pos: usize| -> Result<u32> {
         let logits = m.model.forward(&[SeqChunk {

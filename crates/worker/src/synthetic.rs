@@ -72,6 +72,9 @@ pub enum SynthError {
     /// Quantizing a tensor failed.
     #[error("quantizing: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A generating thread panicked (a bug).
+    #[error("a thread generating weights panicked")]
+    Panicked,
 }
 
 /// Llama 3 long-context RoPE scaling (Hugging Face `rope_type: llama3`).
@@ -454,6 +457,10 @@ pub struct SynthSpec {
     /// Seeds every tensor's values (each tensor from its own stream, so a
     /// tensor's values do not depend on the others).
     pub seed: u64,
+    /// Threads generating and quantizing (1 or more; the file is the same
+    /// for any count). K-quants are slow to quantize: a 1B model takes
+    /// about a minute on one core.
+    pub threads: usize,
 }
 
 /// Reported after each tensor is written.
@@ -503,7 +510,14 @@ pub fn generate(
         .map_err(SynthError::from)
         .and_then(|f| {
             let mut w = BufWriter::with_capacity(1 << 20, f);
-            write_gguf(&mut w, &metadata, &tensors, spec.seed, &mut progress)?;
+            write_gguf(
+                &mut w,
+                &metadata,
+                &tensors,
+                spec.seed,
+                spec.threads,
+                &mut progress,
+            )?;
             w.into_inner().map_err(|e| e.into_error())?.sync_all()?;
             Ok(())
         });
@@ -679,6 +693,7 @@ fn write_gguf<W: Write>(
     metadata: &[(String, Value)],
     tensors: &[TensorSpec],
     seed: u64,
+    threads: usize,
     progress: &mut impl FnMut(&Progress<'_>),
 ) -> Result<(), SynthError> {
     let mut header = Vec::new();
@@ -712,7 +727,7 @@ fn write_gguf<W: Write>(
 
     let mut bytes_done = 0u64;
     for (i, t) in tensors.iter().enumerate() {
-        let written = write_tensor(w, t, seed)?;
+        let written = write_tensor(w, t, seed, threads)?;
         if written != t.bytes() {
             return Err(SynthError::InvalidShape(format!(
                 "`{}`: wrote {written} bytes, expected {}",
@@ -737,38 +752,75 @@ fn write_gguf<W: Write>(
     Ok(())
 }
 
-/// Generates, quantizes and writes one tensor, a chunk of whole rows at a
-/// time (quant blocks never span rows, so chunks concatenate exactly).
-fn write_tensor<W: Write>(w: &mut W, t: &TensorSpec, seed: u64) -> Result<u64, SynthError> {
-    let mut rng = StdRng::seed_from_u64(tensor_seed(seed, &t.name));
-    // Uniform on [-a, a] has standard deviation a / sqrt(3).
-    let a = WEIGHT_STD * 3f32.sqrt();
+/// Generates, quantizes and writes one tensor in chunks of whole rows
+/// (quant blocks never span rows, so chunks concatenate exactly), `threads`
+/// chunks at a time. Each chunk has its own random stream, so the file does
+/// not depend on the thread count.
+fn write_tensor<W: Write>(
+    w: &mut W,
+    t: &TensorSpec,
+    seed: u64,
+    threads: usize,
+) -> Result<u64, SynthError> {
+    let threads = threads.max(1);
     let rows_per_chunk = (CHUNK_ELEMS / t.cols).max(1);
-    let mut written = 0u64;
-    let mut row = 0;
-    while row < t.rows {
+    let n_chunks = t.rows.div_ceil(rows_per_chunk);
+    let base = tensor_seed(seed, &t.name);
+    let chunk = |c: usize| {
+        let row = c * rows_per_chunk;
         let rows = rows_per_chunk.min(t.rows - row);
-        let n = rows * t.cols;
-        let values: Vec<f32> = match &t.init {
-            Init::Random => (0..n).map(|_| rng.random_range(-a..a)).collect(),
-            Init::Ones => vec![1.0; n],
-            Init::Values(v) => v.clone(),
+        chunk_bytes(
+            t,
+            rows,
+            base ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        )
+    };
+    let chunk = &chunk;
+    let mut written = 0u64;
+    for first in (0..n_chunks).step_by(threads) {
+        let last = (first + threads).min(n_chunks);
+        let parts: Vec<Result<Vec<u8>, SynthError>> = if last - first == 1 {
+            vec![chunk(first)]
+        } else {
+            std::thread::scope(|s| {
+                let handles: Vec<_> = (first..last).map(|c| s.spawn(move || chunk(c))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or(Err(SynthError::Panicked)))
+                    .collect()
+            })
         };
-        if values.len() != n {
-            return Err(SynthError::InvalidShape(format!(
-                "`{}` has {} values for {n} elements",
-                t.name,
-                values.len()
-            )));
+        for part in parts {
+            let data = part?;
+            w.write_all(&data)?;
+            written += data.len() as u64;
         }
-        let chunk = Tensor::from_vec(values, (rows, t.cols), &Device::Cpu)?;
-        let q = QTensor::quantize(&chunk, t.dtype)?;
-        let data = q.data()?;
-        w.write_all(&data)?;
-        written += data.len() as u64;
-        row += rows;
     }
     Ok(written)
+}
+
+/// One chunk of `rows` rows of `t`, generated and quantized.
+fn chunk_bytes(t: &TensorSpec, rows: usize, seed: u64) -> Result<Vec<u8>, SynthError> {
+    let n = rows * t.cols;
+    let values: Vec<f32> = match &t.init {
+        Init::Random => {
+            let mut rng = StdRng::seed_from_u64(seed);
+            // Uniform on [-a, a] has standard deviation a / sqrt(3).
+            let a = WEIGHT_STD * 3f32.sqrt();
+            (0..n).map(|_| rng.random_range(-a..a)).collect()
+        }
+        Init::Ones => vec![1.0; n],
+        Init::Values(v) => v.clone(),
+    };
+    if values.len() != n {
+        return Err(SynthError::InvalidShape(format!(
+            "`{}` has {} values for {n} elements",
+            t.name,
+            values.len()
+        )));
+    }
+    let chunk = Tensor::from_vec(values, (rows, t.cols), &Device::Cpu)?;
+    Ok(QTensor::quantize(&chunk, t.dtype)?.data()?.into_owned())
 }
 
 /// A per-tensor seed: FNV-1a of the name mixed with the file's seed.

@@ -50,6 +50,7 @@ fn write(dir: &Path, shape: SynthShape, quant: &str, md: &HashMap<String, Value>
         shape,
         quant: quant.parse().unwrap(),
         seed: 7,
+        threads: 2,
     };
     let mut last = None;
     let summary = generate(&path, &spec, md, |p| last = Some(p.bytes_done)).unwrap();
@@ -360,4 +361,30 @@ fn a_smaller_vocabulary_loads() {
         .unwrap();
     assert_eq!(logits[0].len(), 32_000);
     assert!(logits[0].iter().all(|x| x.is_finite()));
+}
+
+/// The same seed gives the same bytes whatever the thread count (each chunk
+/// of rows has its own random stream); another seed gives other weights.
+#[test]
+fn files_depend_on_the_seed_not_on_the_thread_count() {
+    let md = source_metadata();
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = |seed: u64, threads: usize| {
+        let path = dir.path().join(format!("{seed}-{threads}.gguf"));
+        let spec = SynthSpec {
+            shape: SynthShape {
+                n_layers: 1,
+                ..tiny()
+            },
+            quant: Quant::Pure(GgmlDType::Q8_0),
+            seed,
+            threads,
+        };
+        generate(&path, &spec, &md, |_| {}).unwrap();
+        std::fs::read(&path).unwrap()
+    };
+    let one = bytes(1, 1);
+    assert_eq!(one, bytes(1, 3));
+    assert_ne!(one, bytes(2, 3));
+    assert!(!dir.path().join("1-1.gguf.partial").exists());
 }
