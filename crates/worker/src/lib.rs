@@ -16,6 +16,7 @@ pub mod procfs;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod synthetic;
 
 pub use engine::CacheBlock;
 pub use model::KvShape;
