@@ -33,6 +33,7 @@ fn options(kv_capacity: usize, device: String) -> LoadOptions {
         kv_capacity,
         threads: Some(1),
         device,
+        ..LoadOptions::default()
     }
 }
 

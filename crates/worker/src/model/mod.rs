@@ -158,6 +158,53 @@ pub struct LoadOptions {
     /// Device name as [`Device`] parses it: `cpu`, `cuda:N` (CUDA builds),
     /// or `auto`.
     pub device: String,
+    /// Element type of the K/V rows in the pool (CPU backend).
+    pub kv_dtype: KvDtype,
+}
+
+/// How the CPU backend stores K/V rows in its pool.
+///
+/// f16 halves the bytes per cached token (twice the tokens in the same
+/// memory) at the cost of rounding K and V to 11 significant bits; scores
+/// and sums stay f32. Transfers between workers always carry f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// 4 bytes per value: exactly what the projections produced.
+    #[default]
+    F32,
+    /// 2 bytes per value (IEEE half precision).
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes one stored K or V value takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            other => Err(format!("unknown KV dtype `{other}`: use f32 or f16")),
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+        })
+    }
 }
 
 impl Default for LoadOptions {
@@ -166,6 +213,7 @@ impl Default for LoadOptions {
             kv_capacity: DEFAULT_KV_TOKENS,
             threads: None,
             device: "cpu".to_string(),
+            kv_dtype: KvDtype::F32,
         }
     }
 }
