@@ -9,6 +9,7 @@ mod attention;
 mod candle_llama;
 mod chat;
 mod config;
+mod flash;
 mod gguf;
 mod kernels;
 mod kv;
@@ -139,8 +140,8 @@ impl KvShape {
     }
 }
 
-/// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V
-/// for the default model, committed only as slots are first written on the
+/// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V,
+/// 0.7 GiB of f16, for the default model, committed only as slots are first written on the
 /// CPU; allocated up front on a GPU).
 pub const DEFAULT_KV_TOKENS: usize = 32_768;
 
@@ -324,10 +325,11 @@ pub fn load_candle(
     })
 }
 
-/// K/V bytes one cached token takes in the pool (f32 K and V rows of every
-/// layer), read from a GGUF header without loading weights; for memory
-/// budgets. Safetensors directories are not read (an error).
-pub fn kv_bytes_per_token(path: &Path) -> Result<u64, ModelError> {
+/// K/V bytes one cached token takes in the CPU backend's pool (K and V rows
+/// of every layer in `dtype`), read from a GGUF header without loading
+/// weights; for memory budgets. Safetensors directories are not read (an
+/// error).
+pub fn kv_bytes_per_token(path: &Path, dtype: KvDtype) -> Result<u64, ModelError> {
     if path.is_dir() {
         return Err(ModelError::Format(format!(
             "{}: KV size is read from GGUF headers only",
@@ -335,7 +337,7 @@ pub fn kv_bytes_per_token(path: &Path) -> Result<u64, ModelError> {
         )));
     }
     let cfg = gguf::open(path)?.cfg;
-    Ok((cfg.n_layers * cfg.kv_dim() * 2 * std::mem::size_of::<f32>()) as u64)
+    Ok((cfg.n_layers * cfg.kv_dim() * 2 * dtype.bytes()) as u64)
 }
 
 /// The name a worker reports to the router for a model path: the file or
