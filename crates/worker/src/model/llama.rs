@@ -2,8 +2,9 @@
 //!
 //! One step runs every token of the batch (prefill chunks and decode tokens
 //! alike) through the projections and MLP as a single `[n_tokens, hidden]`
-//! matrix; only attention looks at sequences separately, each row reading
-//! its own sequence's slots from the pool. The LM head runs only on the last
+//! matrix; only attention looks at sequences separately: each chunk's keys
+//! are packed from its own sequence's slots in the pool and its rows attend
+//! to them block by block ([`flash`]). The LM head runs only on the last
 //! row of each chunk. Activations are plain f32 buffers; the matmuls and
 //! attention run on [`super::kernels`].
 
