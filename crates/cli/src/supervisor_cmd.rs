@@ -92,6 +92,7 @@ pub(crate) fn config(
         devices,
         budget: MemoryBudget { total },
         kv_tokens: engine.kv_tokens,
+        kv_dtype: engine.kv_dtype,
         exe: std::env::current_exe().context("finding the zinfer binary")?,
         worker_args: engine.to_args(threads),
         worker_env: vec![(

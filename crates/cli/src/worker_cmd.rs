@@ -35,6 +35,10 @@ pub(crate) struct EngineArgs {
     /// while a long prompt is processed.
     #[arg(long, default_value_t = 512, env = "ZINFER_PREFILL_CHUNK")]
     pub(crate) prefill_chunk: usize,
+    /// Element type of cached K/V on the CPU: `f32`, or `f16` for half the
+    /// memory per cached token, with K/V rounded to half precision.
+    #[arg(long, default_value_t = model::KvDtype::F32, env = "ZINFER_KV_DTYPE")]
+    pub(crate) kv_dtype: model::KvDtype,
 }
 
 impl EngineArgs {
@@ -49,6 +53,8 @@ impl EngineArgs {
             self.max_batch.to_string(),
             "--prefill-chunk".into(),
             self.prefill_chunk.to_string(),
+            "--kv-dtype".into(),
+            self.kv_dtype.to_string(),
         ]
     }
 }
@@ -139,6 +145,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
             kv_capacity: args.engine.kv_tokens,
             threads: Some(threads),
             device: device.clone(),
+            kv_dtype: args.engine.kv_dtype,
         },
     )
     .with_context(|| format!("loading {}", model_path.display()))?;

@@ -58,6 +58,8 @@ pub struct SupervisorConfig {
     /// KV pool tokens per worker, for the memory estimate (`worker_args`
     /// passes the flag on).
     pub kv_tokens: usize,
+    /// Element type of those tokens' K/V (`worker_args` passes the flag on).
+    pub kv_dtype: zinfer_worker::model::KvDtype,
     /// The `zinfer` binary.
     pub exe: PathBuf,
     /// Flags for every `zinfer worker` it starts (threads, batch, ...).
@@ -198,7 +200,7 @@ impl Supervisor {
             .map(|spec| {
                 (
                     spec.path.clone(),
-                    unmeasured_bytes(&spec.path, config.kv_tokens),
+                    unmeasured_bytes(&spec.path, config.kv_tokens, config.kv_dtype),
                 )
             })
             .collect();
@@ -214,11 +216,9 @@ impl Supervisor {
 
     /// Expected bytes of one more worker of `spec`.
     fn estimate(&self, spec: &ModelSpec) -> u64 {
-        let (file, kv) = self
-            .unmeasured
-            .get(&spec.path)
-            .copied()
-            .unwrap_or_else(|| unmeasured_bytes(&spec.path, self.config.kv_tokens));
+        let (file, kv) = self.unmeasured.get(&spec.path).copied().unwrap_or_else(|| {
+            unmeasured_bytes(&spec.path, self.config.kv_tokens, self.config.kv_dtype)
+        });
         worker_bytes(file, kv, self.measured.get(&spec.name).copied())
     }
 
@@ -432,8 +432,12 @@ impl Supervisor {
 
 /// A model's file bytes and its KV pool's bytes (0 when the header does
 /// not tell), the estimate before any worker of it ran.
-fn unmeasured_bytes(path: &Path, kv_tokens: usize) -> (u64, u64) {
-    let kv = zinfer_worker::model::kv_bytes_per_token(path)
+fn unmeasured_bytes(
+    path: &Path,
+    kv_tokens: usize,
+    kv_dtype: zinfer_worker::model::KvDtype,
+) -> (u64, u64) {
+    let kv = zinfer_worker::model::kv_bytes_per_token(path, kv_dtype)
         .map(|per_token| per_token * kv_tokens as u64)
         .unwrap_or(0);
     (model_bytes(path), kv)

@@ -1,7 +1,14 @@
 //! Engine throughput and latency through the public Engine API, on the
 //! default model: prefill of a 512-token prompt, decode with 1/4/8/16/64
 //! streams, TTFT of a 1,000-token prompt cold and with 950 tokens cached,
-//! and peak RSS. Run: `cargo bench -p zinfer-worker --bench engine`.
+//! long-prompt prefill rates (512 to 8,190 tokens) and peak RSS.
+//! Run: `cargo bench -p zinfer-worker --bench engine`.
+//!
+//! `ZINFER_BENCH` picks cases by name, comma-separated: `prefill`, `decode`,
+//! `ttft`, `long` (prefill rate at 512/1,024/2,048/4,096/8,190 tokens; not
+//! run by default, it takes minutes), `all`. Default: `prefill,decode,ttft`.
+//! `ZINFER_BENCH_LONG` overrides the long-prompt lengths (e.g. `512,4096`).
+//! `ZINFER_KV_DTYPE` (`f32` or `f16`) picks the KV pool element type.
 //! ZINFER_THREADS=1 keeps every kernel on the engine thread (steadier on
 //! shared cores); CANDLE_NUM_THREADS sizes candle's pool otherwise.
 //! ZINFER_DEVICE picks the device (`cpu`, or `cuda:0` in a CUDA build).
@@ -98,7 +105,7 @@ fn long_text() -> String {
         "markets",
         "trains",
     ];
-    (0..400)
+    (0..1200)
         .map(|i| {
             format!(
                 "Chapter {i} tells how the {} of the old town changed over {} years. ",
@@ -150,6 +157,14 @@ fn peak_rss_mib() -> Option<f64> {
     Some(kib / 1024.0)
 }
 
+/// Whether `ZINFER_BENCH` selects the case `name`.
+fn selected(name: &str) -> bool {
+    let cases = std::env::var("ZINFER_BENCH").unwrap_or_else(|_| "prefill,decode,ttft".into());
+    cases
+        .split(',')
+        .any(|c| c.trim() == name || c.trim() == "all")
+}
+
 fn main() {
     let path = test_model_path().unwrap();
     let load_start = Instant::now();
@@ -158,6 +173,10 @@ fn main() {
         .and_then(|v| v.parse().ok());
     let options = LoadOptions {
         threads,
+        kv_dtype: std::env::var("ZINFER_KV_DTYPE")
+            .ok()
+            .map(|v| v.parse().unwrap())
+            .unwrap_or_default(),
         device: std::env::var("ZINFER_DEVICE").unwrap_or_else(|_| "cpu".to_string()),
         ..LoadOptions::default()
     };
@@ -179,21 +198,28 @@ fn main() {
     let mut rows: Vec<(String, String)> = Vec::new();
 
     // Prefill: a cold 512-token prompt, one output token.
-    let prefill: Vec<f64> = (0..REPEATS)
-        .map(|_| {
-            handle.flush_cache(None);
-            let f = run(&handle, vec![tokens_request(&corpus[..512], 1)], rid);
-            rid += 1;
-            512.0 / f[0].timings.prefill_s
-        })
-        .collect();
-    rows.push((
-        "prefill, 512-token prompt".into(),
-        format!("{:.0} tok/s", median(prefill)),
-    ));
+    if selected("prefill") {
+        let prefill: Vec<f64> = (0..REPEATS)
+            .map(|_| {
+                handle.flush_cache(None);
+                let f = run(&handle, vec![tokens_request(&corpus[..512], 1)], rid);
+                rid += 1;
+                512.0 / f[0].timings.prefill_s
+            })
+            .collect();
+        rows.push((
+            "prefill, 512-token prompt".into(),
+            format!("{:.0} tok/s", median(prefill)),
+        ));
+    }
 
     // Decode: N streams with distinct short prompts, generated together.
-    for streams in [1usize, 4, 8, 16, 64] {
+    let decode_streams: &[usize] = if selected("decode") {
+        &[1, 4, 8, 16, 64]
+    } else {
+        &[]
+    };
+    for &streams in decode_streams {
         let mut rates = Vec::new();
         let mut per_stream = Vec::new();
         let mut generated = 0;
@@ -229,29 +255,61 @@ fn main() {
     }
 
     // TTFT of a 1,000-token prompt: cold, then with its first 950 cached.
-    let prompt = &corpus[..1000];
-    let mut cold = Vec::new();
-    let mut warm = Vec::new();
-    let mut cached = 0;
-    for _ in 0..REPEATS {
-        handle.flush_cache(None);
-        let f = run(&handle, vec![tokens_request(prompt, 1)], rid);
-        cold.push(f[0].timings.ttft_s);
-        handle.flush_cache(None);
-        let _ = run(&handle, vec![tokens_request(&prompt[..950], 1)], rid + 1);
-        let f = run(&handle, vec![tokens_request(prompt, 1)], rid + 2);
-        cached = f[0].usage.cached_tokens;
-        warm.push(f[0].timings.ttft_s);
-        rid += 3;
+    if selected("ttft") {
+        let prompt = &corpus[..1000];
+        let mut cold = Vec::new();
+        let mut warm = Vec::new();
+        let mut cached = 0;
+        for _ in 0..REPEATS {
+            handle.flush_cache(None);
+            let f = run(&handle, vec![tokens_request(prompt, 1)], rid);
+            cold.push(f[0].timings.ttft_s);
+            handle.flush_cache(None);
+            let _ = run(&handle, vec![tokens_request(&prompt[..950], 1)], rid + 1);
+            let f = run(&handle, vec![tokens_request(prompt, 1)], rid + 2);
+            cached = f[0].usage.cached_tokens;
+            warm.push(f[0].timings.ttft_s);
+            rid += 3;
+        }
+        rows.push((
+            "TTFT, 1,000-token prompt, cold".into(),
+            format!("{:.0} ms", median(cold) * 1e3),
+        ));
+        rows.push((
+            format!("TTFT, 1,000-token prompt, {cached} cached"),
+            format!("{:.1} ms", median(warm) * 1e3),
+        ));
     }
-    rows.push((
-        "TTFT, 1,000-token prompt, cold".into(),
-        format!("{:.0} ms", median(cold) * 1e3),
-    ));
-    rows.push((
-        format!("TTFT, 1,000-token prompt, {cached} cached"),
-        format!("{:.1} ms", median(warm) * 1e3),
-    ));
+
+    // Long prompts: prefill rate of a cold prompt of each length, and its
+    // ratio to the 512-token rate (attention grows with the square of the
+    // length, the matmuls linearly).
+    if selected("long") {
+        let lengths: Vec<usize> = std::env::var("ZINFER_BENCH_LONG")
+            .ok()
+            .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![512, 1024, 2048, 4096, 8190]);
+        let mut base = None;
+        for len in lengths {
+            assert!(corpus.len() >= len, "corpus has {} tokens", corpus.len());
+            // One run for the slow lengths keeps the case within minutes.
+            let repeats = if len > 2048 { 1 } else { REPEATS };
+            let rates: Vec<f64> = (0..repeats)
+                .map(|_| {
+                    handle.flush_cache(None);
+                    let f = run(&handle, vec![tokens_request(&corpus[..len], 1)], rid);
+                    rid += 1;
+                    len as f64 / f[0].timings.prefill_s
+                })
+                .collect();
+            let rate = median(rates);
+            let base = *base.get_or_insert(rate);
+            rows.push((
+                format!("prefill rate, {len}-token prompt ({repeats} run(s))"),
+                format!("{rate:.0} tok/s ({:.2}x the first length)", rate / base),
+            ));
+        }
+    }
     let stats = handle.stats();
     rows.push((
         "peak RSS (VmHWM)".into(),

@@ -80,6 +80,11 @@ fn main() {
         &LoadOptions {
             kv_capacity: capacity,
             threads,
+            // ZINFER_KV_DTYPE (`f32` or `f16`) picks the KV pool element type.
+            kv_dtype: std::env::var("ZINFER_KV_DTYPE")
+                .ok()
+                .map(|v| v.parse().unwrap())
+                .unwrap_or_default(),
             ..LoadOptions::default()
         },
     )

@@ -33,6 +33,7 @@ fn options(kv_capacity: usize, device: String) -> LoadOptions {
         kv_capacity,
         threads: Some(1),
         device,
+        ..LoadOptions::default()
     }
 }
 
@@ -89,7 +90,11 @@ fn round_trip(m: &mut LoadedModel) {
     m.model.write_kv(&there[..n - 1], &kv).unwrap();
     assert_eq!(m.model.read_kv(&there[..n - 1]).unwrap(), kv);
     let from_copy = step(m, &ids, &there, n - 1);
-    assert!(max_abs_diff(&direct, &from_copy) < 1e-3);
+    assert!(
+        max_abs_diff(&direct, &from_copy) < 1e-3,
+        "{}",
+        max_abs_diff(&direct, &from_copy)
+    );
     assert_eq!(argmax(&direct), argmax(&from_copy));
     // Bad input is an error, never a panic, and changes nothing.
     let capacity = m.model.kv_capacity() as u32;

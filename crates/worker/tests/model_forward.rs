@@ -7,7 +7,7 @@ use std::path::Path;
 
 use candle_core::quantized::GgmlDType;
 use zinfer_worker::fetch::test_model_path;
-use zinfer_worker::model::{LoadOptions, LoadedModel, SeqChunk, load};
+use zinfer_worker::model::{KvDtype, LoadOptions, LoadedModel, SeqChunk, load};
 
 mod support;
 use support::{
@@ -92,6 +92,50 @@ fn last_logits_agree_with_candle_quantized_llama_on_quantized_weights() {
     let (a, b) = (top_k(&ours, 5), top_k(&reference, 5));
     let shared = a.iter().filter(|i| b.contains(i)).count();
     assert!(shared >= 4, "top-5 {a:?} vs {b:?}");
+}
+
+/// An f16 KV pool rounds K and V to 11 significant bits. With float
+/// weights that is the only difference from the f32 pool, so the logits
+/// stay close; on the shipped Q4_1 file the 8-bit activations amplify it
+/// as in the test above, so the check is the top tokens.
+#[test]
+fn an_f16_kv_pool_gives_nearly_the_logits_of_f32() {
+    let path = test_model_path().unwrap();
+    let ids = prompt_ids(&load_default(8));
+    let logits = |gguf: &Path, kv_dtype: KvDtype| {
+        let options = LoadOptions {
+            kv_capacity: 256,
+            kv_dtype,
+            ..LoadOptions::default()
+        };
+        one_shot(&mut load(gguf, &options).unwrap(), &ids)
+    };
+    let f16_weights = write_converted(
+        &path,
+        &[GgmlDType::Q4_1, GgmlDType::Q8_0],
+        GgmlDType::F16,
+        "f16-kv",
+    );
+    let (a, b) = (
+        logits(&f16_weights, KvDtype::F32),
+        logits(&f16_weights, KvDtype::F16),
+    );
+    let _ = std::fs::remove_file(&f16_weights);
+    let diff = max_abs_diff(&a, &b);
+    eprintln!("float weights: max |f16 KV - f32 KV| = {diff}");
+    assert!(diff < 0.05, "float weights: max |f16 KV - f32 KV| = {diff}");
+    assert_eq!(argmax(&a), argmax(&b));
+
+    let (a, b) = (logits(&path, KvDtype::F32), logits(&path, KvDtype::F16));
+    let diff = max_abs_diff(&a, &b);
+    eprintln!("Q4_1: max |f16 KV - f32 KV| = {diff}");
+    assert!(diff < QUANT_TOL, "Q4_1: max |f16 KV - f32 KV| = {diff}");
+    assert_eq!(argmax(&a), argmax(&b));
+    let (ta, tb) = (top_k(&a, 5), top_k(&b, 5));
+    assert!(
+        ta.iter().filter(|i| tb.contains(i)).count() >= 4,
+        "top-5 {ta:?} vs {tb:?}"
+    );
 }
 
 #[test]

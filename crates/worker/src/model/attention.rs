@@ -9,6 +9,7 @@
 use std::sync::Mutex;
 
 use super::kernels;
+use super::kv::KvElem;
 
 /// Head layout of the attention.
 #[derive(Clone, Copy, Debug)]
@@ -23,13 +24,15 @@ pub(crate) struct HeadShape {
 
 /// Computes `out[r] = softmax(q[r] K^T / sqrt(d)) V` for every row `r`, where
 /// K and V are the pool rows at `keys[r]` (the slots row `r` may attend to).
+/// Rows with no keys are left alone (the blocked kernel in [`super::flash`]
+/// computes them).
 ///
 /// `q` and `out` are `[rows, n_heads * head_dim]`; the pools are
 /// `[slots, n_kv_heads * head_dim]`.
-pub(crate) fn attend(
+pub(crate) fn attend<T: KvElem>(
     q: &[f32],
-    k_pool: &[f32],
-    v_pool: &[f32],
+    k_pool: &[T],
+    v_pool: &[T],
     keys: &[&[u32]],
     shape: HeadShape,
     out: &mut [f32],
@@ -41,6 +44,9 @@ pub(crate) fn attend(
     kernels::run_units(keys.len(), macs, parallel, |range| {
         let mut scores = Vec::new();
         for r in range {
+            if keys[r].is_empty() {
+                continue;
+            }
             // Each row index is handed to exactly one thread, so the lock is uncontended.
             let mut o = out_rows[r].lock().unwrap_or_else(|e| e.into_inner());
             let q_row = &q[r * row_len..(r + 1) * row_len];
@@ -51,10 +57,10 @@ pub(crate) fn attend(
 
 /// One query row against its keys; inlined into each SIMD build in [`kernels`].
 #[inline(always)]
-pub(crate) fn attend_row_impl(
+pub(crate) fn attend_row_impl<T: KvElem>(
     q: &[f32],
-    k_pool: &[f32],
-    v_pool: &[f32],
+    k_pool: &[T],
+    v_pool: &[T],
     keys: &[u32],
     shape: HeadShape,
     scores: &mut Vec<f32>,
@@ -65,14 +71,16 @@ pub(crate) fn attend_row_impl(
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = 1.0 / (d as f32).sqrt();
     let n = keys.len();
-    scores.resize(group * n, 0.0);
+    // Scores, then one row of room to convert an f16 K or V row into.
+    scores.resize(group * n + d, 0.0);
+    let (scores, row_buf) = scores.split_at_mut(group * n);
     // The query heads of one KV head read each K and V row once together.
     for g in 0..shape.n_kv_heads {
         let kv_off = g * d;
         let heads = g * group..(g + 1) * group;
         for (j, &slot) in keys.iter().enumerate() {
             let at = slot as usize * kv_dim + kv_off;
-            let k_row = &k_pool[at..at + d];
+            let k_row = as_f32_row(&k_pool[at..at + d], row_buf);
             for (hh, h) in heads.clone().enumerate() {
                 scores[hh * n + j] = dot(&q[h * d..(h + 1) * d], k_row) * scale;
             }
@@ -90,7 +98,7 @@ pub(crate) fn attend_row_impl(
         }
         for (j, &slot) in keys.iter().enumerate() {
             let at = slot as usize * kv_dim + kv_off;
-            let v_row = &v_pool[at..at + d];
+            let v_row = as_f32_row(&v_pool[at..at + d], row_buf);
             for (hh, h) in heads.clone().enumerate() {
                 axpy(scores[hh * n + j], v_row, &mut out[h * d..(h + 1) * d]);
             }
@@ -101,6 +109,18 @@ pub(crate) fn attend_row_impl(
                 .copied()
                 .unwrap_or_else(|| 1.0 / sum(&scores[hh * n..(hh + 1) * n]));
             out[h * d..(h + 1) * d].iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+}
+
+/// A pool row as f32: the row itself for an f32 pool, else converted into `buf`.
+#[inline(always)]
+fn as_f32_row<'a, T: KvElem>(row: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
+    match T::as_f32(row) {
+        Some(r) => r,
+        None => {
+            T::load(row, buf);
+            buf
         }
     }
 }
@@ -209,7 +229,7 @@ mod tests {
         let slots: Vec<u32> = (0..rows as u32).map(|i| 37 - 7 * i).collect();
         let keys: Vec<&[u32]> = (0..rows).map(|r| &slots[..=r]).collect();
         let mut out = vec![0f32; rows * qd];
-        attend(&q, &k, &v, &keys, shape, &mut out, true);
+        attend(&q, &k[..], &v[..], &keys, shape, &mut out, true);
         for r in 0..rows {
             for h in 0..6 {
                 let g = h / 3;

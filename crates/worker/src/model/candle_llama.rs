@@ -365,7 +365,8 @@ impl ForwardModel for CandleLlama {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let plan = StepPlan::build(batch, &self.cfg, self.capacity)?;
+        // candle runs its own attention: every row keeps its key list.
+        let plan = StepPlan::build(batch, &self.cfg, self.capacity, usize::MAX)?;
         let n = plan.ids.len();
         let (h, kvh, d) = (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim);
         let (kv_dim, eps) = (self.cfg.kv_dim(), self.cfg.rms_eps);

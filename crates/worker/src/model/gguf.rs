@@ -25,7 +25,7 @@ pub(crate) fn load(
         reader: &mut file.reader,
     };
     let weights = weights(&mut gguf, &file.cfg)?;
-    let model = Llama::new(file.cfg, weights, options.kv_capacity, options.threads)?;
+    let model = Llama::new(file.cfg, weights, options)?;
     Ok((model, file.tokenizer))
 }
 

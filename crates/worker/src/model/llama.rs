@@ -2,16 +2,26 @@
 //!
 //! One step runs every token of the batch (prefill chunks and decode tokens
 //! alike) through the projections and MLP as a single `[n_tokens, hidden]`
-//! matrix; only attention looks at sequences separately, each row reading
-//! its own sequence's slots from the pool. The LM head runs only on the last
+//! matrix; only attention looks at sequences separately: each chunk's keys
+//! are packed from its own sequence's slots in the pool and its rows attend
+//! to them block by block ([`flash`]). The LM head runs only on the last
 //! row of each chunk. Activations are plain f32 buffers; the matmuls and
 //! attention run on [`super::kernels`].
 
 use super::attention::{HeadShape, attend};
+use super::flash::{self, ChunkRows, FlashScratch};
 use super::kernels;
-use super::kv::KvPool;
+use super::kv::{KvElem, KvPool, LayerView};
 use super::linear::{Embedding, Linear, Workspace};
-use super::{ForwardModel, KvShape, LlamaConfig, ModelError, SeqChunk};
+use super::{ForwardModel, KvShape, LlamaConfig, LoadOptions, ModelError, SeqChunk};
+
+/// Chunks of at least this many rows run on the blocked attention kernel
+/// ([`flash`]). One: decode tokens too, because a row's result must not
+/// depend on how its sequence was chunked (a prefix served from the cache
+/// or imported from another worker gives the same tokens as a cold run),
+/// and the two kernels round differently. The per-row kernel remains for
+/// head shapes the blocked one does not take.
+const BLOCKED_MIN_ROWS: usize = 1;
 
 /// One transformer block's weights, by their GGUF names.
 #[derive(Debug)]
@@ -46,6 +56,7 @@ pub struct Llama {
     sin: Vec<f32>,
     kv: KvPool,
     ws: Workspace,
+    flash: FlashScratch,
 }
 
 /// Row bookkeeping for one step, built from the batch before any compute.
@@ -53,8 +64,11 @@ pub(crate) struct StepPlan<'a> {
     pub(crate) ids: Vec<u32>,
     pub(crate) positions: Vec<usize>,
     pub(crate) new_slots: Vec<u32>,
-    /// For each row, the slots it attends to (its sequence up to itself).
+    /// For each row, the slots it attends to (its sequence up to itself);
+    /// empty for rows of `blocked` chunks.
     pub(crate) keys: Vec<&'a [u32]>,
+    /// Chunks whose attention runs on the blocked kernel.
+    pub(crate) blocked: Vec<ChunkRows<'a>>,
     /// Index of each chunk's last row.
     pub(crate) last_rows: Vec<usize>,
 }
@@ -65,6 +79,7 @@ impl<'a> StepPlan<'a> {
         batch: &[SeqChunk<'a>],
         cfg: &LlamaConfig,
         kv_capacity: usize,
+        blocked_min_rows: usize,
     ) -> Result<Self, ModelError> {
         let n: usize = batch.iter().map(|c| c.tokens.len()).sum();
         let mut plan = Self {
@@ -72,6 +87,7 @@ impl<'a> StepPlan<'a> {
             positions: Vec::with_capacity(n),
             new_slots: Vec::with_capacity(n),
             keys: Vec::with_capacity(n),
+            blocked: Vec::new(),
             last_rows: Vec::with_capacity(batch.len()),
         };
         for (i, c) in batch.iter().enumerate() {
@@ -103,12 +119,21 @@ impl<'a> StepPlan<'a> {
                     kv_capacity
                 ));
             }
+            let blocked = c.tokens.len() >= blocked_min_rows;
+            if blocked {
+                plan.blocked.push(ChunkRows {
+                    first_row: plan.ids.len(),
+                    len: c.tokens.len(),
+                    start_pos: c.start_pos,
+                    slots: &c.slots[..end],
+                });
+            }
             for (j, &t) in c.tokens.iter().enumerate() {
                 let pos = c.start_pos + j;
                 plan.ids.push(t);
                 plan.positions.push(pos);
                 plan.new_slots.push(c.slots[pos]);
-                plan.keys.push(&c.slots[..=pos]);
+                plan.keys.push(if blocked { &[] } else { &c.slots[..=pos] });
             }
             plan.last_rows.push(plan.ids.len() - 1);
         }
@@ -117,23 +142,29 @@ impl<'a> StepPlan<'a> {
 }
 
 impl Llama {
+    /// A model with a KV pool of `options.kv_capacity` slots of `options.kv_dtype`.
     pub(crate) fn new(
         cfg: LlamaConfig,
         w: Weights,
-        kv_capacity: usize,
-        threads: Option<usize>,
+        options: &LoadOptions,
     ) -> Result<Self, ModelError> {
         cfg.validate().map_err(ModelError::Format)?;
         check_shapes(&cfg, &w)?;
         let (cos, sin) = cfg.rope_tables();
-        let kv = KvPool::new(cfg.n_layers, kv_capacity, cfg.kv_dim())?;
+        let kv = KvPool::new(
+            cfg.n_layers,
+            options.kv_capacity,
+            cfg.kv_dim(),
+            options.kv_dtype,
+        )?;
         Ok(Self {
             cfg,
             w,
             cos,
             sin,
             kv,
-            ws: Workspace::new(threads),
+            ws: Workspace::new(options.threads),
+            flash: FlashScratch::default(),
         })
     }
 
@@ -148,15 +179,16 @@ impl ForwardModel for Llama {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let plan = StepPlan::build(batch, &self.cfg, self.kv.capacity())?;
+        let blocked_min_rows = if flash::supports(shape(&self.cfg)) {
+            BLOCKED_MIN_ROWS
+        } else {
+            usize::MAX
+        };
+        let plan = StepPlan::build(batch, &self.cfg, self.kv.capacity(), blocked_min_rows)?;
         let n = plan.ids.len();
         let (hidden, kv_dim, ffn) = (self.cfg.hidden, self.cfg.kv_dim(), self.cfg.ffn);
         let q_dim = self.cfg.n_heads * self.cfg.head_dim;
-        let shape = HeadShape {
-            n_heads: self.cfg.n_heads,
-            n_kv_heads: self.cfg.n_kv_heads,
-            head_dim: self.cfg.head_dim,
-        };
+        let shape = shape(&self.cfg);
         let eps = self.cfg.rms_eps;
 
         let mut x = vec![0f32; n * hidden];
@@ -187,16 +219,14 @@ impl ForwardModel for Llama {
                 &plan.positions,
             );
             self.kv.write(layer, &plan.new_slots, &k, &v);
-            let (k_pool, v_pool) = self.kv.layer(layer);
-            attend(
-                &q,
-                k_pool,
-                v_pool,
-                &plan.keys,
-                shape,
-                &mut attn,
-                ws.parallel,
-            );
+            match self.kv.layer(layer) {
+                LayerView::F32(kp, vp) => {
+                    attention(&q, kp, vp, &plan, shape, &mut attn, &mut self.flash, ws)
+                }
+                LayerView::F16(kp, vp) => {
+                    attention(&q, kp, vp, &plan, shape, &mut attn, &mut self.flash, ws)
+                }
+            }
             b.attn_output.forward(&attn, n, &mut tmp, ws)?;
             add(&mut x, &tmp);
 
@@ -247,16 +277,9 @@ impl ForwardModel for Llama {
     fn read_kv(&self, slots: &[u32]) -> Result<Vec<f32>, ModelError> {
         let shape = self.kv_shape();
         shape.check(slots, self.kv.capacity(), None)?;
-        let d = shape.kv_dim;
         let mut out = Vec::with_capacity(shape.floats_for(slots.len()).unwrap_or(0));
         for layer in 0..shape.layers {
-            let (k, v) = self.kv.layer(layer);
-            for pool in [k, v] {
-                for &slot in slots {
-                    let at = slot as usize * d;
-                    out.extend_from_slice(&pool[at..at + d]);
-                }
-            }
+            self.kv.read_f32(layer, slots, &mut out);
         }
         Ok(out)
     }
@@ -270,6 +293,46 @@ impl ForwardModel for Llama {
             self.kv.write(layer, slots, k, v);
         }
         Ok(())
+    }
+}
+
+fn shape(cfg: &LlamaConfig) -> HeadShape {
+    HeadShape {
+        n_heads: cfg.n_heads,
+        n_kv_heads: cfg.n_kv_heads,
+        head_dim: cfg.head_dim,
+    }
+}
+
+/// Attention of every row of the step: blocked chunks on [`flash`], the
+/// other rows (decode tokens, short chunks) on the per-row kernel.
+#[allow(clippy::too_many_arguments)]
+fn attention<T: KvElem>(
+    q: &[f32],
+    k_pool: &[T],
+    v_pool: &[T],
+    plan: &StepPlan<'_>,
+    shape: HeadShape,
+    out: &mut [f32],
+    scratch: &mut FlashScratch,
+    ws: &Workspace,
+) {
+    let unit = kernels::flash_unit();
+    for &chunk in &plan.blocked {
+        flash::attend_chunk(
+            q,
+            k_pool,
+            v_pool,
+            chunk,
+            shape,
+            out,
+            scratch,
+            ws.parallel,
+            unit,
+        );
+    }
+    if plan.blocked.len() < plan.last_rows.len() {
+        attend(q, k_pool, v_pool, &plan.keys, shape, out, ws.parallel);
     }
 }
 

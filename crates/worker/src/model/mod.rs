@@ -9,6 +9,7 @@ mod attention;
 mod candle_llama;
 mod chat;
 mod config;
+mod flash;
 mod gguf;
 mod kernels;
 mod kv;
@@ -139,8 +140,8 @@ impl KvShape {
     }
 }
 
-/// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V
-/// for the default model, committed only as slots are first written on the
+/// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V,
+/// 0.7 GiB of f16, for the default model, committed only as slots are first written on the
 /// CPU; allocated up front on a GPU).
 pub const DEFAULT_KV_TOKENS: usize = 32_768;
 
@@ -158,6 +159,53 @@ pub struct LoadOptions {
     /// Device name as [`Device`] parses it: `cpu`, `cuda:N` (CUDA builds),
     /// or `auto`.
     pub device: String,
+    /// Element type of the K/V rows in the pool (CPU backend).
+    pub kv_dtype: KvDtype,
+}
+
+/// How the CPU backend stores K/V rows in its pool.
+///
+/// f16 halves the bytes per cached token (twice the tokens in the same
+/// memory) at the cost of rounding K and V to 11 significant bits; scores
+/// and sums stay f32. Transfers between workers always carry f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// 4 bytes per value: exactly what the projections produced.
+    #[default]
+    F32,
+    /// 2 bytes per value (IEEE half precision).
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes one stored K or V value takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            other => Err(format!("unknown KV dtype `{other}`: use f32 or f16")),
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+        })
+    }
 }
 
 impl Default for LoadOptions {
@@ -166,6 +214,7 @@ impl Default for LoadOptions {
             kv_capacity: DEFAULT_KV_TOKENS,
             threads: None,
             device: "cpu".to_string(),
+            kv_dtype: KvDtype::F32,
         }
     }
 }
@@ -276,10 +325,11 @@ pub fn load_candle(
     })
 }
 
-/// K/V bytes one cached token takes in the pool (f32 K and V rows of every
-/// layer), read from a GGUF header without loading weights; for memory
-/// budgets. Safetensors directories are not read (an error).
-pub fn kv_bytes_per_token(path: &Path) -> Result<u64, ModelError> {
+/// K/V bytes one cached token takes in the CPU backend's pool (K and V rows
+/// of every layer in `dtype`), read from a GGUF header without loading
+/// weights; for memory budgets. Safetensors directories are not read (an
+/// error).
+pub fn kv_bytes_per_token(path: &Path, dtype: KvDtype) -> Result<u64, ModelError> {
     if path.is_dir() {
         return Err(ModelError::Format(format!(
             "{}: KV size is read from GGUF headers only",
@@ -287,7 +337,7 @@ pub fn kv_bytes_per_token(path: &Path) -> Result<u64, ModelError> {
         )));
     }
     let cfg = gguf::open(path)?.cfg;
-    Ok((cfg.n_layers * cfg.kv_dim() * 2 * std::mem::size_of::<f32>()) as u64)
+    Ok((cfg.n_layers * cfg.kv_dim() * 2 * dtype.bytes()) as u64)
 }
 
 /// The name a worker reports to the router for a model path: the file or

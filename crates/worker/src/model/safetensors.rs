@@ -102,10 +102,7 @@ pub(crate) fn load(
     let tokenizer = ModelTokenizer::from_hf_dir(dir, &eos)?;
     let mut tensors = read_tensors(dir)?;
     let weights = weights(&mut tensors, &cfg, hf.tie_word_embeddings)?;
-    Ok((
-        Llama::new(cfg, weights, options.kv_capacity, options.threads)?,
-        tokenizer,
-    ))
+    Ok((Llama::new(cfg, weights, options)?, tokenizer))
 }
 
 fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, ModelError> {

@@ -21,6 +21,8 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::attention::{HeadShape, attend_row_impl, exp_nonpositive};
+use super::flash;
+use super::kv::KvElem;
 use super::tiled;
 
 /// Values per quantization block.
@@ -537,10 +539,10 @@ fn silu_mul_impl(gate: &mut [f32], up: &[f32]) {
 }
 
 /// Runs one attention row with the widest vector unit available.
-pub(crate) fn attend_row(
+pub(crate) fn attend_row<T: KvElem>(
     q: &[f32],
-    k_pool: &[f32],
-    v_pool: &[f32],
+    k_pool: &[T],
+    v_pool: &[T],
     keys: &[u32],
     shape: HeadShape,
     scores: &mut Vec<f32>,
@@ -558,6 +560,16 @@ pub(crate) fn attend_row(
     }
     #[cfg(not(target_arch = "x86_64"))]
     attend_row_impl(q, k_pool, v_pool, keys, shape, scores, out);
+}
+
+/// The blocked attention unit ([`flash::unit_impl`]) built for the widest
+/// vector unit available.
+pub(crate) fn flash_unit() -> flash::UnitFn {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        return x86::flash_unit_avx2;
+    }
+    flash::unit_portable
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -3,7 +3,8 @@
 
 use std::arch::x86_64::*;
 
-use super::{HeadShape, Q8Acts, QK, QKind, TileOut, attend_row_impl};
+use super::flash::{BK, Micro, UnitBuf, UnitJob, unit_impl};
+use super::{HeadShape, KvElem, Q8Acts, QK, QKind, TileOut, attend_row_impl};
 
 /// `sum_j w[j] * a[j]` in eight i32 lanes, `w` unsigned bytes, `a` signed.
 trait Dot {
@@ -214,10 +215,10 @@ pub(super) unsafe fn quantize_avx2(x: &[f32], q: &mut [i8], d: &mut [f32], s: &m
 }
 
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-pub(super) unsafe fn attend_row_avx512(
+pub(super) unsafe fn attend_row_avx512<T: KvElem>(
     q: &[f32],
-    k_pool: &[f32],
-    v_pool: &[f32],
+    k_pool: &[T],
+    v_pool: &[T],
     keys: &[u32],
     shape: HeadShape,
     scores: &mut Vec<f32>,
@@ -232,14 +233,127 @@ pub(super) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
 }
 
 #[target_feature(enable = "avx2,fma")]
-pub(super) unsafe fn attend_row_avx2(
+pub(super) unsafe fn attend_row_avx2<T: KvElem>(
     q: &[f32],
-    k_pool: &[f32],
-    v_pool: &[f32],
+    k_pool: &[T],
+    v_pool: &[T],
     keys: &[u32],
     shape: HeadShape,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     attend_row_impl(q, k_pool, v_pool, keys, shape, scores, out);
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn flash_unit_avx2_tf(job: &UnitJob<'_>, buf: &mut UnitBuf) {
+    // Three query vectors per pass: one row of a 3-way GQA group, and 12
+    // of the 16 ymm registers as accumulators.
+    // SAFETY: this function's target features are the ones Avx2Micro uses.
+    unsafe { unit_impl::<Avx2Micro, 3>(job, buf) }
+}
+
+/// [`unit_impl`] for AVX2; only handed out after the CPU check in `flash_unit`.
+pub(super) fn flash_unit_avx2(job: &UnitJob<'_>, buf: &mut UnitBuf) {
+    assert_ne!(super::level(), super::Level::Scalar);
+    // SAFETY: every level above scalar has AVX2 and FMA (checked above).
+    unsafe { flash_unit_avx2_tf(job, buf) }
+}
+
+/// The blocked attention's inner loops in AVX2 + FMA.
+struct Avx2Micro;
+
+impl Micro for Avx2Micro {
+    /// 32 keys (4 vectors) per pass, `R` query vectors broadcast one column at a time.
+    #[inline(always)]
+    // Indexes spell out which register each FMA reads and writes.
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]) {
+        const KV: usize = 4;
+        assert!(q.len() >= R * d && kt.len() >= d * BK && BK.is_multiple_of(8 * KV));
+        // SAFETY: loads stay within kt[..d * BK] and q[..R * d] (asserted),
+        // stores within s; the caller vouches for AVX2 and FMA.
+        unsafe {
+            let (qp, kp) = (q.as_ptr(), kt.as_ptr());
+            for k0 in (0..BK).step_by(8 * KV) {
+                let mut acc = [[_mm256_setzero_ps(); KV]; R];
+                for c in 0..d {
+                    // R broadcasts, then one key vector at a time: R + 1 + R * KV registers.
+                    let row = kp.add(c * BK + k0);
+                    let qv: [__m256; R] =
+                        std::array::from_fn(|r| _mm256_broadcast_ss(&*qp.add(r * d + c)));
+                    for x in 0..KV {
+                        let kv = _mm256_loadu_ps(row.add(8 * x));
+                        for r in 0..R {
+                            acc[r][x] = _mm256_fmadd_ps(qv[r], kv, acc[r][x]);
+                        }
+                    }
+                }
+                for (sr, acc_r) in s.iter_mut().zip(&acc) {
+                    for (x, a) in acc_r.iter().enumerate() {
+                        _mm256_storeu_ps(sr.as_mut_ptr().add(k0 + 8 * x), *a);
+                    }
+                }
+            }
+        }
+    }
+
+    /// 32 output columns (4 vectors) per pass when `d` allows, else 8.
+    #[inline(always)]
+    unsafe fn pv<const R: usize>(
+        p: &[[f32; BK]; R],
+        v: &[f32],
+        d: usize,
+        n: usize,
+        acc: &mut [f32],
+    ) {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            if d.is_multiple_of(32) {
+                pv_cols::<R, 4>(p, v, d, n, acc);
+            } else {
+                pv_cols::<R, 1>(p, v, d, n, acc);
+            }
+        }
+    }
+}
+
+/// [`Avx2Micro::pv`] on `8 * CV` output columns at a time.
+#[inline(always)]
+// Indexes spell out which register each FMA reads and writes.
+#[allow(clippy::needless_range_loop)]
+unsafe fn pv_cols<const R: usize, const CV: usize>(
+    p: &[[f32; BK]; R],
+    v: &[f32],
+    d: usize,
+    n: usize,
+    acc: &mut [f32],
+) {
+    assert!(n <= BK && v.len() >= n * d && acc.len() >= R * d && d.is_multiple_of(8 * CV));
+    // SAFETY: loads stay within v[..n * d], loads and stores within
+    // acc[..R * d] (asserted); the caller vouches for AVX2 and FMA.
+    unsafe {
+        let (vp, ap) = (v.as_ptr(), acc.as_mut_ptr());
+        for c0 in (0..d).step_by(8 * CV) {
+            let mut a: [[__m256; CV]; R] = std::array::from_fn(|r| {
+                std::array::from_fn(|x| _mm256_loadu_ps(ap.add(r * d + c0 + 8 * x)))
+            });
+            for j in 0..n {
+                // R broadcasts, then one value vector at a time: R + 1 + R * CV registers.
+                let row = vp.add(j * d + c0);
+                let pj: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(p[r][j]));
+                for x in 0..CV {
+                    let vv = _mm256_loadu_ps(row.add(8 * x));
+                    for r in 0..R {
+                        a[r][x] = _mm256_fmadd_ps(pj[r], vv, a[r][x]);
+                    }
+                }
+            }
+            for (r, ar) in a.iter().enumerate() {
+                for (x, o) in ar.iter().enumerate() {
+                    _mm256_storeu_ps(ap.add(r * d + c0 + 8 * x), *o);
+                }
+            }
+        }
+    }
 }

@@ -1,0 +1,603 @@
+//! Blocked (flash-style) attention for multi-token chunks of one sequence.
+//!
+//! The row kernel in [`super::attention`] reads every key of a row's prefix
+//! by slot, once per query row: a prefill chunk of `n` rows over `p` keys
+//! gathers `n * p` scattered K and V rows and keeps a `p`-long score row
+//! per head. Here the chunk's keys are first packed once per KV head into
+//! contiguous blocks of [`BK`] keys (K transposed, so one key block's scores
+//! are broadcast-FMAs over whole vectors), then every unit of work (one KV
+//! head, [`BR`] query rows, all the query heads of that KV head's group)
+//! walks the blocks with an online softmax: a running max and sum per query
+//! vector, the accumulated V rescaled when the max grows. Scores never
+//! outlive one block, so the working set stays in cache at any length.
+//!
+//! The inner loops ([`Micro`]) are AVX2 intrinsics where the CPU has them
+//! (in [`super::kernels`], chosen at run time), plain Rust otherwise.
+//! `unsafe` here only carries that choice: [`Micro`] methods may need
+//! instructions the build does not assume.
+#![allow(unsafe_code)]
+
+use std::sync::Mutex;
+
+use super::attention::{HeadShape, exp_nonpositive};
+use super::kv::KvElem;
+
+/// Keys per block.
+pub(crate) const BK: usize = 64;
+/// Query rows (each with all heads of one KV group) per unit of work.
+const BR: usize = 32;
+
+/// The rows of one sequence's chunk in a step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkRows<'a> {
+    /// Index of the chunk's first row in the step's `q` / `out`.
+    pub(crate) first_row: usize,
+    /// Rows in the chunk.
+    pub(crate) len: usize,
+    /// Position of the first row (keys before it are the cached prefix).
+    pub(crate) start_pos: usize,
+    /// Slots of positions `0..start_pos + len`.
+    pub(crate) slots: &'a [u32],
+}
+
+/// Whether the blocked kernel handles this head width: whole vectors of 16.
+pub(crate) fn supports(shape: HeadShape) -> bool {
+    shape.head_dim.is_multiple_of(16) && shape.n_heads.is_multiple_of(shape.n_kv_heads)
+}
+
+/// Packed keys and values of one chunk, reused between layers.
+#[derive(Debug, Default)]
+pub(crate) struct FlashScratch {
+    /// `[kv_head][block][d][BK]`: K transposed per block, zero past the last key.
+    kt: Vec<f32>,
+    /// `[kv_head][block * BK + j][d]`: V rows, zero past the last key.
+    v: Vec<f32>,
+}
+
+/// `out[r] = softmax(q[r] K^T / sqrt(d)) V` for the rows of `chunk`, each
+/// attending to the keys at positions `0..=` its own.
+///
+/// `q` and `out` are `[step_rows, n_heads * d]`; the pools are
+/// `[slots, n_kv_heads * d]`. `unit` is the SIMD build of [`unit_impl`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_chunk<T: KvElem>(
+    q: &[f32],
+    k_pool: &[T],
+    v_pool: &[T],
+    chunk: ChunkRows<'_>,
+    shape: HeadShape,
+    out: &mut [f32],
+    scratch: &mut FlashScratch,
+    parallel: bool,
+    unit: UnitFn,
+) {
+    let d = shape.head_dim;
+    let (n_kv, q_len) = (shape.n_kv_heads, shape.n_heads * d);
+    let kv_dim = n_kv * d;
+    let n_keys = chunk.start_pos + chunk.len;
+    assert!(chunk.slots.len() >= n_keys && supports(shape));
+    assert!(q.len() >= (chunk.first_row + chunk.len) * q_len);
+    assert!(out.len() >= (chunk.first_row + chunk.len) * q_len);
+    let blocks = n_keys.div_ceil(BK);
+    let block_len = BK * d;
+    scratch.kt.resize(n_kv * blocks * block_len, 0.0);
+    scratch.v.resize(n_kv * blocks * block_len, 0.0);
+
+    // Pack: one unit per (KV head, key block).
+    {
+        let kt_parts: Vec<Mutex<&mut [f32]>> =
+            scratch.kt.chunks_mut(block_len).map(Mutex::new).collect();
+        let v_parts: Vec<Mutex<&mut [f32]>> =
+            scratch.v.chunks_mut(block_len).map(Mutex::new).collect();
+        let copies = n_kv * n_keys * d * 2;
+        super::kernels::run_units(n_kv * blocks, copies * 8, parallel, |range| {
+            let mut row = vec![0f32; d];
+            for u in range {
+                let (g, b) = (u / blocks, u % blocks);
+                // Each part is handed to exactly one unit: the locks are uncontended.
+                let mut kt = kt_parts[u].lock().unwrap_or_else(|e| e.into_inner());
+                let mut v = v_parts[u].lock().unwrap_or_else(|e| e.into_inner());
+                let keys = &chunk.slots[b * BK..n_keys.min((b + 1) * BK)];
+                for (j, &slot) in keys.iter().enumerate() {
+                    let at = slot as usize * kv_dim + g * d;
+                    T::load(&k_pool[at..at + d], &mut row);
+                    for (c, &x) in row.iter().enumerate() {
+                        kt[c * BK + j] = x;
+                    }
+                    T::load(&v_pool[at..at + d], &mut v[j * d..(j + 1) * d]);
+                }
+                for j in keys.len()..BK {
+                    for c in 0..d {
+                        kt[c * BK + j] = 0.0;
+                    }
+                    v[j * d..(j + 1) * d].fill(0.0);
+                }
+            }
+        });
+    }
+
+    // Attend: one unit per (KV head, block of BR rows), the latest rows
+    // (the most keys) first so the tail of the parallel region is short.
+    let row_blocks = chunk.len.div_ceil(BR);
+    let out_rows: Vec<Mutex<&mut [f32]>> = out[chunk.first_row * q_len..]
+        .chunks_mut(q_len)
+        .take(chunk.len)
+        .map(Mutex::new)
+        .collect();
+    let macs = n_keys * chunk.len * q_len * 2;
+    let (kt, v) = (&scratch.kt[..], &scratch.v[..]);
+    super::kernels::run_units(n_kv * row_blocks, macs, parallel, |range| {
+        let mut buf = UnitBuf::default();
+        for u in range {
+            let (rb, g) = (row_blocks - 1 - u / n_kv, u % n_kv);
+            let rows = rb * BR..chunk.len.min((rb + 1) * BR);
+            let head_blocks = g * blocks * block_len..(g + 1) * blocks * block_len;
+            let job = UnitJob {
+                q: &q[(chunk.first_row + rows.start) * q_len..(chunk.first_row + rows.end) * q_len],
+                kt: &kt[head_blocks.clone()],
+                v: &v[head_blocks],
+                shape,
+                kv_head: g,
+                rows: rows.len(),
+                first_pos: chunk.start_pos + rows.start,
+            };
+            unit(&job, &mut buf);
+            let group = shape.n_heads / n_kv;
+            for (i, r) in rows.enumerate() {
+                // Each unit writes only its own heads of a row; locks are held briefly.
+                let mut o = out_rows[r].lock().unwrap_or_else(|e| e.into_inner());
+                let heads = g * group * d..(g + 1) * group * d;
+                o[heads].copy_from_slice(&buf.out[i * group * d..(i + 1) * group * d]);
+            }
+        }
+    });
+}
+
+/// One unit's inputs: `rows` query rows (all heads) and one KV head's packed blocks.
+pub(crate) struct UnitJob<'a> {
+    q: &'a [f32],
+    kt: &'a [f32],
+    v: &'a [f32],
+    shape: HeadShape,
+    kv_head: usize,
+    rows: usize,
+    first_pos: usize,
+}
+
+/// Per-thread buffers of a unit; `out` holds its result `[rows][group][d]`.
+#[derive(Default)]
+pub(crate) struct UnitBuf {
+    q: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    out: Vec<f32>,
+}
+
+/// A SIMD build of [`unit_impl`].
+pub(crate) type UnitFn = fn(&UnitJob<'_>, &mut UnitBuf);
+
+/// The inner loops of a unit: scores of `R` query vectors against one key
+/// block, and their weighted sum of the block's values.
+pub(crate) trait Micro {
+    /// `s[r][j] = q[r] . k_j` for the `BK` keys of a transposed block `kt` `[d][BK]`.
+    ///
+    /// # Safety
+    /// The CPU must have the instructions the implementation uses.
+    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]);
+
+    /// `acc[r] += sum_j p[r][j] * v_j` over the first `n` keys of a block `v` `[BK][d]`.
+    ///
+    /// # Safety
+    /// As for [`Micro::qk`].
+    unsafe fn pv<const R: usize>(
+        p: &[[f32; BK]; R],
+        v: &[f32],
+        d: usize,
+        n: usize,
+        acc: &mut [f32],
+    );
+}
+
+/// Plain Rust loops; vectorized as far as the compiler manages.
+pub(crate) struct Portable;
+
+impl Micro for Portable {
+    #[inline(always)]
+    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]) {
+        assert!(q.len() >= R * d && kt.len() >= d * BK);
+        let mut acc = [[0f32; BK]; R];
+        for c in 0..d {
+            let k = &kt[c * BK..(c + 1) * BK];
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let qv = q[r * d + c];
+                for (a, &kv) in acc_r.iter_mut().zip(k) {
+                    *a += qv * kv;
+                }
+            }
+        }
+        *s = acc;
+    }
+
+    #[inline(always)]
+    unsafe fn pv<const R: usize>(
+        p: &[[f32; BK]; R],
+        v: &[f32],
+        d: usize,
+        n: usize,
+        acc: &mut [f32],
+    ) {
+        assert!(n <= BK && v.len() >= n * d && acc.len() >= R * d);
+        for (r, pr) in p.iter().enumerate() {
+            let out = &mut acc[r * d..(r + 1) * d];
+            for (j, &pj) in pr.iter().enumerate().take(n) {
+                for (o, &x) in out.iter_mut().zip(&v[j * d..(j + 1) * d]) {
+                    *o += pj * x;
+                }
+            }
+        }
+    }
+}
+
+/// Attention of one unit's query vectors over every key block they may see,
+/// `R` query vectors per pass over a block.
+///
+/// # Safety
+/// The CPU must have the instructions `M` uses.
+#[inline(always)]
+pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf: &mut UnitBuf) {
+    let d = job.shape.head_dim;
+    let group = job.shape.n_heads / job.shape.n_kv_heads;
+    let nq = job.rows * group;
+    let scale = 1.0 / (d as f32).sqrt();
+    // Query vectors in order (row, head of the group), pre-scaled.
+    buf.q.clear();
+    for r in 0..job.rows {
+        let heads = job.kv_head * group * d..(job.kv_head + 1) * group * d;
+        let row = &job.q[r * job.shape.n_heads * d..][heads];
+        buf.q.extend(row.iter().map(|x| x * scale));
+    }
+    buf.m.clear();
+    buf.m.resize(nq, f32::NEG_INFINITY);
+    buf.l.clear();
+    buf.l.resize(nq, 0.0);
+    buf.out.clear();
+    buf.out.resize(nq * d, 0.0);
+
+    let block_len = BK * d;
+    let last_pos = job.first_pos + job.rows - 1;
+    let blocks = last_pos / BK + 1;
+    assert!(job.kt.len() >= blocks * block_len && job.v.len() >= blocks * block_len);
+    let mut p = [[0f32; BK]; R];
+    for b in 0..blocks {
+        let kt = &job.kt[b * block_len..(b + 1) * block_len];
+        let v = &job.v[b * block_len..(b + 1) * block_len];
+        let first_key = b * BK;
+        let mut i = 0;
+        while i < nq {
+            let take = R.min(nq - i);
+            // Keys of this block that vector i + t may see (causal mask).
+            let mut valid = [0usize; R];
+            for (t, vt) in valid.iter_mut().enumerate().take(take) {
+                let pos = job.first_pos + (i + t) / group;
+                *vt = (pos + 1).saturating_sub(first_key).min(BK);
+            }
+            let most = valid.iter().copied().max().unwrap_or(0);
+            if most > 0 {
+                let q = &buf.q[i * d..(i + take) * d];
+                if take == R {
+                    // SAFETY: the caller vouches for M's instructions.
+                    unsafe { M::qk::<R>(q, d, kt, &mut p) };
+                } else {
+                    for t in 0..take {
+                        let mut one = [[0f32; BK]; 1];
+                        // SAFETY: as above.
+                        unsafe { M::qk::<1>(&q[t * d..(t + 1) * d], d, kt, &mut one) };
+                        p[t] = one[0];
+                    }
+                }
+                for t in 0..take {
+                    softmax_step(
+                        &mut p[t],
+                        valid[t],
+                        &mut buf.m[i + t],
+                        &mut buf.l[i + t],
+                        &mut buf.out[(i + t) * d..(i + t + 1) * d],
+                    );
+                }
+                let out = &mut buf.out[i * d..(i + take) * d];
+                if take == R {
+                    // SAFETY: as above.
+                    unsafe { M::pv::<R>(&p, v, d, most, out) };
+                } else {
+                    for t in 0..take {
+                        let one = [p[t]; 1];
+                        let o = &mut out[t * d..(t + 1) * d];
+                        // SAFETY: as above.
+                        unsafe { M::pv::<1>(&one, v, d, most, o) };
+                    }
+                }
+            }
+            i += take;
+        }
+    }
+    for (o, &l) in buf.out.chunks_exact_mut(d).zip(&buf.l) {
+        let inv = 1.0 / l;
+        o.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// [`unit_impl`] on [`Portable`] loops, for CPUs without AVX2.
+pub(crate) fn unit_portable(job: &UnitJob<'_>, buf: &mut UnitBuf) {
+    // SAFETY: Portable uses no instructions beyond the build's baseline.
+    unsafe { unit_impl::<Portable, 1>(job, buf) }
+}
+
+/// Online softmax over one block: turns scores `s[..valid]` into weights
+/// relative to the new running max (zero past `valid`), and rescales the
+/// running sum `l` and output `acc` when the max grew. Straight loops over
+/// the whole block so that they vectorize.
+#[inline(always)]
+fn softmax_step(s: &mut [f32; BK], valid: usize, m: &mut f32, l: &mut f32, acc: &mut [f32]) {
+    if valid == 0 {
+        s.fill(0.0);
+        return;
+    }
+    s[valid..].fill(f32::NEG_INFINITY);
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for c in s.chunks_exact(8) {
+        for (a, &x) in lanes.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    let block_max = lanes.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let new_max = m.max(block_max);
+    for x in s.iter_mut() {
+        *x = exp_nonpositive(*x - new_max);
+    }
+    s[valid..].fill(0.0);
+    let mut sums = [0f32; 8];
+    for c in s.chunks_exact(8) {
+        for (a, &x) in sums.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    let block_sum: f32 = sums.iter().sum();
+    if new_max > *m {
+        // The first block has m = -inf: the factor is ~0 on an empty sum and output.
+        let factor = exp_nonpositive(*m - new_max);
+        *l *= factor;
+        acc.iter_mut().for_each(|x| *x *= factor);
+        *m = new_max;
+    }
+    *l += block_sum;
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::*;
+
+    fn random(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Plain f64 softmax attention of row `r` (position `pos`) over `slots[..=pos]`.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        slots: &[u32],
+        shape: HeadShape,
+        r: usize,
+        pos: usize,
+    ) -> Vec<f64> {
+        let d = shape.head_dim;
+        let (qd, kvd) = (shape.n_heads * d, shape.n_kv_heads * d);
+        let group = shape.n_heads / shape.n_kv_heads;
+        let mut out = vec![0f64; qd];
+        for h in 0..shape.n_heads {
+            let g = h / group;
+            let s: Vec<f64> = slots[..=pos]
+                .iter()
+                .map(|&slot| {
+                    (0..d)
+                        .map(|c| {
+                            f64::from(q[r * qd + h * d + c])
+                                * f64::from(k[slot as usize * kvd + g * d + c])
+                        })
+                        .sum::<f64>()
+                        / (d as f64).sqrt()
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::MIN, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for c in 0..d {
+                out[h * d + c] = slots[..=pos]
+                    .iter()
+                    .zip(&s)
+                    .map(|(&slot, x)| {
+                        (x - m).exp() / z * f64::from(v[slot as usize * kvd + g * d + c])
+                    })
+                    .sum();
+            }
+        }
+        out
+    }
+
+    /// Runs one chunk of `len` rows after `start` cached positions through
+    /// every SIMD build and compares with [`reference`].
+    fn check(shape: HeadShape, start: usize, len: usize, parallel: bool) {
+        let d = shape.head_dim;
+        let (qd, kvd) = (shape.n_heads * d, shape.n_kv_heads * d);
+        let n_keys = start + len;
+        let pool = n_keys + 17;
+        let (k, v) = (random(pool * kvd, 2), random(pool * kvd, 3));
+        // Scattered, non-monotonic slots, as a pool shared by many sequences has.
+        let slots: Vec<u32> = (0..n_keys)
+            .map(|i| ((i * 7919 + 5) % pool) as u32)
+            .collect();
+        let mut seen = slots.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), n_keys, "slots must be distinct");
+        // Two rows of another sequence before the chunk in the step.
+        let first_row = 2;
+        let q = random((first_row + len) * qd, 1);
+        let chunk = ChunkRows {
+            first_row,
+            len,
+            start_pos: start,
+            slots: &slots,
+        };
+        let units: Vec<(&str, UnitFn)> = vec![
+            ("portable", unit_portable),
+            ("best", super::super::kernels::flash_unit()),
+        ];
+        for (name, unit) in units {
+            let mut out = vec![7f32; (first_row + len) * qd];
+            let mut scratch = FlashScratch::default();
+            attend_chunk(
+                &q,
+                &k,
+                &v,
+                chunk,
+                shape,
+                &mut out,
+                &mut scratch,
+                parallel,
+                unit,
+            );
+            assert!(
+                out[..first_row * qd].iter().all(|&x| x == 7.0),
+                "{name}: wrote other rows"
+            );
+            for i in 0..len {
+                let want = reference(&q, &k, &v, &slots, shape, first_row + i, start + i);
+                let got = &out[(first_row + i) * qd..(first_row + i + 1) * qd];
+                for (c, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(g) - w).abs() < 2e-5,
+                        "{name} start {start} len {len} row {i} col {c}: {g} vs {w}"
+                    );
+                }
+            }
+            // The f16 pool: the same, with K/V rounded to half precision first.
+            let (k16, v16): (Vec<f16>, Vec<f16>) = (
+                k.iter().map(|&x| f16::from_f32(x)).collect(),
+                v.iter().map(|&x| f16::from_f32(x)).collect(),
+            );
+            let (kr, vr): (Vec<f32>, Vec<f32>) = (
+                k16.iter().map(|x| x.to_f32()).collect(),
+                v16.iter().map(|x| x.to_f32()).collect(),
+            );
+            let mut out16 = vec![0f32; (first_row + len) * qd];
+            attend_chunk(
+                &q,
+                &k16,
+                &v16,
+                chunk,
+                shape,
+                &mut out16,
+                &mut scratch,
+                parallel,
+                unit,
+            );
+            let i = len - 1;
+            let want = reference(&q, &kr, &vr, &slots, shape, first_row + i, start + i);
+            for (&g, &w) in out16[(first_row + i) * qd..].iter().zip(&want) {
+                assert!((f64::from(g) - w).abs() < 2e-5, "{name} f16: {g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn matches_reference_attention() {
+        let gqa = HeadShape {
+            n_heads: 6,
+            n_kv_heads: 2,
+            head_dim: 64,
+        };
+        // Lengths around the block sizes (BK = 64 keys, BR = 32 rows), from
+        // position 0 and after a cached prefix that ends mid-block.
+        for (start, len) in [
+            (0, 8),
+            (0, 63),
+            (0, 64),
+            (0, 65),
+            (0, 130),
+            (37, 50),
+            (100, 33),
+        ] {
+            check(gqa, start, len, false);
+        }
+        check(gqa, 950, 50, true);
+        // One query head per KV head, and a head width that is not a multiple of 64.
+        let mha = HeadShape {
+            n_heads: 2,
+            n_kv_heads: 2,
+            head_dim: 48,
+        };
+        check(mha, 5, 70, true);
+        // Three query heads per KV head (the default model's grouping).
+        let smol = HeadShape {
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+        };
+        check(smol, 129, 40, true);
+    }
+
+    /// A row's output does not depend on how its sequence was chunked:
+    /// the same bits in a long chunk, a short one, or alone (decode), so a
+    /// cached or imported prefix gives exactly the tokens of a cold run.
+    #[test]
+    fn rows_are_independent_of_chunking() {
+        let shape = HeadShape {
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+        };
+        let (qd, kvd) = (9 * 64, 3 * 64);
+        let n = 150;
+        let (k, v) = (random(n * kvd, 5), random(n * kvd, 6));
+        let q = random(n * qd, 4);
+        let slots: Vec<u32> = (0..n as u32).rev().collect();
+        let unit = super::super::kernels::flash_unit();
+        let mut scratch = FlashScratch::default();
+        let mut run = |start: usize, len: usize| {
+            let mut out = vec![0f32; n * qd];
+            let chunk = ChunkRows {
+                first_row: start,
+                len,
+                start_pos: start,
+                slots: &slots[..start + len],
+            };
+            attend_chunk(&q, &k, &v, chunk, shape, &mut out, &mut scratch, true, unit);
+            out[(start + len - 1) * qd..(start + len) * qd].to_vec()
+        };
+        let whole = run(0, n);
+        assert_eq!(run(100, 50), whole);
+        assert_eq!(run(n - 1, 1), whole);
+    }
+
+    #[test]
+    fn supports_whole_vectors_only() {
+        let shape = |n_heads, n_kv_heads, head_dim| HeadShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        };
+        assert!(supports(shape(9, 3, 64)));
+        assert!(supports(shape(32, 8, 128)));
+        assert!(!supports(shape(9, 3, 40)));
+        assert!(!supports(shape(9, 2, 64)));
+    }
+}
