@@ -188,16 +188,7 @@ fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn random(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-            })
-            .collect()
-    }
+    use crate::model::test_data::random;
 
     #[test]
     fn fast_exp_is_accurate() {
@@ -224,8 +215,8 @@ mod tests {
         };
         let (rows, pool) = (5, 40);
         let (qd, kvd) = (6 * 16, 2 * 16);
-        let q = random(rows * qd, 1);
-        let (k, v) = (random(pool * kvd, 2), random(pool * kvd, 3));
+        let q = random(rows * qd, 1, 2.0);
+        let (k, v) = (random(pool * kvd, 2, 2.0), random(pool * kvd, 3, 2.0));
         let slots: Vec<u32> = (0..rows as u32).map(|i| 37 - 7 * i).collect();
         let keys: Vec<&[u32]> = (0..rows).map(|r| &slots[..=r]).collect();
         let mut out = vec![0f32; rows * qd];

@@ -377,16 +377,7 @@ mod tests {
     use half::f16;
 
     use super::*;
-
-    fn random(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                (s >> 8) as f32 / (1u32 << 24) as f32 * 4.0 - 2.0
-            })
-            .collect()
-    }
+    use crate::model::test_data::random;
 
     /// Plain f64 softmax attention of row `r` (position `pos`) over `slots[..=pos]`.
     #[allow(clippy::too_many_arguments)]
@@ -439,7 +430,7 @@ mod tests {
         let (qd, kvd) = (shape.n_heads * d, shape.n_kv_heads * d);
         let n_keys = start + len;
         let pool = n_keys + 17;
-        let (k, v) = (random(pool * kvd, 2), random(pool * kvd, 3));
+        let (k, v) = (random(pool * kvd, 2, 2.0), random(pool * kvd, 3, 2.0));
         // Scattered, non-monotonic slots, as a pool shared by many sequences has.
         let slots: Vec<u32> = (0..n_keys)
             .map(|i| ((i * 7919 + 5) % pool) as u32)
@@ -450,7 +441,7 @@ mod tests {
         assert_eq!(seen.len(), n_keys, "slots must be distinct");
         // Two rows of another sequence before the chunk in the step.
         let first_row = 2;
-        let q = random((first_row + len) * qd, 1);
+        let q = random((first_row + len) * qd, 1, 2.0);
         let chunk = ChunkRows {
             first_row,
             len,
@@ -567,8 +558,8 @@ mod tests {
         };
         let (qd, kvd) = (9 * 64, 3 * 64);
         let n = 150;
-        let (k, v) = (random(n * kvd, 5), random(n * kvd, 6));
-        let q = random(n * qd, 4);
+        let (k, v) = (random(n * kvd, 5, 2.0), random(n * kvd, 6, 2.0));
+        let q = random(n * qd, 4, 2.0);
         let slots: Vec<u32> = (0..n as u32).rev().collect();
         let unit = super::super::kernels::flash_unit();
         let mut scratch = FlashScratch::default();

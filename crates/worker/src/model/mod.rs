@@ -16,6 +16,8 @@ mod kv;
 mod linear;
 mod llama;
 mod safetensors;
+#[cfg(test)]
+mod test_data;
 mod tiled;
 mod tokenizer;
 

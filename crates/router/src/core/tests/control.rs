@@ -54,6 +54,27 @@ impl Harness {
         );
     }
 
+    /// The supervisor reports `worker`'s process killed.
+    fn killed(&mut self, worker: &str) {
+        self.supervisor_says(&SupervisorToRouter::WorkerExited {
+            worker_id: worker.into(),
+            status: "signal: 9 (SIGKILL)".into(),
+        });
+    }
+
+    /// Scales model `m` to one worker, kills it once it is ready, and
+    /// returns (the killed worker, the spawned replacements).
+    fn kill_the_only_worker(&mut self) -> (Spawned, Vec<Spawned>) {
+        self.supervisor_status(&[]);
+        self.control_request("admin", &scale(1));
+        let started = spawns(&self.sent());
+        self.ready_as(&started[0].id, None);
+        self.sent();
+        self.killed(&started[0].id);
+        self.advance(1);
+        (started[0].clone(), spawns(&self.sent()))
+    }
+
     fn state_of(&mut self, worker: &str) -> Option<WorkerState> {
         let AdminReply::Workers { workers } = self.admin(&AdminRequest::Workers {}) else {
             panic!("expected workers");
@@ -304,35 +325,15 @@ fn park_and_resume() {
 #[test]
 fn a_lost_worker_of_a_scaled_model_is_replaced() {
     let mut h = Harness::new(config(Policy::RoundRobin));
-    h.supervisor_status(&[]);
-    h.control_request("admin", &scale(1));
-    let started = spawns(&h.sent());
-    h.ready_as(&started[0].id, None);
-    h.sent();
-    h.supervisor_says(&SupervisorToRouter::WorkerExited {
-        worker_id: started[0].id.clone(),
-        status: "signal: 9 (SIGKILL)".into(),
-    });
-    h.advance(1);
-    let again = spawns(&h.sent());
+    let (killed, again) = h.kill_the_only_worker();
     assert_eq!(again.len(), 1, "the count is kept");
-    assert_ne!(again[0].id, started[0].id, "a fresh id");
+    assert_ne!(again[0].id, killed.id, "a fresh id");
 }
 
 #[test]
 fn requests_wait_for_a_replacement_instead_of_failing() {
     let mut h = Harness::new(config(Policy::RoundRobin));
-    h.supervisor_status(&[]);
-    h.control_request("admin", &scale(1));
-    let started = spawns(&h.sent());
-    h.ready_as(&started[0].id, None);
-    h.sent();
-    h.supervisor_says(&SupervisorToRouter::WorkerExited {
-        worker_id: started[0].id.clone(),
-        status: "signal: 9 (SIGKILL)".into(),
-    });
-    h.advance(1);
-    let replacement = spawns(&h.sent());
+    let (_, replacement) = h.kill_the_only_worker();
     assert_eq!(replacement.len(), 1);
 
     h.generate("c", prompt("held", "x"));
@@ -353,17 +354,11 @@ fn requests_wait_for_a_replacement_instead_of_failing() {
 
     // With the replacement gone too and nothing starting, a held request
     // fails (retryable) rather than waiting for the backoff.
-    h.supervisor_says(&SupervisorToRouter::WorkerExited {
-        worker_id: replacement[0].id.clone(),
-        status: "signal: 9 (SIGKILL)".into(),
-    });
+    h.killed(&replacement[0].id);
     h.advance(1);
     let next = spawns(&h.sent());
     h.generate("c", prompt("held-2", "x"));
-    h.supervisor_says(&SupervisorToRouter::WorkerExited {
-        worker_id: next[0].id.clone(),
-        status: "signal: 9 (SIGKILL)".into(),
-    });
+    h.killed(&next[0].id);
     let errors: Vec<ErrorCode> = h
         .sent()
         .into_iter()
@@ -381,22 +376,11 @@ fn requests_wait_for_a_replacement_instead_of_failing() {
 #[test]
 fn a_replacement_killed_while_it_loads_is_retried_after_the_backoff() {
     let mut h = Harness::new(config(Policy::RoundRobin));
-    h.supervisor_status(&[]);
-    h.control_request("admin", &scale(1));
-    let started = spawns(&h.sent());
-    h.ready_as(&started[0].id, None);
-    h.sent();
-    let exited = |id: &str| SupervisorToRouter::WorkerExited {
-        worker_id: id.into(),
-        status: "signal: 9 (SIGKILL)".into(),
-    };
-    h.supervisor_says(&exited(&started[0].id));
-    h.advance(1);
-    let replacement = spawns(&h.sent());
+    let (_, replacement) = h.kill_the_only_worker();
     assert_eq!(replacement.len(), 1);
     // The replacement dies before it registers: a failed spawn, with no
     // scale operation waiting on it.
-    h.supervisor_says(&exited(&replacement[0].id));
+    h.killed(&replacement[0].id);
     h.advance(500);
     h.supervisor_status(&[]);
     assert!(spawns(&h.sent()).is_empty(), "the backoff holds the retry");

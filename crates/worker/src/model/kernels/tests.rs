@@ -1,21 +1,12 @@
 //! The kernels against a plain f64 product of the dequantized weights.
 
 use super::*;
-
-fn random(n: usize, seed: u32) -> Vec<f32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (s >> 8) as f32 / (1u32 << 24) as f32 * 2.0 - 1.0
-        })
-        .collect()
-}
+use crate::model::test_data::random;
 
 /// Raw ggml Q4_1 blocks with varied scales and nibbles.
 fn q4_1_blocks(rows: usize, cols: usize) -> Vec<u8> {
     let mut data = Vec::new();
-    let vals = random(rows * cols / 2, 7);
+    let vals = random(rows * cols / 2, 7, 1.0);
     for (b, chunk) in vals.chunks(16).enumerate() {
         data.extend_from_slice(&half::f16::from_f32(0.01 + b as f32 * 1e-4).to_le_bytes());
         data.extend_from_slice(&half::f16::from_f32(-0.07).to_le_bytes());
@@ -27,7 +18,7 @@ fn q4_1_blocks(rows: usize, cols: usize) -> Vec<u8> {
 /// Raw ggml Q8_0 blocks.
 fn q8_0_blocks(rows: usize, cols: usize) -> Vec<u8> {
     let mut data = Vec::new();
-    for (b, chunk) in random(rows * cols, 3).chunks(32).enumerate() {
+    for (b, chunk) in random(rows * cols, 3, 1.0).chunks(32).enumerate() {
         data.extend_from_slice(&half::f16::from_f32(0.002 + b as f32 * 1e-5).to_le_bytes());
         data.extend(chunk.iter().map(|v| (v * 127.0) as i8 as u8));
     }
@@ -65,7 +56,7 @@ fn matmuls_agree_with_dequantized_reference() {
     assert_eq!(all.iter().any(|w| w.tiled), level() == Level::Avx512Vnni);
     for w in all {
         for m in [1, 2, 3, 4, 7] {
-            let x = random(m * w.cols(), 11 + m as u32);
+            let x = random(m * w.cols(), 11 + m as u32, 1.0);
             let mut dense = vec![0f32; w.rows() * w.cols()];
             for r in 0..w.rows() {
                 w.dequantize_row(r, &mut dense[r * w.cols()..(r + 1) * w.cols()]);
@@ -119,7 +110,7 @@ fn matmuls_agree_with_dequantized_reference() {
 #[test]
 fn silu_matches_the_definition() {
     let g: Vec<f32> = (-2000..2000).map(|i| i as f32 * 0.05).collect();
-    let u = random(g.len(), 5);
+    let u = random(g.len(), 5, 1.0);
     let mut out = g.clone();
     silu_mul(&mut out, &u);
     for ((&x, &y), &o) in g.iter().zip(&u).zip(&out) {
