@@ -679,9 +679,14 @@ fn garbage_frames_at_load_lose_no_valid_request() {
          {rss_after_warmup} KiB after {GARBAGE_WARMUP}, {rss_at_end} KiB at the end",
         start.elapsed()
     );
+    // Flat means no growth with the frame count: 5%, but at least 2 MiB,
+    // since the allocator alone moves a ~20 MiB process by a MiB or so
+    // while the 8 streams come and go.
+    let allowed = (rss_after_warmup / 20).max(2048);
     assert!(
-        rss_at_end as f64 <= rss_after_warmup as f64 * 1.05,
-        "router RSS grew more than 5% under garbage: {rss_after_warmup} -> {rss_at_end} KiB"
+        rss_at_end <= rss_after_warmup + allowed,
+        "router RSS grew more than {allowed} KiB under garbage: {rss_after_warmup} -> \
+         {rss_at_end} KiB"
     );
     for streamer in streamers {
         streamer
