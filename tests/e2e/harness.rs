@@ -90,6 +90,28 @@ impl RouterEndpoints {
     }
 }
 
+/// A seeded xorshift generator: the tests' randomness replays from its seed
+/// (which must not be 0).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> usize {
+        (self.next() % n) as usize
+    }
+
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        (0..len).map(|_| self.next() as u8).collect()
+    }
+}
+
 /// A child process killed when dropped.
 pub struct Proc {
     pub child: Child,

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use zinfer_protocol::{ClientReply, ClientRequest, ErrorCode, WorkerState};
 
-use crate::harness::{self, Cluster};
+use crate::harness::{self, Cluster, Rng};
 
 /// User plus system CPU time of process `pid` so far, from /proc/PID/stat.
 fn cpu_time(pid: u32) -> Duration {
@@ -554,26 +554,6 @@ fn metric(page: &str, name: &str) -> f64 {
     page.lines()
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {name} in\n{page}"))
-}
-
-/// A deterministic xorshift generator; the test needs no seed of its own.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: u64) -> usize {
-        (self.next() % n) as usize
-    }
-
-    fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next() as u8).collect()
-    }
 }
 
 /// Frame `i` of a garbage stream: random bytes, truncated requests,

@@ -19,7 +19,7 @@ use zinfer_protocol::{
     WorkerState,
 };
 
-use crate::harness::{self, Proc};
+use crate::harness::{self, Proc, Rng};
 
 /// Workers `zinfer serve` keeps running (one thread each).
 const WORKERS: usize = 2;
@@ -49,22 +49,6 @@ impl Settings {
             clients: var("ZINFER_SOAK_CLIENTS", 32) as usize,
             seed: var("ZINFER_SOAK_SEED", 7),
         }
-    }
-}
-
-/// xorshift64*: the test's only randomness, seeded so a failure replays.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
     }
 }
 
@@ -135,8 +119,8 @@ const QUESTIONS: [&str; 6] = [
 fn request(rng: &mut Rng, id: &str, kind: Kind) -> ClientRequest {
     let prompt = format!(
         "{} {}",
-        PREFIXES[rng.below(PREFIXES.len() as u64) as usize],
-        QUESTIONS[rng.below(QUESTIONS.len() as u64) as usize]
+        PREFIXES[rng.below(PREFIXES.len() as u64)],
+        QUESTIONS[rng.below(QUESTIONS.len() as u64)]
     );
     let mut request = harness::greedy(id, &prompt, 1 + rng.below(16) as u32);
     request.temperature = if rng.below(2) == 0 { 0.0 } else { 0.8 };
@@ -145,7 +129,7 @@ fn request(rng: &mut Rng, id: &str, kind: Kind) -> ClientRequest {
     request.stream = matches!(kind, Kind::Streamed | Kind::CancelAfterFirst);
     if kind == Kind::Deadline {
         request.stream = rng.below(2) == 0;
-        request.deadline_ms = Some(20 + rng.below(400));
+        request.deadline_ms = Some(20 + rng.below(400) as u64);
     }
     ClientRequest::Generate(request)
 }
@@ -174,7 +158,7 @@ fn worker_pids(serve: u32) -> Vec<i32> {
 fn chaos(serve: u32, seed: u64, stop: Arc<AtomicBool>, kills: Arc<AtomicUsize>) {
     let mut rng = Rng(seed ^ 0x9e37_79b9_7f4a_7c15);
     while !stop.load(Ordering::Relaxed) {
-        let pause = Instant::now() + Duration::from_millis(2000 + rng.below(3000));
+        let pause = Instant::now() + Duration::from_millis(2000 + rng.below(3000) as u64);
         while Instant::now() < pause && !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -185,7 +169,7 @@ fn chaos(serve: u32, seed: u64, stop: Arc<AtomicBool>, kills: Arc<AtomicUsize>) 
         if pids.is_empty() {
             continue;
         }
-        let victim = pids[rng.below(pids.len() as u64) as usize];
+        let victim = pids[rng.below(pids.len() as u64)];
         if kill(Pid::from_raw(victim), Signal::SIGKILL).is_ok() {
             kills.fetch_add(1, Ordering::Relaxed);
         }
@@ -303,8 +287,8 @@ fn a_soak_with_chaos_ends_every_request_exactly_once() {
                 let kind = Kind::pick(&mut rng);
                 let frame = zinfer_protocol::encode(&request(&mut rng, &id, kind)).expect("encode");
                 client.socket.send(frame, 0).expect("send");
-                let cancel_at =
-                    (kind == Kind::CancelSoon).then(|| now + Duration::from_millis(rng.below(30)));
+                let cancel_at = (kind == Kind::CancelSoon)
+                    .then(|| now + Duration::from_millis(rng.below(30) as u64));
                 records.insert(
                     id.clone(),
                     Record {

@@ -290,6 +290,7 @@ impl IoThread {
                 tracing::error!(%error, "polling the router socket");
                 std::thread::sleep(Duration::from_millis(100));
             }
+            let monitor_event = items[2].is_readable();
             let mut buf = [0u8; 256];
             while matches!(self.wake.read(&mut buf), Ok(n) if n > 0) {}
             loop {
@@ -309,7 +310,7 @@ impl IoThread {
                     }
                 }
             }
-            if self.connection_dropped() {
+            if monitor_event && self.connection_dropped() {
                 self.end_in_flight();
             }
             for (arrived, request, replies) in std::mem::take(&mut self.unsent) {
