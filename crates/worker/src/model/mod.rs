@@ -18,7 +18,6 @@ mod llama;
 mod safetensors;
 #[cfg(test)]
 mod test_data;
-mod tiled;
 mod tokenizer;
 
 use std::path::{Path, PathBuf};

@@ -1,579 +1,62 @@
-//! CPU kernels: quantized matmuls (Q4_1 and Q8_0 weights against 8-bit
-//! activations), dequantize + f32 GEMM for long prefill chunks, and the
-//! attention row kernel compiled for AVX2. On CPUs with AVX-512 VNNI the
-//! weights are repacked into 16-row tiles and every batch size runs on the
-//! kernel in [`super::tiled`]; the row-major kernels here are the AVX2 and
-//! scalar fallbacks.
+//! CPU kernels, one module per job and one build per instruction set:
+//!
+//! - [`matrix`]: quantized weight matrices in ggml block layouts, int8
+//!   activations, the matmuls over them, and dequantize + f32 GEMM for long
+//!   prefill chunks;
+//! - [`tiled`]: the 16-row tile layout the AVX-512 VNNI matmul reads;
+//! - [`blocked`]: the unit of work of the blocked (flash-style) attention;
+//! - [`scalar`]: portable Rust builds of every kernel (the fallback, and the
+//!   bodies the SIMD builds inline);
+//! - `x86::avx2`, `x86::avx512`: intrinsics builds, called only through
+//! - [`dispatch`], which detects the CPU's widest instruction set once and
+//!   picks each kernel's build.
 //!
 //! The int8 path follows ggml: activations are quantized per block of 32 to
 //! i8 with an f32 scale, weight nibbles (Q4_1) or bytes (Q8_0) are multiplied
 //! with `maddubs` (AVX2) or `vpdpbusd` (AVX-512 VNNI), and each weight row is
 //! reused for up to four activation rows while it sits in L1, so a batch of
-//! decode tokens reads the weights once. Work is split over weight rows on
-//! candle's thread pool, shared with every other op.
+//! decode tokens reads the weights once.
 //!
-//! This is the one module that uses `unsafe`: SIMD intrinsics behind runtime
-//! feature checks, and raw output pointers whose disjointness is argued at
-//! each use.
+//! This is the one module tree that uses `unsafe`: SIMD intrinsics behind
+//! runtime feature checks, and raw output pointers whose disjointness is
+//! argued at each use.
 #![allow(unsafe_code)]
 
-use std::ops::Range;
-use std::sync::OnceLock;
-
-use super::attention::{HeadShape, attend_row_impl, exp_nonpositive};
-use super::flash;
-use super::kv::KvElem;
-use super::tiled;
-
-/// Values per quantization block.
-pub(crate) const QK: usize = 32;
-/// Weight rows per unit of parallel work.
-const ROWS_PER_UNIT: usize = 16;
-/// Most activation rows sharing one pass over a weight row.
-const ACT_TILE: usize = 4;
-/// Most weight rows sharing one pass over the activations.
-const ROW_TILE: usize = 4;
-/// Dot products of one tile: `[weight row][activation row]`.
-type TileOut = [[f32; ACT_TILE]; ROW_TILE];
-
-/// Below this many multiply-adds a parallel region costs more than it saves,
-/// and on a busy machine a descheduled helper thread stalls it for a whole
-/// time slice: single-token decode steps stay on the calling thread.
-const PARALLEL_MIN_MACS: usize = 2_000_000;
-
-/// Runs `f` over `0..units`: on candle's pool when `parallel` and `macs` is
-/// worth it, inline otherwise.
-pub(crate) fn run_units(
-    units: usize,
-    macs: usize,
-    parallel: bool,
-    f: impl Fn(Range<usize>) + Sync,
-) {
-    if !parallel || macs < PARALLEL_MIN_MACS {
-        f(0..units);
-        return;
-    }
-    let pool = candle_core::utils::barrier_pool();
-    if pool.n_workers() == 0 {
-        f(0..units);
-    } else {
-        pool.execute_chunked(units, f);
-    }
-}
-
-/// Weight formats with kernels here (ggml block layouts).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum QKind {
-    /// `{d: f16, m: f16, qs: [u8; 16]}`: value = d * nibble + m.
-    Q4_1,
-    /// `{d: f16, qs: [i8; 32]}`: value = d * q.
-    Q8_0,
-}
-
-impl QKind {
-    fn block_bytes(self) -> usize {
-        match self {
-            Self::Q4_1 => 20,
-            Self::Q8_0 => 34,
-        }
-    }
-}
-
-/// A `[rows, cols]` matrix stored as ggml blocks, row after row.
-#[derive(Debug)]
-pub(crate) struct QMatrix {
-    kind: QKind,
-    rows: usize,
-    cols: usize,
-    /// Repacked into 16-row tiles for the AVX-512 VNNI kernel ([`tiled`]).
-    tiled: bool,
-    data: Vec<u8>,
-}
-
-/// Activations quantized to i8 per block of 32: `x ≈ d * q`, `s = d * sum(q)`.
-#[derive(Debug, Default)]
-pub(crate) struct Q8Acts {
-    pub(super) blocks: usize,
-    pub(super) d: Vec<f32>,
-    pub(super) s: Vec<f32>,
-    pub(super) q: Vec<i8>,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Level {
-    Scalar,
-    Avx2,
-    Avx512Vnni,
-}
-
-fn level() -> Level {
-    static LEVEL: OnceLock<Level> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx2 = is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c");
-            if avx2
-                && is_x86_feature_detected!("avx512vnni")
-                && is_x86_feature_detected!("avx512vl")
-            {
-                return Level::Avx512Vnni;
-            }
-            if avx2 {
-                return Level::Avx2;
-            }
-        }
-        Level::Scalar
-    })
-}
-
-/// A raw output pointer shared by the units of one parallel region.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-// SAFETY: every use writes disjoint elements from different threads and the
-// region ends before the buffer is touched again.
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The pointer (a method, so closures capture the Sync wrapper, not the field).
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
-impl QMatrix {
-    /// Wraps ggml block bytes; `cols` must be a multiple of 32.
-    pub(crate) fn new(
-        kind: QKind,
-        rows: usize,
-        cols: usize,
-        data: Vec<u8>,
-    ) -> Result<Self, String> {
-        let expected = rows * (cols / QK) * kind.block_bytes();
-        if !cols.is_multiple_of(QK) || data.len() != expected {
-            return Err(format!(
-                "{kind:?} matrix {rows}x{cols} needs {expected} bytes, got {}",
-                data.len()
-            ));
-        }
-        // Repacking keeps the size; only the AVX-512 VNNI kernel reads tiles.
-        if level() == Level::Avx512Vnni && rows.is_multiple_of(tiled::TILE) {
-            let data = tiled::repack(kind, rows, cols, &data);
-            return Ok(Self {
-                kind,
-                rows,
-                cols,
-                tiled: true,
-                data,
-            });
-        }
-        Ok(Self {
-            kind,
-            rows,
-            cols,
-            tiled: false,
-            data,
-        })
-    }
-
-    /// Whether the int8 kernel beats dequantize + f32 GEMM at every batch size.
-    pub(crate) fn int8_always(&self) -> bool {
-        self.tiled
-    }
-
-    /// Output rows.
-    pub(crate) fn rows(&self) -> usize {
-        self.rows
-    }
-
-    /// Input columns.
-    pub(crate) fn cols(&self) -> usize {
-        self.cols
-    }
-
-    fn row_bytes(&self) -> usize {
-        self.cols / QK * self.kind.block_bytes()
-    }
-
-    fn row(&self, r: usize) -> &[u8] {
-        let n = self.row_bytes();
-        &self.data[r * n..(r + 1) * n]
-    }
-
-    /// Row `r` as f32 (embedding lookups).
-    pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        if self.tiled {
-            tiled::dequantize_row(self.kind, self.cols, &self.data, r, out);
-            return;
-        }
-        dequantize_row_scalar(self.kind, self.row(r), out);
-    }
-
-    /// `out[m, rows] = x[m, cols] @ self^T` with int8 activations.
-    pub(crate) fn matmul_q8(&self, acts: &Q8Acts, m: usize, out: &mut [f32], parallel: bool) {
-        assert_eq!(acts.blocks * QK, self.cols);
-        assert!(acts.q.len() >= m * self.cols && out.len() >= m * self.rows);
-        #[cfg(target_arch = "x86_64")]
-        if self.tiled {
-            let ptr = OutPtr(out.as_mut_ptr());
-            let (kind, cols, rows, data) = (self.kind, self.cols, self.rows, &self.data);
-            run_units(rows / tiled::TILE, m * rows * cols, parallel, |tiles| {
-                // SAFETY: tiles are only built when AVX-512 VNNI was detected;
-                // each unit owns the 16 output columns of its tiles; the asserts
-                // above bound acts and out.
-                unsafe { tiled::matmul_tiles(kind, cols, rows, data, acts, m, tiles, ptr.get()) };
-            });
-            return;
-        }
-        let units = self.rows.div_ceil(ROWS_PER_UNIT);
-        let ptr = OutPtr(out.as_mut_ptr());
-        let lvl = level();
-        run_units(units, m * self.rows * self.cols, parallel, |range| {
-            let rows = range.start * ROWS_PER_UNIT..(range.end * ROWS_PER_UNIT).min(self.rows);
-            // SAFETY: each unit owns the output columns of its weight rows, in
-            // every activation row; the assert above bounds all writes.
-            unsafe { self.matmul_rows(lvl, acts, m, rows, ptr.get()) };
-        });
-    }
-
-    /// Computes the output columns `rows` for every activation row.
-    ///
-    /// # Safety
-    /// `out` must hold `m * self.rows` floats, and no other thread may write
-    /// these columns meanwhile.
-    unsafe fn matmul_rows(
-        &self,
-        lvl: Level,
-        acts: &Q8Acts,
-        m: usize,
-        rows: Range<usize>,
-        out: *mut f32,
-    ) {
-        // Enough independent accumulators to hide FMA latency, few enough to
-        // stay in 16 vector registers: 4x2 for one or two tokens, 2x4 above.
-        let (row_tile, act_tile) = if m <= 2 { (4, 2) } else { (2, 4) };
-        let rb = self.row_bytes();
-        let mut vals: TileOut = [[0.0; ACT_TILE]; ROW_TILE];
-        let mut r = rows.start;
-        while r < rows.end {
-            let rt = if rows.end - r >= row_tile {
-                row_tile
-            } else {
-                1
-            };
-            let w = &self.data[r * rb..(r + rt) * rb];
-            let mut i0 = 0;
-            while i0 < m {
-                let mt = act_tile.min(m - i0);
-                match lvl {
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: the level was detected at run time.
-                    Level::Avx512Vnni => unsafe {
-                        x86::tile_vnni(self.kind, w, rb, rt, acts, i0, mt, &mut vals)
-                    },
-                    #[cfg(target_arch = "x86_64")]
-                    // SAFETY: as above.
-                    Level::Avx2 => unsafe {
-                        x86::tile_avx2(self.kind, w, rb, rt, acts, i0, mt, &mut vals)
-                    },
-                    _ => {
-                        for (rr, v) in vals.iter_mut().take(rt).enumerate() {
-                            tile_scalar(self.kind, &w[rr * rb..(rr + 1) * rb], acts, i0, mt, v);
-                        }
-                    }
-                }
-                for (rr, row_vals) in vals.iter().take(rt).enumerate() {
-                    for (j, v) in row_vals.iter().take(mt).enumerate() {
-                        // SAFETY: i0 + j < m and r + rr < self.rows, within the caller's bound.
-                        unsafe { *out.add((i0 + j) * self.rows + r + rr) = *v };
-                    }
-                }
-                i0 += mt;
-            }
-            r += rt;
-        }
-    }
-
-    /// `out[m, rows] = x[m, cols] @ self^T` in f32: each thread dequantizes
-    /// its share of weight rows into `scratch` and runs a GEMM on them.
-    pub(crate) fn matmul_f32(
-        &self,
-        x: &[f32],
-        m: usize,
-        out: &mut [f32],
-        scratch: &mut Vec<f32>,
-        parallel: bool,
-    ) {
-        scratch.resize(self.rows * self.cols, 0.0);
-        let wptr = OutPtr(scratch.as_mut_ptr());
-        let (rows, cols) = (self.rows, self.cols);
-        gemm_split(x, m, rows, cols, out, parallel, |range| {
-            for r in range {
-                // SAFETY: row r of the scratch belongs to this unit alone, and
-                // the scratch holds rows * cols floats.
-                let dst = unsafe { std::slice::from_raw_parts_mut(wptr.get().add(r * cols), cols) };
-                self.dequantize_row_fast(r, dst);
-            }
-            wptr.get() as *const f32
-        });
-    }
-
-    fn dequantize_row_fast(&self, r: usize, out: &mut [f32]) {
-        if self.tiled {
-            tiled::dequantize_row(self.kind, self.cols, &self.data, r, out);
-            return;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if level() != Level::Scalar {
-            // SAFETY: AVX2/FMA/F16C were detected at run time.
-            unsafe { x86::dequantize_row_avx2(self.kind, self.row(r), out) };
-            return;
-        }
-        dequantize_row_scalar(self.kind, self.row(r), out);
-    }
-}
-
-/// `out[m, n] = x[m, k] @ W^T` for f32 `W` `[n, k]` given row by row:
-/// `weights(range)` makes rows `range` of W ready and returns W's base pointer.
-fn gemm_split(
-    x: &[f32],
-    m: usize,
-    n: usize,
-    k: usize,
-    out: &mut [f32],
-    parallel: bool,
-    weights: impl Fn(Range<usize>) -> *const f32 + Sync,
-) {
-    assert!(x.len() >= m * k && out.len() >= m * n);
-    let threads = if parallel {
-        candle_core::utils::barrier_pool().n_workers() + 1
-    } else {
-        1
-    };
-    let per = n.div_ceil(threads).next_multiple_of(16);
-    let units = n.div_ceil(per);
-    let optr = OutPtr(out.as_mut_ptr());
-    let xptr = x.as_ptr() as usize;
-    run_units(units, m * n * k, parallel, |range| {
-        for unit in range {
-            let cols = unit * per..((unit + 1) * per).min(n);
-            let w = weights(cols.clone());
-            // SAFETY: dst columns `cols` of out[m, n] belong to this unit; lhs is
-            // x[m, k] row-major; rhs(kk, j) = W[j * k + kk] for j in `cols`, all
-            // within the asserted bounds.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    cols.len(),
-                    k,
-                    optr.get().add(cols.start),
-                    1,
-                    n as isize,
-                    false,
-                    xptr as *const f32,
-                    1,
-                    k as isize,
-                    w.add(cols.start * k),
-                    k as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
-        }
-    });
-}
-
-/// `out[m, n] = x[m, k] @ w^T` for a dense row-major f32 `w` `[n, k]`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn matmul_dense(
-    w: &[f32],
-    n: usize,
-    k: usize,
-    x: &[f32],
-    m: usize,
-    out: &mut [f32],
-    parallel: bool,
-) {
-    assert_eq!(w.len(), n * k);
-    gemm_split(x, m, n, k, out, parallel, |_| w.as_ptr());
-}
-
-impl Q8Acts {
-    /// Quantizes `x[m, k]` (k a multiple of 32).
-    pub(crate) fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
-        let nb = k / QK;
-        self.blocks = nb;
-        self.d.resize(m * nb, 0.0);
-        self.s.resize(m * nb, 0.0);
-        self.q.resize(m * k, 0);
-        #[cfg(target_arch = "x86_64")]
-        if level() != Level::Scalar {
-            // SAFETY: AVX2/FMA were detected at run time.
-            unsafe { x86::quantize_avx2(&x[..m * k], &mut self.q, &mut self.d, &mut self.s) };
-            return;
-        }
-        quantize_blocks(&x[..m * k], &mut self.q, &mut self.d, &mut self.s);
-    }
-}
-
-/// Per 32-value block: `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
-#[inline(always)]
-fn quantize_blocks(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
-    for (((xs, qs), d), s) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d).zip(s) {
-        let mut amax = [0f32; 8];
-        for c in xs.chunks_exact(8) {
-            for (a, v) in amax.iter_mut().zip(c) {
-                *a = a.max(v.abs());
-            }
-        }
-        let scale = amax.iter().fold(0f32, |a, &v| a.max(v)) / 127.0;
-        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
-        let mut sum = [0i32; 8];
-        for (qc, xc) in qs.chunks_exact_mut(8).zip(xs.chunks_exact(8)) {
-            for ((qv, &v), acc) in qc.iter_mut().zip(xc).zip(sum.iter_mut()) {
-                let r = (v * inv).round_ties_even() as i32;
-                *qv = r as i8;
-                *acc += r;
-            }
-        }
-        *d = scale;
-        *s = scale * sum.iter().sum::<i32>() as f32;
-    }
-}
-
-fn f16_at(bytes: &[u8], at: usize) -> f32 {
-    half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
-}
-
-fn dequantize_row_scalar(kind: QKind, row: &[u8], out: &mut [f32]) {
-    let bb = kind.block_bytes();
-    for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
-        let d = f16_at(blk, 0);
-        match kind {
-            QKind::Q4_1 => {
-                let mn = f16_at(blk, 2);
-                for (j, &q) in blk[4..20].iter().enumerate() {
-                    o[j] = d * f32::from(q & 15) + mn;
-                    o[j + 16] = d * f32::from(q >> 4) + mn;
-                }
-            }
-            QKind::Q8_0 => {
-                for (j, &q) in blk[2..34].iter().enumerate() {
-                    o[j] = d * f32::from(q as i8);
-                }
-            }
-        }
-    }
-}
-
-fn tile_scalar(
-    kind: QKind,
-    w: &[u8],
-    acts: &Q8Acts,
-    i0: usize,
-    mt: usize,
-    vals: &mut [f32; ACT_TILE],
-) {
-    let nb = acts.blocks;
-    let bb = kind.block_bytes();
-    for (j, v) in vals.iter_mut().take(mt).enumerate() {
-        let i = i0 + j;
-        let mut sum = 0f32;
-        for (b, blk) in w.chunks_exact(bb).enumerate() {
-            let a = &acts.q[(i * nb + b) * QK..(i * nb + b + 1) * QK];
-            let d = f16_at(blk, 0);
-            match kind {
-                QKind::Q4_1 => {
-                    let mut dot = 0i32;
-                    for (t, &q) in blk[4..20].iter().enumerate() {
-                        dot += i32::from(q & 15) * i32::from(a[t])
-                            + i32::from(q >> 4) * i32::from(a[t + 16]);
-                    }
-                    sum +=
-                        d * acts.d[i * nb + b] * dot as f32 + f16_at(blk, 2) * acts.s[i * nb + b];
-                }
-                QKind::Q8_0 => {
-                    let dot: i32 = blk[2..34]
-                        .iter()
-                        .zip(a)
-                        .map(|(&q, &x)| i32::from(q as i8) * i32::from(x))
-                        .sum();
-                    sum += d * acts.d[i * nb + b] * dot as f32;
-                }
-            }
-        }
-        *v = sum;
-    }
-}
-
-/// `gate[i] = silu(gate[i]) * up[i]`, the llama MLP activation.
-pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if level() != Level::Scalar {
-        // SAFETY: AVX2/FMA were detected at run time.
-        unsafe { x86::silu_mul_avx2(gate, up) };
-        return;
-    }
-    silu_mul_impl(gate, up);
-}
-
-/// `silu(g) = g * sigmoid(g)`, with `e^-|g|` so the exponent never overflows.
-#[inline(always)]
-fn silu_mul_impl(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        let e = exp_nonpositive(-g.abs());
-        let sigmoid = if *g >= 0.0 {
-            1.0 / (1.0 + e)
-        } else {
-            e / (1.0 + e)
-        };
-        *g = *g * sigmoid * u;
-    }
-}
-
-/// Runs one attention row with the widest vector unit available.
-pub(crate) fn attend_row<T: KvElem>(
-    q: &[f32],
-    k_pool: &[T],
-    v_pool: &[T],
-    keys: &[u32],
-    shape: HeadShape,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    match level() {
-        // SAFETY: AVX-512 was detected at run time.
-        Level::Avx512Vnni => unsafe {
-            x86::attend_row_avx512(q, k_pool, v_pool, keys, shape, scores, out)
-        },
-        // SAFETY: AVX2/FMA were detected at run time.
-        Level::Avx2 => unsafe { x86::attend_row_avx2(q, k_pool, v_pool, keys, shape, scores, out) },
-        Level::Scalar => attend_row_impl(q, k_pool, v_pool, keys, shape, scores, out),
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    attend_row_impl(q, k_pool, v_pool, keys, shape, scores, out);
-}
-
-/// The blocked attention unit ([`flash::unit_impl`]) built for the widest
-/// vector unit available.
-pub(crate) fn flash_unit() -> flash::UnitFn {
-    #[cfg(target_arch = "x86_64")]
-    if level() != Level::Scalar {
-        return x86::flash_unit_avx2;
-    }
-    flash::unit_portable
-}
-
+mod blocked;
+mod dispatch;
+mod matrix;
+mod scalar;
+mod tiled;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub(crate) use blocked::{BK, UnitBuf, UnitFn, UnitJob};
+pub(crate) use dispatch::{attend_row, flash_unit, silu_mul};
+pub(crate) use matrix::{Q8Acts, QKind, QMatrix, matmul_dense, run_units};
 #[cfg(test)]
-mod tests;
+pub(crate) use scalar::flash_unit as flash_unit_portable;
+
+use super::kv::KvElem;
+
+/// Head layout of the attention.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct HeadShape {
+    /// Query heads.
+    pub(crate) n_heads: usize,
+    /// Key/value heads; query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+    pub(crate) n_kv_heads: usize,
+    /// Width of one head.
+    pub(crate) head_dim: usize,
+}
+
+/// One query row's attention: `softmax(q K^T / sqrt(d)) V` over the pool
+/// rows at `keys`. `q` is `[n_heads * head_dim]`; the pools are
+/// `[slots, n_kv_heads * head_dim]`.
+#[derive(Clone, Copy)]
+pub(crate) struct RowJob<'a, T> {
+    pub(crate) q: &'a [f32],
+    pub(crate) k_pool: &'a [T],
+    pub(crate) v_pool: &'a [T],
+    pub(crate) keys: &'a [u32],
+    pub(crate) shape: HeadShape,
+}

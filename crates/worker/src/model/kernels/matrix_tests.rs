@@ -1,4 +1,4 @@
-//! The kernels against a plain f64 product of the dequantized weights.
+//! The matmul kernels against a plain f64 product of the dequantized weights.
 
 use super::*;
 use crate::model::test_data::random;
@@ -104,20 +104,5 @@ fn matmuls_agree_with_dequantized_reference() {
                 }
             }
         }
-    }
-}
-
-#[test]
-fn silu_matches_the_definition() {
-    let g: Vec<f32> = (-2000..2000).map(|i| i as f32 * 0.05).collect();
-    let u = random(g.len(), 5, 1.0);
-    let mut out = g.clone();
-    silu_mul(&mut out, &u);
-    for ((&x, &y), &o) in g.iter().zip(&u).zip(&out) {
-        let want = f64::from(x) / (1.0 + (-f64::from(x)).exp()) * f64::from(y);
-        assert!(
-            (f64::from(o) - want).abs() <= 1e-6 * (1.0 + want.abs()),
-            "silu({x}) * {y}: {o} vs {want}"
-        );
     }
 }

@@ -1,110 +1,44 @@
-//! AVX-512 VNNI matmul on weights repacked in tiles of 16 rows.
-//!
-//! The row-major kernels in [`super::kernels`] spend most of their
-//! instructions on per-block scale handling, one row at a time. Here 16
-//! weight rows are interleaved so that one `vpdpbusd` multiplies 4 k-values
-//! of all 16 rows with 4 broadcast activation bytes: a 32-value block of 16
-//! rows is 8 instructions into integer lanes, then one scale FMA per block,
-//! with the 16 row scales in one vector. Weights keep their size (the repack
-//! only reorders bytes), so this replaces the ggml layout at load.
-//!
-//! Layout per (tile, block), tiles outermost:
-//! - Q4_1: `d[16]` f16, `m[16]` f16, then 4 groups of 64 bytes; byte
-//!   `g*64 + row*4 + t` holds k = `8g + t` (low nibble) and `8g + 4 + t` (high).
-//! - Q8_0: `d[16]` f16, then 8 groups of 64 bytes; byte `g*64 + row*4 + t`
-//!   is `q[4g + t] + 128` (unsigned, as `vpdpbusd` wants), corrected with
-//!   the activation block sums.
-#![allow(unsafe_code)]
+//! AVX-512 builds: the row-major int8 tile with VNNI, the attention row,
+//! and the matmul over 16-row tiles ([`super::super::tiled`]).
 
-use super::kernels::{Q8Acts, QK, QKind};
+use std::arch::x86_64::*;
 
-/// Rows per tile.
-pub(crate) const TILE: usize = 16;
+use super::super::matrix::{Q8Acts, QK, QKind, TileOut};
+use super::super::tiled::{TILE, tile_block_bytes};
+use super::super::{KvElem, RowJob, scalar};
+use super::{Dot, tile_any};
 
-fn tile_block_bytes(kind: QKind) -> usize {
-    match kind {
-        QKind::Q4_1 => 64 + 256,
-        QKind::Q8_0 => 32 + 512,
+struct VnniDot;
+impl Dot for VnniDot {
+    #[inline(always)]
+    unsafe fn dot(w: __m256i, a: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a) }
     }
 }
 
-/// Reorders ggml row-major blocks (`rows` a multiple of 16) into tiles.
-pub(crate) fn repack(kind: QKind, rows: usize, cols: usize, data: &[u8]) -> Vec<u8> {
-    let nb = cols / QK;
-    let bb = match kind {
-        QKind::Q4_1 => 20,
-        QKind::Q8_0 => 34,
-    };
-    let tb = tile_block_bytes(kind);
-    let mut out = vec![0u8; rows / TILE * nb * tb];
-    for t in 0..rows / TILE {
-        for b in 0..nb {
-            let dst = &mut out[(t * nb + b) * tb..(t * nb + b + 1) * tb];
-            for rr in 0..TILE {
-                let blk = &data[((t * TILE + rr) * nb + b) * bb..][..bb];
-                dst[2 * rr..2 * rr + 2].copy_from_slice(&blk[..2]);
-                match kind {
-                    QKind::Q4_1 => {
-                        dst[32 + 2 * rr..34 + 2 * rr].copy_from_slice(&blk[2..4]);
-                        let q = |k: usize| {
-                            if k < 16 {
-                                blk[4 + k] & 15
-                            } else {
-                                blk[4 + k - 16] >> 4
-                            }
-                        };
-                        for g in 0..4 {
-                            for tt in 0..4 {
-                                dst[64 + g * 64 + rr * 4 + tt] =
-                                    q(8 * g + tt) | (q(8 * g + 4 + tt) << 4);
-                            }
-                        }
-                    }
-                    QKind::Q8_0 => {
-                        for g in 0..8 {
-                            for tt in 0..4 {
-                                dst[32 + g * 64 + rr * 4 + tt] = blk[2 + 4 * g + tt] ^ 0x80;
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-    out
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+pub(in crate::model::kernels) unsafe fn tile(
+    kind: QKind,
+    w: &[u8],
+    rb: usize,
+    rt: usize,
+    acts: &Q8Acts,
+    i0: usize,
+    mt: usize,
+    vals: &mut TileOut,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe { tile_any::<VnniDot>(kind, w, rb, rt, acts, i0, mt, vals) }
 }
 
-/// Row `r` of a tiled matrix as f32.
-pub(crate) fn dequantize_row(kind: QKind, cols: usize, data: &[u8], r: usize, out: &mut [f32]) {
-    let nb = cols / QK;
-    let tb = tile_block_bytes(kind);
-    let (t, rr) = (r / TILE, r % TILE);
-    let f16 =
-        |bytes: &[u8], at: usize| half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32();
-    for (b, o) in out.chunks_exact_mut(QK).take(nb).enumerate() {
-        let blk = &data[(t * nb + b) * tb..(t * nb + b + 1) * tb];
-        let d = f16(blk, 2 * rr);
-        match kind {
-            QKind::Q4_1 => {
-                let mn = f16(blk, 32 + 2 * rr);
-                for g in 0..4 {
-                    for tt in 0..4 {
-                        let byte = blk[64 + g * 64 + rr * 4 + tt];
-                        o[8 * g + tt] = d * f32::from(byte & 15) + mn;
-                        o[8 * g + 4 + tt] = d * f32::from(byte >> 4) + mn;
-                    }
-                }
-            }
-            QKind::Q8_0 => {
-                for g in 0..8 {
-                    for tt in 0..4 {
-                        let q = i32::from(blk[32 + g * 64 + rr * 4 + tt]) - 128;
-                        o[4 * g + tt] = d * q as f32;
-                    }
-                }
-            }
-        }
-    }
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub(in crate::model::kernels) unsafe fn attend_row<T: KvElem>(
+    job: &RowJob<'_, T>,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    scalar::attend_row(job, scores, out);
 }
 
 /// Most activation rows per pass over a weight tile.
@@ -114,13 +48,12 @@ const ACT_TILE: usize = 4;
 ///
 /// # Safety
 /// The CPU must support AVX-512 F/BW/VNNI; `data` must be a tiled matrix of
-/// `n_rows x cols` built by [`repack`]; `acts` must hold `m` rows of `cols`;
+/// `n_rows x cols` built by [`super::super::tiled::repack`]; `acts` must hold `m` rows of `cols`;
 /// `out` must hold `m * n_rows` floats whose columns in `tiles` no other
 /// thread writes meanwhile.
-#[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn matmul_tiles(
+pub(in crate::model::kernels) unsafe fn matmul_tiles(
     kind: QKind,
     cols: usize,
     n_rows: usize,
@@ -137,23 +70,21 @@ pub(crate) unsafe fn matmul_tiles(
             // SAFETY: forwarded from the caller.
             unsafe {
                 match (kind, mt) {
-                    (QKind::Q4_1, 1) => x86::tile_q4_1::<1>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q4_1, 2) => x86::tile_q4_1::<2>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q4_1, 3) => x86::tile_q4_1::<3>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q4_1, _) => x86::tile_q4_1::<4>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q8_0, 1) => x86::tile_q8_0::<1>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q8_0, 2) => x86::tile_q8_0::<2>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q8_0, 3) => x86::tile_q8_0::<3>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q8_0, _) => x86::tile_q8_0::<4>(cols, n_rows, data, acts, i0, t, out),
+                    (QKind::Q4_1, 1) => tiles::tile_q4_1::<1>(cols, n_rows, data, acts, i0, t, out),
+                    (QKind::Q4_1, 2) => tiles::tile_q4_1::<2>(cols, n_rows, data, acts, i0, t, out),
+                    (QKind::Q4_1, 3) => tiles::tile_q4_1::<3>(cols, n_rows, data, acts, i0, t, out),
+                    (QKind::Q4_1, _) => tiles::tile_q4_1::<4>(cols, n_rows, data, acts, i0, t, out),
+                    (QKind::Q8_0, 1) => tiles::tile_q8_0::<1>(cols, n_rows, data, acts, i0, t, out),
+                    (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(cols, n_rows, data, acts, i0, t, out),
+                    (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(cols, n_rows, data, acts, i0, t, out),
+                    (QKind::Q8_0, _) => tiles::tile_q8_0::<4>(cols, n_rows, data, acts, i0, t, out),
                 }
             }
             i0 += mt;
         }
     }
 }
-
-#[cfg(target_arch = "x86_64")]
-mod x86 {
+mod tiles {
     use std::arch::x86_64::*;
 
     use super::{Q8Acts, QK, QKind, TILE, tile_block_bytes};

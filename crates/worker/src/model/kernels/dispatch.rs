@@ -1,0 +1,164 @@
+//! Picks each kernel's build for this CPU: the widest instruction set it
+//! has, detected once per process. Every `unsafe` call into [`super::x86`]
+//! sits here, behind the check that makes it sound.
+
+use std::ops::Range;
+use std::sync::OnceLock;
+
+use super::blocked::UnitFn;
+use super::matrix::{Q8Acts, QKind, TileOut};
+#[cfg(target_arch = "x86_64")]
+use super::x86::{avx2, avx512};
+use super::{KvElem, RowJob, scalar};
+
+/// The instruction sets the kernels are built for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Level {
+    Scalar,
+    /// AVX2, FMA and F16C.
+    Avx2,
+    /// AVX2 and AVX-512 F, BW, VL and VNNI.
+    Avx512Vnni,
+}
+
+/// The level of this CPU.
+pub(super) fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            // Every feature a `target_feature` of the AVX-512 builds enables.
+            let avx512 = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni");
+            if avx2 && avx512 {
+                return Level::Avx512Vnni;
+            }
+            if avx2 {
+                return Level::Avx2;
+            }
+        }
+        Level::Scalar
+    })
+}
+
+/// Runs one attention row with the widest vector unit available.
+pub(crate) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        // SAFETY: AVX-512 was detected at run time.
+        Level::Avx512Vnni => unsafe { avx512::attend_row(job, scores, out) },
+        // SAFETY: AVX2/FMA were detected at run time.
+        Level::Avx2 => unsafe { avx2::attend_row(job, scores, out) },
+        Level::Scalar => scalar::attend_row(job, scores, out),
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    scalar::attend_row(job, scores, out);
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]`, the llama MLP activation.
+pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        // SAFETY: AVX2/FMA were detected at run time.
+        unsafe { avx2::silu_mul(gate, up) };
+        return;
+    }
+    scalar::silu_mul(gate, up);
+}
+
+/// The blocked attention unit ([`super::blocked::unit_impl`]) built for the
+/// widest vector unit available.
+pub(crate) fn flash_unit() -> UnitFn {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        return avx2::flash_unit;
+    }
+    scalar::flash_unit
+}
+
+/// Quantizes activations to i8 blocks ([`Q8Acts`]).
+pub(super) fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        // SAFETY: AVX2/FMA were detected at run time.
+        unsafe { avx2::quantize(x, q, d, s) };
+        return;
+    }
+    scalar::quantize(x, q, d, s);
+}
+
+/// One ggml-layout weight row as f32, built for `lvl` (at most [`level`]).
+pub(super) fn dequantize_row(lvl: Level, kind: QKind, row: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if lvl != Level::Scalar && level() != Level::Scalar {
+        // SAFETY: AVX2/FMA/F16C were detected at run time.
+        unsafe { avx2::dequantize_row(kind, row, out) };
+        return;
+    }
+    let _ = lvl;
+    scalar::dequantize_row(kind, row, out);
+}
+
+/// Dot products of `rt` weight rows (`rb` bytes apart in `w`) with `mt`
+/// activation rows from `i0`, in `vals[row][act]`.
+///
+/// # Safety
+/// `lvl` must be at most [`level`]; `w` must hold `rt` rows of `rb` bytes;
+/// `acts` must hold rows `i0..i0 + mt` (q, d and s).
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile(
+    lvl: Level,
+    kind: QKind,
+    w: &[u8],
+    rb: usize,
+    rt: usize,
+    acts: &Q8Acts,
+    i0: usize,
+    mt: usize,
+    vals: &mut TileOut,
+) {
+    match lvl {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level was detected; the bounds are the caller's.
+        Level::Avx512Vnni => unsafe { avx512::tile(kind, w, rb, rt, acts, i0, mt, vals) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Level::Avx2 => unsafe { avx2::tile(kind, w, rb, rt, acts, i0, mt, vals) },
+        _ => {
+            for (rr, v) in vals.iter_mut().take(rt).enumerate() {
+                scalar::tile(kind, &w[rr * rb..(rr + 1) * rb], acts, i0, mt, v);
+            }
+        }
+    }
+}
+
+/// The AVX-512 VNNI matmul over a matrix repacked by [`super::tiled::repack`].
+///
+/// # Safety
+/// As [`avx512::matmul_tiles`]; the matrix was only tiled because
+/// [`level`] is [`Level::Avx512Vnni`].
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn matmul_tiles(
+    kind: QKind,
+    cols: usize,
+    n_rows: usize,
+    data: &[u8],
+    acts: &Q8Acts,
+    m: usize,
+    tiles: Range<usize>,
+    out: *mut f32,
+) {
+    assert_eq!(level(), Level::Avx512Vnni);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the level is checked above; the rest is the caller's.
+    unsafe {
+        avx512::matmul_tiles(kind, cols, n_rows, data, acts, m, tiles, out)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (kind, cols, n_rows, data, acts, m, tiles, out);
+}

@@ -1,0 +1,360 @@
+//! Quantized weight matrices and the matmuls over them: ggml block
+//! layouts kept as loaded (or repacked into [`super::tiled`] tiles), int8
+//! activations, and dequantize + f32 GEMM for long prefill chunks. Work is
+//! split over weight rows on candle's thread pool, shared with every other op.
+
+use std::ops::Range;
+
+use super::dispatch::{self, Level, level};
+use super::tiled;
+
+/// Values per quantization block.
+pub(crate) const QK: usize = 32;
+/// Weight rows per unit of parallel work.
+const ROWS_PER_UNIT: usize = 16;
+/// Most activation rows sharing one pass over a weight row.
+pub(super) const ACT_TILE: usize = 4;
+/// Most weight rows sharing one pass over the activations.
+const ROW_TILE: usize = 4;
+/// Dot products of one tile: `[weight row][activation row]`.
+pub(super) type TileOut = [[f32; ACT_TILE]; ROW_TILE];
+
+/// Below this many multiply-adds a parallel region costs more than it saves,
+/// and on a busy machine a descheduled helper thread stalls it for a whole
+/// time slice: single-token decode steps stay on the calling thread.
+const PARALLEL_MIN_MACS: usize = 2_000_000;
+
+/// Runs `f` over `0..units`: on candle's pool when `parallel` and `macs` is
+/// worth it, inline otherwise.
+pub(crate) fn run_units(
+    units: usize,
+    macs: usize,
+    parallel: bool,
+    f: impl Fn(Range<usize>) + Sync,
+) {
+    if !parallel || macs < PARALLEL_MIN_MACS {
+        f(0..units);
+        return;
+    }
+    let pool = candle_core::utils::barrier_pool();
+    if pool.n_workers() == 0 {
+        f(0..units);
+    } else {
+        pool.execute_chunked(units, f);
+    }
+}
+
+/// Weight formats with kernels here (ggml block layouts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QKind {
+    /// `{d: f16, m: f16, qs: [u8; 16]}`: value = d * nibble + m.
+    Q4_1,
+    /// `{d: f16, qs: [i8; 32]}`: value = d * q.
+    Q8_0,
+}
+
+impl QKind {
+    pub(super) fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_1 => 20,
+            Self::Q8_0 => 34,
+        }
+    }
+}
+
+/// A `[rows, cols]` matrix stored as ggml blocks, row after row.
+#[derive(Debug)]
+pub(crate) struct QMatrix {
+    kind: QKind,
+    rows: usize,
+    cols: usize,
+    /// Repacked into 16-row tiles for the AVX-512 VNNI kernel ([`tiled`]).
+    tiled: bool,
+    data: Vec<u8>,
+}
+
+/// Activations quantized to i8 per block of 32: `x ≈ d * q`, `s = d * sum(q)`.
+#[derive(Debug, Default)]
+pub(crate) struct Q8Acts {
+    pub(super) blocks: usize,
+    pub(super) d: Vec<f32>,
+    pub(super) s: Vec<f32>,
+    pub(super) q: Vec<i8>,
+}
+
+/// A raw output pointer shared by the units of one parallel region.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: every use writes disjoint elements from different threads and the
+// region ends before the buffer is touched again.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The pointer (a method, so closures capture the Sync wrapper, not the field).
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+impl QMatrix {
+    /// Wraps ggml block bytes; `cols` must be a multiple of 32.
+    pub(crate) fn new(
+        kind: QKind,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Self, String> {
+        let expected = rows * (cols / QK) * kind.block_bytes();
+        if !cols.is_multiple_of(QK) || data.len() != expected {
+            return Err(format!(
+                "{kind:?} matrix {rows}x{cols} needs {expected} bytes, got {}",
+                data.len()
+            ));
+        }
+        // Repacking keeps the size; only the AVX-512 VNNI kernel reads tiles.
+        if level() == Level::Avx512Vnni && rows.is_multiple_of(tiled::TILE) {
+            let data = tiled::repack(kind, rows, cols, &data);
+            return Ok(Self {
+                kind,
+                rows,
+                cols,
+                tiled: true,
+                data,
+            });
+        }
+        Ok(Self {
+            kind,
+            rows,
+            cols,
+            tiled: false,
+            data,
+        })
+    }
+
+    /// Whether the int8 kernel beats dequantize + f32 GEMM at every batch size.
+    pub(crate) fn int8_always(&self) -> bool {
+        self.tiled
+    }
+
+    /// Output rows.
+    pub(crate) fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input columns.
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.cols / QK * self.kind.block_bytes()
+    }
+
+    fn row(&self, r: usize) -> &[u8] {
+        let n = self.row_bytes();
+        &self.data[r * n..(r + 1) * n]
+    }
+
+    /// Row `r` as f32 (embedding lookups).
+    pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
+        if self.tiled {
+            tiled::dequantize_row(self.kind, self.cols, &self.data, r, out);
+            return;
+        }
+        dispatch::dequantize_row(Level::Scalar, self.kind, self.row(r), out);
+    }
+
+    /// `out[m, rows] = x[m, cols] @ self^T` with int8 activations.
+    pub(crate) fn matmul_q8(&self, acts: &Q8Acts, m: usize, out: &mut [f32], parallel: bool) {
+        assert_eq!(acts.blocks * QK, self.cols);
+        // The kernels read these with unchecked loads: bound them all here.
+        let blocks = m * acts.blocks;
+        assert!(acts.q.len() >= m * self.cols && out.len() >= m * self.rows);
+        assert!(acts.d.len() >= blocks && acts.s.len() >= blocks);
+        if self.tiled {
+            let ptr = OutPtr(out.as_mut_ptr());
+            let (kind, cols, rows, data) = (self.kind, self.cols, self.rows, &self.data);
+            run_units(rows / tiled::TILE, m * rows * cols, parallel, |tiles| {
+                // SAFETY: tiles are only built when AVX-512 VNNI was detected;
+                // each unit owns the 16 output columns of its tiles; the asserts
+                // above bound acts and out.
+                unsafe {
+                    dispatch::matmul_tiles(kind, cols, rows, data, acts, m, tiles, ptr.get())
+                };
+            });
+            return;
+        }
+        let units = self.rows.div_ceil(ROWS_PER_UNIT);
+        let ptr = OutPtr(out.as_mut_ptr());
+        let lvl = level();
+        run_units(units, m * self.rows * self.cols, parallel, |range| {
+            let rows = range.start * ROWS_PER_UNIT..(range.end * ROWS_PER_UNIT).min(self.rows);
+            // SAFETY: each unit owns the output columns of its weight rows, in
+            // every activation row; the assert above bounds all writes.
+            unsafe { self.matmul_rows(lvl, acts, m, rows, ptr.get()) };
+        });
+    }
+
+    /// Computes the output columns `rows` for every activation row.
+    ///
+    /// # Safety
+    /// `out` must hold `m * self.rows` floats, and no other thread may write
+    /// these columns meanwhile.
+    unsafe fn matmul_rows(
+        &self,
+        lvl: Level,
+        acts: &Q8Acts,
+        m: usize,
+        rows: Range<usize>,
+        out: *mut f32,
+    ) {
+        // Enough independent accumulators to hide FMA latency, few enough to
+        // stay in 16 vector registers: 4x2 for one or two tokens, 2x4 above.
+        let (row_tile, act_tile) = if m <= 2 { (4, 2) } else { (2, 4) };
+        let rb = self.row_bytes();
+        let mut vals: TileOut = [[0.0; ACT_TILE]; ROW_TILE];
+        let mut r = rows.start;
+        while r < rows.end {
+            let rt = if rows.end - r >= row_tile {
+                row_tile
+            } else {
+                1
+            };
+            let w = &self.data[r * rb..(r + rt) * rb];
+            let mut i0 = 0;
+            while i0 < m {
+                let mt = act_tile.min(m - i0);
+                // SAFETY: `w` holds `rt` rows of `rb` bytes, activation rows
+                // i0..i0 + mt exist (asserted in matmul_q8), and `lvl` was detected.
+                unsafe { dispatch::tile(lvl, self.kind, w, rb, rt, acts, i0, mt, &mut vals) };
+                for (rr, row_vals) in vals.iter().take(rt).enumerate() {
+                    for (j, v) in row_vals.iter().take(mt).enumerate() {
+                        // SAFETY: i0 + j < m and r + rr < self.rows, within the caller's bound.
+                        unsafe { *out.add((i0 + j) * self.rows + r + rr) = *v };
+                    }
+                }
+                i0 += mt;
+            }
+            r += rt;
+        }
+    }
+
+    /// `out[m, rows] = x[m, cols] @ self^T` in f32: each thread dequantizes
+    /// its share of weight rows into `scratch` and runs a GEMM on them.
+    pub(crate) fn matmul_f32(
+        &self,
+        x: &[f32],
+        m: usize,
+        out: &mut [f32],
+        scratch: &mut Vec<f32>,
+        parallel: bool,
+    ) {
+        scratch.resize(self.rows * self.cols, 0.0);
+        let wptr = OutPtr(scratch.as_mut_ptr());
+        let (rows, cols) = (self.rows, self.cols);
+        gemm_split(x, m, rows, cols, out, parallel, |range| {
+            for r in range {
+                // SAFETY: row r of the scratch belongs to this unit alone, and
+                // the scratch holds rows * cols floats.
+                let dst = unsafe { std::slice::from_raw_parts_mut(wptr.get().add(r * cols), cols) };
+                self.dequantize_row_fast(r, dst);
+            }
+            wptr.get() as *const f32
+        });
+    }
+
+    fn dequantize_row_fast(&self, r: usize, out: &mut [f32]) {
+        if self.tiled {
+            tiled::dequantize_row(self.kind, self.cols, &self.data, r, out);
+            return;
+        }
+        dispatch::dequantize_row(level(), self.kind, self.row(r), out);
+    }
+}
+
+/// `out[m, n] = x[m, k] @ W^T` for f32 `W` `[n, k]` given row by row:
+/// `weights(range)` makes rows `range` of W ready and returns W's base pointer.
+fn gemm_split(
+    x: &[f32],
+    m: usize,
+    n: usize,
+    k: usize,
+    out: &mut [f32],
+    parallel: bool,
+    weights: impl Fn(Range<usize>) -> *const f32 + Sync,
+) {
+    assert!(x.len() >= m * k && out.len() >= m * n);
+    let threads = if parallel {
+        candle_core::utils::barrier_pool().n_workers() + 1
+    } else {
+        1
+    };
+    let per = n.div_ceil(threads).next_multiple_of(16);
+    let units = n.div_ceil(per);
+    let optr = OutPtr(out.as_mut_ptr());
+    let xptr = x.as_ptr() as usize;
+    run_units(units, m * n * k, parallel, |range| {
+        for unit in range {
+            let cols = unit * per..((unit + 1) * per).min(n);
+            let w = weights(cols.clone());
+            // SAFETY: dst columns `cols` of out[m, n] belong to this unit; lhs is
+            // x[m, k] row-major; rhs(kk, j) = W[j * k + kk] for j in `cols`, all
+            // within the asserted bounds.
+            unsafe {
+                gemm::gemm(
+                    m,
+                    cols.len(),
+                    k,
+                    optr.get().add(cols.start),
+                    1,
+                    n as isize,
+                    false,
+                    xptr as *const f32,
+                    1,
+                    k as isize,
+                    w.add(cols.start * k),
+                    k as isize,
+                    1,
+                    0.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        }
+    });
+}
+
+/// `out[m, n] = x[m, k] @ w^T` for a dense row-major f32 `w` `[n, k]`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_dense(
+    w: &[f32],
+    n: usize,
+    k: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+    parallel: bool,
+) {
+    assert_eq!(w.len(), n * k);
+    gemm_split(x, m, n, k, out, parallel, |_| w.as_ptr());
+}
+
+impl Q8Acts {
+    /// Quantizes `x[m, k]` (k a multiple of 32).
+    pub(crate) fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
+        let nb = k / QK;
+        self.blocks = nb;
+        self.d.resize(m * nb, 0.0);
+        self.s.resize(m * nb, 0.0);
+        self.q.resize(m * k, 0);
+        dispatch::quantize(&x[..m * k], &mut self.q, &mut self.d, &mut self.s);
+    }
+}
+
+#[cfg(test)]
+#[path = "matrix_tests.rs"]
+mod tests;
