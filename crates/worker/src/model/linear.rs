@@ -1,11 +1,11 @@
 //! Weight matrices, embedding tables and the matmuls over them.
 //!
-//! Q4_1 and Q8_0 weights keep their size and run on our own kernels
-//! ([`super::kernels`]): with AVX-512 VNNI, int8 dot products on 16-row
-//! tiles for every batch size; otherwise int8 for decode-sized batches and
-//! dequantize + f32 GEMM for long prefill chunks. Q5_0/Q5_1 are requantized
-//! to Q8_0 at load. Q4_0 and the K-quants go through candle's quantized
-//! matmul. Float weights are dense f32 (GEMM).
+//! Q4_1, Q8_0, Q4_K, Q5_K and Q6_K weights keep their size and run on our
+//! own kernels ([`super::kernels`]): int8 dot products for decode-sized
+//! batches (with AVX-512 VNNI, Q4_1 and Q8_0 on 16-row tiles for every
+//! batch size) and dequantize + f32 GEMM for long prefill chunks. Q5_0/Q5_1
+//! are requantized to Q8_0 at load. Q4_0, Q2_K and Q3_K go through candle's
+//! quantized matmul. Float weights are dense f32 (GEMM).
 
 use std::sync::Arc;
 
@@ -30,7 +30,7 @@ pub(crate) struct Workspace {
 /// A `[rows, cols]` weight matrix applied as `x @ W^T`.
 #[derive(Debug)]
 pub(crate) enum Linear {
-    /// Q4_1 / Q8_0 blocks on our kernels.
+    /// Q4_1 / Q8_0 / K-quant blocks on our kernels.
     Quant(Arc<QMatrix>),
     /// Other quantized types on candle's kernels.
     Candle {
@@ -49,7 +49,7 @@ pub(crate) enum Linear {
 /// Token embedding table (possibly sharing storage with a tied LM head).
 #[derive(Debug)]
 pub(crate) enum Embedding {
-    /// Q4_1 / Q8_0 rows, dequantized on lookup.
+    /// Q4_1 / Q8_0 / K-quant rows, dequantized on lookup.
     Quant(Arc<QMatrix>),
     /// Other quantized types, looked up by candle.
     Candle(Arc<QTensor>),
@@ -78,9 +78,13 @@ impl Linear {
     fn from_arc(name: &str, qt: Arc<QTensor>) -> Result<Self, ModelError> {
         let (rows, cols) = qt.shape().dims2()?;
         Ok(match qt.dtype() {
-            GgmlDType::Q4_1 | GgmlDType::Q8_0 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
-                Self::Quant(Arc::new(qmatrix(name, &qt)?))
-            }
+            GgmlDType::Q4_1
+            | GgmlDType::Q8_0
+            | GgmlDType::Q5_0
+            | GgmlDType::Q5_1
+            | GgmlDType::Q4K
+            | GgmlDType::Q5K
+            | GgmlDType::Q6K => Self::Quant(Arc::new(qmatrix(name, &qt)?)),
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 => {
                 let w = qt
                     .dequantize(&Device::Cpu)?
@@ -92,12 +96,7 @@ impl Linear {
                     cols,
                 }
             }
-            GgmlDType::Q4_0
-            | GgmlDType::Q2K
-            | GgmlDType::Q3K
-            | GgmlDType::Q4K
-            | GgmlDType::Q5K
-            | GgmlDType::Q6K => Self::Candle {
+            GgmlDType::Q4_0 | GgmlDType::Q2K | GgmlDType::Q3K => Self::Candle {
                 m: QMatMul::from_arc(qt)?,
                 rows,
                 cols,
@@ -246,12 +245,15 @@ impl Embedding {
     }
 }
 
-/// Q4_1 and Q8_0 as shipped; Q5_0/Q5_1 requantized to Q8_0.
+/// Q4_1, Q8_0 and the K-quants as shipped; Q5_0/Q5_1 requantized to Q8_0.
 fn qmatrix(name: &str, qt: &QTensor) -> Result<QMatrix, ModelError> {
     let (rows, cols) = qt.shape().dims2()?;
     let (kind, data) = match qt.dtype() {
         GgmlDType::Q4_1 => (QKind::Q4_1, qt.data()?.into_owned()),
         GgmlDType::Q8_0 => (QKind::Q8_0, qt.data()?.into_owned()),
+        GgmlDType::Q4K => (QKind::Q4K, qt.data()?.into_owned()),
+        GgmlDType::Q5K => (QKind::Q5K, qt.data()?.into_owned()),
+        GgmlDType::Q6K => (QKind::Q6K, qt.data()?.into_owned()),
         GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
             let q8 = QTensor::quantize(&qt.dequantize(&Device::Cpu)?, GgmlDType::Q8_0)?;
             (QKind::Q8_0, q8.data()?.into_owned())

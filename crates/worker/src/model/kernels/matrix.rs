@@ -8,8 +8,10 @@ use std::ops::Range;
 use super::dispatch::{self, Level, level};
 use super::tiled;
 
-/// Values per quantization block.
+/// Values per quantization block (and per block of int8 activations).
 pub(crate) const QK: usize = 32;
+/// Values per K-quant super-block: eight 32-value sub-blocks.
+pub(crate) const QK_K: usize = 256;
 /// Weight rows per unit of parallel work.
 const ROWS_PER_UNIT: usize = 16;
 /// Most activation rows sharing one pass over a weight row.
@@ -51,15 +53,62 @@ pub(crate) enum QKind {
     Q4_1,
     /// `{d: f16, qs: [i8; 32]}`: value = d * q.
     Q8_0,
+    /// `{d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]}` per 256
+    /// values: 4-bit quants, a 6-bit scale and min per 32 values.
+    Q4K,
+    /// Q4K's layout with `qh: [u8; 32]` (the fifth bit) before `qs`.
+    Q5K,
+    /// `{ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16}` per 256
+    /// values: 6-bit quants less 32, an 8-bit scale per 16 values.
+    Q6K,
 }
 
 impl QKind {
+    /// Values per block.
+    pub(super) fn block_values(self) -> usize {
+        match self {
+            Self::Q4_1 | Self::Q8_0 => QK,
+            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
+        }
+    }
+
     pub(super) fn block_bytes(self) -> usize {
         match self {
             Self::Q4_1 => 20,
             Self::Q8_0 => 34,
+            Self::Q4K => 144,
+            Self::Q5K => 176,
+            Self::Q6K => 210,
         }
     }
+
+    /// Whether the AVX-512 VNNI tile layout ([`tiled`]) exists for this kind.
+    fn tiles(self) -> bool {
+        matches!(self, Self::Q4_1 | Self::Q8_0)
+    }
+}
+
+/// Why block bytes do not make a matrix.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LayoutError {
+    /// A row must hold whole blocks.
+    #[error(
+        "{kind:?} rows hold whole blocks of {block} values, and {cols} columns is not a multiple"
+    )]
+    Columns {
+        kind: QKind,
+        cols: usize,
+        block: usize,
+    },
+    /// The data is not `rows` rows of blocks.
+    #[error("{kind:?} matrix {rows}x{cols} needs {expected} bytes, got {got}")]
+    Size {
+        kind: QKind,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
 }
 
 /// A `[rows, cols]` matrix stored as ggml blocks, row after row.
@@ -98,22 +147,29 @@ impl OutPtr {
 }
 
 impl QMatrix {
-    /// Wraps ggml block bytes; `cols` must be a multiple of 32.
+    /// Wraps ggml block bytes, row after row.
     pub(crate) fn new(
         kind: QKind,
         rows: usize,
         cols: usize,
         data: Vec<u8>,
-    ) -> Result<Self, String> {
-        let expected = rows * (cols / QK) * kind.block_bytes();
-        if !cols.is_multiple_of(QK) || data.len() != expected {
-            return Err(format!(
-                "{kind:?} matrix {rows}x{cols} needs {expected} bytes, got {}",
-                data.len()
-            ));
+    ) -> Result<Self, LayoutError> {
+        let block = kind.block_values();
+        if !cols.is_multiple_of(block) {
+            return Err(LayoutError::Columns { kind, cols, block });
+        }
+        let expected = rows * (cols / block) * kind.block_bytes();
+        if data.len() != expected {
+            return Err(LayoutError::Size {
+                kind,
+                rows,
+                cols,
+                expected,
+                got: data.len(),
+            });
         }
         // Repacking keeps the size; only the AVX-512 VNNI kernel reads tiles.
-        if level() == Level::Avx512Vnni && rows.is_multiple_of(tiled::TILE) {
+        if level() == Level::Avx512Vnni && kind.tiles() && rows.is_multiple_of(tiled::TILE) {
             let data = tiled::repack(kind, rows, cols, &data);
             return Ok(Self {
                 kind,
@@ -148,7 +204,7 @@ impl QMatrix {
     }
 
     fn row_bytes(&self) -> usize {
-        self.cols / QK * self.kind.block_bytes()
+        self.cols / self.kind.block_values() * self.kind.block_bytes()
     }
 
     fn row(&self, r: usize) -> &[u8] {

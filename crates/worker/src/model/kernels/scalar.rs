@@ -3,7 +3,7 @@
 //! (the compiler vectorizes the straight loops there).
 
 use super::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
-use super::matrix::{ACT_TILE, Q8Acts, QK, QKind};
+use super::matrix::{ACT_TILE, Q8Acts, QK, QK_K, QKind};
 use super::{KvElem, RowJob};
 
 /// Per 32-value block: `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
@@ -36,6 +36,10 @@ pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
 }
 
 pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
+    if kind.block_values() == QK_K {
+        dequantize_row_k(kind, row, out);
+        return;
+    }
     let bb = kind.block_bytes();
     for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
         let d = f16_at(blk, 0);
@@ -52,6 +56,7 @@ pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
                     o[j] = d * f32::from(q as i8);
                 }
             }
+            QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
         }
     }
 }
@@ -64,6 +69,10 @@ pub(super) fn tile(
     mt: usize,
     vals: &mut [f32; ACT_TILE],
 ) {
+    if kind.block_values() == QK_K {
+        tile_k(kind, w, acts, i0, mt, vals);
+        return;
+    }
     let nb = acts.blocks;
     let bb = kind.block_bytes();
     for (j, v) in vals.iter_mut().take(mt).enumerate() {
@@ -90,6 +99,118 @@ pub(super) fn tile(
                         .sum();
                     sum += d * acts.d[i * nb + b] * dot as f32;
                 }
+                QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
+            }
+        }
+        *v = sum;
+    }
+}
+
+/// Scales (per 16 values) and mins (per 32) of a K-quant block: value `i`
+/// of sub-block `j` is `scale[2j + i / 16] * q[i] - min[j]`.
+pub(super) fn k_scales(kind: QKind, blk: &[u8]) -> ([f32; 16], [f32; 8]) {
+    let (mut scale, mut min) = ([0f32; 16], [0f32; 8]);
+    match kind {
+        QKind::Q4K | QKind::Q5K => {
+            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            for j in 0..8 {
+                let (sc, m) = scale_min_k4(j, &blk[4..16]);
+                scale[2 * j] = d * f32::from(sc);
+                scale[2 * j + 1] = scale[2 * j];
+                min[j] = dmin * f32::from(m);
+            }
+        }
+        QKind::Q6K => {
+            let d = f16_at(blk, 208);
+            for (s, &sc) in scale.iter_mut().zip(&blk[192..208]) {
+                *s = d * f32::from(sc as i8);
+            }
+        }
+        QKind::Q4_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+    }
+    (scale, min)
+}
+
+/// The 6-bit scale and min of sub-block `j` of Q4_K / Q5_K, packed in 12 bytes.
+#[inline(always)]
+fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The quants of sub-block `j` (values `32j..32j + 32`) of a K-quant block:
+/// 0..=15 (Q4_K), 0..=31 (Q5_K) or -32..=31 (Q6_K).
+pub(super) fn k_quants(kind: QKind, blk: &[u8], j: usize) -> [i8; 32] {
+    let mut q = [0i8; 32];
+    let shift = if j.is_multiple_of(2) { 0 } else { 4 };
+    match kind {
+        QKind::Q4K => {
+            for (v, &b) in q.iter_mut().zip(&blk[16 + 32 * (j / 2)..][..32]) {
+                *v = ((b >> shift) & 0xF) as i8;
+            }
+        }
+        QKind::Q5K => {
+            let (qh, qs) = (&blk[16..48], &blk[48 + 32 * (j / 2)..][..32]);
+            for ((v, &b), &h) in q.iter_mut().zip(qs).zip(qh) {
+                *v = (((b >> shift) & 0xF) | (((h >> j) & 1) << 4)) as i8;
+            }
+        }
+        QKind::Q6K => {
+            let (half, t) = (j / 4, j % 4);
+            let ql = &blk[64 * half + 32 * (t % 2)..][..32];
+            let qh = &blk[128 + 32 * half..][..32];
+            let shift = if t < 2 { 0 } else { 4 };
+            for ((v, &l), &h) in q.iter_mut().zip(ql).zip(qh) {
+                *v = (((l >> shift) & 0xF) | (((h >> (2 * t)) & 3) << 4)) as i8 - 32;
+            }
+        }
+        QKind::Q4_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+    }
+    q
+}
+
+/// [`dequantize_row`] for K-quants, in the order of operations ggml uses.
+fn dequantize_row_k(kind: QKind, row: &[u8], out: &mut [f32]) {
+    let bb = kind.block_bytes();
+    for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
+        let (scale, min) = k_scales(kind, blk);
+        for (j, o) in o.chunks_exact_mut(QK).enumerate() {
+            let q = k_quants(kind, blk, j);
+            for (i, (y, &q)) in o.iter_mut().zip(&q).enumerate() {
+                *y = scale[2 * j + i / 16] * f32::from(q) - min[j];
+            }
+        }
+    }
+}
+
+/// [`tile`] for K-quants: each 32-value sub-block against one activation block.
+fn tile_k(kind: QKind, w: &[u8], acts: &Q8Acts, i0: usize, mt: usize, vals: &mut [f32; ACT_TILE]) {
+    let nb = acts.blocks;
+    let bb = kind.block_bytes();
+    for (jj, v) in vals.iter_mut().take(mt).enumerate() {
+        let i = i0 + jj;
+        let mut sum = 0f32;
+        for (sb, blk) in w.chunks_exact(bb).enumerate() {
+            let (scale, min) = k_scales(kind, blk);
+            for j in 0..8 {
+                let b = i * nb + sb * 8 + j;
+                let a = &acts.q[b * QK..(b + 1) * QK];
+                let q = k_quants(kind, blk, j);
+                let dot = |h: usize| -> i32 {
+                    q[16 * h..16 * h + 16]
+                        .iter()
+                        .zip(&a[16 * h..16 * h + 16])
+                        .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                        .sum()
+                };
+                let (lo, hi) = (dot(0) as f32, dot(1) as f32);
+                sum += acts.d[b] * (scale[2 * j] * lo + scale[2 * j + 1] * hi) - min[j] * acts.s[b];
             }
         }
         *v = sum;

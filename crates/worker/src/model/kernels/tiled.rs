@@ -24,16 +24,14 @@ pub(super) fn tile_block_bytes(kind: QKind) -> usize {
     match kind {
         QKind::Q4_1 => 64 + 256,
         QKind::Q8_0 => 32 + 512,
+        QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("{kind:?} is never tiled"),
     }
 }
 
 /// Reorders ggml row-major blocks (`rows` a multiple of 16) into tiles.
 pub(crate) fn repack(kind: QKind, rows: usize, cols: usize, data: &[u8]) -> Vec<u8> {
     let nb = cols / QK;
-    let bb = match kind {
-        QKind::Q4_1 => 20,
-        QKind::Q8_0 => 34,
-    };
+    let bb = kind.block_bytes();
     let tb = tile_block_bytes(kind);
     let mut out = vec![0u8; rows / TILE * nb * tb];
     for t in 0..rows / TILE {
@@ -66,6 +64,7 @@ pub(crate) fn repack(kind: QKind, rows: usize, cols: usize, data: &[u8]) -> Vec<
                             }
                         }
                     }
+                    QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("never tiled"),
                 }
             }
         }
@@ -102,6 +101,7 @@ pub(crate) fn dequantize_row(kind: QKind, cols: usize, data: &[u8], r: usize, ou
                     }
                 }
             }
+            QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("never tiled"),
         }
     }
 }

@@ -5,9 +5,9 @@
 use std::arch::x86_64::*;
 
 use super::super::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
-use super::super::matrix::{Q8Acts, QK, QKind, TileOut};
+use super::super::matrix::{Q8Acts, QK, QK_K, QKind, TileOut};
 use super::super::{KvElem, RowJob, scalar};
-use super::{Dot, f16_to_f32, tile_any};
+use super::{Dot, KBlock, Q4KBlock, Q5KBlock, Q6KBlock, f16_to_f32, tile_any};
 
 struct Avx2Dot;
 impl Dot for Avx2Dot {
@@ -36,6 +36,13 @@ pub(in crate::model::kernels) unsafe fn tile(
 
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(in crate::model::kernels) unsafe fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
+    // SAFETY (K-quants): this function's target features cover theirs.
+    match kind {
+        QKind::Q4K => return unsafe { dequantize_row_k::<Q4KBlock>(row, out) },
+        QKind::Q5K => return unsafe { dequantize_row_k::<Q5KBlock>(row, out) },
+        QKind::Q6K => return unsafe { dequantize_row_k::<Q6KBlock>(row, out) },
+        QKind::Q4_1 | QKind::Q8_0 => {}
+    }
     let bb = kind.block_bytes();
     assert!(out.len() >= row.len() / bb * QK);
     let low = _mm_set1_epi8(15);
@@ -66,6 +73,41 @@ pub(in crate::model::kernels) unsafe fn dequantize_row(kind: QKind, row: &[u8], 
                     let bytes = unsafe { _mm_loadl_epi64(blk.add(2 + 8 * part) as *const __m128i) };
                     let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
                     unsafe { _mm256_storeu_ps(op.add(8 * part), _mm256_mul_ps(v, d)) };
+                }
+            }
+            QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
+        }
+    }
+}
+
+/// [`dequantize_row`] for K-quants, in the order of operations ggml uses
+/// (`scale * q - min`, not fused), so it matches the scalar build exactly.
+#[inline(always)]
+unsafe fn dequantize_row_k<K: KBlock>(row: &[u8], out: &mut [f32]) {
+    let bb = K::KIND.block_bytes();
+    assert!(out.len() >= row.len() / bb * QK_K);
+    for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
+        let (scale, min) = scalar::k_scales(K::KIND, blk);
+        for j in 0..8 {
+            // SAFETY: `blk` is a whole block; `o` holds 256 floats.
+            unsafe {
+                let q = K::quants(blk.as_ptr(), j);
+                let mn = _mm256_set1_ps(min[j]);
+                for part in 0..4 {
+                    let bytes = if part < 2 {
+                        _mm256_castsi256_si128(q)
+                    } else {
+                        _mm256_extracti128_si256::<1>(q)
+                    };
+                    let bytes = if part % 2 == 0 {
+                        bytes
+                    } else {
+                        _mm_srli_si128::<8>(bytes)
+                    };
+                    let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                    let s = _mm256_set1_ps(scale[2 * j + part / 2]);
+                    let y = _mm256_sub_ps(_mm256_mul_ps(s, v), mn);
+                    _mm256_storeu_ps(o.as_mut_ptr().add(32 * j + 8 * part), y);
                 }
             }
         }

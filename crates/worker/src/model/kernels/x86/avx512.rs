@@ -78,6 +78,7 @@ pub(in crate::model::kernels) unsafe fn matmul_tiles(
                     (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(cols, n_rows, data, acts, i0, t, out),
                     (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(cols, n_rows, data, acts, i0, t, out),
                     (QKind::Q8_0, _) => tiles::tile_q8_0::<4>(cols, n_rows, data, acts, i0, t, out),
+                    (QKind::Q4K | QKind::Q5K | QKind::Q6K, _) => unreachable!("never tiled"),
                 }
             }
             i0 += mt;

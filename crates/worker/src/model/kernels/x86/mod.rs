@@ -5,6 +5,7 @@
 use std::arch::x86_64::*;
 
 use super::matrix::{Q8Acts, QK, QKind, TileOut};
+use super::scalar;
 
 pub(super) mod avx2;
 pub(super) mod avx512;
@@ -85,6 +86,7 @@ unsafe fn tile<D: Dot, const RT: usize, const MT: usize>(
                             acc[r][j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * da[j]), acc[r][j]);
                         }
                     }
+                    QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("see tile_k"),
                 }
             }
         }
@@ -94,6 +96,176 @@ unsafe fn tile<D: Dot, const RT: usize, const MT: usize>(
             }
         }
     }
+}
+
+/// How the x86 kernels read one K-quant block.
+pub(super) trait KBlock {
+    const KIND: QKind;
+    /// Quants are signed (Q6_K): multiplied with the sign trick, and the
+    /// scale changes every 16 values.
+    const SIGNED: bool;
+
+    /// The quants of sub-block `j` (values `32j..32j + 32`), one per byte.
+    ///
+    /// # Safety
+    /// `blk` must point at a whole block; the CPU must have AVX2.
+    unsafe fn quants(blk: *const u8, j: usize) -> __m256i;
+}
+
+pub(super) struct Q4KBlock;
+pub(super) struct Q5KBlock;
+pub(super) struct Q6KBlock;
+
+impl KBlock for Q4KBlock {
+    const KIND: QKind = QKind::Q4K;
+    const SIGNED: bool = false;
+
+    #[inline(always)]
+    unsafe fn quants(blk: *const u8, j: usize) -> __m256i {
+        // SAFETY: qs (bytes 16..144) lies within the block.
+        unsafe {
+            let raw = _mm256_loadu_si256(blk.add(16 + 32 * (j / 2)) as *const __m256i);
+            let v = if j.is_multiple_of(2) {
+                raw
+            } else {
+                _mm256_srli_epi16::<4>(raw)
+            };
+            _mm256_and_si256(v, _mm256_set1_epi8(0xF))
+        }
+    }
+}
+
+impl KBlock for Q5KBlock {
+    const KIND: QKind = QKind::Q5K;
+    const SIGNED: bool = false;
+
+    #[inline(always)]
+    unsafe fn quants(blk: *const u8, j: usize) -> __m256i {
+        // SAFETY: qh (bytes 16..48) and qs (48..176) lie within the block.
+        unsafe {
+            let raw = _mm256_loadu_si256(blk.add(48 + 32 * (j / 2)) as *const __m256i);
+            let v = if j.is_multiple_of(2) {
+                raw
+            } else {
+                _mm256_srli_epi16::<4>(raw)
+            };
+            let low = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+            // Bit j of each qh byte, moved to bit 4 (shifts stay within bytes).
+            let qh = _mm256_loadu_si256(blk.add(16) as *const __m256i);
+            let bit = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32));
+            let high = _mm256_slli_epi16::<4>(_mm256_and_si256(bit, _mm256_set1_epi8(1)));
+            _mm256_or_si256(low, high)
+        }
+    }
+}
+
+impl KBlock for Q6KBlock {
+    const KIND: QKind = QKind::Q6K;
+    const SIGNED: bool = true;
+
+    #[inline(always)]
+    unsafe fn quants(blk: *const u8, j: usize) -> __m256i {
+        let (half, t) = (j / 4, j % 4);
+        // SAFETY: ql (bytes 0..128) and qh (128..192) lie within the block.
+        unsafe {
+            let ql = _mm256_loadu_si256(blk.add(64 * half + 32 * (t % 2)) as *const __m256i);
+            let v = if t < 2 {
+                ql
+            } else {
+                _mm256_srli_epi16::<4>(ql)
+            };
+            let low = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
+            // Bits 2t and 2t + 1 of each qh byte, moved to bits 4 and 5.
+            let qh = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
+            let bits = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t as i32));
+            let high = _mm256_slli_epi16::<4>(_mm256_and_si256(bits, _mm256_set1_epi8(3)));
+            _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32))
+        }
+    }
+}
+
+/// [`tile`] for K-quant rows: each 32-value sub-block is a block with its
+/// own scale (two, for Q6_K) and min, against one activation block.
+#[inline(always)]
+// Indexes spell out which register each FMA reads and writes.
+#[allow(clippy::needless_range_loop)]
+unsafe fn tile_k<D: Dot, K: KBlock, const RT: usize, const MT: usize>(
+    w: &[u8],
+    rb: usize,
+    acts: &Q8Acts,
+    i0: usize,
+    vals: &mut TileOut,
+) {
+    let nb = acts.blocks;
+    let bb = K::KIND.block_bytes();
+    // SAFETY: `w` holds RT rows of nb / 8 blocks of `bb` bytes and
+    // activation rows i0..i0+MT exist in `acts` (matmul_q8 asserts both).
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); MT]; RT];
+        let mut mins = [[0f32; MT]; RT];
+        let mut a = [_mm256_setzero_si256(); MT];
+        let mut da = [0f32; MT];
+        let mut sa = [0f32; MT];
+        for sb in 0..nb / 8 {
+            let blocks: [*const u8; RT] = std::array::from_fn(|r| w.as_ptr().add(r * rb + sb * bb));
+            let scales: [([f32; 16], [f32; 8]); RT] = std::array::from_fn(|r| {
+                scalar::k_scales(K::KIND, std::slice::from_raw_parts(blocks[r], bb))
+            });
+            for j in 0..8 {
+                for jj in 0..MT {
+                    let at = (i0 + jj) * nb + sb * 8 + j;
+                    a[jj] = _mm256_loadu_si256(acts.q.as_ptr().add(at * QK) as *const __m256i);
+                    da[jj] = *acts.d.get_unchecked(at);
+                    sa[jj] = *acts.s.get_unchecked(at);
+                }
+                for r in 0..RT {
+                    let (scale, min) = &scales[r];
+                    let q = K::quants(blocks[r], j);
+                    let sv = if K::SIGNED {
+                        _mm256_set_m128(_mm_set1_ps(scale[2 * j + 1]), _mm_set1_ps(scale[2 * j]))
+                    } else {
+                        _mm256_set1_ps(scale[2 * j])
+                    };
+                    let wv = if K::SIGNED { _mm256_sign_epi8(q, q) } else { q };
+                    for jj in 0..MT {
+                        // Signed quants: move the sign of w onto a.
+                        let av = if K::SIGNED {
+                            _mm256_sign_epi8(a[jj], q)
+                        } else {
+                            a[jj]
+                        };
+                        let p = _mm256_cvtepi32_ps(D::dot(wv, av));
+                        let s = _mm256_mul_ps(sv, _mm256_set1_ps(da[jj]));
+                        acc[r][jj] = _mm256_fmadd_ps(p, s, acc[r][jj]);
+                        mins[r][jj] += min[j] * sa[jj];
+                    }
+                }
+            }
+        }
+        for r in 0..RT {
+            for jj in 0..MT {
+                vals[r][jj] = hsum(acc[r][jj]) - mins[r][jj];
+            }
+        }
+    }
+}
+
+/// Calls `$f::<generics.., RT, MT>(args..)` for the tile shape `(rt, mt)`.
+macro_rules! by_shape {
+    ($rt:expr, $mt:expr, $f:ident::<$($g:ty),*>($($arg:expr),*)) => {
+        match ($rt, $mt) {
+            (4, 1) => $f::<$($g,)* 4, 1>($($arg),*),
+            (4, _) => $f::<$($g,)* 4, 2>($($arg),*),
+            (2, 1) => $f::<$($g,)* 2, 1>($($arg),*),
+            (2, 2) => $f::<$($g,)* 2, 2>($($arg),*),
+            (2, 3) => $f::<$($g,)* 2, 3>($($arg),*),
+            (2, _) => $f::<$($g,)* 2, 4>($($arg),*),
+            (_, 1) => $f::<$($g,)* 1, 1>($($arg),*),
+            (_, 2) => $f::<$($g,)* 1, 2>($($arg),*),
+            (_, 3) => $f::<$($g,)* 1, 3>($($arg),*),
+            _ => $f::<$($g,)* 1, 4>($($arg),*),
+        }
+    };
 }
 
 #[inline(always)]
@@ -110,17 +282,11 @@ pub(super) unsafe fn tile_any<D: Dot>(
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        match (rt, mt) {
-            (4, 1) => tile::<D, 4, 1>(kind, w, rb, acts, i0, vals),
-            (4, _) => tile::<D, 4, 2>(kind, w, rb, acts, i0, vals),
-            (2, 1) => tile::<D, 2, 1>(kind, w, rb, acts, i0, vals),
-            (2, 2) => tile::<D, 2, 2>(kind, w, rb, acts, i0, vals),
-            (2, 3) => tile::<D, 2, 3>(kind, w, rb, acts, i0, vals),
-            (2, _) => tile::<D, 2, 4>(kind, w, rb, acts, i0, vals),
-            (_, 1) => tile::<D, 1, 1>(kind, w, rb, acts, i0, vals),
-            (_, 2) => tile::<D, 1, 2>(kind, w, rb, acts, i0, vals),
-            (_, 3) => tile::<D, 1, 3>(kind, w, rb, acts, i0, vals),
-            _ => tile::<D, 1, 4>(kind, w, rb, acts, i0, vals),
+        match kind {
+            QKind::Q4K => by_shape!(rt, mt, tile_k::<D, Q4KBlock>(w, rb, acts, i0, vals)),
+            QKind::Q5K => by_shape!(rt, mt, tile_k::<D, Q5KBlock>(w, rb, acts, i0, vals)),
+            QKind::Q6K => by_shape!(rt, mt, tile_k::<D, Q6KBlock>(w, rb, acts, i0, vals)),
+            QKind::Q4_1 | QKind::Q8_0 => by_shape!(rt, mt, tile::<D>(kind, w, rb, acts, i0, vals)),
         }
     }
 }
