@@ -12,6 +12,8 @@
 //! ZINFER_THREADS=1 keeps every kernel on the engine thread (steadier on
 //! shared cores); CANDLE_NUM_THREADS sizes candle's pool otherwise.
 //! ZINFER_DEVICE picks the device (`cpu`, or `cuda:0` in a CUDA build).
+//! ZINFER_BENCH_MODEL runs another GGUF file instead of the default model,
+//! e.g. a synthetic checkpoint from `examples/synth_model.rs`.
 #![allow(clippy::unwrap_used)] // a benchmark may unwrap (team rules)
 
 use std::collections::HashMap;
@@ -166,7 +168,10 @@ fn selected(name: &str) -> bool {
 }
 
 fn main() {
-    let path = test_model_path().unwrap();
+    let path = match std::env::var_os("ZINFER_BENCH_MODEL") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => test_model_path().unwrap(),
+    };
     let load_start = Instant::now();
     let threads: Option<usize> = std::env::var("ZINFER_THREADS")
         .ok()
