@@ -87,7 +87,8 @@ unsafe fn dequantize_row_k<K: KBlock>(row: &[u8], out: &mut [f32]) {
     let bb = K::KIND.block_bytes();
     assert!(out.len() >= row.len() / bb * QK_K);
     for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
-        let (scale, min) = scalar::k_scales(K::KIND, blk);
+        // SAFETY: `blk` is a whole block.
+        let (scale, min) = unsafe { K::scales(blk.as_ptr()) };
         for j in 0..8 {
             // SAFETY: `blk` is a whole block; `o` holds 256 floats.
             unsafe {
@@ -105,7 +106,12 @@ unsafe fn dequantize_row_k<K: KBlock>(row: &[u8], out: &mut [f32]) {
                         _mm_srli_si128::<8>(bytes)
                     };
                     let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-                    let s = _mm256_set1_ps(scale[2 * j + part / 2]);
+                    let s = if K::SIGNED {
+                        scale[2 * j + part / 2]
+                    } else {
+                        scale[j]
+                    };
+                    let s = _mm256_set1_ps(s);
                     let y = _mm256_sub_ps(_mm256_mul_ps(s, v), mn);
                     _mm256_storeu_ps(o.as_mut_ptr().add(32 * j + 8 * part), y);
                 }

@@ -5,7 +5,6 @@
 use std::arch::x86_64::*;
 
 use super::matrix::{Q8Acts, QK, QKind, TileOut};
-use super::scalar;
 
 pub(super) mod avx2;
 pub(super) mod avx512;
@@ -110,6 +109,48 @@ pub(super) trait KBlock {
     /// # Safety
     /// `blk` must point at a whole block; the CPU must have AVX2.
     unsafe fn quants(blk: *const u8, j: usize) -> __m256i;
+
+    /// The block's scales and mins, the values of [`scalar::k_scales`]
+    /// (one multiply each, so the same bits) laid out for vectors: Q4_K and
+    /// Q5_K give the scale of sub-block `j` at `[j]`, Q6_K the scale of
+    /// values `16i..16i + 16` at `[i]` (and no mins).
+    ///
+    /// # Safety
+    /// As for [`KBlock::quants`].
+    unsafe fn scales(blk: *const u8) -> ([f32; 16], [f32; 8]);
+}
+
+/// Scales and mins of Q4_K and Q5_K (the same 12-byte packing after `d`
+/// and `dmin`): six bits each, the top two bits of sub-blocks 4..8 kept in
+/// the spare bits of the first eight bytes. Unpacked four at a time in
+/// 32-bit words.
+#[inline(always)]
+unsafe fn scales_k4(blk: *const u8) -> ([f32; 16], [f32; 8]) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    // SAFETY: d, dmin and the 12 scale bytes are the block's first 16 bytes.
+    unsafe {
+        let (d, dmin) = (f16_to_f32(blk), f16_to_f32(blk.add(2)));
+        let w: [u32; 3] = std::array::from_fn(|i| {
+            u32::from_le(std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32))
+        });
+        let sc_lo = w[0] & LOW6;
+        let m_lo = w[1] & LOW6;
+        let sc_hi = (w[2] & LOW4) | (((w[0] >> 6) & LOW2) << 4);
+        let m_hi = ((w[2] >> 4) & LOW4) | (((w[1] >> 6) & LOW2) << 4);
+        let widen = |lo: u32, hi: u32, by: f32| {
+            let bytes = _mm_cvtsi64_si128((u64::from(hi) << 32 | u64::from(lo)) as i64);
+            _mm256_mul_ps(
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)),
+                _mm256_set1_ps(by),
+            )
+        };
+        let (mut scale, mut min) = ([0f32; 16], [0f32; 8]);
+        _mm256_storeu_ps(scale.as_mut_ptr(), widen(sc_lo, sc_hi, d));
+        _mm256_storeu_ps(min.as_mut_ptr(), widen(m_lo, m_hi, dmin));
+        (scale, min)
+    }
 }
 
 pub(super) struct Q4KBlock;
@@ -119,6 +160,12 @@ pub(super) struct Q6KBlock;
 impl KBlock for Q4KBlock {
     const KIND: QKind = QKind::Q4K;
     const SIGNED: bool = false;
+
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> ([f32; 16], [f32; 8]) {
+        // SAFETY: forwarded from the caller.
+        unsafe { scales_k4(blk) }
+    }
 
     #[inline(always)]
     unsafe fn quants(blk: *const u8, j: usize) -> __m256i {
@@ -138,6 +185,12 @@ impl KBlock for Q4KBlock {
 impl KBlock for Q5KBlock {
     const KIND: QKind = QKind::Q5K;
     const SIGNED: bool = false;
+
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> ([f32; 16], [f32; 8]) {
+        // SAFETY: forwarded from the caller.
+        unsafe { scales_k4(blk) }
+    }
 
     #[inline(always)]
     unsafe fn quants(blk: *const u8, j: usize) -> __m256i {
@@ -162,6 +215,21 @@ impl KBlock for Q5KBlock {
 impl KBlock for Q6KBlock {
     const KIND: QKind = QKind::Q6K;
     const SIGNED: bool = true;
+
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> ([f32; 16], [f32; 8]) {
+        // SAFETY: the 16 i8 scales are bytes 192..208, d bytes 208..210.
+        unsafe {
+            let d = _mm256_set1_ps(f16_to_f32(blk.add(208)));
+            let raw = _mm_loadu_si128(blk.add(192) as *const __m128i);
+            let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+            let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(raw)));
+            let mut scale = [0f32; 16];
+            _mm256_storeu_ps(scale.as_mut_ptr(), _mm256_mul_ps(d, lo));
+            _mm256_storeu_ps(scale.as_mut_ptr().add(8), _mm256_mul_ps(d, hi));
+            (scale, [0f32; 8])
+        }
+    }
 
     #[inline(always)]
     unsafe fn quants(blk: *const u8, j: usize) -> __m256i {
@@ -208,9 +276,7 @@ unsafe fn tile_k<D: Dot, K: KBlock, const RT: usize, const MT: usize>(
         let mut sa = [0f32; MT];
         for sb in 0..nb / 8 {
             let blocks: [*const u8; RT] = std::array::from_fn(|r| w.as_ptr().add(r * rb + sb * bb));
-            let scales: [([f32; 16], [f32; 8]); RT] = std::array::from_fn(|r| {
-                scalar::k_scales(K::KIND, std::slice::from_raw_parts(blocks[r], bb))
-            });
+            let scales: [([f32; 16], [f32; 8]); RT] = std::array::from_fn(|r| K::scales(blocks[r]));
             for j in 0..8 {
                 for jj in 0..MT {
                     let at = (i0 + jj) * nb + sb * 8 + j;
@@ -224,7 +290,7 @@ unsafe fn tile_k<D: Dot, K: KBlock, const RT: usize, const MT: usize>(
                     let sv = if K::SIGNED {
                         _mm256_set_m128(_mm_set1_ps(scale[2 * j + 1]), _mm_set1_ps(scale[2 * j]))
                     } else {
-                        _mm256_set1_ps(scale[2 * j])
+                        _mm256_set1_ps(scale[j])
                     };
                     let wv = if K::SIGNED { _mm256_sign_epi8(q, q) } else { q };
                     for jj in 0..MT {
