@@ -12,6 +12,7 @@
 //! ZINFER_THREADS=1 keeps every kernel on the engine thread (steadier on
 //! shared cores); CANDLE_NUM_THREADS sizes candle's pool otherwise.
 //! ZINFER_DEVICE picks the device (`cpu`, or `cuda:0` in a CUDA build).
+//! `ZINFER_BENCH_STREAMS` overrides the decode stream counts (e.g. `1,16`).
 //! ZINFER_BENCH_MODEL runs another GGUF file instead of the default model,
 //! e.g. a synthetic checkpoint from `examples/synth_model.rs`.
 #![allow(clippy::unwrap_used)] // a benchmark may unwrap (team rules)
@@ -219,12 +220,15 @@ fn main() {
     }
 
     // Decode: N streams with distinct short prompts, generated together.
-    let decode_streams: &[usize] = if selected("decode") {
-        &[1, 4, 8, 16, 64]
+    let decode_streams: Vec<usize> = if selected("decode") {
+        std::env::var("ZINFER_BENCH_STREAMS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![1, 4, 8, 16, 64])
     } else {
-        &[]
+        Vec::new()
     };
-    for &streams in decode_streams {
+    for &streams in &decode_streams {
         let mut rates = Vec::new();
         let mut per_stream = Vec::new();
         let mut generated = 0;

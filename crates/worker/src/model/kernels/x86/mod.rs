@@ -110,14 +110,46 @@ pub(super) trait KBlock {
     /// `blk` must point at a whole block; the CPU must have AVX2.
     unsafe fn quants(blk: *const u8, j: usize) -> __m256i;
 
-    /// The block's scales and mins, the values of [`scalar::k_scales`]
-    /// (one multiply each, so the same bits) laid out for vectors: Q4_K and
-    /// Q5_K give the scale of sub-block `j` at `[j]`, Q6_K the scale of
-    /// values `16i..16i + 16` at `[i]` (and no mins).
+    /// The block's scales and mins as vectors `(a, b, min)`, the values of
+    /// `scalar::k_scales` (one multiply each, so the same bits): Q4_K and
+    /// Q5_K give the eight sub-block scales in `a` (`b` is zero) and their
+    /// mins; Q6_K the sixteen scales of 16 values each in `a` then `b`,
+    /// and no mins.
     ///
     /// # Safety
     /// As for [`KBlock::quants`].
-    unsafe fn scales(blk: *const u8) -> ([f32; 16], [f32; 8]);
+    unsafe fn scale_vectors(blk: *const u8) -> (__m256, __m256, __m256);
+
+    /// [`KBlock::scale_vectors`] in arrays: `scale[j]` for sub-block `j`
+    /// (Q4_K, Q5_K), `scale[i]` for values `16i..16i + 16` (Q6_K).
+    ///
+    /// # Safety
+    /// As for [`KBlock::quants`].
+    #[inline(always)]
+    unsafe fn scales(blk: *const u8) -> ([f32; 16], [f32; 8]) {
+        let (mut scale, mut min) = ([0f32; 16], [0f32; 8]);
+        // SAFETY: forwarded from the caller; the stores stay in the arrays.
+        unsafe {
+            let (a, b, m) = Self::scale_vectors(blk);
+            _mm256_storeu_ps(scale.as_mut_ptr(), a);
+            _mm256_storeu_ps(scale.as_mut_ptr().add(8), b);
+            _mm256_storeu_ps(min.as_mut_ptr(), m);
+        }
+        (scale, min)
+    }
+}
+
+/// `by` times each of the eight bytes of `lo` then `hi`, as floats.
+#[inline(always)]
+unsafe fn widen(lo: u32, hi: u32, by: f32) -> __m256 {
+    // SAFETY: register-only intrinsics; the caller vouches for AVX2.
+    unsafe {
+        let bytes = _mm_cvtsi64_si128((u64::from(hi) << 32 | u64::from(lo)) as i64);
+        _mm256_mul_ps(
+            _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)),
+            _mm256_set1_ps(by),
+        )
+    }
 }
 
 /// Scales and mins of Q4_K and Q5_K (the same 12-byte packing after `d`
@@ -125,31 +157,26 @@ pub(super) trait KBlock {
 /// the spare bits of the first eight bytes. Unpacked four at a time in
 /// 32-bit words.
 #[inline(always)]
-unsafe fn scales_k4(blk: *const u8) -> ([f32; 16], [f32; 8]) {
+unsafe fn scales_k4(blk: *const u8) -> (__m256, __m256, __m256) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
     // SAFETY: d, dmin and the 12 scale bytes are the block's first 16 bytes.
     unsafe {
         let (d, dmin) = (f16_to_f32(blk), f16_to_f32(blk.add(2)));
-        let w: [u32; 3] = std::array::from_fn(|i| {
+        let word = |i: usize| -> u32 {
             u32::from_le(std::ptr::read_unaligned(blk.add(4 + 4 * i) as *const u32))
-        });
+        };
+        let w = [word(0), word(1), word(2)];
         let sc_lo = w[0] & LOW6;
         let m_lo = w[1] & LOW6;
         let sc_hi = (w[2] & LOW4) | (((w[0] >> 6) & LOW2) << 4);
         let m_hi = ((w[2] >> 4) & LOW4) | (((w[1] >> 6) & LOW2) << 4);
-        let widen = |lo: u32, hi: u32, by: f32| {
-            let bytes = _mm_cvtsi64_si128((u64::from(hi) << 32 | u64::from(lo)) as i64);
-            _mm256_mul_ps(
-                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)),
-                _mm256_set1_ps(by),
-            )
-        };
-        let (mut scale, mut min) = ([0f32; 16], [0f32; 8]);
-        _mm256_storeu_ps(scale.as_mut_ptr(), widen(sc_lo, sc_hi, d));
-        _mm256_storeu_ps(min.as_mut_ptr(), widen(m_lo, m_hi, dmin));
-        (scale, min)
+        (
+            widen(sc_lo, sc_hi, d),
+            _mm256_setzero_ps(),
+            widen(m_lo, m_hi, dmin),
+        )
     }
 }
 
@@ -162,7 +189,7 @@ impl KBlock for Q4KBlock {
     const SIGNED: bool = false;
 
     #[inline(always)]
-    unsafe fn scales(blk: *const u8) -> ([f32; 16], [f32; 8]) {
+    unsafe fn scale_vectors(blk: *const u8) -> (__m256, __m256, __m256) {
         // SAFETY: forwarded from the caller.
         unsafe { scales_k4(blk) }
     }
@@ -187,7 +214,7 @@ impl KBlock for Q5KBlock {
     const SIGNED: bool = false;
 
     #[inline(always)]
-    unsafe fn scales(blk: *const u8) -> ([f32; 16], [f32; 8]) {
+    unsafe fn scale_vectors(blk: *const u8) -> (__m256, __m256, __m256) {
         // SAFETY: forwarded from the caller.
         unsafe { scales_k4(blk) }
     }
@@ -217,17 +244,18 @@ impl KBlock for Q6KBlock {
     const SIGNED: bool = true;
 
     #[inline(always)]
-    unsafe fn scales(blk: *const u8) -> ([f32; 16], [f32; 8]) {
+    unsafe fn scale_vectors(blk: *const u8) -> (__m256, __m256, __m256) {
         // SAFETY: the 16 i8 scales are bytes 192..208, d bytes 208..210.
         unsafe {
             let d = _mm256_set1_ps(f16_to_f32(blk.add(208)));
             let raw = _mm_loadu_si128(blk.add(192) as *const __m128i);
             let lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
             let hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128::<8>(raw)));
-            let mut scale = [0f32; 16];
-            _mm256_storeu_ps(scale.as_mut_ptr(), _mm256_mul_ps(d, lo));
-            _mm256_storeu_ps(scale.as_mut_ptr().add(8), _mm256_mul_ps(d, hi));
-            (scale, [0f32; 8])
+            (
+                _mm256_mul_ps(d, lo),
+                _mm256_mul_ps(d, hi),
+                _mm256_setzero_ps(),
+            )
         }
     }
 
@@ -275,8 +303,14 @@ unsafe fn tile_k<D: Dot, K: KBlock, const RT: usize, const MT: usize>(
         let mut da = [0f32; MT];
         let mut sa = [0f32; MT];
         for sb in 0..nb / 8 {
-            let blocks: [*const u8; RT] = std::array::from_fn(|r| w.as_ptr().add(r * rb + sb * bb));
-            let scales: [([f32; 16], [f32; 8]); RT] = std::array::from_fn(|r| K::scales(blocks[r]));
+            // Loops, not closures: intrinsics inline only into code built
+            // with the target features, which a closure here is not.
+            let mut blocks = [w.as_ptr(); RT];
+            let mut scales = [([0f32; 16], [0f32; 8]); RT];
+            for r in 0..RT {
+                blocks[r] = w.as_ptr().add(r * rb + sb * bb);
+                scales[r] = K::scales(blocks[r]);
+            }
             for j in 0..8 {
                 for jj in 0..MT {
                     let at = (i0 + jj) * nb + sb * 8 + j;
@@ -316,6 +350,86 @@ unsafe fn tile_k<D: Dot, K: KBlock, const RT: usize, const MT: usize>(
     }
 }
 
+/// [`tile_k`] for one activation row (decode): the eight sub-block dot
+/// products of a super-block are summed across lanes together (two rounds
+/// of `hadd` give each 16-value half's sum in its own lane), so scales,
+/// activation steps and mins apply once per super-block, as vectors.
+#[inline(always)]
+// Indexes spell out which register each step reads and writes.
+#[allow(clippy::needless_range_loop)]
+unsafe fn tile_k1<D: Dot, K: KBlock, const RT: usize>(
+    w: &[u8],
+    rb: usize,
+    acts: &Q8Acts,
+    i0: usize,
+    vals: &mut TileOut,
+) {
+    let nb = acts.blocks;
+    let bb = K::KIND.block_bytes();
+    // SAFETY: `w` holds RT rows of nb / 8 blocks of `bb` bytes and
+    // activation row i0 exists in `acts` (matmul_q8 asserts both).
+    unsafe {
+        // Q6_K's per-16 scales in the lane order the hadds leave the halves in.
+        let halves = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        let mut acc = [_mm256_setzero_ps(); RT];
+        for sb in 0..nb / 8 {
+            let at = i0 * nb + sb * 8;
+            let da = _mm256_loadu_ps(acts.d.as_ptr().add(at));
+            let sa = _mm256_loadu_ps(acts.s.as_ptr().add(at));
+            let (da0, da1) = (
+                _mm256_permute2f128_ps::<0x00>(da, da),
+                _mm256_permute2f128_ps::<0x11>(da, da),
+            );
+            let ap = acts.q.as_ptr().add(at * QK);
+            for r in 0..RT {
+                let blk = w.as_ptr().add(r * rb + sb * bb);
+                let mut dots = [_mm256_setzero_si256(); 8];
+                for j in 0..8 {
+                    let q = K::quants(blk, j);
+                    let a = _mm256_loadu_si256(ap.add(j * QK) as *const __m256i);
+                    dots[j] = if K::SIGNED {
+                        D::dot(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q))
+                    } else {
+                        D::dot(q, a)
+                    };
+                }
+                // Lanes of u0: the first then second 16-value halves of
+                // sub-blocks 0..4; u1 the same for sub-blocks 4..8.
+                let u0 = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(dots[0], dots[1]),
+                    _mm256_hadd_epi32(dots[2], dots[3]),
+                );
+                let u1 = _mm256_hadd_epi32(
+                    _mm256_hadd_epi32(dots[4], dots[5]),
+                    _mm256_hadd_epi32(dots[6], dots[7]),
+                );
+                let (a, b, min) = K::scale_vectors(blk);
+                let (s0, s1) = if K::SIGNED {
+                    (
+                        _mm256_permutevar8x32_ps(a, halves),
+                        _mm256_permutevar8x32_ps(b, halves),
+                    )
+                } else {
+                    (
+                        _mm256_permute2f128_ps::<0x00>(a, a),
+                        _mm256_permute2f128_ps::<0x11>(a, a),
+                    )
+                };
+                let mut v = acc[r];
+                v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u0), _mm256_mul_ps(s0, da0), v);
+                v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(u1), _mm256_mul_ps(s1, da1), v);
+                if !K::SIGNED {
+                    v = _mm256_fnmadd_ps(min, sa, v);
+                }
+                acc[r] = v;
+            }
+        }
+        for r in 0..RT {
+            vals[r][0] = hsum(acc[r]);
+        }
+    }
+}
+
 /// Calls `$f::<generics.., RT, MT>(args..)` for the tile shape `(rt, mt)`.
 macro_rules! by_shape {
     ($rt:expr, $mt:expr, $f:ident::<$($g:ty),*>($($arg:expr),*)) => {
@@ -348,11 +462,19 @@ pub(super) unsafe fn tile_any<D: Dot>(
 ) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        match kind {
-            QKind::Q4K => by_shape!(rt, mt, tile_k::<D, Q4KBlock>(w, rb, acts, i0, vals)),
-            QKind::Q5K => by_shape!(rt, mt, tile_k::<D, Q5KBlock>(w, rb, acts, i0, vals)),
-            QKind::Q6K => by_shape!(rt, mt, tile_k::<D, Q6KBlock>(w, rb, acts, i0, vals)),
-            QKind::Q4_1 | QKind::Q8_0 => by_shape!(rt, mt, tile::<D>(kind, w, rb, acts, i0, vals)),
+        match (kind, rt, mt) {
+            (QKind::Q4K, 4, 1) => tile_k1::<D, Q4KBlock, 4>(w, rb, acts, i0, vals),
+            (QKind::Q4K, 1, 1) => tile_k1::<D, Q4KBlock, 1>(w, rb, acts, i0, vals),
+            (QKind::Q5K, 4, 1) => tile_k1::<D, Q5KBlock, 4>(w, rb, acts, i0, vals),
+            (QKind::Q5K, 1, 1) => tile_k1::<D, Q5KBlock, 1>(w, rb, acts, i0, vals),
+            (QKind::Q6K, 4, 1) => tile_k1::<D, Q6KBlock, 4>(w, rb, acts, i0, vals),
+            (QKind::Q6K, 1, 1) => tile_k1::<D, Q6KBlock, 1>(w, rb, acts, i0, vals),
+            (QKind::Q4K, ..) => by_shape!(rt, mt, tile_k::<D, Q4KBlock>(w, rb, acts, i0, vals)),
+            (QKind::Q5K, ..) => by_shape!(rt, mt, tile_k::<D, Q5KBlock>(w, rb, acts, i0, vals)),
+            (QKind::Q6K, ..) => by_shape!(rt, mt, tile_k::<D, Q6KBlock>(w, rb, acts, i0, vals)),
+            (QKind::Q4_1 | QKind::Q8_0, ..) => {
+                by_shape!(rt, mt, tile::<D>(kind, w, rb, acts, i0, vals))
+            }
         }
     }
 }
