@@ -26,7 +26,7 @@ pub fn zinfer() -> &'static str {
 }
 
 pub fn model_path() -> PathBuf {
-    zinfer_worker::fetch::test_model_path().expect("fetching the default model for the e2e tests")
+    zinfer_fetch::test_model_path().expect("fetching the default model for the e2e tests")
 }
 
 /// The python of the test virtual environment `name` (`openai`, `k8s` or `client`,

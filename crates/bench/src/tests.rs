@@ -333,7 +333,7 @@ impl RealCluster {
         let (stop_router, router_stopped) = crossbeam_channel::bounded(1);
         let router_thread = std::thread::spawn(move || router.serve(router_stopped).unwrap());
 
-        let path = zinfer_worker::fetch::test_model_path().unwrap();
+        let path = zinfer_fetch::test_model_path().unwrap();
         let options = model::LoadOptions {
             kv_capacity: 4096,
             threads: Some(1),

@@ -441,7 +441,7 @@ mod tests {
 
     #[test]
     fn a_prompt_of_n_words_is_n_tokens_for_the_default_model() {
-        let path = zinfer_worker::fetch::test_model_path().unwrap();
+        let path = zinfer_fetch::test_model_path().unwrap();
         let options = zinfer_worker::model::LoadOptions {
             kv_capacity: 64,
             ..Default::default()

@@ -101,7 +101,7 @@ fn main() -> anyhow::Result<()> {
         Command::Ctl(args) => ctl::run(args),
         Command::Keys(command) => keys::run(command),
         Command::Model(ModelCommand::Fetch) => {
-            let path = zinfer_worker::fetch::fetch_default_model(true)?;
+            let path = zinfer_fetch::fetch_default_model(true)?;
             println!("{}", path.display());
             Ok(())
         }

@@ -112,7 +112,7 @@ pub(crate) fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
             }
             Ok(path.to_path_buf())
         }
-        None => zinfer_worker::fetch::default_model_path()
+        None => zinfer_fetch::default_model_path()
             .context("fetching the default model (or pass --model PATH)"),
     }
 }
