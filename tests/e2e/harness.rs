@@ -4,6 +4,7 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -26,7 +27,7 @@ pub fn zinfer() -> &'static str {
 }
 
 pub fn model_path() -> PathBuf {
-    zinfer_worker::fetch::test_model_path().expect("fetching the default model for the e2e tests")
+    zinfer_fetch::test_model_path().expect("fetching the default model for the e2e tests")
 }
 
 /// The python of the test virtual environment `name` (`openai`, `k8s` or `client`,
@@ -47,11 +48,50 @@ pub fn venv_python(name: &str) -> String {
     String::from_utf8_lossy(&output.stdout).trim().to_string()
 }
 
+/// A loopback port for a process the test starts, which binds it later.
+///
+/// Binding port 0 and passing the number on races: until the child binds
+/// it, the kernel may hand the same number to another test's `bind(0)` or
+/// to any outgoing connection. These ports come from below the kernel's
+/// ephemeral range, which neither ever uses; each is handed out at most
+/// once per test process (parallel tests never share one), from an offset
+/// that depends on the pid (concurrent test processes rarely overlap);
+/// one that something already holds is skipped. Each port also reserves
+/// the [`PORT_STRIDE`]` - 1` after it, so one can be a
+/// `--worker-metrics-port` base (worker slot i listens on base + i).
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
+    static HANDED_OUT: AtomicU32 = AtomicU32::new(0);
+    let ports = test_ports();
+    let slots = u32::from(ports.end - ports.start) / PORT_STRIDE;
+    let offset = std::process::id().wrapping_mul(7_919) % slots;
+    for _ in 0..slots {
+        let n = HANDED_OUT.fetch_add(1, Ordering::Relaxed);
+        let port = u32::from(ports.start) + (offset + n) % slots * PORT_STRIDE;
+        let port = u16::try_from(port).expect("test ports are below 65536");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {ports:?}");
+}
+
+/// Ports each [`free_port`] result reserves, itself included.
+pub const PORT_STRIDE: u32 = 8;
+
+/// Ports that are not ephemeral on this host: from 10,000 up to the start
+/// of `ip_local_port_range` (Linux; 32,768 when it cannot be read), or
+/// above its end when its start is lower than that.
+fn test_ports() -> std::ops::Range<u16> {
+    let ephemeral: Vec<u16> = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    match ephemeral[..] {
+        [start, _] if start >= 12_000 => 10_000..start,
+        [_, end] if end < 63_000 => end + 1..u16::MAX - 8,
+        _ => 10_000..32_768,
+    }
 }
 
 /// Fresh loopback endpoints for a router's three sockets and `/metrics`.
@@ -489,4 +529,23 @@ pub fn try_scrape(addr: &str) -> Option<String> {
         return None;
     }
     response.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
+}
+
+#[test]
+fn free_ports_are_distinct_spaced_and_not_ephemeral() {
+    let ports = test_ports();
+    let handed: Vec<u16> = (0..64).map(|_| free_port()).collect();
+    let mut sorted = handed.clone();
+    sorted.sort_unstable();
+    for pair in sorted.windows(2) {
+        assert!(
+            u32::from(pair[1] - pair[0]) >= PORT_STRIDE,
+            "ports closer than the stride: {pair:?}"
+        );
+    }
+    for port in handed {
+        assert!(ports.contains(&port), "{port} outside {ports:?}");
+        // The kernel never picks it for bind(0) or connect().
+        TcpListener::bind(("127.0.0.1", port)).expect("a handed-out port is free");
+    }
 }

@@ -24,113 +24,26 @@ pub(crate) struct CtlArgs {
     /// router answers once workers have loaded.
     #[arg(long, global = true, default_value_t = 600, env = "ZINFER_TIMEOUT")]
     timeout: u64,
+    /// The operation, parsed straight into the protocol's request.
     #[command(subcommand)]
-    command: CtlCommand,
-}
-
-#[derive(Debug, clap::Subcommand)]
-enum CtlCommand {
-    /// List workers: id, device, model, state, running / waiting, KV usage,
-    /// hit rate, memory.
-    Workers,
-    /// Stop routing new requests to a worker, let its running ones finish,
-    /// then stop it (or park it with --park).
-    Drain {
-        /// Worker id, as `ctl workers` shows it.
-        worker: String,
-        /// Keep the drained worker running, idle, until `ctl resume`.
-        #[arg(long, env = "ZINFER_DRAIN_PARK")]
-        park: bool,
-    },
-    /// Route to a draining or parked worker again.
-    Resume {
-        /// Worker id.
-        worker: String,
-    },
-    /// Replace a worker by one on another device, carrying its hottest
-    /// prefix cache; returns once routing has switched.
-    Migrate {
-        /// Worker id.
-        worker: String,
-        /// Target device, e.g. `cpu:1` or `cuda:0`.
-        device: String,
-        /// Most cached tokens to carry (0: none). Default: the router's
-        /// --carry-tokens.
-        #[arg(long, env = "ZINFER_CARRY_TOKENS")]
-        carry_tokens: Option<u64>,
-    },
-    /// Replace a worker by one loading a (new) model file on the same
-    /// device, with no downtime.
-    Reload {
-        /// Worker id.
-        worker: String,
-        /// Model file for the replacement. Default: the same model.
-        #[arg(long, env = "ZINFER_RELOAD_MODEL_PATH")]
-        model_path: Option<String>,
-    },
-    /// Set the number of workers for a model; returns once that many serve.
-    /// Needs a supervisor (`zinfer serve`, or `zinfer supervisor`).
-    Scale {
-        /// Model name, as `ctl workers` shows it.
-        model: String,
-        /// Wanted workers (0 drains them all).
-        workers: u32,
-        /// Device for new workers. Default: the supervisor's least used.
-        #[arg(long, env = "ZINFER_DEVICE")]
-        device: Option<String>,
-    },
-}
-
-impl CtlCommand {
-    fn request(&self) -> AdminRequest {
-        match self {
-            CtlCommand::Workers => AdminRequest::Workers {},
-            CtlCommand::Drain { worker, park } => AdminRequest::Drain {
-                worker: worker.clone(),
-                park: *park,
-            },
-            CtlCommand::Resume { worker } => AdminRequest::Resume {
-                worker: worker.clone(),
-            },
-            CtlCommand::Migrate {
-                worker,
-                device,
-                carry_tokens,
-            } => AdminRequest::Migrate {
-                worker: worker.clone(),
-                device: device.clone(),
-                carry_tokens: *carry_tokens,
-            },
-            CtlCommand::Reload { worker, model_path } => AdminRequest::Reload {
-                worker: worker.clone(),
-                model_path: model_path.clone(),
-            },
-            CtlCommand::Scale {
-                model,
-                workers,
-                device,
-            } => AdminRequest::Scale {
-                model: model.clone(),
-                workers: *workers,
-                device: device.clone(),
-            },
-        }
-    }
+    command: AdminRequest,
 }
 
 /// Sends one admin request and prints the reply; fails (exit status 1)
 /// with the router's reason when the operation failed.
 pub(crate) fn run(args: &CtlArgs) -> anyhow::Result<()> {
-    let request = args.command.request();
-    let timeout = match args.command {
-        CtlCommand::Workers | CtlCommand::Drain { .. } | CtlCommand::Resume { .. } => {
+    let request = &args.command;
+    let timeout = match request {
+        AdminRequest::Workers {} | AdminRequest::Drain { .. } | AdminRequest::Resume { .. } => {
             Duration::from_secs(5)
         }
         // Loading a model takes a while; the router answers when done.
-        _ => Duration::from_secs(args.timeout),
+        AdminRequest::Migrate { .. } | AdminRequest::Reload { .. } | AdminRequest::Scale { .. } => {
+            Duration::from_secs(args.timeout)
+        }
     };
     let curve = args.curve.load()?;
-    let reply = call(&args.control, &request, timeout, curve.as_ref())?;
+    let reply = call(&args.control, request, timeout, curve.as_ref())?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&reply)?);
     }
@@ -223,6 +136,88 @@ fn workers_table(workers: &[WorkerInfo]) -> String {
 mod tests {
     use super::*;
     use zinfer_protocol::{LoadReport, WorkerState};
+
+    fn parse(argv: &[&str]) -> Result<AdminRequest, clap::Error> {
+        use clap::Parser;
+        let argv = ["zinfer", "ctl"].iter().chain(argv);
+        match crate::Cli::try_parse_from(argv)?.command {
+            crate::Command::Ctl(args) => Ok(args.command),
+            other => panic!("not ctl: {other:?}"),
+        }
+    }
+
+    /// The variant's name; exhaustive, so a new `AdminRequest` variant
+    /// does not compile until the test below reaches it from the command
+    /// line.
+    fn variant(request: &AdminRequest) -> &'static str {
+        match request {
+            AdminRequest::Workers {} => "workers",
+            AdminRequest::Drain { .. } => "drain",
+            AdminRequest::Resume { .. } => "resume",
+            AdminRequest::Migrate { .. } => "migrate",
+            AdminRequest::Reload { .. } => "reload",
+            AdminRequest::Scale { .. } => "scale",
+        }
+    }
+
+    #[test]
+    fn every_admin_request_is_reachable_from_the_command_line() {
+        let cases: Vec<(&[&str], AdminRequest)> = vec![
+            (&["workers"], AdminRequest::Workers {}),
+            (
+                &["drain", "w1", "--park"],
+                AdminRequest::Drain {
+                    worker: "w1".into(),
+                    park: true,
+                },
+            ),
+            (
+                &["resume", "w1"],
+                AdminRequest::Resume {
+                    worker: "w1".into(),
+                },
+            ),
+            (
+                &["migrate", "w1", "cuda:0", "--carry-tokens", "0"],
+                AdminRequest::Migrate {
+                    worker: "w1".into(),
+                    device: "cuda:0".into(),
+                    carry_tokens: Some(0),
+                },
+            ),
+            (
+                &["reload", "w1", "--model-path", "new.gguf"],
+                AdminRequest::Reload {
+                    worker: "w1".into(),
+                    model_path: Some("new.gguf".into()),
+                },
+            ),
+            (
+                &["scale", "smollm2", "3", "--device", "cpu:1"],
+                AdminRequest::Scale {
+                    model: "smollm2".into(),
+                    workers: 3,
+                    device: Some("cpu:1".into()),
+                },
+            ),
+        ];
+        for (argv, expected) in &cases {
+            assert_eq!(&parse(argv).unwrap(), expected, "{argv:?}");
+            assert_eq!(argv[0], variant(expected));
+        }
+        let reached: std::collections::BTreeSet<_> =
+            cases.iter().map(|(_, request)| variant(request)).collect();
+        assert_eq!(reached.len(), 6, "every variant has a case: {reached:?}");
+        assert_eq!(
+            parse(&["drain", "w1"]).unwrap(),
+            AdminRequest::Drain {
+                worker: "w1".into(),
+                park: false
+            }
+        );
+        assert!(parse(&["scale", "smollm2"]).is_err(), "workers is required");
+        assert!(parse(&["frobnicate"]).is_err());
+    }
 
     #[test]
     fn table_shows_usage_and_hit_rate() {

@@ -1,7 +1,7 @@
 //! The `zinfer` command: serve models over ZeroMQ, talk to a running router,
 //! benchmark it.
 
-mod bench;
+mod bench_cmd;
 mod ctl;
 mod generate;
 mod http_cmd;
@@ -65,7 +65,7 @@ enum Command {
     /// Serve the OpenAI-compatible HTTP API in front of a running router.
     Http(http_cmd::HttpArgs),
     /// Benchmark a running router with a reproducible workload.
-    Bench(bench::BenchArgs),
+    Bench(bench_cmd::BenchCmdArgs),
     /// Administer a running router: list, scale, drain, resume, migrate or
     /// reload workers.
     Ctl(ctl::CtlArgs),
@@ -97,11 +97,11 @@ fn main() -> anyhow::Result<()> {
         Command::Generate(args) => generate::run(args),
         Command::Router(args) => router_cmd::run(args),
         Command::Http(args) => http_cmd::run(args),
-        Command::Bench(args) => bench::run(args),
+        Command::Bench(args) => bench_cmd::run(args),
         Command::Ctl(args) => ctl::run(args),
         Command::Keys(command) => keys::run(command),
         Command::Model(ModelCommand::Fetch) => {
-            let path = zinfer_worker::fetch::fetch_default_model(true)?;
+            let path = zinfer_fetch::fetch_default_model(true)?;
             println!("{}", path.display());
             Ok(())
         }

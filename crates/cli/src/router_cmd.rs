@@ -63,7 +63,7 @@ pub(crate) struct RouterArgs {
     #[arg(long, default_value_t = 300, env = "ZINFER_SPAWN_TIMEOUT")]
     pub(crate) spawn_timeout: u64,
     /// Cached tokens `ctl migrate` carries to the new worker by default.
-    #[arg(long, default_value_t = 16_384, env = "ZINFER_CARRY_TOKENS")]
+    #[arg(long, default_value_t = zinfer_router::DEFAULT_CARRY_TOKENS, env = "ZINFER_CARRY_TOKENS")]
     pub(crate) carry_tokens: u64,
     /// Turn the autoscaler on: at most this many workers per model a
     /// supervisor offers.

@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use zinfer_curve::{ClientCurve, KeyPair, PublicKey};
 use zinfer_protocol::{AdminReply, AdminRequest};
 use zinfer_router::RouterConfig;
+use zinfer_worker::device::Device;
 
 use crate::http_cmd::{Front, HttpOptions};
 use crate::router_cmd::RouterArgs;
@@ -36,7 +37,7 @@ pub(crate) struct ServeArgs {
         env = "ZINFER_DEVICE",
         value_delimiter = ','
     )]
-    devices: Vec<String>,
+    devices: Vec<Device>,
     /// First port of the workers' /metrics endpoints (worker slot i uses port + i).
     #[arg(long, default_value_t = 9101, env = "ZINFER_WORKER_METRICS_PORT")]
     worker_metrics_port: u16,
@@ -294,15 +295,28 @@ mod tests {
     #[test]
     fn devices_expand_and_reject_unknown() {
         let check = supervisor_cmd::check_devices;
-        let auto = check(&["auto".into()]).unwrap();
+        let auto = check(&[Device::Auto]).unwrap();
         assert!(auto == ["cpu"] || auto == ["cuda:0"], "{auto:?}");
-        assert_eq!(check(&["cpu:1".into()]).unwrap(), ["cpu:1"]);
-        let err = check(&["tpu".into()]).unwrap_err().to_string();
-        assert!(err.contains("unknown device"), "{err}");
-        if !zinfer_worker::device::Device::Cuda(0).is_built() {
-            let err = check(&["cuda:0".into()]).unwrap_err().to_string();
+        assert_eq!(check(&[Device::CpuSet(1)]).unwrap(), ["cpu:1"]);
+        if !Device::Cuda(0).is_built() {
+            let err = check(&[Device::Cuda(0)]).unwrap_err().to_string();
             assert!(err.contains("--features cuda"), "{err}");
         }
+    }
+
+    #[test]
+    fn device_flags_parse_into_devices() {
+        use clap::Parser;
+        let cli =
+            crate::Cli::try_parse_from(["zinfer", "serve", "--device", "cpu:0,cuda:1"]).unwrap();
+        let crate::Command::Serve(args) = cli.command else {
+            panic!("not serve");
+        };
+        assert_eq!(args.devices, [Device::CpuSet(0), Device::Cuda(1)]);
+        let err = crate::Cli::try_parse_from(["zinfer", "serve", "--device", "tpu"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unknown device `tpu`"), "{err}");
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub(crate) struct SupervisorCmdArgs {
         env = "ZINFER_DEVICE",
         value_delimiter = ','
     )]
-    devices: Vec<String>,
+    devices: Vec<Device>,
     /// First port of the workers' /metrics endpoints (one port per worker).
     #[arg(long, env = "ZINFER_WORKER_METRICS_PORT")]
     worker_metrics_port: Option<u16>,
@@ -128,11 +128,12 @@ pub(crate) fn worker_curve_args(
     ])
 }
 
-/// Checks every device names one this build can use.
-pub(crate) fn check_devices(devices: &[String]) -> anyhow::Result<Vec<String>> {
+/// Checks this build can use every device and resolves `auto`, as the
+/// names the supervisor hands its workers.
+pub(crate) fn check_devices(devices: &[Device]) -> anyhow::Result<Vec<String>> {
     devices
         .iter()
-        .map(|d| Ok(d.parse::<Device>()?.check()?.to_string()))
+        .map(|device| Ok(device.check()?.to_string()))
         .collect()
 }
 

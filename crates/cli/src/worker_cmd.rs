@@ -112,7 +112,7 @@ pub(crate) fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
             }
             Ok(path.to_path_buf())
         }
-        None => zinfer_worker::fetch::default_model_path()
+        None => zinfer_fetch::default_model_path()
             .context("fetching the default model (or pass --model PATH)"),
     }
 }
@@ -162,10 +162,17 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     let metrics = WorkerMetrics::new()?;
     metrics.kv_capacity.set(engine.kv_capacity() as i64);
     metrics.set_info(engine.model_name(), &device);
-    if let Some(addr) = args.metrics {
-        let exported = metrics.clone();
-        zinfer_worker::metrics::serve(addr, Arc::new(move || exported.render()))?;
-    }
+    // Answers scrapes and probes until `run` returns.
+    let _metrics_server = match args.metrics {
+        Some(addr) => {
+            let exported = metrics.clone();
+            Some(zinfer_worker::metrics::serve(
+                addr,
+                Arc::new(move || exported.render()),
+            )?)
+        }
+        None => None,
+    };
 
     let (stop_tx, stop_rx) = crossbeam_channel::bounded(1);
     ctrlc::set_handler(move || {

@@ -710,18 +710,25 @@ pub struct WorkerInfo {
 }
 
 /// admin -> router, on the control socket.
+///
+/// With the `clap` feature it is also `zinfer ctl`'s command line, so every
+/// admin operation is a `ctl` subcommand and the two cannot drift apart;
+/// the doc comments below are its help texts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::Subcommand))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum AdminRequest {
-    /// List workers with state and load.
+    /// List workers: id, device, model, state, running / waiting, KV usage,
+    /// hit rate, memory.
     Workers {},
-    /// Stop routing to a worker, let its requests finish, then stop it
-    /// (or park it: keep it running, idle, until `resume`).
+    /// Stop routing new requests to a worker, let its running ones finish,
+    /// then stop it (or park it with --park).
     Drain {
-        /// Worker id.
+        /// Worker id, as `ctl workers` lists it.
         worker: String,
-        /// Keep the drained worker running instead of stopping it.
+        /// Keep the drained worker running, idle, until `resume`.
         #[serde(default)]
+        #[cfg_attr(feature = "clap", arg(long, env = "ZINFER_DRAIN_PARK"))]
         park: bool,
     },
     /// Route to a draining or parked worker again.
@@ -736,29 +743,34 @@ pub enum AdminRequest {
         worker: String,
         /// Target device, e.g. `cpu:1` or `cuda:0`.
         device: String,
-        /// Most cached tokens to carry; absent: the router's default; 0:
-        /// carry nothing.
+        /// Most cached tokens to carry (0: none). Absent: the router's
+        /// --carry-tokens.
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "clap", arg(long, env = "ZINFER_CARRY_TOKENS"))]
         carry_tokens: Option<u64>,
     },
     /// Replace a worker by one loading a (new) model file on the same
-    /// device; no cache is carried (other weights make other K/V).
+    /// device, with no downtime; no cache is carried (other weights make
+    /// other K/V).
     Reload {
         /// Worker id.
         worker: String,
-        /// Model file for the replacement; absent: the same model again.
+        /// Model file for the replacement. Absent: the same model again.
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "clap", arg(long, env = "ZINFER_RELOAD_MODEL_PATH"))]
         model_path: Option<String>,
     },
     /// Set how many workers serve a model; answered when that many are
     /// routable (new ones registered, surplus ones draining), or it failed.
+    /// Needs a supervisor (`zinfer serve`, or `zinfer supervisor`).
     Scale {
-        /// Model name.
+        /// Model name, as `ctl workers` lists it.
         model: String,
-        /// Wanted number of workers.
+        /// Wanted number of workers (0 drains them all).
         workers: u32,
-        /// Device for new workers; absent: the supervisor's least used.
+        /// Device for new workers. Absent: the supervisor's least used.
         #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[cfg_attr(feature = "clap", arg(long, env = "ZINFER_DEVICE"))]
         device: Option<String>,
     },
 }

@@ -4,6 +4,11 @@ use std::{fmt, net::SocketAddr, str::FromStr, time::Duration};
 
 use zinfer_protocol::Limits;
 
+/// Cached tokens a migration carries when neither `ctl migrate` nor the
+/// router's flags say: enough for a few long system prompts, small enough
+/// to move in well under a second on one host.
+pub const DEFAULT_CARRY_TOKENS: u64 = 16_384;
+
 /// How the router picks a worker for a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Policy {
@@ -185,7 +190,7 @@ impl Default for RouterConfig {
             poll_interval: Duration::from_millis(100),
             hwm: 100_000,
             spawn_timeout: Duration::from_secs(300),
-            carry_tokens: 16_384,
+            carry_tokens: DEFAULT_CARRY_TOKENS,
             carry_timeout: Duration::from_secs(60),
             spawn_backoff_max: Duration::from_secs(60),
             autoscale: None,

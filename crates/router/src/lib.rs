@@ -62,7 +62,9 @@ mod metrics;
 mod server;
 
 pub use crate::auth::CurveConfig;
-pub use crate::config::{AutoscaleConfig, ParsePolicyError, Policy, RouterConfig};
+pub use crate::config::{
+    AutoscaleConfig, DEFAULT_CARRY_TOKENS, ParsePolicyError, Policy, RouterConfig,
+};
 pub use crate::core::{Action, Addr, Core, Peer, SendFailure};
 pub use crate::metrics::{Metrics, MetricsError, MetricsServer};
 pub use crate::server::{Endpoints, Router};

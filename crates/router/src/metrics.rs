@@ -1,38 +1,14 @@
-//! Prometheus metrics of the router, in a private registry, and the tiny
-//! HTTP server that exposes them at `/metrics`, with the `process_*`
-//! families (CPU seconds, resident memory, open fds) of the prometheus
-//! crate's process collector on Linux.
-
-use std::{
-    net::SocketAddr,
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-    },
-    thread::JoinHandle,
-    time::Duration,
-};
+//! Prometheus metrics of the router, in a private registry, with the
+//! `process_*` families (CPU seconds, resident memory, open fds) of the
+//! prometheus crate's process collector on Linux, and what its `/ready`
+//! probe answers; `zinfer-metrics-http` serves them.
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
 };
 
-/// Failure to set up metrics.
-#[derive(Debug, thiserror::Error)]
-pub enum MetricsError {
-    /// A metric could not be registered (a bug: names clash).
-    #[error("registering metric failed: {0}")]
-    Register(#[from] prometheus::Error),
-    /// The HTTP listener could not bind.
-    #[error("cannot serve /metrics on {addr}: {reason}; pick a free address or turn metrics off")]
-    Bind {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// What the OS said.
-        reason: String,
-    },
-}
+pub use zinfer_metrics_http::{MetricsError, MetricsServer};
 
 /// Every router metric. Cheap to update from the core (atomics only).
 pub struct Metrics {
@@ -300,98 +276,23 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics` on its own thread until dropped.
-pub struct MetricsServer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-    addr: SocketAddr,
-}
-
-impl MetricsServer {
-    /// Binds `addr` and starts answering `GET /metrics` from `metrics`.
-    pub fn start(addr: SocketAddr, metrics: Arc<Metrics>) -> Result<Self, MetricsError> {
-        let server = tiny_http::Server::http(addr).map_err(|err| MetricsError::Bind {
-            addr,
-            reason: err.to_string(),
-        })?;
-        let bound = server.server_addr().to_ip().unwrap_or(addr);
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = std::thread::Builder::new()
-            .name("router-metrics".into())
-            .spawn(move || serve(&server, &metrics, &flag))
-            .map_err(|err| MetricsError::Bind {
-                addr,
-                reason: err.to_string(),
-            })?;
-        Ok(MetricsServer {
-            stop,
-            thread: Some(thread),
-            addr: bound,
-        })
+/// `/metrics` renders every metric; `/ready` is 200 while at least one
+/// worker is ready to take requests, 503 otherwise.
+impl zinfer_metrics_http::Exporter for Metrics {
+    fn render(&self) -> String {
+        Metrics::render(self)
     }
 
-    /// The address actually bound (useful with port 0).
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-}
-
-impl Drop for MetricsServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take()
-            && thread.join().is_err()
-        {
-            tracing::error!("metrics thread panicked");
+    fn ready(&self) -> Result<String, String> {
+        let ready = self
+            .workers
+            .with_label_values(&[zinfer_protocol::WorkerState::Ready.as_str()])
+            .get();
+        if ready > 0 {
+            Ok(format!("ready: {ready} worker(s)\n"))
+        } else {
+            Err("not ready: no worker is ready\n".into())
         }
-    }
-}
-
-fn serve(server: &tiny_http::Server, metrics: &Metrics, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        let request = match server.recv_timeout(Duration::from_millis(100)) {
-            Ok(Some(request)) => request,
-            Ok(None) => continue,
-            Err(err) => {
-                tracing::warn!(%err, "metrics listener failed");
-                continue;
-            }
-        };
-        let response = match request.url() {
-            "/metrics" => {
-                let content_type = tiny_http::Header::from_bytes(
-                    &b"Content-Type"[..],
-                    &b"text/plain; version=0.0.4; charset=utf-8"[..],
-                );
-                let response = tiny_http::Response::from_string(metrics.render());
-                match content_type {
-                    Ok(header) => response.with_header(header),
-                    Err(()) => response,
-                }
-            }
-            "/health" => tiny_http::Response::from_string("ok\n"),
-            "/ready" => probe_ready(metrics),
-            _ => tiny_http::Response::from_string("not found; try /metrics, /health or /ready\n")
-                .with_status_code(404),
-        };
-        if let Err(err) = request.respond(response) {
-            tracing::debug!(%err, "metrics client went away");
-        }
-    }
-}
-
-/// `/ready`: 200 while at least one worker is ready to take requests,
-/// 503 otherwise (for load balancers and Kubernetes readiness probes).
-fn probe_ready(metrics: &Metrics) -> tiny_http::Response<std::io::Cursor<Vec<u8>>> {
-    let ready = metrics
-        .workers
-        .with_label_values(&[zinfer_protocol::WorkerState::Ready.as_str()])
-        .get();
-    if ready > 0 {
-        tiny_http::Response::from_string(format!("ready: {ready} worker(s)\n"))
-    } else {
-        tiny_http::Response::from_string("not ready: no worker is ready\n").with_status_code(503)
     }
 }
 
@@ -399,6 +300,12 @@ fn probe_ready(metrics: &Metrics) -> tiny_http::Response<std::io::Cursor<Vec<u8>
 mod tests {
     use super::*;
     use std::io::Write;
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    fn start(metrics: Arc<Metrics>) -> MetricsServer {
+        MetricsServer::start("127.0.0.1:0".parse().unwrap(), "router-metrics", metrics).unwrap()
+    }
 
     fn get(addr: SocketAddr, path: &str) -> String {
         let mut stream = std::net::TcpStream::connect(addr).unwrap();
@@ -415,7 +322,7 @@ mod tests {
     #[test]
     fn health_and_ready_probes() {
         let metrics = Arc::new(Metrics::new().unwrap());
-        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), metrics.clone()).unwrap();
+        let server = start(metrics.clone());
         assert!(get(server.addr(), "/health").starts_with("HTTP/1.1 200"));
         let response = get(server.addr(), "/ready");
         assert!(response.starts_with("HTTP/1.1 503"), "{response}");
@@ -430,7 +337,7 @@ mod tests {
     fn http_endpoint_serves_metrics() {
         let metrics = Arc::new(Metrics::new().unwrap());
         metrics.relayed_chunks.inc_by(7);
-        let server = MetricsServer::start("127.0.0.1:0".parse().unwrap(), metrics).unwrap();
+        let server = start(metrics);
         let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();
         stream
             .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

@@ -62,7 +62,11 @@ impl Router {
         }
         let metrics = Arc::new(Metrics::new()?);
         let metrics_server = match config.metrics {
-            Some(addr) => Some(MetricsServer::start(addr, Arc::clone(&metrics))?),
+            Some(addr) => Some(MetricsServer::start(
+                addr,
+                "router-metrics",
+                Arc::clone(&metrics),
+            )?),
             None => None,
         };
         let context = zmq::Context::new();

@@ -20,9 +20,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use zinfer_fetch::test_model_path;
 use zinfer_protocol::{GenerateRequest, Timings, Usage};
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
-use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, load};
 use zinfer_worker::sampling::{Sampler, SamplingParams};
 

@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use zinfer_worker::fetch::test_model_path;
+use zinfer_fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, SeqChunk, load};
 
 const PROMPT: &str = "The history of the city goes back many centuries, and its streets \

@@ -107,7 +107,7 @@ fn main() -> Result<()> {
     };
     let tok_path = match args.tokenizer_from {
         Some(p) => p,
-        None => zinfer_worker::fetch::test_model_path()?,
+        None => zinfer_fetch::test_model_path()?,
     };
     let mut f = std::fs::File::open(&tok_path)
         .map_err(|e| format!("opening {}: {e}", tok_path.display()))?;

@@ -8,7 +8,6 @@
 pub mod detokenize;
 pub mod device;
 pub mod engine;
-pub mod fetch;
 pub mod metrics;
 pub mod migration;
 pub mod model;

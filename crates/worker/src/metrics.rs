@@ -9,28 +9,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::thread::JoinHandle;
 
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
     Opts, Registry, TextEncoder,
 };
 
-/// Errors starting the metrics endpoint.
-#[derive(Debug, thiserror::Error)]
-pub enum MetricsError {
-    /// The HTTP listener could not bind.
-    #[error("cannot serve metrics on {addr}: {reason}; pick a free address with --metrics")]
-    Bind {
-        /// The address asked for.
-        addr: SocketAddr,
-        /// What the OS said.
-        reason: String,
-    },
-    /// A metric could not be registered (a bug: duplicate name).
-    #[error("metric registration failed: {0}")]
-    Register(#[from] prometheus::Error),
-}
+pub use zinfer_metrics_http::{MetricsError, MetricsServer};
 
 /// Latency buckets in seconds, from 1 ms to 2 minutes.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -214,50 +199,29 @@ fn register_process_collector(registry: &Registry) -> Result<(), MetricsError> {
     Ok(())
 }
 
-/// Serves `GET /metrics`, and the probes `GET /health` and `GET /ready`
-/// (any other path: 404), on its own thread until the process exits.
+/// Serves `GET /metrics` from `render`, and the probes `GET /health` and
+/// `GET /ready` (any other path: 404), on its own thread until the
+/// returned server is dropped.
 pub fn serve(
     addr: SocketAddr,
     render: Arc<dyn Fn() -> String + Send + Sync>,
-) -> Result<JoinHandle<()>, MetricsError> {
-    let server = tiny_http::Server::http(addr).map_err(|e| MetricsError::Bind {
-        addr,
-        reason: e.to_string(),
-    })?;
-    std::thread::Builder::new()
-        .name("metrics-http".into())
-        .spawn(move || {
-            for request in server.incoming_requests() {
-                let response = match request.url() {
-                    "/metrics" => {
-                        let header = tiny_http::Header::from_bytes(
-                            &b"Content-Type"[..],
-                            &b"text/plain; version=0.0.4; charset=utf-8"[..],
-                        );
-                        let mut response = tiny_http::Response::from_string(render());
-                        if let Ok(header) = header {
-                            response.add_header(header);
-                        }
-                        response
-                    }
-                    // The listener starts once the model is loaded, so a
-                    // worker that answers at all can serve: both probes pass.
-                    "/health" => tiny_http::Response::from_string("ok\n"),
-                    "/ready" => tiny_http::Response::from_string("ready: model loaded\n"),
-                    _ => tiny_http::Response::from_string(
-                        "not found: try /metrics, /health or /ready\n",
-                    )
-                    .with_status_code(404),
-                };
-                if let Err(error) = request.respond(response) {
-                    tracing::debug!(%error, "metrics client went away");
-                }
-            }
-        })
-        .map_err(|e| MetricsError::Bind {
-            addr,
-            reason: e.to_string(),
-        })
+) -> Result<MetricsServer, MetricsError> {
+    MetricsServer::start(addr, "metrics-http", Arc::new(Loaded(render)))
+}
+
+/// A loaded worker's exports.
+struct Loaded(Arc<dyn Fn() -> String + Send + Sync>);
+
+impl zinfer_metrics_http::Exporter for Loaded {
+    fn render(&self) -> String {
+        (self.0)()
+    }
+
+    /// The listener starts once the model is loaded, so a worker that
+    /// answers at all can serve: both probes pass.
+    fn ready(&self) -> Result<String, String> {
+        Ok("ready: model loaded\n".into())
+    }
 }
 
 #[cfg(test)]
@@ -267,10 +231,12 @@ mod tests {
     #[test]
     fn serves_metrics_and_probes() {
         use std::io::{Read, Write};
-        let addr = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .unwrap();
-        let _thread = serve(addr, Arc::new(|| "zinfer_worker_x 1\n".to_string())).unwrap();
+        let server = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(|| "zinfer_worker_x 1\n".to_string()),
+        )
+        .unwrap();
+        let addr = server.addr();
         let get = |path: &str| {
             let mut stream = std::net::TcpStream::connect(addr).unwrap();
             write!(
@@ -284,7 +250,9 @@ mod tests {
         };
         assert!(get("/metrics").contains("zinfer_worker_x 1"));
         assert!(get("/health").starts_with("HTTP/1.1 200"));
-        assert!(get("/ready").starts_with("HTTP/1.1 200"));
+        let ready = get("/ready");
+        assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+        assert!(ready.ends_with("ready: model loaded\n"), "{ready}");
         assert!(get("/other").starts_with("HTTP/1.1 404"));
     }
 

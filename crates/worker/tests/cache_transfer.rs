@@ -10,10 +10,10 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, bounded};
+use zinfer_fetch::test_model_path;
 use zinfer_protocol::{GenerateRequest, Usage};
 use zinfer_worker::device::{Device, test_device};
 use zinfer_worker::engine::{Engine, EngineConfig, EngineError, EngineEvent, EngineHandle};
-use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, LoadedModel, ModelError, SeqChunk, load, load_candle};
 use zinfer_worker::scheduler::SchedulerConfig;
 use zinfer_worker::{CacheBlock, KvShape};

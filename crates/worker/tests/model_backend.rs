@@ -11,8 +11,8 @@
 use std::path::Path;
 
 use candle_core::quantized::GgmlDType;
+use zinfer_fetch::test_model_path;
 use zinfer_worker::device::{Device, test_device};
-use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, LoadedModel, SeqChunk, load, load_candle};
 
 mod support;

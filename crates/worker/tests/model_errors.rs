@@ -6,8 +6,8 @@
 use std::path::PathBuf;
 
 use candle_core::quantized::{QTensor, gguf_file};
+use zinfer_fetch::test_model_path;
 use zinfer_worker::device::DeviceError;
-use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, ModelError, load};
 
 fn scratch(name: &str) -> PathBuf {

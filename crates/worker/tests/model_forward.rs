@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use candle_core::quantized::GgmlDType;
-use zinfer_worker::fetch::test_model_path;
+use zinfer_fetch::test_model_path;
 use zinfer_worker::model::{KvDtype, LoadOptions, LoadedModel, SeqChunk, load};
 
 mod support;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
-use zinfer_worker::fetch::test_model_path;
+use zinfer_fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, LoadedModel, load};
 
 mod support;

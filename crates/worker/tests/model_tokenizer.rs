@@ -2,8 +2,8 @@
 
 #![allow(clippy::unwrap_used)] // tests may unwrap (team rules)
 
+use zinfer_fetch::test_model_path;
 use zinfer_protocol::ChatMessage;
-use zinfer_worker::fetch::test_model_path;
 use zinfer_worker::model::{LoadOptions, LoadedModel, load};
 
 fn model() -> LoadedModel {

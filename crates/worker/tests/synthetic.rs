@@ -8,7 +8,7 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, Value};
-use zinfer_worker::fetch::test_model_path;
+use zinfer_fetch::test_model_path;
 use zinfer_worker::model::{KvShape, LoadOptions, SeqChunk, load};
 mod support;
 use support::{max_abs_diff, one_shot, reference_logits, top_k};

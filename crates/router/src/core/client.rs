@@ -7,7 +7,7 @@ use zinfer_protocol::{
     RouterToWorker, Timings, Usage, decode, recover_id,
 };
 
-use super::{Addr, Core, Peer, Request, millis, seconds};
+use super::{Addr, Core, Peer, Progress, Request, Stage, millis, seconds};
 use crate::{
     Policy,
     index::{index_namespace, prefix_key},
@@ -128,11 +128,7 @@ impl Core {
             request,
             key,
             arrived: now,
-            worker: None,
-            retried: false,
-            output_sent: false,
-            cancel_sent: false,
-            dispatched: false,
+            stage: Stage::Queued,
             last_chunk: None,
             span,
         };
@@ -165,18 +161,24 @@ impl Core {
         let Some(request) = self.requests.get_mut(&rid) else {
             return;
         };
-        match request.worker.clone() {
-            None => self.finish_cancelled(now, rid),
-            Some(identity) => {
-                if request.cancel_sent {
-                    return;
-                }
-                request.cancel_sent = true;
-                if let Some(worker) = self.workers.get(&identity) {
-                    let to = Peer::Worker(worker.addr.clone());
-                    self.send(to, &RouterToWorker::Cancel { rid });
-                }
+        match &mut request.stage {
+            Stage::Queued | Stage::Requeued => self.finish_cancelled(now, rid),
+            Stage::Running { progress, .. } if *progress == Progress::Cancelling => {}
+            Stage::Running {
+                worker, progress, ..
+            } => {
+                *progress = Progress::Cancelling;
+                let identity = worker.clone();
+                self.forward_cancel(rid, &identity);
             }
+        }
+    }
+
+    /// Tells the worker `identity` to stop request `rid`.
+    fn forward_cancel(&mut self, rid: u64, identity: &[u8]) {
+        if let Some(worker) = self.workers.get(identity) {
+            let to = Peer::Worker(worker.addr.clone());
+            self.send(to, &RouterToWorker::Cancel { rid });
         }
     }
 
@@ -190,7 +192,7 @@ impl Core {
             .requests
             .with_label_values(&["cancelled"])
             .inc();
-        let queue_s = if request.dispatched {
+        let queue_s = if request.stage.dispatched() {
             0.0
         } else {
             seconds(request.arrived, now)
@@ -222,22 +224,22 @@ impl Core {
             let Some(request) = self.requests.get_mut(&rid) else {
                 continue;
             };
-            match request.worker.clone() {
-                None => {
+            match &mut request.stage {
+                Stage::Queued | Stage::Requeued => {
                     self.take(now, rid);
                     self.metrics
                         .requests
                         .with_label_values(&["client_gone"])
                         .inc();
                 }
-                Some(identity) if !request.cancel_sent => {
-                    request.cancel_sent = true;
-                    if let Some(worker) = self.workers.get(&identity) {
-                        let to = Peer::Worker(worker.addr.clone());
-                        self.send(to, &RouterToWorker::Cancel { rid });
-                    }
+                Stage::Running { progress, .. } if *progress == Progress::Cancelling => {}
+                Stage::Running {
+                    worker, progress, ..
+                } => {
+                    *progress = Progress::Cancelling;
+                    let identity = worker.clone();
+                    self.forward_cancel(rid, &identity);
                 }
-                Some(_) => {}
             }
         }
     }

@@ -111,17 +111,67 @@ struct Request {
     index_namespace: String,
     arrived: Instant,
     deadline: Option<Instant>,
-    /// The worker running it; `None` while queued.
-    worker: Option<Vec<u8>>,
-    /// Already re-sent once after losing its worker.
-    retried: bool,
-    /// A chunk reached the client, so a retry would repeat output.
-    output_sent: bool,
-    cancel_sent: bool,
-    dispatched: bool,
+    /// Queued or running, and what losing its worker would mean.
+    stage: Stage,
     last_chunk: Option<Instant>,
     /// Span carrying `rid` and the client's `id` for this request's logs.
     span: tracing::Span,
+}
+
+/// Where an accepted request stands. Each variant answers what a lost
+/// worker, a cancel or a `done` means for it, so no combination of flags
+/// can contradict another.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Stage {
+    /// In the queue, never sent to a worker.
+    Queued,
+    /// Back in the queue after its first worker was lost before any
+    /// output; losing a second worker ends it.
+    Requeued,
+    /// On `worker`.
+    Running {
+        worker: Vec<u8>,
+        /// This is its second worker: losing it ends the request.
+        retried: bool,
+        progress: Progress,
+    },
+}
+
+/// How far a running request got, which decides its fate if its worker
+/// is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Progress {
+    /// Nothing reached the client yet: it can be re-sent elsewhere once.
+    Silent,
+    /// A chunk reached the client, so a retry would repeat output.
+    Streamed,
+    /// The client cancelled and the worker was told; the request ends as
+    /// cancelled whether the worker answers or is lost.
+    Cancelling,
+}
+
+impl Stage {
+    /// The worker running the request, if it runs.
+    fn worker(&self) -> Option<&[u8]> {
+        match self {
+            Stage::Running { worker, .. } => Some(worker),
+            Stage::Queued | Stage::Requeued => None,
+        }
+    }
+
+    /// Whether it already lost one worker and was re-sent.
+    fn retried(&self) -> bool {
+        match self {
+            Stage::Queued => false,
+            Stage::Requeued => true,
+            Stage::Running { retried, .. } => *retried,
+        }
+    }
+
+    /// Whether it ever left the queue for a worker.
+    fn dispatched(&self) -> bool {
+        !matches!(self, Stage::Queued)
+    }
 }
 
 impl Request {
@@ -345,7 +395,7 @@ impl Core {
         if self.queue.remove(&request.queue_key(rid)) {
             self.metrics.queue_depth.set(self.queue.len() as i64);
         }
-        if let Some(identity) = &request.worker
+        if let Some(identity) = request.stage.worker()
             && let Some(worker) = self.workers.get_mut(identity)
             && worker.inflight.remove(&rid)
         {

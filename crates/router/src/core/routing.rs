@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use zinfer_protocol::{ErrorCode, RouterToWorker};
 
-use super::{Core, Peer, remaining_ms, seconds};
+use super::{Core, Peer, Progress, Stage, remaining_ms, seconds};
 use crate::Policy;
 
 /// Why a worker was chosen; the label of the routing-decision metric.
@@ -172,13 +172,16 @@ impl Core {
             }
             forwarded.deadline_ms = Some(left);
         }
-        if !request.dispatched {
-            request.dispatched = true;
+        if !request.stage.dispatched() {
             self.metrics
                 .queue_time
                 .observe(seconds(request.arrived, now));
         }
-        request.worker = Some(identity.clone());
+        request.stage = Stage::Running {
+            worker: identity.clone(),
+            retried: request.stage.retried(),
+            progress: Progress::Silent,
+        };
         let Some(worker) = self.workers.get_mut(&identity) else {
             return;
         };
@@ -199,7 +202,6 @@ impl Core {
 
     pub(super) fn enqueue(&mut self, rid: u64) {
         if let Some(request) = self.requests.get_mut(&rid) {
-            request.worker = None;
             self.queue.insert(request.queue_key(rid));
             self.metrics.queue_depth.set(self.queue.len() as i64);
             if let Some(deadline) = request.deadline {
@@ -221,7 +223,7 @@ impl Core {
             };
             let model = request.request.model.clone().unwrap_or_default();
             if !self.any_routable(&model) {
-                let (code, message) = if request.retried {
+                let (code, message) = if request.stage.retried() {
                     (
                         ErrorCode::WorkerLost,
                         "the worker running the request was lost and no other worker \

@@ -11,7 +11,7 @@ use zinfer_protocol::{
     Timings, TokenLogprob, Usage, WorkerInfo, WorkerState, WorkerToRouter, decode,
 };
 
-use super::{Addr, Core, Peer, seconds};
+use super::{Addr, Core, Peer, Progress, Stage, seconds};
 use crate::index::PrefixIndex;
 
 /// A registered worker as the router sees it.
@@ -336,20 +336,27 @@ impl Core {
             let Some(request) = self.requests.get_mut(&rid) else {
                 continue;
             };
-            request.worker = None;
-            if request.cancel_sent {
-                self.finish_cancelled(now, rid);
-            } else if request.retried || request.output_sent {
-                let message = format!(
-                    "the worker running this request was lost ({reason}) after output \
-                     was sent; retry the request"
-                );
-                self.fail(now, rid, ErrorCode::WorkerLost, &message);
-            } else {
-                request.retried = true;
-                self.metrics.retries.inc();
-                if !self.try_dispatch(now, rid) {
-                    self.enqueue(rid);
+            let Stage::Running {
+                retried, progress, ..
+            } = request.stage
+            else {
+                continue;
+            };
+            match (progress, retried) {
+                (Progress::Cancelling, _) => self.finish_cancelled(now, rid),
+                (Progress::Streamed, _) | (Progress::Silent, true) => {
+                    let message = format!(
+                        "the worker running this request was lost ({reason}) after output \
+                         was sent; retry the request"
+                    );
+                    self.fail(now, rid, ErrorCode::WorkerLost, &message);
+                }
+                (Progress::Silent, false) => {
+                    request.stage = Stage::Requeued;
+                    self.metrics.retries.inc();
+                    if !self.try_dispatch(now, rid) {
+                        self.enqueue(rid);
+                    }
                 }
             }
         }
@@ -364,7 +371,7 @@ impl Core {
             .iter()
             .filter_map(|&(_, rid)| self.requests.get(&rid).map(|r| (rid, r)))
             .filter(|(_, r)| !self.any_routable(r.request.model.as_deref().unwrap_or("")))
-            .map(|(rid, r)| (rid, r.retried))
+            .map(|(rid, r)| (rid, r.stage.retried()))
             .collect();
         for (rid, retried) in orphans {
             if retried {
@@ -466,7 +473,7 @@ impl Core {
             tracing::debug!(rid, "chunk for an ended request; dropped");
             return;
         };
-        if request.worker.as_deref() != Some(from.identity.as_slice()) {
+        if request.stage.worker() != Some(from.identity.as_slice()) {
             tracing::debug!(rid, "chunk from a worker not running the request; dropped");
             return;
         }
@@ -492,7 +499,11 @@ impl Core {
         let Some(request) = self.requests.get_mut(&rid) else {
             return;
         };
-        request.output_sent = true;
+        if let Stage::Running { progress, .. } = &mut request.stage
+            && *progress == Progress::Silent
+        {
+            *progress = Progress::Streamed;
+        }
         let reply = ClientReply::Chunk {
             id: request.id.clone(),
             index,
@@ -575,7 +586,7 @@ impl Core {
     fn runs_on(&self, rid: u64, from: &Addr) -> bool {
         self.requests
             .get(&rid)
-            .is_some_and(|request| request.worker.as_deref() == Some(from.identity.as_slice()))
+            .is_some_and(|request| request.stage.worker() == Some(from.identity.as_slice()))
     }
 }
 

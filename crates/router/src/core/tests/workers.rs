@@ -382,3 +382,45 @@ fn models_reply_carries_the_smallest_context_and_the_vocabulary() {
     assert_eq!(models[0].context_length, Some(4096));
     assert_eq!(models[0].vocab_size, Some(49152));
 }
+
+#[test]
+fn cancelled_request_whose_worker_is_lost_ends_cancelled_not_lost() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.ready("w2", &["m"], 8);
+    h.generate("c", prompt("a", "x"));
+    let (first, rid, _) = h.dispatched().remove(0);
+    h.chunk(&first, rid, 0, "Hel");
+    h.client("c", &ClientRequest::Cancel { id: "a".into() });
+    // A chunk still in flight from the worker reaches the client.
+    h.chunk(&first, rid, 1, "lo");
+    h.client("c", &ClientRequest::Cancel { id: "a".into() });
+    let cancels = h
+        .sent()
+        .into_iter()
+        .filter(|out| matches!(out, Out::Worker(_, RouterToWorker::Cancel { .. })))
+        .count();
+    assert_eq!(cancels, 1, "cancel forwarded once");
+    h.core.handle_send_failure(
+        h.now,
+        &Peer::Worker(Addr::new(first.as_bytes())),
+        SendFailure::Unreachable,
+    );
+    let sent = h.sent();
+    assert!(
+        !sent
+            .iter()
+            .any(|o| matches!(o, Out::Worker(_, RouterToWorker::Generate { .. }))),
+        "a cancelled request is not retried: {sent:?}"
+    );
+    let terminal: Vec<_> = sent
+        .into_iter()
+        .filter_map(|out| match out {
+            Out::Client(_, ClientReply::Done { finish_reason, .. }) => Some(finish_reason),
+            Out::Client(_, other) => panic!("expected done, got {other:?}"),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(terminal, [FinishReason::Cancelled]);
+    assert_eq!(h.outcome("cancelled"), 1);
+}

