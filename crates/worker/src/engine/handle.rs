@@ -115,7 +115,7 @@ impl EngineHandle {
     /// Validates, tokenizes and queues a request. On `Ok` exactly one
     /// terminal event for `rid` follows; on `Err` none does.
     pub fn submit(&self, mut request: GenerateRequest, rid: u64) -> Result<(), EngineError> {
-        let arrival = Instant::now();
+        let arrival = self.config.clock.now();
         request
             .validate(&self.config.limits)
             .map_err(|error| EngineError::BadRequest(error.to_string()))?;

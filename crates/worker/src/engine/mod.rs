@@ -9,6 +9,7 @@
 //! bounded channel, mirroring the `chunk` / `done` / `error` messages of the
 //! protocol. Every accepted request gets exactly one terminal event.
 
+mod clock;
 mod handle;
 mod run;
 #[cfg(test)]
@@ -24,6 +25,7 @@ use crate::detokenize::{DetokenizeError, TokenDecoder};
 use crate::model::{ForwardModel, LoadedModel, ModelTokenizer};
 use crate::scheduler::SchedulerConfig;
 
+pub use clock::{Clock, VirtualClock};
 pub use handle::EngineHandle;
 pub use transfer::CacheBlock;
 
@@ -44,6 +46,11 @@ pub struct EngineConfig {
     pub event_capacity: usize,
     /// Limits every request is validated against.
     pub limits: Limits,
+    /// Where arrival times, deadlines and timings are read.
+    pub clock: Clock,
+    /// Seeds the engine's generator of sampling seeds for requests that
+    /// name none; `None`: a random seed at start-up.
+    pub seed: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +62,8 @@ impl Default for EngineConfig {
             queue_capacity: 2048,
             event_capacity: 4096,
             limits: Limits::default(),
+            clock: Clock::System,
+            seed: None,
         }
     }
 }

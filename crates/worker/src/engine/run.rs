@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use zinfer_cache::{RadixCache, TokenPool};
 use zinfer_protocol::{ErrorCode, FinishReason, Timings, TokenLogprob, TopLogprob, Usage};
 
 use super::handle::{Command, Shared, Submission};
 use super::transfer::{self, EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
-use super::{Decode, EngineConfig, EngineEvent, EngineStats, TextCodec};
+use super::{Clock, Decode, EngineConfig, EngineEvent, EngineStats, TextCodec};
 use crate::detokenize::Detokenizer;
 use crate::model::{ForwardModel, SeqChunk};
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens};
@@ -68,6 +70,9 @@ pub(super) struct EngineLoop {
     /// Cache exports in progress, oldest first; one runs at a time.
     exports: VecDeque<Export>,
     shutting_down: bool,
+    clock: Clock,
+    /// Draws the sampling seed of each request that names none.
+    seeds: StdRng,
 }
 
 impl EngineLoop {
@@ -99,6 +104,8 @@ impl EngineLoop {
             },
             exports: VecDeque::new(),
             shutting_down: false,
+            clock: config.clock.clone(),
+            seeds: StdRng::seed_from_u64(config.seed.unwrap_or_else(rand::random)),
         }
     }
 
@@ -114,12 +121,12 @@ impl EngineLoop {
             if self.shutting_down || self.shared.stopping() {
                 break;
             }
-            for rid in self.scheduler.expire(Instant::now()) {
+            for rid in self.scheduler.expire(self.clock.now()) {
                 self.finish(rid, FinishReason::Deadline);
             }
-            let started = Instant::now();
+            let started = self.clock.now();
             self.step();
-            self.stats.step_s += started.elapsed().as_secs_f64();
+            self.stats.step_s += seconds_since(started, self.clock.now());
             self.export_step();
             self.publish();
         }
@@ -211,7 +218,7 @@ impl EngineLoop {
             arrival,
         } = submission;
         self.stats.requests_accepted += 1;
-        let params = SamplingParams::from_request(&request, rand::random());
+        let params = SamplingParams::from_request(&request, self.seeds.random());
         let request_state = Request {
             rid,
             stream: request.stream,
@@ -270,7 +277,7 @@ impl EngineLoop {
     /// One scheduling step and forward pass.
     fn step(&mut self) {
         let plan = self.scheduler.schedule();
-        let now = Instant::now();
+        let now = self.clock.now();
         for &rid in &plan.exhausted {
             self.finish(rid, FinishReason::Length);
         }
@@ -315,7 +322,7 @@ impl EngineLoop {
             }
         }
         self.scheduler.complete(&plan, &sampled);
-        let now = Instant::now();
+        let now = self.clock.now();
         for (item, token) in plan.items.iter().zip(sampled) {
             if let Some(token) = token {
                 self.on_token(item.id, token, now);
@@ -336,9 +343,9 @@ impl EngineLoop {
             })
             .collect::<Option<Vec<_>>>()
             .ok_or("the scheduler planned a chunk it cannot show (bug)")?;
-        let started = Instant::now();
+        let started = self.clock.now();
         let logits = self.model.forward(&chunks).map_err(|e| e.to_string())?;
-        self.stats.forward_s += started.elapsed().as_secs_f64();
+        self.stats.forward_s += seconds_since(started, self.clock.now());
         self.stats.steps += 1;
         if logits.len() != chunks.len() {
             return Err(format!(
@@ -441,7 +448,7 @@ impl EngineLoop {
             cached_tokens: request.cached_tokens as u32,
             completion_tokens: request.generated as u32,
         };
-        let timings = timings(&request, Instant::now());
+        let timings = timings(&request, self.clock.now());
         self.stats.requests_done[reason_index(reason)] += 1;
         self.stats.prompt_tokens += request.prompt_tokens as u64;
         self.stats.cached_tokens += request.cached_tokens as u64;
@@ -593,6 +600,10 @@ fn timings(request: &Request, now: Instant) -> Timings {
             _ => 0.0,
         },
     }
+}
+
+fn seconds_since(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64()
 }
 
 fn reason_index(reason: FinishReason) -> usize {
