@@ -89,6 +89,10 @@ impl Shared {
     }
 }
 
+fn tokenizer(error: crate::model::ModelError) -> EngineError {
+    EngineError::Tokenizer(error.to_string())
+}
+
 /// Most import blocks queued for the engine at once. The command queue is
 /// bounded by count, sized for small commands; a span of the default model
 /// carries up to 11 MiB of K/V, so imports get their own, smaller bound
@@ -168,14 +172,11 @@ impl EngineHandle {
             }
             tokens.clone()
         } else if let Some(messages) = &request.messages {
-            let text = self
-                .text
-                .render_chat(messages)
-                .map_err(EngineError::Tokenizer)?;
-            self.text.encode(&text).map_err(EngineError::Tokenizer)?
+            let text = self.text.render_chat(messages).map_err(tokenizer)?;
+            self.text.encode(&text).map_err(tokenizer)?
         } else {
             let text = request.prompt.as_deref().unwrap_or_default();
-            self.text.encode(text).map_err(EngineError::Tokenizer)?
+            self.text.encode(text).map_err(tokenizer)?
         };
         if prompt.is_empty() {
             return Err(EngineError::BadRequest(

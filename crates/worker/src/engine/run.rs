@@ -13,7 +13,10 @@ use zinfer_protocol::{ErrorCode, FinishReason, Timings, TokenLogprob, TopLogprob
 
 use super::handle::{Command, Shared, Submission};
 use super::transfer::{self, EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
-use super::{Clock, Decode, EngineConfig, EngineEvent, EngineStats, TextCodec};
+use super::{
+    Clock, Decode, EngineConfig, EngineEvent, EngineStats, INTERNAL_MESSAGE, InternalError,
+    TextCodec,
+};
 use crate::detokenize::Detokenizer;
 use crate::model::{ForwardModel, SeqChunk};
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens};
@@ -34,6 +37,8 @@ const LOGPROB_CHUNK_TOKENS: usize = 16;
 /// Engine-side state of one request.
 struct Request {
     rid: u64,
+    /// The client's request id, for the log.
+    id: String,
     stream: bool,
     prompt_tokens: usize,
     sampler: Sampler,
@@ -221,6 +226,7 @@ impl EngineLoop {
         let params = SamplingParams::from_request(&request, self.seeds.random());
         let request_state = Request {
             rid,
+            id: request.id.clone(),
             stream: request.stream,
             prompt_tokens: prompt.len(),
             sampler: Sampler::new(params, &prompt),
@@ -268,7 +274,10 @@ impl EngineLoop {
                 SchedulerError::EmptyPrompt | SchedulerError::DuplicateId(_) => {
                     ErrorCode::BadRequest
                 }
-                SchedulerError::Unknown(_) => ErrorCode::Internal,
+                SchedulerError::Unknown(_) => {
+                    self.fail_internal(rid, &error.into());
+                    return;
+                }
             };
             self.fail(rid, code, &error.to_string());
         }
@@ -300,10 +309,9 @@ impl EngineLoop {
         }
         let logits = match self.forward(&plan) {
             Ok(logits) => logits,
-            Err(message) => {
-                tracing::error!(%message, "forward pass failed");
+            Err(error) => {
                 for item in &plan.items {
-                    self.fail(item.id, ErrorCode::Internal, &message);
+                    self.fail_internal(item.id, &error);
                 }
                 return;
             }
@@ -318,7 +326,7 @@ impl EngineLoop {
             };
             match request.sampler.sample(&mut row) {
                 Ok(token) => *slot = Some(token),
-                Err(error) => self.fail(item.id, ErrorCode::Internal, &error.to_string()),
+                Err(error) => self.fail_internal(item.id, &error.into()),
             }
         }
         self.scheduler.complete(&plan, &sampled);
@@ -330,7 +338,7 @@ impl EngineLoop {
         }
     }
 
-    fn forward(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, String> {
+    fn forward(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, InternalError> {
         let chunks = plan
             .items
             .iter()
@@ -342,17 +350,16 @@ impl EngineLoop {
                 })
             })
             .collect::<Option<Vec<_>>>()
-            .ok_or("the scheduler planned a chunk it cannot show (bug)")?;
+            .ok_or(InternalError::MissingChunk)?;
         let started = self.clock.now();
-        let logits = self.model.forward(&chunks).map_err(|e| e.to_string())?;
+        let logits = self.model.forward(&chunks)?;
         self.stats.forward_s += seconds_since(started, self.clock.now());
         self.stats.steps += 1;
         if logits.len() != chunks.len() {
-            return Err(format!(
-                "the model returned {} logit rows for {} chunks",
-                logits.len(),
-                chunks.len()
-            ));
+            return Err(InternalError::LogitRows {
+                rows: logits.len(),
+                chunks: chunks.len(),
+            });
         }
         Ok(logits)
     }
@@ -386,13 +393,12 @@ impl EngineLoop {
             if request.logprobs {
                 match logprobs.map(|lp| entry(self.text.as_ref(), token, lp)) {
                     Some(Ok(entry)) => request.logprob_entries.push(entry),
-                    Some(Err(message)) => {
-                        self.fail(rid, ErrorCode::Internal, &message);
+                    Some(Err(error)) => {
+                        self.fail_internal(rid, &error);
                         return;
                     }
                     None => {
-                        let message = "the sampler computed no log probabilities (bug)";
-                        self.fail(rid, ErrorCode::Internal, message);
+                        self.fail_internal(rid, &InternalError::NoLogprobs);
                         return;
                     }
                 }
@@ -412,7 +418,7 @@ impl EngineLoop {
                     }
                 }
                 Err(error) => {
-                    self.fail(rid, ErrorCode::Internal, &error.to_string());
+                    self.fail_internal(rid, &error.into());
                     return;
                 }
             }
@@ -482,6 +488,14 @@ impl EngineLoop {
             code,
             message: message.to_string(),
         });
+    }
+
+    /// Ends a request on a fault of the worker: the detail goes to the
+    /// log with the request's ids, the client gets a generic `internal`.
+    fn fail_internal(&mut self, rid: u64, error: &InternalError) {
+        let id = self.requests.get(&rid).map(|request| request.id.as_str());
+        tracing::error!(rid, id, %error, "request failed inside the worker");
+        self.fail(rid, ErrorCode::Internal, INTERNAL_MESSAGE);
     }
 
     fn fail_all(&mut self, code: ErrorCode, message: &str) {
@@ -562,10 +576,14 @@ fn chunk_event(request: &mut Request, text: String) -> EngineEvent {
 
 /// The protocol entry for a generated token, with each token's text
 /// decoded alone.
-fn entry(text: &dyn TextCodec, token: u32, logprobs: Logprobs) -> Result<TokenLogprob, String> {
+fn entry(
+    text: &dyn TextCodec,
+    token: u32,
+    logprobs: Logprobs,
+) -> Result<TokenLogprob, InternalError> {
     let decode = |id: u32| {
         text.decode(&[id])
-            .map_err(|e| format!("cannot decode token {id} for logprobs: {e}"))
+            .map_err(|source| InternalError::LogprobText { token: id, source })
     };
     let top_logprobs = logprobs
         .top
@@ -577,7 +595,7 @@ fn entry(text: &dyn TextCodec, token: u32, logprobs: Logprobs) -> Result<TokenLo
                 logprob,
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, InternalError>>()?;
     Ok(TokenLogprob {
         token,
         text: decode(token)?,

@@ -22,14 +22,14 @@ const SCRIPT: &str = "Hello, wörld! 🎉 STOP here.";
 struct Bytes;
 
 impl TextCodec for Bytes {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
         Ok(text.bytes().map(u32::from).collect())
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
         let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         Ok(messages
             .iter()
             .map(|m| format!("{}: {}\n", m.role, m.content))
@@ -259,7 +259,9 @@ fn a_failing_forward_pass_ends_its_requests_with_internal_errors() {
             .recv_timeout(Duration::from_secs(10))
             .unwrap()
         {
-            EngineEvent::Error { rid, code, .. } => {
+            EngineEvent::Error { rid, code, message } => {
+                // The model's own words stay in the log.
+                assert_eq!(message, INTERNAL_MESSAGE);
                 assert!(codes.insert(rid, code).is_none());
             }
             other => panic!("unexpected {other:?}"),
@@ -394,6 +396,23 @@ fn refusals_come_from_submit_with_their_codes() {
     };
     assert_eq!(code(handle.submit(both, 1)), ErrorCode::BadRequest);
     assert!(handle.events().is_empty(), "refusals send no events");
+}
+
+#[test]
+fn clients_see_the_detail_of_their_own_mistakes_and_only_a_code_for_worker_faults() {
+    let mine = EngineError::PromptTooLong {
+        prompt: 20,
+        capacity: 16,
+    };
+    assert_eq!(mine.client_message(), mine.to_string());
+    assert!(mine.client_message().contains("20 tokens"));
+    let fault = EngineError::Tokenizer("vocab.json: missing merges".into());
+    assert_eq!(fault.code(), ErrorCode::Internal);
+    assert_eq!(fault.client_message(), INTERNAL_MESSAGE);
+    assert!(
+        fault.to_string().contains("missing merges"),
+        "the log keeps it"
+    );
 }
 
 #[test]

@@ -188,7 +188,7 @@ impl Io {
                     if let Err(error) = self.engine.submit(request, rid) {
                         tracing::warn!(%error, "engine refused the request");
                         self.link
-                            .handle_refused(rid, error.code(), error.to_string());
+                            .handle_refused(rid, error.code(), error.client_message());
                     }
                 }
                 Action::Cancel(rid) => self.engine.cancel(rid),
