@@ -15,11 +15,14 @@ mod run;
 #[cfg(test)]
 mod tests;
 mod transfer;
+mod valid;
 
 use std::sync::Arc;
 
 use zinfer_cache::CacheConfig;
-use zinfer_protocol::{ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, Usage};
+use zinfer_protocol::{
+    ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, Usage, WorkerToRouter,
+};
 
 use crate::detokenize::{DetokenizeError, TokenDecoder};
 use crate::model::{ForwardModel, LoadedModel, ModelError, ModelTokenizer};
@@ -29,6 +32,7 @@ use crate::scheduler::{SchedulerConfig, SchedulerError};
 pub use clock::{Clock, VirtualClock};
 pub use handle::EngineHandle;
 pub use transfer::CacheBlock;
+pub use valid::ValidRequest;
 
 /// Settings of one engine.
 #[derive(Debug, Clone)]
@@ -126,6 +130,46 @@ impl EngineEvent {
     /// Whether this is the request's last event.
     pub fn is_terminal(&self) -> bool {
         !matches!(self, EngineEvent::Chunk { .. })
+    }
+}
+
+/// The protocol message an event becomes: the same fields, so this is
+/// the only place they are spelled out twice.
+impl From<EngineEvent> for WorkerToRouter {
+    fn from(event: EngineEvent) -> Self {
+        match event {
+            EngineEvent::Chunk {
+                rid,
+                index,
+                text,
+                tokens,
+                logprobs,
+            } => WorkerToRouter::Chunk {
+                rid,
+                index,
+                text,
+                tokens,
+                logprobs,
+            },
+            EngineEvent::Done {
+                rid,
+                finish_reason,
+                text,
+                usage,
+                timings,
+                logprobs,
+            } => WorkerToRouter::Done {
+                rid,
+                finish_reason,
+                text,
+                usage,
+                timings,
+                logprobs,
+            },
+            EngineEvent::Error { rid, code, message } => {
+                WorkerToRouter::Error { rid, code, message }
+            }
+        }
     }
 }
 

@@ -18,9 +18,9 @@ use super::{
     TextCodec,
 };
 use crate::detokenize::Detokenizer;
-use crate::model::{ForwardModel, SeqChunk};
+use crate::model::ForwardModel;
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens};
-use crate::scheduler::{NewSequence, Scheduler, SchedulerError, StepPlan};
+use crate::scheduler::{NewSequence, Scheduler, StepPlan};
 
 /// How long an engine with work it cannot schedule waits before retrying;
 /// only reached if admission is stuck, which is a bug.
@@ -216,12 +216,8 @@ impl EngineLoop {
     }
 
     fn admit(&mut self, submission: Submission) {
-        let Submission {
-            rid,
-            request,
-            prompt,
-            arrival,
-        } = submission;
+        let Submission { rid, request } = submission;
+        let (request, prompt, arrival) = request.into_parts();
         self.stats.requests_accepted += 1;
         let params = SamplingParams::from_request(&request, self.seeds.random());
         let request_state = Request {
@@ -268,18 +264,10 @@ impl EngineLoop {
             priority: request.priority,
             deadline,
         };
+        // A valid request fits, and the handle refuses a rid in flight:
+        // a refusal here is a bug.
         if let Err(error) = self.scheduler.submit(new) {
-            let code = match error {
-                SchedulerError::PromptTooLong { .. } => ErrorCode::PromptTooLong,
-                SchedulerError::EmptyPrompt | SchedulerError::DuplicateId(_) => {
-                    ErrorCode::BadRequest
-                }
-                SchedulerError::Unknown(_) => {
-                    self.fail_internal(rid, &error.into());
-                    return;
-                }
-            };
-            self.fail(rid, code, &error.to_string());
+            self.fail_internal(rid, &error.into());
         }
     }
 
@@ -342,13 +330,7 @@ impl EngineLoop {
         let chunks = plan
             .items
             .iter()
-            .map(|item| {
-                self.scheduler.chunk(item).map(|view| SeqChunk {
-                    tokens: view.tokens,
-                    slots: view.slots,
-                    start_pos: view.start_pos,
-                })
-            })
+            .map(|item| self.scheduler.chunk(item))
             .collect::<Option<Vec<_>>>()
             .ok_or(InternalError::MissingChunk)?;
         let started = self.clock.now();

@@ -376,6 +376,42 @@ fn the_context_length_ends_a_sequence_with_length_and_bounds_prompts() {
 }
 
 #[test]
+fn validation_happens_once_at_the_edge_and_bounds_the_output_by_the_context() {
+    let clock = VirtualClock::new(Instant::now());
+    let model = FakeModel {
+        mode: Mode::Hash,
+        delay: Duration::ZERO,
+        kv: vec![None; 256],
+        max_positions: 12,
+    };
+    let config = EngineConfig {
+        clock: clock.clone().into(),
+        ..EngineConfig::default()
+    };
+    let handle = Engine::start_with("fake".into(), Box::new(model), Arc::new(Bytes), config);
+    let valid = handle.validate(greedy("0123", 100)).unwrap();
+    assert_eq!(valid.prompt(), b"0123".map(u32::from).as_slice());
+    assert_eq!(valid.request().max_tokens, 8, "12 positions - 4 prompt");
+    assert_eq!(valid.arrival(), clock.now());
+    let both = GenerateRequest {
+        tokens: Some(vec![1]),
+        ..greedy("a", 4)
+    };
+    assert_eq!(
+        handle.validate(both).map(|_| ()).unwrap_err().code(),
+        ErrorCode::BadRequest
+    );
+    handle.submit_valid(valid.clone(), 1).unwrap();
+    assert_eq!(
+        handle.submit_valid(valid, 1),
+        Err(EngineError::DuplicateRid(1))
+    );
+    let (reason, _, usage) = done(&collect(&handle, 1));
+    assert_eq!((reason, usage.prompt_tokens), (FinishReason::Length, 4));
+    assert_eq!(usage.completion_tokens, 8);
+}
+
+#[test]
 fn refusals_come_from_submit_with_their_codes() {
     let handle = engine(Mode::Script, 16, 0, EngineConfig::default());
     let code = |result: Result<(), EngineError>| result.unwrap_err().code();
@@ -875,4 +911,38 @@ fn held_back_text_still_sends_logprobs_every_16_tokens() {
     let entries: Vec<TokenLogprob> = chunks.into_iter().flat_map(|(_, e)| e).collect();
     assert_eq!(entries.len(), SCRIPT.len());
     assert!(entries.iter().all(|e| e.top_logprobs.is_empty()));
+}
+
+#[test]
+fn events_become_the_protocol_messages_with_the_same_fields() {
+    let chunk = EngineEvent::Chunk {
+        rid: 3,
+        index: 1,
+        text: "hi".into(),
+        tokens: vec![104, 105],
+        logprobs: None,
+    };
+    assert_eq!(
+        WorkerToRouter::from(chunk),
+        WorkerToRouter::Chunk {
+            rid: 3,
+            index: 1,
+            text: "hi".into(),
+            tokens: vec![104, 105],
+            logprobs: None,
+        }
+    );
+    let error = EngineEvent::Error {
+        rid: 4,
+        code: ErrorCode::Internal,
+        message: INTERNAL_MESSAGE.into(),
+    };
+    assert_eq!(
+        WorkerToRouter::from(error),
+        WorkerToRouter::Error {
+            rid: 4,
+            code: ErrorCode::Internal,
+            message: INTERNAL_MESSAGE.into(),
+        }
+    );
 }

@@ -24,40 +24,26 @@ pub(super) fn relay_events(
 ) {
     let mut streams: HashMap<u64, Stream> = HashMap::new();
     for event in events {
-        let message = match event {
-            EngineEvent::Chunk {
-                rid,
-                index,
-                text,
-                tokens,
-                logprobs,
-            } => {
+        match &event {
+            EngineEvent::Chunk { rid, .. } => {
                 let now = Instant::now();
-                if let Some(stream) = streams.get_mut(&rid) {
+                if let Some(stream) = streams.get_mut(rid) {
                     metrics
                         .inter_token
                         .observe(now.duration_since(stream.last_chunk).as_secs_f64());
                     stream.last_chunk = now;
                 } else {
-                    streams.insert(rid, Stream { last_chunk: now });
-                }
-                WorkerToRouter::Chunk {
-                    rid,
-                    index,
-                    text,
-                    tokens,
-                    logprobs,
+                    streams.insert(*rid, Stream { last_chunk: now });
                 }
             }
             EngineEvent::Done {
                 rid,
                 finish_reason,
-                text,
                 usage,
                 timings,
-                logprobs,
+                ..
             } => {
-                streams.remove(&rid);
+                streams.remove(rid);
                 let outcome = finish_reason.as_str();
                 metrics.requests.with_label_values(&[outcome]).inc();
                 metrics.ttft.observe(timings.ttft_s);
@@ -68,21 +54,13 @@ pub(super) fn relay_events(
                     .generation_tokens
                     .inc_by(u64::from(usage.completion_tokens));
                 metrics.cached_tokens.inc_by(u64::from(usage.cached_tokens));
-                WorkerToRouter::Done {
-                    rid,
-                    finish_reason,
-                    text,
-                    usage,
-                    timings,
-                    logprobs,
-                }
             }
-            EngineEvent::Error { rid, code, message } => {
-                streams.remove(&rid);
+            EngineEvent::Error { rid, code, .. } => {
+                streams.remove(rid);
                 metrics.requests.with_label_values(&[code.as_str()]).inc();
-                WorkerToRouter::Error { rid, code, message }
             }
-        };
+        }
+        let message = WorkerToRouter::from(event);
         match zinfer_protocol::encode(&message) {
             Ok(frame) => {
                 if out.send(frame, 0).is_err() {
