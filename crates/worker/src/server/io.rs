@@ -47,7 +47,8 @@ pub(super) struct ImportState {
 /// How long a finished import may wait for the engine to take its blocks.
 const IMPORT_SETTLE: Duration = Duration::from_secs(30);
 
-/// The engine as the link sees it; a load check also refreshes the gauges.
+/// The engine as the link sees it; a load check also refreshes the gauges
+/// from the same stats snapshot.
 struct Probe<'a> {
     engine: &'a EngineHandle,
     metrics: &'a WorkerMetrics,
@@ -72,21 +73,7 @@ impl EngineProbe for Probe<'_> {
             // RSS moves by pages all the time.
             rss_bytes: crate::procfs::resident_bytes(None).map_or(0, |b| b >> 20 << 20),
         };
-        let metrics = self.metrics;
-        metrics.running.set(i64::from(load.running));
-        metrics.waiting.set(i64::from(load.waiting));
-        let kv_total = (load.kv_used + load.kv_free).max(1);
-        metrics.kv_usage.set(load.kv_used as f64 / kv_total as f64);
-        if load.cache_query_tokens > 0 {
-            metrics
-                .prefix_hit_ratio
-                .set(load.cache_hit_tokens as f64 / load.cache_query_tokens as f64);
-        }
-        let preempted = stats.preemptions;
-        let seen = metrics.preemptions.get();
-        if preempted > seen {
-            metrics.preemptions.inc_by(preempted - seen);
-        }
+        self.metrics.observe_engine(&stats);
         load
     }
 }
