@@ -26,7 +26,7 @@ pub(crate) struct EngineArgs {
     #[arg(long, env = "ZINFER_THREADS")]
     pub(crate) threads: Option<usize>,
     /// KV pool size in tokens, shared by running sequences and the prefix cache.
-    #[arg(long, default_value_t = model::DEFAULT_KV_TOKENS, env = "ZINFER_KV_TOKENS")]
+    #[arg(long, default_value_t = model::DEFAULT_KV_CAPACITY, env = "ZINFER_KV_TOKENS")]
     pub(crate) kv_tokens: usize,
     /// Most sequences decoded together in one step.
     #[arg(long, default_value_t = 32, env = "ZINFER_MAX_BATCH")]

@@ -34,7 +34,7 @@ pub struct WorkerMetrics {
     pub waiting: IntGauge,
     /// Arrival to first token.
     pub ttft: Histogram,
-    /// Time between consecutive streamed chunks of one request.
+    /// Mean time between consecutive tokens, one sample per request.
     pub inter_token: Histogram,
     /// Arrival to terminal message.
     pub e2e: Histogram,
@@ -120,7 +120,7 @@ impl WorkerMetrics {
             )?,
             inter_token: histogram(
                 "zinfer_worker_inter_token_latency_seconds",
-                "Time between consecutive chunks of one request.",
+                "Mean time between consecutive generated tokens of one request.",
             )?,
             e2e: histogram(
                 "zinfer_worker_e2e_request_latency_seconds",
@@ -164,6 +164,47 @@ impl WorkerMetrics {
             )?,
             registry,
         })
+    }
+
+    /// Feeds the gauges (and the preemption counter) from one engine stats
+    /// snapshot, so they all describe the same moment.
+    pub fn observe_engine(&self, stats: &crate::engine::EngineStats) {
+        self.running.set(stats.running as i64);
+        self.waiting.set(stats.waiting as i64);
+        self.kv_capacity.set(stats.kv_capacity as i64);
+        let kv_total = (stats.kv_used + stats.kv_free).max(1);
+        self.kv_usage.set(stats.kv_used as f64 / kv_total as f64);
+        if stats.cache_query_tokens > 0 {
+            self.prefix_hit_ratio
+                .set(stats.cache_hit_tokens as f64 / stats.cache_query_tokens as f64);
+        }
+        let seen = self.preemptions.get();
+        if stats.preemptions > seen {
+            self.preemptions.inc_by(stats.preemptions - seen);
+        }
+    }
+
+    /// Counts a finished request and observes its latencies, all measured
+    /// by the engine (its `done` timings): one source for the histograms.
+    /// Inter-token latency is the request's mean gap between tokens.
+    pub fn observe_done(
+        &self,
+        outcome: &str,
+        usage: &zinfer_protocol::Usage,
+        timings: &zinfer_protocol::Timings,
+    ) {
+        self.requests.with_label_values(&[outcome]).inc();
+        self.ttft.observe(timings.ttft_s);
+        self.queue_time.observe(timings.queue_s);
+        self.e2e.observe(timings.ttft_s + timings.decode_s);
+        if usage.completion_tokens > 1 {
+            let gaps = f64::from(usage.completion_tokens - 1);
+            self.inter_token.observe(timings.decode_s / gaps);
+        }
+        self.prompt_tokens.inc_by(u64::from(usage.prompt_tokens));
+        self.generation_tokens
+            .inc_by(u64::from(usage.completion_tokens));
+        self.cached_tokens.inc_by(u64::from(usage.cached_tokens));
     }
 
     /// Labels `zinfer_worker_info` with the model and device now served

@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, SendTimeoutError, Sender, TrySendError};
 use zinfer_protocol::GenerateRequest;
 
-use super::{CacheBlock, EngineConfig, EngineError, EngineEvent, EngineStats, TextCodec};
+use super::{
+    CacheBlock, EngineConfig, EngineError, EngineEvent, EngineStats, TextCodec, ValidRequest,
+};
 
 /// What the handle knows of the model without asking the engine thread.
 pub(super) struct ModelInfo {
@@ -26,9 +28,7 @@ pub(super) struct ModelInfo {
 /// A request on its way to the engine thread.
 pub(super) struct Submission {
     pub(super) rid: u64,
-    pub(super) request: GenerateRequest,
-    pub(super) prompt: Vec<u32>,
-    pub(super) arrival: Instant,
+    pub(super) request: ValidRequest,
 }
 
 /// What the handle asks of the engine thread.
@@ -112,24 +112,27 @@ pub struct EngineHandle {
 }
 
 impl EngineHandle {
+    /// Checks and tokenizes a request against this engine's limits, model
+    /// and clock: the one place a request is validated.
+    pub fn validate(&self, request: GenerateRequest) -> Result<ValidRequest, EngineError> {
+        let arrival = self.config.clock.now();
+        ValidRequest::new(
+            request,
+            arrival,
+            &self.config.limits,
+            self.text.as_ref(),
+            &self.info,
+        )
+    }
+
     /// Validates, tokenizes and queues a request. On `Ok` exactly one
     /// terminal event for `rid` follows; on `Err` none does.
-    pub fn submit(&self, mut request: GenerateRequest, rid: u64) -> Result<(), EngineError> {
-        let arrival = Instant::now();
-        request
-            .validate(&self.config.limits)
-            .map_err(|error| EngineError::BadRequest(error.to_string()))?;
-        let prompt = self.tokenize(&request)?;
-        let capacity = self.info.kv_capacity.min(self.info.max_positions);
-        if prompt.len() + 1 > capacity {
-            return Err(EngineError::PromptTooLong {
-                prompt: prompt.len(),
-                capacity,
-            });
-        }
-        // Output stops at the context length with `length`.
-        let room = u32::try_from(self.info.max_positions - prompt.len()).unwrap_or(u32::MAX);
-        request.max_tokens = request.max_tokens.min(room);
+    pub fn submit(&self, request: GenerateRequest, rid: u64) -> Result<(), EngineError> {
+        self.submit_valid(self.validate(request)?, rid)
+    }
+
+    /// Queues a validated request; as [`Self::submit`] otherwise.
+    pub fn submit_valid(&self, request: ValidRequest, rid: u64) -> Result<(), EngineError> {
         {
             let mut inflight = self.shared.inflight();
             if inflight.contains(&rid) {
@@ -140,12 +143,7 @@ impl EngineHandle {
             }
             inflight.insert(rid);
         }
-        let submission = Box::new(Submission {
-            rid,
-            request,
-            prompt,
-            arrival,
-        });
+        let submission = Box::new(Submission { rid, request });
         match self.commands.try_send(Command::Submit(submission)) {
             Ok(()) => Ok(()),
             Err(error) => {
@@ -156,33 +154,6 @@ impl EngineHandle {
                 }
             }
         }
-    }
-
-    fn tokenize(&self, request: &GenerateRequest) -> Result<Vec<u32>, EngineError> {
-        let prompt = if let Some(tokens) = &request.tokens {
-            if let Some(bad) = tokens.iter().find(|&&t| t as usize >= self.info.vocab_size) {
-                return Err(EngineError::BadRequest(format!(
-                    "token id {bad} is outside the vocabulary of {} tokens",
-                    self.info.vocab_size
-                )));
-            }
-            tokens.clone()
-        } else if let Some(messages) = &request.messages {
-            let text = self
-                .text
-                .render_chat(messages)
-                .map_err(EngineError::Tokenizer)?;
-            self.text.encode(&text).map_err(EngineError::Tokenizer)?
-        } else {
-            let text = request.prompt.as_deref().unwrap_or_default();
-            self.text.encode(text).map_err(EngineError::Tokenizer)?
-        };
-        if prompt.is_empty() {
-            return Err(EngineError::BadRequest(
-                "the prompt is empty after tokenization; give some text".into(),
-            ));
-        }
-        Ok(prompt)
     }
 
     /// Cancels a request; it ends with `done` (cancelled). Unknown or

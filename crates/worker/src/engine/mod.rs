@@ -9,23 +9,30 @@
 //! bounded channel, mirroring the `chunk` / `done` / `error` messages of the
 //! protocol. Every accepted request gets exactly one terminal event.
 
+mod clock;
 mod handle;
 mod run;
 #[cfg(test)]
 mod tests;
 mod transfer;
+mod valid;
 
 use std::sync::Arc;
 
 use zinfer_cache::CacheConfig;
-use zinfer_protocol::{ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, Usage};
+use zinfer_protocol::{
+    ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, Usage, WorkerToRouter,
+};
 
 use crate::detokenize::{DetokenizeError, TokenDecoder};
-use crate::model::{ForwardModel, LoadedModel, ModelTokenizer};
-use crate::scheduler::SchedulerConfig;
+use crate::model::{ForwardModel, LoadedModel, ModelError, ModelTokenizer};
+use crate::sampling::SamplingError;
+use crate::scheduler::{SchedulerConfig, SchedulerError};
 
+pub use clock::{Clock, VirtualClock};
 pub use handle::EngineHandle;
 pub use transfer::CacheBlock;
+pub use valid::ValidRequest;
 
 /// Settings of one engine.
 #[derive(Debug, Clone)]
@@ -44,6 +51,11 @@ pub struct EngineConfig {
     pub event_capacity: usize,
     /// Limits every request is validated against.
     pub limits: Limits,
+    /// Where arrival times, deadlines and timings are read.
+    pub clock: Clock,
+    /// Seeds the engine's generator of sampling seeds for requests that
+    /// name none; `None`: a random seed at start-up.
+    pub seed: Option<u64>,
 }
 
 impl Default for EngineConfig {
@@ -55,6 +67,8 @@ impl Default for EngineConfig {
             queue_capacity: 2048,
             event_capacity: 4096,
             limits: Limits::default(),
+            clock: Clock::System,
+            seed: None,
         }
     }
 }
@@ -119,6 +133,46 @@ impl EngineEvent {
     }
 }
 
+/// The protocol message an event becomes: the same fields, so this is
+/// the only place they are spelled out twice.
+impl From<EngineEvent> for WorkerToRouter {
+    fn from(event: EngineEvent) -> Self {
+        match event {
+            EngineEvent::Chunk {
+                rid,
+                index,
+                text,
+                tokens,
+                logprobs,
+            } => WorkerToRouter::Chunk {
+                rid,
+                index,
+                text,
+                tokens,
+                logprobs,
+            },
+            EngineEvent::Done {
+                rid,
+                finish_reason,
+                text,
+                usage,
+                timings,
+                logprobs,
+            } => WorkerToRouter::Done {
+                rid,
+                finish_reason,
+                text,
+                usage,
+                timings,
+                logprobs,
+            },
+            EngineEvent::Error { rid, code, message } => {
+                WorkerToRouter::Error { rid, code, message }
+            }
+        }
+    }
+}
+
 /// Why `submit` refused a request; no event follows a refusal.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum EngineError {
@@ -145,9 +199,56 @@ pub enum EngineError {
     /// The engine thread has stopped.
     #[error("the engine has stopped; restart the worker")]
     Stopped,
-    /// Tokenizing or templating failed.
+    /// Tokenizing or templating failed: a fault of the worker's model
+    /// files, so the client sees only [`INTERNAL_MESSAGE`].
     #[error("tokenizer failed: {0}")]
     Tokenizer(String),
+}
+
+/// What a client is told about a fault inside the worker; the detail goes
+/// to the worker's log, with the request's ids.
+pub const INTERNAL_MESSAGE: &str =
+    "internal error in the worker; its log has the details under this request's id";
+
+/// A fault inside the worker that ends an accepted request: the client
+/// gets `internal` and [`INTERNAL_MESSAGE`]; this goes to the log.
+#[derive(Debug, thiserror::Error)]
+pub enum InternalError {
+    /// The forward pass failed.
+    #[error("forward pass failed: {0}")]
+    Forward(#[from] ModelError),
+    /// The model returned the wrong number of logit rows.
+    #[error("the model returned {rows} logit rows for {chunks} chunks")]
+    LogitRows {
+        /// Rows returned.
+        rows: usize,
+        /// Chunks in the batch.
+        chunks: usize,
+    },
+    /// The scheduler planned a chunk it cannot show (a bug).
+    #[error("the scheduler planned a chunk it cannot show (bug)")]
+    MissingChunk,
+    /// The scheduler refused an operation it should have taken (a bug).
+    #[error("scheduler: {0}")]
+    Scheduler(#[from] SchedulerError),
+    /// No token could be drawn from the logits.
+    #[error(transparent)]
+    Sampling(#[from] SamplingError),
+    /// The output could not be turned into text.
+    #[error(transparent)]
+    Detokenize(#[from] DetokenizeError),
+    /// A token's text for its logprobs entry could not be decoded.
+    #[error("cannot decode token {token} for logprobs: {source}")]
+    LogprobText {
+        /// The token.
+        token: u32,
+        /// Why.
+        source: ModelError,
+    },
+    /// The sampler computed no log probabilities for a request that asked
+    /// for them (a bug).
+    #[error("the sampler computed no log probabilities (bug)")]
+    NoLogprobs,
 }
 
 impl EngineError {
@@ -159,6 +260,16 @@ impl EngineError {
             EngineError::Overloaded(_) => ErrorCode::Overloaded,
             EngineError::Stopped => ErrorCode::Unavailable,
             EngineError::Tokenizer(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// What the client is told: the whole story for its own mistakes and
+    /// for load, [`INTERNAL_MESSAGE`] for faults of the worker (the caller
+    /// logs those).
+    pub fn client_message(&self) -> String {
+        match self.code() {
+            ErrorCode::Internal => INTERNAL_MESSAGE.to_string(),
+            _ => self.to_string(),
         }
     }
 }
@@ -259,25 +370,24 @@ pub struct EngineStats {
 /// [`ModelTokenizer`], and by fakes in tests.
 pub trait TextCodec: Send + Sync {
     /// Token ids of `text`, no special tokens added.
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String>;
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError>;
     /// Text of `ids`, special tokens skipped.
-    fn decode(&self, ids: &[u32]) -> Result<String, String>;
+    fn decode(&self, ids: &[u32]) -> Result<String, ModelError>;
     /// The prompt text for a conversation.
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String>;
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError>;
     /// Tokens that end generation.
     fn eos_token_ids(&self) -> &[u32];
 }
 
 impl TextCodec for ModelTokenizer {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
-        ModelTokenizer::encode(self, text).map_err(|e| e.to_string())
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        ModelTokenizer::encode(self, text)
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, String> {
-        ModelTokenizer::decode(self, ids).map_err(|e| e.to_string())
+    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        ModelTokenizer::decode(self, ids)
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         self.apply_chat_template(messages)
-            .map_err(|e| e.to_string())
     }
     fn eos_token_ids(&self) -> &[u32] {
         ModelTokenizer::eos_token_ids(self)
@@ -289,7 +399,9 @@ struct Decode<'a>(&'a dyn TextCodec);
 
 impl TokenDecoder for Decode<'_> {
     fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokenizeError> {
-        self.0.decode(ids).map_err(DetokenizeError)
+        self.0
+            .decode(ids)
+            .map_err(|error| DetokenizeError(error.to_string()))
     }
 }
 

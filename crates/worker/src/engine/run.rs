@@ -6,16 +6,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use zinfer_cache::{RadixCache, TokenPool};
 use zinfer_protocol::{ErrorCode, FinishReason, Timings, TokenLogprob, TopLogprob, Usage};
 
 use super::handle::{Command, Shared, Submission};
 use super::transfer::{self, EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
-use super::{Decode, EngineConfig, EngineEvent, EngineStats, TextCodec};
+use super::{
+    Clock, Decode, EngineConfig, EngineEvent, EngineStats, INTERNAL_MESSAGE, InternalError,
+    TextCodec,
+};
 use crate::detokenize::Detokenizer;
-use crate::model::{ForwardModel, SeqChunk};
+use crate::model::ForwardModel;
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens};
-use crate::scheduler::{NewSequence, Scheduler, SchedulerError, StepPlan};
+use crate::scheduler::{NewSequence, Scheduler, StepPlan};
 
 /// How long an engine with work it cannot schedule waits before retrying;
 /// only reached if admission is stuck, which is a bug.
@@ -32,6 +37,8 @@ const LOGPROB_CHUNK_TOKENS: usize = 16;
 /// Engine-side state of one request.
 struct Request {
     rid: u64,
+    /// The client's request id, for the log.
+    id: String,
     stream: bool,
     prompt_tokens: usize,
     sampler: Sampler,
@@ -68,6 +75,9 @@ pub(super) struct EngineLoop {
     /// Cache exports in progress, oldest first; one runs at a time.
     exports: VecDeque<Export>,
     shutting_down: bool,
+    clock: Clock,
+    /// Draws the sampling seed of each request that names none.
+    seeds: StdRng,
 }
 
 impl EngineLoop {
@@ -99,6 +109,8 @@ impl EngineLoop {
             },
             exports: VecDeque::new(),
             shutting_down: false,
+            clock: config.clock.clone(),
+            seeds: StdRng::seed_from_u64(config.seed.unwrap_or_else(rand::random)),
         }
     }
 
@@ -114,12 +126,12 @@ impl EngineLoop {
             if self.shutting_down || self.shared.stopping() {
                 break;
             }
-            for rid in self.scheduler.expire(Instant::now()) {
+            for rid in self.scheduler.expire(self.clock.now()) {
                 self.finish(rid, FinishReason::Deadline);
             }
-            let started = Instant::now();
+            let started = self.clock.now();
             self.step();
-            self.stats.step_s += started.elapsed().as_secs_f64();
+            self.stats.step_s += seconds_since(started, self.clock.now());
             self.export_step();
             self.publish();
         }
@@ -204,16 +216,13 @@ impl EngineLoop {
     }
 
     fn admit(&mut self, submission: Submission) {
-        let Submission {
-            rid,
-            request,
-            prompt,
-            arrival,
-        } = submission;
+        let Submission { rid, request } = submission;
+        let (request, prompt, arrival) = request.into_parts();
         self.stats.requests_accepted += 1;
-        let params = SamplingParams::from_request(&request, rand::random());
+        let params = SamplingParams::from_request(&request, self.seeds.random());
         let request_state = Request {
             rid,
+            id: request.id.clone(),
             stream: request.stream,
             prompt_tokens: prompt.len(),
             sampler: Sampler::new(params, &prompt),
@@ -255,22 +264,17 @@ impl EngineLoop {
             priority: request.priority,
             deadline,
         };
+        // A valid request fits, and the handle refuses a rid in flight:
+        // a refusal here is a bug.
         if let Err(error) = self.scheduler.submit(new) {
-            let code = match error {
-                SchedulerError::PromptTooLong { .. } => ErrorCode::PromptTooLong,
-                SchedulerError::EmptyPrompt | SchedulerError::DuplicateId(_) => {
-                    ErrorCode::BadRequest
-                }
-                SchedulerError::Unknown(_) => ErrorCode::Internal,
-            };
-            self.fail(rid, code, &error.to_string());
+            self.fail_internal(rid, &error.into());
         }
     }
 
     /// One scheduling step and forward pass.
     fn step(&mut self) {
         let plan = self.scheduler.schedule();
-        let now = Instant::now();
+        let now = self.clock.now();
         for &rid in &plan.exhausted {
             self.finish(rid, FinishReason::Length);
         }
@@ -293,10 +297,9 @@ impl EngineLoop {
         }
         let logits = match self.forward(&plan) {
             Ok(logits) => logits,
-            Err(message) => {
-                tracing::error!(%message, "forward pass failed");
+            Err(error) => {
                 for item in &plan.items {
-                    self.fail(item.id, ErrorCode::Internal, &message);
+                    self.fail_internal(item.id, &error);
                 }
                 return;
             }
@@ -311,11 +314,11 @@ impl EngineLoop {
             };
             match request.sampler.sample(&mut row) {
                 Ok(token) => *slot = Some(token),
-                Err(error) => self.fail(item.id, ErrorCode::Internal, &error.to_string()),
+                Err(error) => self.fail_internal(item.id, &error.into()),
             }
         }
         self.scheduler.complete(&plan, &sampled);
-        let now = Instant::now();
+        let now = self.clock.now();
         for (item, token) in plan.items.iter().zip(sampled) {
             if let Some(token) = token {
                 self.on_token(item.id, token, now);
@@ -323,29 +326,22 @@ impl EngineLoop {
         }
     }
 
-    fn forward(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, String> {
+    fn forward(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, InternalError> {
         let chunks = plan
             .items
             .iter()
-            .map(|item| {
-                self.scheduler.chunk(item).map(|view| SeqChunk {
-                    tokens: view.tokens,
-                    slots: view.slots,
-                    start_pos: view.start_pos,
-                })
-            })
+            .map(|item| self.scheduler.chunk(item))
             .collect::<Option<Vec<_>>>()
-            .ok_or("the scheduler planned a chunk it cannot show (bug)")?;
-        let started = Instant::now();
-        let logits = self.model.forward(&chunks).map_err(|e| e.to_string())?;
-        self.stats.forward_s += started.elapsed().as_secs_f64();
+            .ok_or(InternalError::MissingChunk)?;
+        let started = self.clock.now();
+        let logits = self.model.forward(&chunks)?;
+        self.stats.forward_s += seconds_since(started, self.clock.now());
         self.stats.steps += 1;
         if logits.len() != chunks.len() {
-            return Err(format!(
-                "the model returned {} logit rows for {} chunks",
-                logits.len(),
-                chunks.len()
-            ));
+            return Err(InternalError::LogitRows {
+                rows: logits.len(),
+                chunks: chunks.len(),
+            });
         }
         Ok(logits)
     }
@@ -379,13 +375,12 @@ impl EngineLoop {
             if request.logprobs {
                 match logprobs.map(|lp| entry(self.text.as_ref(), token, lp)) {
                     Some(Ok(entry)) => request.logprob_entries.push(entry),
-                    Some(Err(message)) => {
-                        self.fail(rid, ErrorCode::Internal, &message);
+                    Some(Err(error)) => {
+                        self.fail_internal(rid, &error);
                         return;
                     }
                     None => {
-                        let message = "the sampler computed no log probabilities (bug)";
-                        self.fail(rid, ErrorCode::Internal, message);
+                        self.fail_internal(rid, &InternalError::NoLogprobs);
                         return;
                     }
                 }
@@ -405,7 +400,7 @@ impl EngineLoop {
                     }
                 }
                 Err(error) => {
-                    self.fail(rid, ErrorCode::Internal, &error.to_string());
+                    self.fail_internal(rid, &error.into());
                     return;
                 }
             }
@@ -441,7 +436,7 @@ impl EngineLoop {
             cached_tokens: request.cached_tokens as u32,
             completion_tokens: request.generated as u32,
         };
-        let timings = timings(&request, Instant::now());
+        let timings = timings(&request, self.clock.now());
         self.stats.requests_done[reason_index(reason)] += 1;
         self.stats.prompt_tokens += request.prompt_tokens as u64;
         self.stats.cached_tokens += request.cached_tokens as u64;
@@ -475,6 +470,14 @@ impl EngineLoop {
             code,
             message: message.to_string(),
         });
+    }
+
+    /// Ends a request on a fault of the worker: the detail goes to the
+    /// log with the request's ids, the client gets a generic `internal`.
+    fn fail_internal(&mut self, rid: u64, error: &InternalError) {
+        let id = self.requests.get(&rid).map(|request| request.id.as_str());
+        tracing::error!(rid, id, %error, "request failed inside the worker");
+        self.fail(rid, ErrorCode::Internal, INTERNAL_MESSAGE);
     }
 
     fn fail_all(&mut self, code: ErrorCode, message: &str) {
@@ -555,10 +558,14 @@ fn chunk_event(request: &mut Request, text: String) -> EngineEvent {
 
 /// The protocol entry for a generated token, with each token's text
 /// decoded alone.
-fn entry(text: &dyn TextCodec, token: u32, logprobs: Logprobs) -> Result<TokenLogprob, String> {
+fn entry(
+    text: &dyn TextCodec,
+    token: u32,
+    logprobs: Logprobs,
+) -> Result<TokenLogprob, InternalError> {
     let decode = |id: u32| {
         text.decode(&[id])
-            .map_err(|e| format!("cannot decode token {id} for logprobs: {e}"))
+            .map_err(|source| InternalError::LogprobText { token: id, source })
     };
     let top_logprobs = logprobs
         .top
@@ -570,7 +577,7 @@ fn entry(text: &dyn TextCodec, token: u32, logprobs: Logprobs) -> Result<TokenLo
                 logprob,
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>, InternalError>>()?;
     Ok(TokenLogprob {
         token,
         text: decode(token)?,
@@ -593,6 +600,10 @@ fn timings(request: &Request, now: Instant) -> Timings {
             _ => 0.0,
         },
     }
+}
+
+fn seconds_since(from: Instant, to: Instant) -> f64 {
+    to.saturating_duration_since(from).as_secs_f64()
 }
 
 fn reason_index(reason: FinishReason) -> usize {

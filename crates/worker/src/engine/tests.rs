@@ -22,14 +22,14 @@ const SCRIPT: &str = "Hello, wörld! 🎉 STOP here.";
 struct Bytes;
 
 impl TextCodec for Bytes {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, String> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
         Ok(text.bytes().map(u32::from).collect())
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, String> {
+    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
         let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, String> {
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         Ok(messages
             .iter()
             .map(|m| format!("{}: {}\n", m.role, m.content))
@@ -259,7 +259,9 @@ fn a_failing_forward_pass_ends_its_requests_with_internal_errors() {
             .recv_timeout(Duration::from_secs(10))
             .unwrap()
         {
-            EngineEvent::Error { rid, code, .. } => {
+            EngineEvent::Error { rid, code, message } => {
+                // The model's own words stay in the log.
+                assert_eq!(message, INTERNAL_MESSAGE);
                 assert!(codes.insert(rid, code).is_none());
             }
             other => panic!("unexpected {other:?}"),
@@ -374,6 +376,42 @@ fn the_context_length_ends_a_sequence_with_length_and_bounds_prompts() {
 }
 
 #[test]
+fn validation_happens_once_at_the_edge_and_bounds_the_output_by_the_context() {
+    let clock = VirtualClock::new(Instant::now());
+    let model = FakeModel {
+        mode: Mode::Hash,
+        delay: Duration::ZERO,
+        kv: vec![None; 256],
+        max_positions: 12,
+    };
+    let config = EngineConfig {
+        clock: clock.clone().into(),
+        ..EngineConfig::default()
+    };
+    let handle = Engine::start_with("fake".into(), Box::new(model), Arc::new(Bytes), config);
+    let valid = handle.validate(greedy("0123", 100)).unwrap();
+    assert_eq!(valid.prompt(), b"0123".map(u32::from).as_slice());
+    assert_eq!(valid.request().max_tokens, 8, "12 positions - 4 prompt");
+    assert_eq!(valid.arrival(), clock.now());
+    let both = GenerateRequest {
+        tokens: Some(vec![1]),
+        ..greedy("a", 4)
+    };
+    assert_eq!(
+        handle.validate(both).map(|_| ()).unwrap_err().code(),
+        ErrorCode::BadRequest
+    );
+    handle.submit_valid(valid.clone(), 1).unwrap();
+    assert_eq!(
+        handle.submit_valid(valid, 1),
+        Err(EngineError::DuplicateRid(1))
+    );
+    let (reason, _, usage) = done(&collect(&handle, 1));
+    assert_eq!((reason, usage.prompt_tokens), (FinishReason::Length, 4));
+    assert_eq!(usage.completion_tokens, 8);
+}
+
+#[test]
 fn refusals_come_from_submit_with_their_codes() {
     let handle = engine(Mode::Script, 16, 0, EngineConfig::default());
     let code = |result: Result<(), EngineError>| result.unwrap_err().code();
@@ -394,6 +432,23 @@ fn refusals_come_from_submit_with_their_codes() {
     };
     assert_eq!(code(handle.submit(both, 1)), ErrorCode::BadRequest);
     assert!(handle.events().is_empty(), "refusals send no events");
+}
+
+#[test]
+fn clients_see_the_detail_of_their_own_mistakes_and_only_a_code_for_worker_faults() {
+    let mine = EngineError::PromptTooLong {
+        prompt: 20,
+        capacity: 16,
+    };
+    assert_eq!(mine.client_message(), mine.to_string());
+    assert!(mine.client_message().contains("20 tokens"));
+    let fault = EngineError::Tokenizer("vocab.json: missing merges".into());
+    assert_eq!(fault.code(), ErrorCode::Internal);
+    assert_eq!(fault.client_message(), INTERNAL_MESSAGE);
+    assert!(
+        fault.to_string().contains("missing merges"),
+        "the log keeps it"
+    );
 }
 
 #[test]
@@ -447,33 +502,141 @@ fn more_requests_than_max_requests_are_refused_until_one_ends() {
     handle.submit(greedy("c\n", 1), 3).unwrap();
 }
 
+/// The next terminal event, skipping chunks.
+fn next_terminal(handle: &EngineHandle) -> EngineEvent {
+    loop {
+        let event = handle
+            .events()
+            .recv_timeout(Duration::from_secs(10))
+            .expect("engine went quiet");
+        if event.is_terminal() {
+            return event;
+        }
+    }
+}
+
+/// Waits (on the real clock, only as a guard) until the engine generated
+/// `tokens` tokens in all.
+fn wait_generated(handle: &EngineHandle, tokens: u64) {
+    let start = Instant::now();
+    while handle.stats().generated_tokens < tokens {
+        assert!(start.elapsed() < Duration::from_secs(10), "no progress");
+        std::thread::yield_now();
+    }
+}
+
+/// An engine on `clock` whose steps take 2 ms of real time, so requests
+/// stay running (the pool lasts seconds) while a test moves the clock.
+fn virtual_engine(clock: &VirtualClock) -> EngineHandle {
+    let config = EngineConfig {
+        clock: clock.clone().into(),
+        ..EngineConfig::default()
+    };
+    engine(Mode::Hash, 8192, 2, config)
+}
+
 #[test]
 fn cancel_and_deadline_end_requests_and_free_their_slots() {
-    let handle = engine(Mode::Hash, 512, 5, EngineConfig::default());
+    let clock = VirtualClock::new(Instant::now());
+    let handle = virtual_engine(&clock);
     handle.submit(greedy("slow\n", 10_000), 1).unwrap();
     let deadline = GenerateRequest {
         deadline_ms: Some(60),
         ..greedy("late\n", 10_000)
     };
     handle.submit(deadline, 2).unwrap();
-    std::thread::sleep(Duration::from_millis(30));
+    wait_generated(&handle, 40);
     handle.cancel(1);
     handle.cancel(77);
-    let mut terminal = HashMap::new();
-    while terminal.len() < 2 {
-        let event = handle
-            .events()
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap();
-        if let EngineEvent::Done { finish_reason, .. } = event {
-            assert!(terminal.insert(event.rid(), finish_reason).is_none());
-        }
-    }
-    assert_eq!(terminal[&1], FinishReason::Cancelled);
-    assert_eq!(terminal[&2], FinishReason::Deadline);
+    let event = next_terminal(&handle);
+    assert!(
+        matches!(
+            event,
+            EngineEvent::Done {
+                rid: 1,
+                finish_reason: FinishReason::Cancelled,
+                ..
+            }
+        ),
+        "{event:?}"
+    );
+    // No time passed: request 2 runs on, then expires once it has.
+    let generated = handle.stats().generated_tokens;
+    wait_generated(&handle, generated + 20);
+    assert!(handle.events().try_iter().all(|e| !e.is_terminal()));
+    clock.advance(Duration::from_millis(61));
+    let event = next_terminal(&handle);
+    assert!(
+        matches!(
+            event,
+            EngineEvent::Done {
+                rid: 2,
+                finish_reason: FinishReason::Deadline,
+                ..
+            }
+        ),
+        "{event:?}"
+    );
     let stats = wait_idle(&handle);
     assert_eq!(stats.kv_used, stats.kv_cached, "nothing held after the end");
     assert_eq!(stats.requests_done[2..], [1, 1]);
+}
+
+#[test]
+fn a_deadline_counts_from_arrival_on_the_engine_clock() {
+    let clock = VirtualClock::new(Instant::now());
+    let handle = virtual_engine(&clock);
+    let request = GenerateRequest {
+        deadline_ms: Some(1_000),
+        ..greedy("timed\n", 10_000)
+    };
+    handle.submit(request, 1).unwrap();
+    wait_generated(&handle, 30);
+    clock.advance(Duration::from_millis(999));
+    let generated = handle.stats().generated_tokens;
+    wait_generated(&handle, generated + 30);
+    assert!(handle.events().try_iter().all(|e| !e.is_terminal()));
+    clock.advance(Duration::from_millis(1));
+    match next_terminal(&handle) {
+        EngineEvent::Done {
+            rid: 1,
+            finish_reason: FinishReason::Deadline,
+            timings,
+            usage,
+            ..
+        } => {
+            // The first token came before the clock moved at all.
+            assert_eq!(timings.ttft_s, 0.0);
+            assert_eq!(timings.queue_s, 0.0);
+            assert!(timings.decode_s >= 0.999, "{timings:?}");
+            assert!(usage.completion_tokens >= 60);
+        }
+        other => panic!("expected a deadline, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_cancelled_request_reports_only_virtual_time() {
+    let clock = VirtualClock::new(Instant::now());
+    let handle = virtual_engine(&clock);
+    handle.submit(greedy("cancel me\n", 10_000), 1).unwrap();
+    wait_generated(&handle, 10);
+    handle.cancel(1);
+    match next_terminal(&handle) {
+        EngineEvent::Done {
+            rid: 1,
+            finish_reason: FinishReason::Cancelled,
+            timings,
+            ..
+        } => assert_eq!(
+            (timings.queue_s, timings.ttft_s, timings.decode_s),
+            (0.0, 0.0, 0.0)
+        ),
+        other => panic!("expected a cancel, got {other:?}"),
+    }
+    let stats = wait_idle(&handle);
+    assert_eq!(stats.ttft.count, 1);
+    assert_eq!(stats.inter_token.mean_s(), 0.0);
 }
 
 fn wait_idle(handle: &EngineHandle) -> EngineStats {
@@ -512,6 +675,39 @@ fn seeds_reproduce_and_differ() {
     assert_eq!(first.len(), 24);
     assert_eq!(first, sampled(42, 2), "same seed, same prompt (now cached)");
     assert_ne!(first, sampled(43, 3));
+}
+
+#[test]
+fn the_engine_seed_fixes_the_seeds_of_requests_that_name_none() {
+    let run = |seed: u64| {
+        let config = EngineConfig {
+            seed: Some(seed),
+            ..EngineConfig::default()
+        };
+        let handle = engine(Mode::Hash, 1024, 0, config);
+        let request = GenerateRequest {
+            temperature: 1.0,
+            top_k: 50,
+            ..greedy("unseeded\n", 24)
+        };
+        (1..=2)
+            .map(|rid| {
+                handle.submit(request.clone(), rid).unwrap();
+                collect(&handle, rid)
+                    .iter()
+                    .flat_map(|e| match e {
+                        EngineEvent::Chunk { tokens, .. } => tokens.clone(),
+                        _ => Vec::new(),
+                    })
+                    .collect::<Vec<u32>>()
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = run(7);
+    assert_eq!(first[0].len(), 24);
+    assert_eq!(first, run(7), "same engine seed, same outputs");
+    assert_ne!(first[0], first[1], "each request draws its own seed");
+    assert_ne!(first, run(8));
 }
 
 #[test]
@@ -589,7 +785,7 @@ fn dropping_the_handle_fails_what_is_still_running() {
     for rid in 0..3 {
         handle.submit(greedy("forever\n", 10_000), rid).unwrap();
     }
-    std::thread::sleep(Duration::from_millis(20));
+    wait_generated(&handle, 3);
     drop(handle);
     let mut terminal = HashMap::new();
     for event in events.try_iter() {
@@ -715,4 +911,38 @@ fn held_back_text_still_sends_logprobs_every_16_tokens() {
     let entries: Vec<TokenLogprob> = chunks.into_iter().flat_map(|(_, e)| e).collect();
     assert_eq!(entries.len(), SCRIPT.len());
     assert!(entries.iter().all(|e| e.top_logprobs.is_empty()));
+}
+
+#[test]
+fn events_become_the_protocol_messages_with_the_same_fields() {
+    let chunk = EngineEvent::Chunk {
+        rid: 3,
+        index: 1,
+        text: "hi".into(),
+        tokens: vec![104, 105],
+        logprobs: None,
+    };
+    assert_eq!(
+        WorkerToRouter::from(chunk),
+        WorkerToRouter::Chunk {
+            rid: 3,
+            index: 1,
+            text: "hi".into(),
+            tokens: vec![104, 105],
+            logprobs: None,
+        }
+    );
+    let error = EngineEvent::Error {
+        rid: 4,
+        code: ErrorCode::Internal,
+        message: INTERNAL_MESSAGE.into(),
+    };
+    assert_eq!(
+        WorkerToRouter::from(error),
+        WorkerToRouter::Error {
+            rid: 4,
+            code: ErrorCode::Internal,
+            message: INTERNAL_MESSAGE.into(),
+        }
+    );
 }

@@ -83,7 +83,7 @@ pub(crate) fn load(
     }
     let mut file = gguf::open(path)?;
     let cfg = file.cfg.clone();
-    cfg.validate().map_err(ModelError::Format)?;
+    cfg.validate()?;
     let mut r = TensorReader {
         file: &mut file,
         device,

@@ -1,5 +1,7 @@
 //! Shape and hyper-parameters of a llama-architecture model.
 
+use super::ModelError;
+
 /// What the forward pass needs to know about a llama model, read from GGUF
 /// metadata or a Hugging Face `config.json`.
 #[derive(Clone, Debug, PartialEq)]
@@ -63,27 +65,28 @@ impl LlamaConfig {
     }
 
     /// Checks the relations the forward pass relies on.
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), ModelError> {
+        let bad = |why: String| Err(ModelError::Format(why));
         if self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 || self.vocab == 0 {
-            return Err(format!("model config has a zero dimension: {self:?}"));
+            return bad(format!("model config has a zero dimension: {self:?}"));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return Err(format!(
+            return bad(format!(
                 "{} query heads are not a multiple of {} KV heads",
                 self.n_heads, self.n_kv_heads
             ));
         }
         if !self.head_dim.is_multiple_of(2) || self.head_dim * self.n_heads != self.hidden {
-            return Err(format!(
+            return bad(format!(
                 "head_dim {} x {} heads does not match hidden size {}",
                 self.head_dim, self.n_heads, self.hidden
             ));
         }
         if self.max_positions == 0 {
-            return Err("model config has no context length".to_string());
+            return bad("model config has no context length".to_string());
         }
         if !self.rope_freq_factors.is_empty() && self.rope_freq_factors.len() != self.head_dim / 2 {
-            return Err(format!(
+            return bad(format!(
                 "rope_freqs has {} factors, expected {}",
                 self.rope_freq_factors.len(),
                 self.head_dim / 2

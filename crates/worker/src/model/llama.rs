@@ -148,7 +148,7 @@ impl Llama {
         w: Weights,
         options: &LoadOptions,
     ) -> Result<Self, ModelError> {
-        cfg.validate().map_err(ModelError::Format)?;
+        cfg.validate()?;
         check_shapes(&cfg, &w)?;
         let (cos, sin) = cfg.rope_tables();
         let kv = KvPool::new(

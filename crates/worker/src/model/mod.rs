@@ -144,7 +144,7 @@ impl KvShape {
 /// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V,
 /// 0.7 GiB of f16, for the default model, committed only as slots are first written on the
 /// CPU; allocated up front on a GPU).
-pub const DEFAULT_KV_TOKENS: usize = 32_768;
+pub const DEFAULT_KV_CAPACITY: usize = 32_768;
 
 /// How to load a model; the KV pool is sized here because it lives with the model.
 #[derive(Clone, Debug)]
@@ -212,7 +212,7 @@ impl std::fmt::Display for KvDtype {
 impl Default for LoadOptions {
     fn default() -> Self {
         Self {
-            kv_capacity: DEFAULT_KV_TOKENS,
+            kv_capacity: DEFAULT_KV_CAPACITY,
             threads: None,
             device: "cpu".to_string(),
             kv_dtype: KvDtype::F32,

@@ -31,6 +31,8 @@ use std::time::Instant;
 
 use zinfer_cache::{NodeHandle, RadixCache, TokenPool};
 
+use crate::model::SeqChunk;
+
 use kv::Kv;
 pub use transfer::ImportError;
 
@@ -152,17 +154,6 @@ impl StepPlan {
     }
 }
 
-/// The data of one chunk, borrowed for the forward pass.
-#[derive(Debug, Clone, Copy)]
-pub struct ChunkView<'a> {
-    /// Tokens to feed.
-    pub tokens: &'a [u32],
-    /// Slots of positions `0..start_pos + tokens.len()`.
-    pub slots: &'a [u32],
-    /// Positions already holding K/V.
-    pub start_pos: usize,
-}
-
 /// Counts for load reports and metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SchedulerStats {
@@ -265,8 +256,8 @@ impl Scheduler {
         }
     }
 
-    /// Pool capacity in slots.
-    pub fn capacity(&self) -> usize {
+    /// KV pool capacity in tokens (one slot per token).
+    pub fn kv_capacity(&self) -> usize {
         self.kv.pool.capacity()
     }
 
@@ -275,10 +266,10 @@ impl Scheduler {
         if new.prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt);
         }
-        if new.prompt.len() + 1 > self.capacity() {
+        if new.prompt.len() + 1 > self.kv_capacity() {
             return Err(SchedulerError::PromptTooLong {
                 prompt: new.prompt.len(),
-                capacity: self.capacity(),
+                capacity: self.kv_capacity(),
             });
         }
         if self.seqs.contains_key(&new.id) {
@@ -561,10 +552,10 @@ impl Scheduler {
     }
 
     /// The tokens and slots of a planned chunk.
-    pub fn chunk(&self, item: &PlanItem) -> Option<ChunkView<'_>> {
+    pub fn chunk(&self, item: &PlanItem) -> Option<SeqChunk<'_>> {
         let seq = self.seqs.get(&item.id)?;
         let end = item.start + item.len;
-        Some(ChunkView {
+        Some(SeqChunk {
             tokens: seq.tokens.get(item.start..end)?,
             slots: seq.slots.get(..end)?,
             start_pos: item.start,
@@ -621,7 +612,7 @@ impl Scheduler {
         SchedulerStats {
             running: self.running.len(),
             waiting: self.waiting.len(),
-            kv_capacity: self.capacity(),
+            kv_capacity: self.kv_capacity(),
             kv_free: self.kv.pool.available(),
             kv_held,
             kv_cached: self.kv.cache.total_tokens(),
