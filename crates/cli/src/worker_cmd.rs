@@ -129,7 +129,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         .engine
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    set_thread_count(threads);
+    set_thread_count(threads)?;
     let device = args.device.check()?;
     device.pin(threads)?;
     let device = device.to_string();
@@ -228,14 +228,26 @@ fn default_worker_id() -> String {
 }
 
 /// candle sizes its thread pool from these variables when it first starts
-/// it, so they are set before any thread exists.
+/// it. Changing the environment while another thread may read it is
+/// undefined behaviour, so this refuses once a second thread exists (on
+/// Linux, where the process's threads can be counted).
 #[allow(unsafe_code)]
-fn set_thread_count(threads: usize) {
+fn set_thread_count(threads: usize) -> anyhow::Result<()> {
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        let running = tasks.count();
+        anyhow::ensure!(
+            running == 1,
+            "internal error: the worker's thread count must be set before any thread \
+             starts, and {running} threads are running"
+        );
+    }
     for name in ["RAYON_NUM_THREADS", "CANDLE_NUM_THREADS"] {
-        // SAFETY: called from `main` before this process spawns any thread,
-        // so nothing reads the environment concurrently.
+        // SAFETY: this process has one thread (checked above on Linux; on
+        // other systems `main` calls this before it starts any), so nothing
+        // reads the environment concurrently.
         unsafe { std::env::set_var(name, threads.to_string()) };
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -57,6 +57,45 @@ pub struct Llama {
     kv: KvPool,
     ws: Workspace,
     flash: FlashScratch,
+    bufs: StepBuffers,
+}
+
+/// A step's activations, kept between steps: once the batch sizes have
+/// been seen, a step allocates only its plan and the logits it returns.
+#[derive(Debug, Default)]
+struct StepBuffers {
+    /// The residual stream `[rows, hidden]`.
+    x: Vec<f32>,
+    /// Normed input of the next matmul `[rows, hidden]`.
+    h: Vec<f32>,
+    /// A matmul's output before it joins the residual `[rows, hidden]`.
+    tmp: Vec<f32>,
+    q: Vec<f32>,
+    attn: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+}
+
+impl StepBuffers {
+    /// Sizes every buffer for `n` rows; kernels overwrite every element.
+    fn resize(&mut self, n: usize, cfg: &LlamaConfig) {
+        let q_dim = cfg.n_heads * cfg.head_dim;
+        for (buf, width) in [
+            (&mut self.x, cfg.hidden),
+            (&mut self.h, cfg.hidden),
+            (&mut self.tmp, cfg.hidden),
+            (&mut self.q, q_dim),
+            (&mut self.attn, q_dim),
+            (&mut self.k, cfg.kv_dim()),
+            (&mut self.v, cfg.kv_dim()),
+            (&mut self.gate, cfg.ffn),
+            (&mut self.up, cfg.ffn),
+        ] {
+            buf.resize(n * width, 0.0);
+        }
+    }
 }
 
 /// Row bookkeeping for one step, built from the batch before any compute.
@@ -165,6 +204,7 @@ impl Llama {
             kv,
             ws: Workspace::new(options.threads),
             flash: FlashScratch::default(),
+            bufs: StepBuffers::default(),
         })
     }
 
@@ -186,27 +226,33 @@ impl ForwardModel for Llama {
         };
         let plan = StepPlan::build(batch, &self.cfg, self.kv.capacity(), blocked_min_rows)?;
         let n = plan.ids.len();
-        let (hidden, kv_dim, ffn) = (self.cfg.hidden, self.cfg.kv_dim(), self.cfg.ffn);
-        let q_dim = self.cfg.n_heads * self.cfg.head_dim;
+        let hidden = self.cfg.hidden;
         let shape = shape(&self.cfg);
         let eps = self.cfg.rms_eps;
 
-        let mut x = vec![0f32; n * hidden];
-        self.w.token_embd.lookup(&plan.ids, &mut x)?;
-        let (mut h, mut tmp) = (vec![0f32; n * hidden], vec![0f32; n * hidden]);
-        let (mut q, mut attn) = (vec![0f32; n * q_dim], vec![0f32; n * q_dim]);
-        let (mut k, mut v) = (vec![0f32; n * kv_dim], vec![0f32; n * kv_dim]);
-        let (mut gate, mut up) = (vec![0f32; n * ffn], vec![0f32; n * ffn]);
+        self.bufs.resize(n, &self.cfg);
+        let StepBuffers {
+            x,
+            h,
+            tmp,
+            q,
+            attn,
+            k,
+            v,
+            gate,
+            up,
+        } = &mut self.bufs;
+        self.w.token_embd.lookup(&plan.ids, x)?;
         let ws = &mut self.ws;
         for (layer, b) in self.w.blocks.iter().enumerate() {
-            rms_norm(&x, &b.attn_norm, eps, &mut h);
+            rms_norm(x, &b.attn_norm, eps, h);
             let qkv = [&b.attn_q, &b.attn_k, &b.attn_v];
-            Linear::forward_shared(&qkv, &mut [&mut q, &mut k, &mut v], &h, n, ws)?;
+            Linear::forward_shared(&qkv, &mut [&mut q[..], &mut k[..], &mut v[..]], h, n, ws)?;
             rope_rows(
                 &self.cfg,
                 &self.cos,
                 &self.sin,
-                &mut q,
+                q,
                 self.cfg.n_heads,
                 &plan.positions,
             );
@@ -214,33 +260,33 @@ impl ForwardModel for Llama {
                 &self.cfg,
                 &self.cos,
                 &self.sin,
-                &mut k,
+                k,
                 self.cfg.n_kv_heads,
                 &plan.positions,
             );
-            self.kv.write(layer, &plan.new_slots, &k, &v);
+            self.kv.write(layer, &plan.new_slots, k, v);
             match self.kv.layer(layer) {
                 LayerView::F32(kp, vp) => {
-                    attention(&q, kp, vp, &plan, shape, &mut attn, &mut self.flash, ws)
+                    attention(q, kp, vp, &plan, shape, attn, &mut self.flash, ws)
                 }
                 LayerView::F16(kp, vp) => {
-                    attention(&q, kp, vp, &plan, shape, &mut attn, &mut self.flash, ws)
+                    attention(q, kp, vp, &plan, shape, attn, &mut self.flash, ws)
                 }
             }
-            b.attn_output.forward(&attn, n, &mut tmp, ws)?;
-            add(&mut x, &tmp);
+            b.attn_output.forward(attn, n, tmp, ws)?;
+            add(x, tmp);
 
-            rms_norm(&x, &b.ffn_norm, eps, &mut h);
+            rms_norm(x, &b.ffn_norm, eps, h);
             Linear::forward_shared(
                 &[&b.ffn_gate, &b.ffn_up],
-                &mut [&mut gate, &mut up],
-                &h,
+                &mut [&mut gate[..], &mut up[..]],
+                h,
                 n,
                 ws,
             )?;
-            kernels::silu_mul(&mut gate, &up);
-            b.ffn_down.forward(&gate, n, &mut tmp, ws)?;
-            add(&mut x, &tmp);
+            kernels::silu_mul(gate, up);
+            b.ffn_down.forward(gate, n, tmp, ws)?;
+            add(x, tmp);
         }
         let rows = plan.last_rows.len();
         let mut last = Vec::with_capacity(rows * hidden);
