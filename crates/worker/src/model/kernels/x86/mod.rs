@@ -180,6 +180,42 @@ unsafe fn scales_k4(blk: *const u8) -> (__m256, __m256, __m256) {
     }
 }
 
+/// The low (`high == false`) or high nibbles of the 32 bytes at `p`.
+///
+/// # Safety
+/// 32 bytes at `p` must be readable; the CPU must have AVX2.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8, high: bool) -> __m256i {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let raw = _mm256_loadu_si256(p as *const __m256i);
+        let v = if high {
+            _mm256_srli_epi16::<4>(raw)
+        } else {
+            raw
+        };
+        _mm256_and_si256(v, _mm256_set1_epi8(0xF))
+    }
+}
+
+/// Bits `shift..` (`mask` wide) of each of the 32 bytes at `p`, moved to
+/// bit 4: the top of a 5- or 6-bit quant. The 16-bit shifts never carry
+/// bits across bytes into the masked result.
+///
+/// # Safety
+/// As for [`nibbles`].
+#[inline(always)]
+unsafe fn high_bits(p: *const u8, shift: usize, mask: i8) -> __m256i {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let bits = _mm256_srl_epi16(
+            _mm256_loadu_si256(p as *const __m256i),
+            _mm_cvtsi32_si128(shift as i32),
+        );
+        _mm256_slli_epi16::<4>(_mm256_and_si256(bits, _mm256_set1_epi8(mask)))
+    }
+}
+
 pub(super) struct Q4KBlock;
 pub(super) struct Q5KBlock;
 pub(super) struct Q6KBlock;
@@ -197,15 +233,7 @@ impl KBlock for Q4KBlock {
     #[inline(always)]
     unsafe fn quants(blk: *const u8, j: usize) -> __m256i {
         // SAFETY: qs (bytes 16..144) lies within the block.
-        unsafe {
-            let raw = _mm256_loadu_si256(blk.add(16 + 32 * (j / 2)) as *const __m256i);
-            let v = if j.is_multiple_of(2) {
-                raw
-            } else {
-                _mm256_srli_epi16::<4>(raw)
-            };
-            _mm256_and_si256(v, _mm256_set1_epi8(0xF))
-        }
+        unsafe { nibbles(blk.add(16 + 32 * (j / 2)), !j.is_multiple_of(2)) }
     }
 }
 
@@ -223,18 +251,9 @@ impl KBlock for Q5KBlock {
     unsafe fn quants(blk: *const u8, j: usize) -> __m256i {
         // SAFETY: qh (bytes 16..48) and qs (48..176) lie within the block.
         unsafe {
-            let raw = _mm256_loadu_si256(blk.add(48 + 32 * (j / 2)) as *const __m256i);
-            let v = if j.is_multiple_of(2) {
-                raw
-            } else {
-                _mm256_srli_epi16::<4>(raw)
-            };
-            let low = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
-            // Bit j of each qh byte, moved to bit 4 (shifts stay within bytes).
-            let qh = _mm256_loadu_si256(blk.add(16) as *const __m256i);
-            let bit = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(j as i32));
-            let high = _mm256_slli_epi16::<4>(_mm256_and_si256(bit, _mm256_set1_epi8(1)));
-            _mm256_or_si256(low, high)
+            let low = nibbles(blk.add(48 + 32 * (j / 2)), !j.is_multiple_of(2));
+            // Bit j of each qh byte.
+            _mm256_or_si256(low, high_bits(blk.add(16), j, 1))
         }
     }
 }
@@ -264,17 +283,9 @@ impl KBlock for Q6KBlock {
         let (half, t) = (j / 4, j % 4);
         // SAFETY: ql (bytes 0..128) and qh (128..192) lie within the block.
         unsafe {
-            let ql = _mm256_loadu_si256(blk.add(64 * half + 32 * (t % 2)) as *const __m256i);
-            let v = if t < 2 {
-                ql
-            } else {
-                _mm256_srli_epi16::<4>(ql)
-            };
-            let low = _mm256_and_si256(v, _mm256_set1_epi8(0xF));
-            // Bits 2t and 2t + 1 of each qh byte, moved to bits 4 and 5.
-            let qh = _mm256_loadu_si256(blk.add(128 + 32 * half) as *const __m256i);
-            let bits = _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * t as i32));
-            let high = _mm256_slli_epi16::<4>(_mm256_and_si256(bits, _mm256_set1_epi8(3)));
+            let low = nibbles(blk.add(64 * half + 32 * (t % 2)), t >= 2);
+            // Bits 2t and 2t + 1 of each qh byte.
+            let high = high_bits(blk.add(128 + 32 * half), 2 * t, 3);
             _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32))
         }
     }
