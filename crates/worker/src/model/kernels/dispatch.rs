@@ -7,6 +7,7 @@ use std::sync::OnceLock;
 
 use super::blocked::UnitFn;
 use super::matrix::{Q8Acts, QKind, TileOut};
+use super::tiled::{TiledMatmul, Tiling};
 #[cfg(target_arch = "x86_64")]
 use super::x86::{avx2, avx512};
 use super::{KvElem, RowJob, scalar};
@@ -137,28 +138,27 @@ pub(super) unsafe fn tile(
     }
 }
 
-/// The AVX-512 VNNI matmul over a matrix repacked by [`super::tiled::repack`].
+/// The int8 matmul over the tiles `tiles` of a matrix repacked by
+/// [`Tiling::repack`].
 ///
 /// # Safety
-/// As [`avx512::matmul_tiles`]; the matrix was only tiled because
-/// [`level`] is [`Level::Avx512Vnni`].
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn matmul_tiles(
-    kind: QKind,
-    cols: usize,
-    n_rows: usize,
-    data: &[u8],
-    acts: &Q8Acts,
-    m: usize,
-    tiles: Range<usize>,
-    out: *mut f32,
-) {
-    assert_eq!(level(), Level::Avx512Vnni);
+/// `job` must describe a matrix tiled with `tiling` (which exists only for
+/// the detected level) and bound `acts` and `out` as [`TiledMatmul`] says;
+/// no other thread may write the output columns of `tiles` meanwhile.
+pub(super) unsafe fn matmul_tiles(tiling: Tiling, job: &TiledMatmul<'_>, tiles: Range<usize>) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the level is checked above; the rest is the caller's.
-    unsafe {
-        avx512::matmul_tiles(kind, cols, n_rows, data, acts, m, tiles, out)
-    };
+    match tiling {
+        Tiling::Vnni16 => {
+            assert_eq!(level(), Level::Avx512Vnni);
+            // SAFETY: the level is checked above; the rest is the caller's.
+            unsafe { avx512::matmul_tiles(job, tiles) };
+        }
+        Tiling::Avx2x8 => {
+            assert!(level() != Level::Scalar);
+            // SAFETY: as above.
+            unsafe { avx2::matmul_tiles(job, tiles) };
+        }
+    }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (kind, cols, n_rows, data, acts, m, tiles, out);
+    let _ = (tiling, job, tiles);
 }

@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use super::dispatch::{self, Level, level};
-use super::tiled;
+use super::tiled::{TiledMatmul, Tiling};
 
 /// Values per quantization block (and per block of int8 activations).
 pub(crate) const QK: usize = 32;
@@ -21,10 +21,12 @@ const ROW_TILE: usize = 4;
 /// Dot products of one tile: `[weight row][activation row]`.
 pub(super) type TileOut = [[f32; ACT_TILE]; ROW_TILE];
 
-/// Below this many multiply-adds a parallel region costs more than it saves,
-/// and on a busy machine a descheduled helper thread stalls it for a whole
-/// time slice: single-token decode steps stay on the calling thread.
-const PARALLEL_MIN_MACS: usize = 2_000_000;
+/// Below this many multiply-adds a parallel region costs more than it saves
+/// (and on a busy machine a descheduled helper thread stalls it for a time
+/// slice). Set so that a one-token decode of the 135M default model splits
+/// its projections (110K-885K multiply-adds) over the pool: 1.4x its speed
+/// on 2 cores against a 2M threshold.
+const PARALLEL_MIN_MACS: usize = 100_000;
 
 /// Runs `f` over `0..units`: on candle's pool when `parallel` and `macs` is
 /// worth it, inline otherwise.
@@ -82,7 +84,7 @@ impl QKind {
         }
     }
 
-    /// Whether the AVX-512 VNNI tile layout ([`tiled`]) exists for this kind.
+    /// Whether a row tile layout ([`super::tiled`]) exists for this kind.
     fn tiles(self) -> bool {
         matches!(self, Self::Q4_1 | Self::Q8_0)
     }
@@ -117,8 +119,8 @@ pub(crate) struct QMatrix {
     kind: QKind,
     rows: usize,
     cols: usize,
-    /// Repacked into 16-row tiles for the AVX-512 VNNI kernel ([`tiled`]).
-    tiled: bool,
+    /// Repacked into row tiles for this CPU's int8 kernel ([`super::tiled`]).
+    tiling: Option<Tiling>,
     data: Vec<u8>,
 }
 
@@ -168,29 +170,29 @@ impl QMatrix {
                 got: data.len(),
             });
         }
-        // Repacking keeps the size; only the AVX-512 VNNI kernel reads tiles.
-        if level() == Level::Avx512Vnni && kind.tiles() && rows.is_multiple_of(tiled::TILE) {
-            let data = tiled::repack(kind, rows, cols, &data);
-            return Ok(Self {
-                kind,
-                rows,
-                cols,
-                tiled: true,
-                data,
-            });
+        // Repacking keeps the size; only this CPU's int8 kernel reads tiles.
+        let tiling = match level() {
+            Level::Avx512Vnni => Some(Tiling::Vnni16),
+            Level::Avx2 => Some(Tiling::Avx2x8),
+            Level::Scalar => None,
         }
+        .filter(|tiling| kind.tiles() && rows.is_multiple_of(tiling.rows()));
+        let data = match tiling {
+            Some(tiling) => tiling.repack(kind, rows, cols, &data),
+            None => data,
+        };
         Ok(Self {
             kind,
             rows,
             cols,
-            tiled: false,
+            tiling,
             data,
         })
     }
 
     /// Whether the int8 kernel beats dequantize + f32 GEMM at every batch size.
     pub(crate) fn int8_always(&self) -> bool {
-        self.tiled
+        self.tiling.is_some()
     }
 
     /// Output rows.
@@ -214,8 +216,8 @@ impl QMatrix {
 
     /// Row `r` as f32 (embedding lookups).
     pub(crate) fn dequantize_row(&self, r: usize, out: &mut [f32]) {
-        if self.tiled {
-            tiled::dequantize_row(self.kind, self.cols, &self.data, r, out);
+        if let Some(tiling) = self.tiling {
+            tiling.dequantize_row(self.kind, self.cols, &self.data, r, out);
             return;
         }
         dispatch::dequantize_row(Level::Scalar, self.kind, self.row(r), out);
@@ -228,17 +230,28 @@ impl QMatrix {
         let blocks = m * acts.blocks;
         assert!(acts.q.len() >= m * self.cols && out.len() >= m * self.rows);
         assert!(acts.d.len() >= blocks && acts.s.len() >= blocks);
-        if self.tiled {
+        if let Some(tiling) = self.tiling {
             let ptr = OutPtr(out.as_mut_ptr());
-            let (kind, cols, rows, data) = (self.kind, self.cols, self.rows, &self.data);
-            run_units(rows / tiled::TILE, m * rows * cols, parallel, |tiles| {
-                // SAFETY: tiles are only built when AVX-512 VNNI was detected;
-                // each unit owns the 16 output columns of its tiles; the asserts
-                // above bound acts and out.
-                unsafe {
-                    dispatch::matmul_tiles(kind, cols, rows, data, acts, m, tiles, ptr.get())
-                };
-            });
+            run_units(
+                self.rows / tiling.rows(),
+                m * self.rows * self.cols,
+                parallel,
+                |tiles| {
+                    let job = TiledMatmul {
+                        kind: self.kind,
+                        cols: self.cols,
+                        n_rows: self.rows,
+                        data: &self.data,
+                        acts,
+                        m,
+                        out: ptr.get(),
+                    };
+                    // SAFETY: a matrix is tiled only for the kernel of the detected
+                    // level; each unit owns the output columns of its tiles; the
+                    // asserts above bound acts and out.
+                    unsafe { dispatch::matmul_tiles(tiling, &job, tiles) };
+                },
+            );
             return;
         }
         let units = self.rows.div_ceil(ROWS_PER_UNIT);
@@ -321,8 +334,8 @@ impl QMatrix {
     }
 
     fn dequantize_row_fast(&self, r: usize, out: &mut [f32]) {
-        if self.tiled {
-            tiled::dequantize_row(self.kind, self.cols, &self.data, r, out);
+        if let Some(tiling) = self.tiling {
+            tiling.dequantize_row(self.kind, self.cols, &self.data, r, out);
             return;
         }
         dispatch::dequantize_row(level(), self.kind, self.row(r), out);

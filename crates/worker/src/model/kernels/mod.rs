@@ -3,7 +3,8 @@
 //! - [`matrix`]: quantized weight matrices in ggml block layouts, int8
 //!   activations, the matmuls over them, and dequantize + f32 GEMM for long
 //!   prefill chunks;
-//! - [`tiled`]: the 16-row tile layout the AVX-512 VNNI matmul reads;
+//! - [`tiled`]: the row-interleaved tile layouts the AVX2 and AVX-512 VNNI
+//!   matmuls read;
 //! - [`blocked`]: the unit of work of the blocked (flash-style) attention;
 //! - [`scalar`]: portable Rust builds of every kernel (the fallback, and the
 //!   bodies the SIMD builds inline);

@@ -4,6 +4,9 @@
 
 use std::arch::x86_64::*;
 
+mod tiles;
+pub(in crate::model::kernels) use tiles::matmul_tiles;
+
 use super::super::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
 use super::super::matrix::{Q8Acts, QK, QK_K, QKind, TileOut};
 use super::super::{KvElem, RowJob, scalar};

@@ -3,8 +3,10 @@
 
 use std::arch::x86_64::*;
 
+use std::ops::Range;
+
 use super::super::matrix::{Q8Acts, QK, QKind, TileOut};
-use super::super::tiled::{TILE, tile_block_bytes};
+use super::super::tiled::{TiledMatmul, Tiling};
 use super::super::{KvElem, RowJob, scalar};
 use super::{Dot, tile_any};
 
@@ -47,37 +49,26 @@ const ACT_TILE: usize = 4;
 /// `out[i, 16t..16t+16]` for every activation row `i < m` and tile `t` in `tiles`.
 ///
 /// # Safety
-/// The CPU must support AVX-512 F/BW/VNNI; `data` must be a tiled matrix of
-/// `n_rows x cols` built by [`super::super::tiled::repack`]; `acts` must hold `m` rows of `cols`;
-/// `out` must hold `m * n_rows` floats whose columns in `tiles` no other
-/// thread writes meanwhile.
+/// The CPU must support AVX-512 F/BW/VNNI; `job` must describe a matrix
+/// tiled with [`Tiling::Vnni16`] and bound `acts` and `out`; no other thread
+/// may write the columns of `tiles` meanwhile.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(in crate::model::kernels) unsafe fn matmul_tiles(
-    kind: QKind,
-    cols: usize,
-    n_rows: usize,
-    data: &[u8],
-    acts: &Q8Acts,
-    m: usize,
-    tiles: std::ops::Range<usize>,
-    out: *mut f32,
-) {
+pub(in crate::model::kernels) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
     for t in tiles {
         let mut i0 = 0;
-        while i0 < m {
-            let mt = ACT_TILE.min(m - i0);
+        while i0 < job.m {
+            let mt = ACT_TILE.min(job.m - i0);
             // SAFETY: forwarded from the caller.
             unsafe {
-                match (kind, mt) {
-                    (QKind::Q4_1, 1) => tiles::tile_q4_1::<1>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q4_1, 2) => tiles::tile_q4_1::<2>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q4_1, 3) => tiles::tile_q4_1::<3>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q4_1, _) => tiles::tile_q4_1::<4>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q8_0, 1) => tiles::tile_q8_0::<1>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(cols, n_rows, data, acts, i0, t, out),
-                    (QKind::Q8_0, _) => tiles::tile_q8_0::<4>(cols, n_rows, data, acts, i0, t, out),
+                match (job.kind, mt) {
+                    (QKind::Q4_1, 1) => tiles::tile_q4_1::<1>(job, i0, t),
+                    (QKind::Q4_1, 2) => tiles::tile_q4_1::<2>(job, i0, t),
+                    (QKind::Q4_1, 3) => tiles::tile_q4_1::<3>(job, i0, t),
+                    (QKind::Q4_1, _) => tiles::tile_q4_1::<4>(job, i0, t),
+                    (QKind::Q8_0, 1) => tiles::tile_q8_0::<1>(job, i0, t),
+                    (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(job, i0, t),
+                    (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(job, i0, t),
+                    (QKind::Q8_0, _) => tiles::tile_q8_0::<4>(job, i0, t),
                     (QKind::Q4K | QKind::Q5K | QKind::Q6K, _) => unreachable!("never tiled"),
                 }
             }
@@ -85,10 +76,14 @@ pub(in crate::model::kernels) unsafe fn matmul_tiles(
         }
     }
 }
+
 mod tiles {
     use std::arch::x86_64::*;
 
-    use super::{Q8Acts, QK, QKind, TILE, tile_block_bytes};
+    use super::{QK, TiledMatmul};
+
+    /// Rows per tile.
+    const TILE: usize = 16;
 
     /// Broadcasts the 4 activation bytes at `p` to every 32-bit lane.
     #[inline(always)]
@@ -97,42 +92,59 @@ mod tiles {
         unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32)) }
     }
 
-    /// Adds `d_w * d_a * dot + extra * s_a` for each activation row and stores the 16 columns.
+    /// Adds `d_w * d_a * dot + extra * s_a` for each activation row of
+    /// block `b` into `facc`; `extra` is the per-row constant of each weight.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn finish<const MT: usize>(
+    unsafe fn scale_block<const MT: usize>(
+        job: &TiledMatmul<'_>,
+        i0: usize,
+        b: usize,
+        dv: __m512,
+        extra: __m512,
+        iacc: &[__m512i; MT],
+        facc: &mut [__m512; MT],
+    ) {
+        let nb = job.cols / QK;
+        for (j, acc) in iacc.iter().enumerate() {
+            let at = (i0 + j) * nb + b;
+            // SAFETY: the caller bounds acts to rows i0..i0 + MT.
+            unsafe {
+                let scale = _mm512_mul_ps(dv, _mm512_set1_ps(*job.acts.d.get_unchecked(at)));
+                facc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*acc), scale, facc[j]);
+                facc[j] = _mm512_fmadd_ps(
+                    extra,
+                    _mm512_set1_ps(*job.acts.s.get_unchecked(at)),
+                    facc[j],
+                );
+            }
+        }
+    }
+
+    /// Stores the 16 columns of tile `t` for each activation row.
+    #[inline(always)]
+    unsafe fn store<const MT: usize>(
+        job: &TiledMatmul<'_>,
         facc: &[__m512; MT],
-        out: *mut f32,
-        n_rows: usize,
         i0: usize,
         t: usize,
     ) {
         for (j, v) in facc.iter().enumerate() {
             // SAFETY: the caller bounds out to m * n_rows with i0 + j < m.
-            unsafe { _mm512_storeu_ps(out.add((i0 + j) * n_rows + t * TILE), *v) };
+            unsafe { _mm512_storeu_ps(job.out.add((i0 + j) * job.n_rows + t * TILE), *v) };
         }
     }
 
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile_q4_1<const MT: usize>(
-        cols: usize,
-        n_rows: usize,
-        data: &[u8],
-        acts: &Q8Acts,
-        i0: usize,
-        t: usize,
-        out: *mut f32,
-    ) {
-        let nb = cols / QK;
-        let tb = tile_block_bytes(QKind::Q4_1);
+    pub(super) unsafe fn tile_q4_1<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+        let nb = job.cols / QK;
+        let tb = super::Tiling::Vnni16.block_bytes(job.kind);
         // SAFETY (whole body): tile t has nb blocks of tb bytes in `data`, and
         // activation rows i0..i0+MT of `cols` i8 exist (matmul_q8 asserts).
         unsafe {
             let low = _mm512_set1_epi8(15);
             let mut facc = [_mm512_setzero_ps(); MT];
             for b in 0..nb {
-                let base = data.as_ptr().add((t * nb + b) * tb);
+                let base = job.data.as_ptr().add((t * nb + b) * tb);
                 let dv = _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i));
                 let mv = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(32) as *const __m256i));
                 let mut iacc = [_mm512_setzero_si512(); MT];
@@ -141,42 +153,31 @@ mod tiles {
                     let lo = _mm512_and_si512(raw, low);
                     let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
                     for (j, acc) in iacc.iter_mut().enumerate() {
-                        let ap = acts.q.as_ptr().add((i0 + j) * cols + b * QK + g * 8);
+                        let ap = job
+                            .acts
+                            .q
+                            .as_ptr()
+                            .add((i0 + j) * job.cols + b * QK + g * 8);
                         *acc = _mm512_dpbusd_epi32(*acc, lo, bcast4(ap));
                         *acc = _mm512_dpbusd_epi32(*acc, hi, bcast4(ap.add(4)));
                     }
                 }
-                for (j, acc) in iacc.iter().enumerate() {
-                    let at = (i0 + j) * nb + b;
-                    let scale = _mm512_mul_ps(dv, _mm512_set1_ps(*acts.d.get_unchecked(at)));
-                    facc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*acc), scale, facc[j]);
-                    facc[j] =
-                        _mm512_fmadd_ps(mv, _mm512_set1_ps(*acts.s.get_unchecked(at)), facc[j]);
-                }
+                scale_block::<MT>(job, i0, b, dv, mv, &iacc, &mut facc);
             }
-            finish::<MT>(&facc, out, n_rows, i0, t);
+            store::<MT>(job, &facc, i0, t);
         }
     }
 
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn tile_q8_0<const MT: usize>(
-        cols: usize,
-        n_rows: usize,
-        data: &[u8],
-        acts: &Q8Acts,
-        i0: usize,
-        t: usize,
-        out: *mut f32,
-    ) {
-        let nb = cols / QK;
-        let tb = tile_block_bytes(QKind::Q8_0);
+    pub(super) unsafe fn tile_q8_0<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+        let nb = job.cols / QK;
+        let tb = super::Tiling::Vnni16.block_bytes(job.kind);
         // SAFETY: as in tile_q4_1.
         unsafe {
             let minus128 = _mm512_set1_ps(-128.0);
             let mut facc = [_mm512_setzero_ps(); MT];
             for b in 0..nb {
-                let base = data.as_ptr().add((t * nb + b) * tb);
+                let base = job.data.as_ptr().add((t * nb + b) * tb);
                 let dv = _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i));
                 // Weights were stored +128: subtract 128 * d_w * d_a * sum(q_a) = 128 * d_w * s_a.
                 let mv = _mm512_mul_ps(dv, minus128);
@@ -184,19 +185,17 @@ mod tiles {
                 for g in 0..8 {
                     let w = _mm512_loadu_si512(base.add(32 + g * 64) as *const _);
                     for (j, acc) in iacc.iter_mut().enumerate() {
-                        let ap = acts.q.as_ptr().add((i0 + j) * cols + b * QK + g * 4);
+                        let ap = job
+                            .acts
+                            .q
+                            .as_ptr()
+                            .add((i0 + j) * job.cols + b * QK + g * 4);
                         *acc = _mm512_dpbusd_epi32(*acc, w, bcast4(ap));
                     }
                 }
-                for (j, acc) in iacc.iter().enumerate() {
-                    let at = (i0 + j) * nb + b;
-                    let scale = _mm512_mul_ps(dv, _mm512_set1_ps(*acts.d.get_unchecked(at)));
-                    facc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*acc), scale, facc[j]);
-                    facc[j] =
-                        _mm512_fmadd_ps(mv, _mm512_set1_ps(*acts.s.get_unchecked(at)), facc[j]);
-                }
+                scale_block::<MT>(job, i0, b, dv, mv, &iacc, &mut facc);
             }
-            finish::<MT>(&facc, out, n_rows, i0, t);
+            store::<MT>(job, &facc, i0, t);
         }
     }
 }

@@ -1,0 +1,162 @@
+//! The AVX2 matmul over 8-row tiles ([`Tiling::Avx2x8`]): each 32-bit lane
+//! is one weight row, `maddubs` + `madd` stand in for VNNI's `vpdpbusd`.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::super::super::matrix::{QK, QKind};
+use super::super::super::tiled::{TiledMatmul, Tiling};
+
+/// Rows per tile.
+const TILE: usize = 8;
+/// Most activation rows per pass over a weight tile.
+const ACT_TILE: usize = 4;
+
+/// `out[i, 8t..8t+8]` for every activation row `i < m` and tile `t` in `tiles`.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `job` must describe a matrix
+/// tiled with [`Tiling::Avx2x8`] and bound `acts` and `out`; no other thread
+/// may write the columns of `tiles` meanwhile.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(in crate::model::kernels) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
+    for t in tiles {
+        let mut i0 = 0;
+        while i0 < job.m {
+            let mt = ACT_TILE.min(job.m - i0);
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                match (job.kind, mt) {
+                    (QKind::Q4_1, 1) => tile_q4_1::<1>(job, i0, t),
+                    (QKind::Q4_1, 2) => tile_q4_1::<2>(job, i0, t),
+                    (QKind::Q4_1, 3) => tile_q4_1::<3>(job, i0, t),
+                    (QKind::Q4_1, _) => tile_q4_1::<4>(job, i0, t),
+                    (QKind::Q8_0, 1) => tile_q8_0::<1>(job, i0, t),
+                    (QKind::Q8_0, 2) => tile_q8_0::<2>(job, i0, t),
+                    (QKind::Q8_0, 3) => tile_q8_0::<3>(job, i0, t),
+                    (QKind::Q8_0, _) => tile_q8_0::<4>(job, i0, t),
+                    (QKind::Q4K | QKind::Q5K | QKind::Q6K, _) => unreachable!("never tiled"),
+                }
+            }
+            i0 += mt;
+        }
+    }
+}
+
+/// Broadcasts the 4 activation bytes at `p` to every 32-bit lane.
+#[inline(always)]
+unsafe fn bcast4(p: *const i8) -> __m256i {
+    // SAFETY: the caller guarantees 4 readable bytes at p.
+    unsafe { _mm256_set1_epi32(std::ptr::read_unaligned(p as *const i32)) }
+}
+
+/// Adds `d_w * d_a * dot + extra * s_a` for each activation row of block
+/// `b` into `facc`; `extra` is the per-row constant of the weights (Q4_1's
+/// min), or `None`.
+#[inline(always)]
+unsafe fn scale_block<const MT: usize>(
+    job: &TiledMatmul<'_>,
+    i0: usize,
+    b: usize,
+    dv: __m256,
+    extra: Option<__m256>,
+    iacc: &[__m256i; MT],
+    facc: &mut [__m256; MT],
+) {
+    let nb = job.cols / QK;
+    for j in 0..MT {
+        let at = (i0 + j) * nb + b;
+        // SAFETY: the caller bounds acts to rows i0..i0 + MT.
+        unsafe {
+            let scale = _mm256_mul_ps(dv, _mm256_set1_ps(*job.acts.d.get_unchecked(at)));
+            facc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j]), scale, facc[j]);
+            if let Some(extra) = extra {
+                let s = _mm256_set1_ps(*job.acts.s.get_unchecked(at));
+                facc[j] = _mm256_fmadd_ps(extra, s, facc[j]);
+            }
+        }
+    }
+}
+
+/// Stores the 8 columns of tile `t` for each activation row.
+#[inline(always)]
+unsafe fn store<const MT: usize>(job: &TiledMatmul<'_>, facc: &[__m256; MT], i0: usize, t: usize) {
+    for (j, v) in facc.iter().enumerate() {
+        // SAFETY: the caller bounds out to m * n_rows with i0 + j < m.
+        unsafe { _mm256_storeu_ps(job.out.add((i0 + j) * job.n_rows + t * TILE), *v) };
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_q4_1<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+    let nb = job.cols / QK;
+    let tb = Tiling::Avx2x8.block_bytes(QKind::Q4_1);
+    // SAFETY (whole body): tile t has nb blocks of tb bytes in `data`, and
+    // activation rows i0..i0+MT of `cols` i8 exist (matmul_q8 asserts).
+    unsafe {
+        let low = _mm256_set1_epi8(15);
+        let ones = _mm256_set1_epi16(1);
+        let mut facc = [_mm256_setzero_ps(); MT];
+        for b in 0..nb {
+            let base = job.data.as_ptr().add((t * nb + b) * tb);
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            let mv = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
+            // Pairs of nibble x i8 products sum in i16 over the whole block:
+            // 8 * 2 * 15 * 128 < 2^15, so no lane overflows.
+            let mut acc16 = [_mm256_setzero_si256(); MT];
+            for g in 0..4 {
+                let raw = _mm256_loadu_si256(base.add(32 + g * 32) as *const __m256i);
+                let lo = _mm256_and_si256(raw, low);
+                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
+                for (j, acc) in acc16.iter_mut().enumerate() {
+                    let ap = job
+                        .acts
+                        .q
+                        .as_ptr()
+                        .add((i0 + j) * job.cols + b * QK + g * 8);
+                    *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(lo, bcast4(ap)));
+                    *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(hi, bcast4(ap.add(4))));
+                }
+            }
+            let mut iacc = [_mm256_setzero_si256(); MT];
+            for j in 0..MT {
+                iacc[j] = _mm256_madd_epi16(acc16[j], ones);
+            }
+            scale_block::<MT>(job, i0, b, dv, Some(mv), &iacc, &mut facc);
+        }
+        store::<MT>(job, &facc, i0, t);
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_q8_0<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+    let nb = job.cols / QK;
+    let tb = Tiling::Avx2x8.block_bytes(QKind::Q8_0);
+    // SAFETY: as in tile_q4_1.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut facc = [_mm256_setzero_ps(); MT];
+        for b in 0..nb {
+            let base = job.data.as_ptr().add((t * nb + b) * tb);
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            let mut iacc = [_mm256_setzero_si256(); MT];
+            for g in 0..8 {
+                let w = _mm256_loadu_si256(base.add(16 + g * 32) as *const __m256i);
+                // Signed x signed: |w| as unsigned bytes, w's sign moved onto a.
+                // A pair of products is at most 2 * 128 * 127 < 2^15.
+                let wabs = _mm256_sign_epi8(w, w);
+                for (j, acc) in iacc.iter_mut().enumerate() {
+                    let ap = job
+                        .acts
+                        .q
+                        .as_ptr()
+                        .add((i0 + j) * job.cols + b * QK + g * 4);
+                    let p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(bcast4(ap), w));
+                    *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, ones));
+                }
+            }
+            scale_block::<MT>(job, i0, b, dv, None, &iacc, &mut facc);
+        }
+        store::<MT>(job, &facc, i0, t);
+    }
+}
