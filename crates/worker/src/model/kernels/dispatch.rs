@@ -149,12 +149,12 @@ pub(super) unsafe fn matmul_tiles(tiling: Tiling, job: &TiledMatmul<'_>, tiles: 
     #[cfg(target_arch = "x86_64")]
     match tiling {
         Tiling::Vnni16 => {
-            assert_eq!(level(), Level::Avx512Vnni);
+            assert!(tiling.runs_on(level()));
             // SAFETY: the level is checked above; the rest is the caller's.
             unsafe { avx512::matmul_tiles(job, tiles) };
         }
         Tiling::Avx2x8 => {
-            assert!(level() != Level::Scalar);
+            assert!(tiling.runs_on(level()));
             // SAFETY: as above.
             unsafe { avx2::matmul_tiles(job, tiles) };
         }

@@ -83,11 +83,6 @@ impl QKind {
             Self::Q6K => 210,
         }
     }
-
-    /// Whether a row tile layout ([`super::tiled`]) exists for this kind.
-    fn tiles(self) -> bool {
-        matches!(self, Self::Q4_1 | Self::Q8_0)
-    }
 }
 
 /// Why block bytes do not make a matrix.
@@ -170,13 +165,12 @@ impl QMatrix {
                 got: data.len(),
             });
         }
-        // Repacking keeps the size; only this CPU's int8 kernel reads tiles.
-        let tiling = match level() {
-            Level::Avx512Vnni => Some(Tiling::Vnni16),
-            Level::Avx2 => Some(Tiling::Avx2x8),
-            Level::Scalar => None,
-        }
-        .filter(|tiling| kind.tiles() && rows.is_multiple_of(tiling.rows()));
+        // The widest tile layout this CPU's kernels read for this kind (the
+        // AVX2 one also serves K-quants on AVX-512 CPUs); only the int8
+        // kernels read tiles.
+        let tiling = [Tiling::Vnni16, Tiling::Avx2x8].into_iter().find(|tiling| {
+            tiling.runs_on(level()) && tiling.holds(kind) && rows.is_multiple_of(tiling.rows())
+        });
         let data = match tiling {
             Some(tiling) => tiling.repack(kind, rows, cols, &data),
             None => data,

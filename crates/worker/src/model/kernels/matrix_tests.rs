@@ -48,9 +48,11 @@ fn matrices() -> Vec<QMatrix> {
         });
         out.push(QMatrix::new(kind, rows, cols, data).unwrap());
     }
-    // K-quants as candle's quantizer writes them: 2 super-blocks per row.
+    // K-quants as candle's quantizer writes them: 2 super-blocks per row,
+    // row-major (42 rows) and tiled where this CPU has a kernel (48 rows).
     for kind in K_KINDS {
         out.push(candle_quantized(kind, 42, 512, 13));
+        out.push(candle_quantized(kind, 48, 512, 17));
     }
     out
 }
@@ -79,13 +81,15 @@ fn candle_quantized(kind: QKind, rows: usize, cols: usize, seed: u32) -> QMatrix
 /// gives candle's values to the bit.
 #[test]
 fn k_quants_dequantize_exactly_like_candle() {
-    let (rows, cols) = (6, 768);
-    for kind in K_KINDS {
+    // 6 rows stay row-major; 16 are tiled where this CPU has a kernel.
+    for (kind, rows) in K_KINDS.into_iter().flat_map(|kind| [(kind, 6), (kind, 16)]) {
+        let cols = 768;
         let x = Tensor::from_vec(random(rows * cols, 21, 3.0), (rows, cols), &Device::Cpu).unwrap();
         let qt = QTensor::quantize(&x, ggml_dtype(kind)).unwrap();
         let want = qt.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap();
         let want = want.to_vec1::<f32>().unwrap();
         let w = QMatrix::new(kind, rows, cols, qt.data().unwrap().into_owned()).unwrap();
+        assert_eq!(w.tiling.is_some(), rows == 16 && level() != Level::Scalar);
         let mut got = vec![0f32; cols];
         for r in 0..rows {
             let want = &want[r * cols..(r + 1) * cols];
