@@ -4,6 +4,7 @@ use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 
 use super::*;
+use crate::model::kernels::scalar;
 use crate::model::test_data::random;
 
 /// Raw ggml Q4_1 blocks with varied scales and nibbles.
@@ -128,6 +129,31 @@ fn tiles_dequantize_like_the_row_major_layout() {
             }
         }
     }
+}
+
+/// The SIMD activation quantizer gives the scalar one's bytes and scales,
+/// for an all-zero block too.
+#[test]
+fn quantizers_agree() {
+    let mut x = random(4 * 96, 5, 3.0);
+    x[96..128].fill(0.0);
+    let mut scalar_acts = Q8Acts::default();
+    let nb = x.len() / QK;
+    scalar_acts.q.resize(x.len(), 0);
+    scalar_acts.d.resize(nb, 0.0);
+    scalar_acts.s.resize(nb, 0.0);
+    scalar::quantize(
+        &x,
+        &mut scalar_acts.q,
+        &mut scalar_acts.d,
+        &mut scalar_acts.s,
+    );
+    let mut acts = Q8Acts::default();
+    acts.quantize(&x, 4, 96);
+    assert_eq!(acts.q, scalar_acts.q);
+    assert_eq!(acts.d, scalar_acts.d);
+    assert_eq!(acts.s, scalar_acts.s);
+    assert_eq!(acts.d[3], 0.0);
 }
 
 /// Rows that are not whole blocks, or bytes that are not whole rows, are

@@ -123,6 +123,9 @@ unsafe fn dequantize_row_k<K: KBlock>(row: &[u8], out: &mut [f32]) {
     }
 }
 
+/// [`scalar::quantize`] with explicit vectors (the compiler's version of the
+/// scalar loop took 7% of a prefill): the same values, multiply then round
+/// half to even.
 #[target_feature(enable = "avx2,fma")]
 pub(in crate::model::kernels) unsafe fn quantize(
     x: &[f32],
@@ -130,7 +133,52 @@ pub(in crate::model::kernels) unsafe fn quantize(
     d: &mut [f32],
     s: &mut [f32],
 ) {
-    scalar::quantize(x, q, d, s);
+    let blocks = (x.len() / QK).min(q.len() / QK).min(d.len()).min(s.len());
+    // SAFETY: block b reads x[32b..32b + 32] and writes q[32b..32b + 32],
+    // d[b] and s[b], all within the lengths bounded above.
+    unsafe {
+        let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MAX));
+        // packs interleaves 128-bit lanes: this puts the 32 bytes back in order.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        for b in 0..blocks {
+            let xp = x.as_ptr().add(b * QK);
+            let mut v = [_mm256_setzero_ps(); 4];
+            for (i, vi) in v.iter_mut().enumerate() {
+                *vi = _mm256_loadu_ps(xp.add(8 * i));
+            }
+            let mut amax = _mm256_and_ps(v[0], abs_mask);
+            for vi in &v[1..] {
+                amax = _mm256_max_ps(amax, _mm256_and_ps(*vi, abs_mask));
+            }
+            let m4 = _mm_max_ps(
+                _mm256_castps256_ps128(amax),
+                _mm256_extractf128_ps::<1>(amax),
+            );
+            let m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m1 = _mm_max_ss(m2, _mm_shuffle_ps::<1>(m2, m2));
+            let scale = _mm_cvtss_f32(m1) / 127.0;
+            let inv = _mm256_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
+            let mut r = [_mm256_setzero_si256(); 4];
+            for i in 0..4 {
+                r[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+            }
+            let sum = _mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3]));
+            let s4 = _mm_add_epi32(
+                _mm256_castsi256_si128(sum),
+                _mm256_extracti128_si256::<1>(sum),
+            );
+            let s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+            let s1 = _mm_add_epi32(s2, _mm_shuffle_epi32::<1>(s2));
+            let packed = _mm256_packs_epi16(
+                _mm256_packs_epi32(r[0], r[1]),
+                _mm256_packs_epi32(r[2], r[3]),
+            );
+            let packed = _mm256_permutevar8x32_epi32(packed, order);
+            _mm256_storeu_si256(q.as_mut_ptr().add(b * QK) as *mut __m256i, packed);
+            *d.get_unchecked_mut(b) = scale;
+            *s.get_unchecked_mut(b) = scale * _mm_cvtsi128_si32(s1) as f32;
+        }
+    }
 }
 
 #[target_feature(enable = "avx2,fma")]
