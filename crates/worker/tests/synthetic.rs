@@ -399,14 +399,15 @@ fn files_depend_on_the_seed_not_on_the_thread_count() {
     assert!(!dir.path().join("1-1.gguf.partial").exists());
 }
 
-/// Our Q4_K, Q5_K and Q6_K kernels against candle-transformers'
-/// `quantized_llama` (candle's own K-quant kernels) on the same file: a
-/// 7-token prompt runs our int8 dot products, a 40-token one our
-/// dequantize + f32 GEMM path. The two sides round activations to 8 bits
-/// differently (ours per 32 values, candle's per 256), so the check is a
-/// bound on the logit gap relative to the logits' range, and the top tokens.
+/// Our Q4_K, Q5_K, Q6_K and Q5_0 / Q5_1 kernels against candle-transformers'
+/// `quantized_llama` (candle's own kernels) on the same file, for a 7- and a
+/// 40-token prompt (int8 dot products; where this CPU has no tile kernel,
+/// the 40-token one takes the dequantize + f32 GEMM path). The two sides
+/// round activations to 8 bits differently (ours per 32 values, candle's
+/// per 256 for K-quants), so the check is a bound on the logit gap relative
+/// to the logits' range, and the top tokens.
 #[test]
-fn k_quant_logits_agree_with_candle_quantized_llama() {
+fn quantized_logits_agree_with_candle_quantized_llama() {
     let md = source_metadata();
     let dir = tempfile::tempdir().unwrap();
     // candle's quantized_llama reads no RoPE factors: leave them out.
@@ -417,7 +418,7 @@ fn k_quant_logits_agree_with_candle_quantized_llama() {
     };
     let short = [1u32, 9690, 198, 19556, 28, 905, 17];
     let long: Vec<u32> = (0..40).map(|i| 1_000 + 37 * i).collect();
-    for quant in ["q4_k", "q5_k", "q6_k"] {
+    for quant in ["q4_k", "q5_k", "q6_k", "q5_0", "q5_1"] {
         write(dir.path(), shape.clone(), quant, &md);
         let path = dir.path().join(format!("{quant}.gguf"));
         let mut m = load(

@@ -13,7 +13,7 @@ use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
 
 use super::ModelError;
-use super::kernels::{Q8Acts, QKind, QMatrix, matmul_dense};
+use super::kernels::{Q8Acts, QKind, QMatrix, matmul_dense, q5_0_as_q5_1};
 
 /// Batches of at least this many rows use dequantize + f32 GEMM.
 const GEMM_MIN_ROWS: usize = 32;
@@ -245,7 +245,7 @@ impl Embedding {
     }
 }
 
-/// Q4_1, Q8_0 and the K-quants as shipped; Q5_0/Q5_1 requantized to Q8_0.
+/// Q4_1, Q5_1, Q8_0 and the K-quants as shipped; Q5_0 as Q5_1 (min -16d).
 fn qmatrix(name: &str, qt: &QTensor) -> Result<QMatrix, ModelError> {
     let (rows, cols) = qt.shape().dims2()?;
     let (kind, data) = match qt.dtype() {
@@ -254,10 +254,8 @@ fn qmatrix(name: &str, qt: &QTensor) -> Result<QMatrix, ModelError> {
         GgmlDType::Q4K => (QKind::Q4K, qt.data()?.into_owned()),
         GgmlDType::Q5K => (QKind::Q5K, qt.data()?.into_owned()),
         GgmlDType::Q6K => (QKind::Q6K, qt.data()?.into_owned()),
-        GgmlDType::Q5_0 | GgmlDType::Q5_1 => {
-            let q8 = QTensor::quantize(&qt.dequantize(&Device::Cpu)?, GgmlDType::Q8_0)?;
-            (QKind::Q8_0, q8.data()?.into_owned())
-        }
+        GgmlDType::Q5_0 => (QKind::Q5_1, q5_0_as_q5_1(&qt.data()?)),
+        GgmlDType::Q5_1 => (QKind::Q5_1, qt.data()?.into_owned()),
         other => return Err(unsupported(name, other)),
     };
     QMatrix::new(kind, rows, cols, data).map_err(|e| ModelError::Format(format!("`{name}`: {e}")))

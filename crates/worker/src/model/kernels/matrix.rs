@@ -55,6 +55,10 @@ pub(crate) enum QKind {
     Q4_1,
     /// `{d: f16, qs: [i8; 32]}`: value = d * q.
     Q8_0,
+    /// `{d: f16, m: f16, qh: u32, qs: [u8; 16]}`: value = d * q + m with
+    /// 5-bit q (bit j of `qh` is value j's fifth). Q5_0 files load as this,
+    /// with m = -16d ([`q5_0_as_q5_1`]).
+    Q5_1,
     /// `{d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]}` per 256
     /// values: 4-bit quants, a 6-bit scale and min per 32 values.
     Q4K,
@@ -69,7 +73,7 @@ impl QKind {
     /// Values per block.
     pub(super) fn block_values(self) -> usize {
         match self {
-            Self::Q4_1 | Self::Q8_0 => QK,
+            Self::Q4_1 | Self::Q5_1 | Self::Q8_0 => QK,
             Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
         }
     }
@@ -77,12 +81,27 @@ impl QKind {
     pub(super) fn block_bytes(self) -> usize {
         match self {
             Self::Q4_1 => 20,
+            Self::Q5_1 => 24,
             Self::Q8_0 => 34,
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,
         }
     }
+}
+
+/// Q5_0 blocks (`{d: f16, qh: u32, qs: [u8; 16]}`, value = d * (q - 16)) as
+/// Q5_1 blocks with min -16d, so one kernel serves both (2 bytes more per
+/// 32 values: 24 instead of 22).
+pub(crate) fn q5_0_as_q5_1(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() / 22 * 24);
+    for blk in data.chunks_exact(22) {
+        let d = half::f16::from_le_bytes([blk[0], blk[1]]);
+        out.extend_from_slice(&blk[..2]);
+        out.extend_from_slice(&(d * half::f16::from_f32(-16.0)).to_le_bytes());
+        out.extend_from_slice(&blk[2..]);
+    }
+    out
 }
 
 /// Why block bytes do not make a matrix.

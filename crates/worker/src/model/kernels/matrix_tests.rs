@@ -49,6 +49,9 @@ fn matrices() -> Vec<QMatrix> {
         });
         out.push(QMatrix::new(kind, rows, cols, data).unwrap());
     }
+    // Q5_1 from candle's quantizer, row-major and tiled.
+    out.push(candle_quantized(QKind::Q5_1, 42, 96, 9));
+    out.push(candle_quantized(QKind::Q5_1, 48, 96, 10));
     // K-quants as candle's quantizer writes them: 2 super-blocks per row,
     // row-major (42 rows) and tiled where this CPU has a kernel (48 rows).
     for kind in K_KINDS {
@@ -63,6 +66,7 @@ const K_KINDS: [QKind; 3] = [QKind::Q4K, QKind::Q5K, QKind::Q6K];
 fn ggml_dtype(kind: QKind) -> GgmlDType {
     match kind {
         QKind::Q4_1 => GgmlDType::Q4_1,
+        QKind::Q5_1 => GgmlDType::Q5_1,
         QKind::Q8_0 => GgmlDType::Q8_0,
         QKind::Q4K => GgmlDType::Q4K,
         QKind::Q5K => GgmlDType::Q5K,
@@ -98,6 +102,52 @@ fn k_quants_dequantize_exactly_like_candle() {
             assert_eq!(got, want, "{kind:?} scalar row {r}");
             w.dequantize_row_fast(r, &mut got);
             assert_eq!(got, want, "{kind:?} {:?} row {r}", level());
+        }
+    }
+}
+
+/// Q5_1 blocks (row-major and tiled) give candle's values to the bit; Q5_0
+/// blocks, loaded as Q5_1 with min -16d, give them to a rounding step.
+#[test]
+fn q5_blocks_dequantize_like_candle() {
+    let (rows, cols) = (16, 96);
+    let x = Tensor::from_vec(random(rows * cols, 23, 2.0), (rows, cols), &Device::Cpu).unwrap();
+    for dtype in [GgmlDType::Q5_1, GgmlDType::Q5_0] {
+        let qt = QTensor::quantize(&x, dtype).unwrap();
+        let want = qt.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap();
+        let want = want.to_vec1::<f32>().unwrap();
+        let bytes = qt.data().unwrap().into_owned();
+        let bytes = match dtype {
+            GgmlDType::Q5_0 => q5_0_as_q5_1(&bytes),
+            _ => bytes,
+        };
+        let plain = QMatrix {
+            kind: QKind::Q5_1,
+            rows,
+            cols,
+            tiling: None,
+            data: bytes.clone(),
+        };
+        let tiled = QMatrix::new(QKind::Q5_1, rows, cols, bytes).unwrap();
+        assert_eq!(tiled.tiling.is_some(), level() != Level::Scalar);
+        let mut got = vec![0f32; cols];
+        for r in 0..rows {
+            let want = &want[r * cols..(r + 1) * cols];
+            for w in [&plain, &tiled] {
+                w.dequantize_row(r, &mut got);
+                for (g, e) in got.iter().zip(want) {
+                    let tolerance = if dtype == GgmlDType::Q5_1 {
+                        0.0
+                    } else {
+                        1e-6 * e.abs().max(1.0)
+                    };
+                    assert!(
+                        (g - e).abs() <= tolerance,
+                        "{dtype:?} {:?} row {r}: {g} vs {e}",
+                        w.tiling
+                    );
+                }
+            }
         }
     }
 }

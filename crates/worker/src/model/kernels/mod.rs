@@ -33,7 +33,7 @@ mod x86;
 
 pub(crate) use blocked::{BK, UnitBuf, UnitFn, UnitJob};
 pub(crate) use dispatch::{attend_row, flash_unit, silu_mul};
-pub(crate) use matrix::{Q8Acts, QKind, QMatrix, matmul_dense, run_units};
+pub(crate) use matrix::{Q8Acts, QKind, QMatrix, matmul_dense, q5_0_as_q5_1, run_units};
 #[cfg(test)]
 pub(crate) use scalar::flash_unit as flash_unit_portable;
 

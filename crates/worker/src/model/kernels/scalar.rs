@@ -56,6 +56,12 @@ pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
                     o[j] = d * f32::from(q as i8);
                 }
             }
+            QKind::Q5_1 => {
+                let mn = f16_at(blk, 2);
+                for (j, q) in q5_values(blk).into_iter().enumerate() {
+                    o[j] = d * f32::from(q) + mn;
+                }
+            }
             QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
         }
     }
@@ -91,6 +97,15 @@ pub(super) fn tile(
                     sum +=
                         d * acts.d[i * nb + b] * dot as f32 + f16_at(blk, 2) * acts.s[i * nb + b];
                 }
+                QKind::Q5_1 => {
+                    let dot: i32 = q5_values(blk)
+                        .iter()
+                        .zip(a)
+                        .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                        .sum();
+                    sum +=
+                        d * acts.d[i * nb + b] * dot as f32 + f16_at(blk, 2) * acts.s[i * nb + b];
+                }
                 QKind::Q8_0 => {
                     let dot: i32 = blk[2..34]
                         .iter()
@@ -104,6 +119,17 @@ pub(super) fn tile(
         }
         *v = sum;
     }
+}
+
+/// The 32 five-bit quants of a Q5_1 block.
+pub(super) fn q5_values(blk: &[u8]) -> [u8; 32] {
+    let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+    let mut q = [0u8; 32];
+    for (j, &byte) in blk[8..24].iter().enumerate() {
+        q[j] = (byte & 15) | ((((qh >> j) & 1) as u8) << 4);
+        q[j + 16] = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+    }
+    q
 }
 
 /// Scales (per 16 values) and mins (per 32) of a K-quant block: value `i`
@@ -126,7 +152,7 @@ pub(super) fn k_scales(kind: QKind, blk: &[u8]) -> ([f32; 16], [f32; 8]) {
                 *s = d * f32::from(sc as i8);
             }
         }
-        QKind::Q4_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
     }
     (scale, min)
 }
@@ -170,7 +196,7 @@ pub(super) fn k_quants(kind: QKind, blk: &[u8], j: usize) -> [i8; 32] {
                 *v = (((l >> shift) & 0xF) | (((h >> (2 * t)) & 3) << 4)) as i8 - 32;
             }
         }
-        QKind::Q4_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
     }
     q
 }

@@ -8,12 +8,15 @@
 //! `maddubs` + `madd` (AVX2, 8 rows) multiplies them with 4 broadcast
 //! activation bytes, the lanes add up in integers over a whole 32-value
 //! block, and then one scale FMA per block covers every row, with the row
-//! scales in one vector. Weights keep their size (the repack only reorders
-//! bytes), so this replaces the ggml layout at load.
+//! scales in one vector. The repack replaces the ggml layout at load and
+//! keeps the size, but for the unpacked Q4_K / Q5_K scales (below).
 //!
 //! Layout per (tile, block), tiles outermost, `R` rows per tile:
 //! - Q4_1: `d[R]` f16, `m[R]` f16, then 4 groups of `4R` bytes; byte
 //!   `g*4R + row*4 + t` holds k = `8g + t` (low nibble) and `8g + 4 + t` (high).
+//! - Q5_1 (AVX2 only, 8 rows): Q4_1's layout for the low 4 bits, then 32
+//!   bytes of fifth bits: bit `2g` (k = `8g + t`) and `2g + 1` (`8g + 4 + t`)
+//!   of byte `row*4 + t`.
 //! - Q8_0: `d[R]` f16, then 8 groups of `4R` bytes; byte `g*4R + row*4 + t`
 //!   is `q[4g + t]`, stored `+ 128` (unsigned, as `vpdpbusd` wants, and
 //!   corrected with the activation block sums) for VNNI and signed for AVX2
@@ -87,6 +90,7 @@ impl Tiling {
         let rows = self.rows();
         match kind {
             QKind::Q4_1 => 4 * rows + 16 * rows,
+            QKind::Q5_1 => 4 * rows + 16 * rows + 4 * rows,
             QKind::Q8_0 => 2 * rows + 32 * rows,
             QKind::Q4K | QKind::Q5K | QKind::Q6K => k_header(kind) + 8 * k_sub_bytes(kind),
         }
@@ -118,19 +122,28 @@ impl Tiling {
                     }
                     dst[2 * rr..2 * rr + 2].copy_from_slice(&blk[..2]);
                     match kind {
-                        QKind::Q4_1 => {
+                        QKind::Q4_1 | QKind::Q5_1 => {
                             dst[2 * tr + 2 * rr..2 * tr + 2 * rr + 2].copy_from_slice(&blk[2..4]);
-                            let q = |k: usize| {
-                                if k < 16 {
-                                    blk[4 + k] & 15
-                                } else {
-                                    blk[4 + k - 16] >> 4
-                                }
+                            let q: [u8; 32] = if kind == QKind::Q5_1 {
+                                scalar::q5_values(blk)
+                            } else {
+                                std::array::from_fn(|k| {
+                                    if k < 16 {
+                                        blk[4 + k] & 15
+                                    } else {
+                                        blk[4 + k - 16] >> 4
+                                    }
+                                })
                             };
                             for g in 0..4 {
                                 for tt in 0..4 {
+                                    let (a, b) = (q[8 * g + tt], q[8 * g + 4 + tt]);
                                     dst[4 * tr + g * 4 * tr + rr * 4 + tt] =
-                                        q(8 * g + tt) | (q(8 * g + 4 + tt) << 4);
+                                        (a & 15) | ((b & 15) << 4);
+                                    if kind == QKind::Q5_1 {
+                                        dst[20 * tr + rr * 4 + tt] |=
+                                            ((a >> 4) << (2 * g)) | ((b >> 4) << (2 * g + 1));
+                                    }
                                 }
                             }
                         }
@@ -173,13 +186,20 @@ impl Tiling {
             }
             let d = f16(blk, 2 * rr);
             match kind {
-                QKind::Q4_1 => {
+                QKind::Q4_1 | QKind::Q5_1 => {
                     let mn = f16(blk, 2 * tr + 2 * rr);
                     for g in 0..4 {
                         for tt in 0..4 {
-                            let byte = blk[4 * tr + g * 4 * tr + rr * 4 + tt];
-                            o[8 * g + tt] = d * f32::from(byte & 15) + mn;
-                            o[8 * g + 4 + tt] = d * f32::from(byte >> 4) + mn;
+                            let at = rr * 4 + tt;
+                            let byte = blk[4 * tr + g * 4 * tr + at];
+                            let (mut a, mut b) = (byte & 15, byte >> 4);
+                            if kind == QKind::Q5_1 {
+                                let top = blk[20 * tr + at];
+                                a |= ((top >> (2 * g)) & 1) << 4;
+                                b |= ((top >> (2 * g + 1)) & 1) << 4;
+                            }
+                            o[8 * g + tt] = d * f32::from(a) + mn;
+                            o[8 * g + 4 + tt] = d * f32::from(b) + mn;
                         }
                     }
                 }
@@ -204,7 +224,7 @@ pub(super) fn k_header(kind: QKind) -> usize {
     match kind {
         QKind::Q4K | QKind::Q5K => 32 + 64 + 64,
         QKind::Q6K => 16 + 128,
-        QKind::Q4_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
     }
 }
 
@@ -214,7 +234,7 @@ pub(super) fn k_sub_bytes(kind: QKind) -> usize {
         QKind::Q4K => 128,
         QKind::Q5K => 128 + 32,
         QKind::Q6K => 128 + 64,
-        QKind::Q4_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
     }
 }
 
@@ -238,7 +258,7 @@ fn repack_k(kind: QKind, blk: &[u8], rr: usize, dst: &mut [u8]) {
                 dst[16 + h * 8 + rr] = blk[192 + h];
             }
         }
-        QKind::Q4_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
     }
     for j in 0..8 {
         // Unsigned quants: Q6_K's -32..=31 stored +32.
@@ -309,7 +329,7 @@ fn dequantize_k(kind: QKind, blk: &[u8], rr: usize, out: &mut [f32]) {
                     *y = scale * f32::from(q(k) as i8 - 32);
                 }
             }
-            QKind::Q4_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
         }
     }
 }

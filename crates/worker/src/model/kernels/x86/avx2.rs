@@ -44,6 +44,8 @@ pub(in crate::model::kernels) unsafe fn dequantize_row(kind: QKind, row: &[u8], 
         QKind::Q4K => return unsafe { dequantize_row_k::<Q4KBlock>(row, out) },
         QKind::Q5K => return unsafe { dequantize_row_k::<Q5KBlock>(row, out) },
         QKind::Q6K => return unsafe { dequantize_row_k::<Q6KBlock>(row, out) },
+        // Only rows that do not fill 8-row tiles are kept as Q5_1 blocks.
+        QKind::Q5_1 => return scalar::dequantize_row(kind, row, out),
         QKind::Q4_1 | QKind::Q8_0 => {}
     }
     let bb = kind.block_bytes();
@@ -78,7 +80,7 @@ pub(in crate::model::kernels) unsafe fn dequantize_row(kind: QKind, row: &[u8], 
                     unsafe { _mm256_storeu_ps(op.add(8 * part), _mm256_mul_ps(v, d)) };
                 }
             }
-            QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
+            QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("returned above"),
         }
     }
 }

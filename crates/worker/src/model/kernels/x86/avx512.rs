@@ -69,7 +69,9 @@ pub(in crate::model::kernels) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tile
                     (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(job, i0, t),
                     (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(job, i0, t),
                     (QKind::Q8_0, _) => tiles::tile_q8_0::<4>(job, i0, t),
-                    (QKind::Q4K | QKind::Q5K | QKind::Q6K, _) => unreachable!("never tiled"),
+                    (QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K, _) => {
+                        unreachable!("never tiled for VNNI")
+                    }
                 }
             }
             i0 += mt;

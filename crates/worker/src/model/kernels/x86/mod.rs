@@ -85,7 +85,9 @@ unsafe fn tile<D: Dot, const RT: usize, const MT: usize>(
                             acc[r][j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * da[j]), acc[r][j]);
                         }
                     }
-                    QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("see tile_k"),
+                    QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K => {
+                        unreachable!("see tile_any")
+                    }
                 }
             }
         }
@@ -483,6 +485,13 @@ pub(super) unsafe fn tile_any<D: Dot>(
             (QKind::Q4K, ..) => by_shape!(rt, mt, tile_k::<D, Q4KBlock>(w, rb, acts, i0, vals)),
             (QKind::Q5K, ..) => by_shape!(rt, mt, tile_k::<D, Q5KBlock>(w, rb, acts, i0, vals)),
             (QKind::Q6K, ..) => by_shape!(rt, mt, tile_k::<D, Q6KBlock>(w, rb, acts, i0, vals)),
+            (QKind::Q5_1, ..) => {
+                // Only rows that do not fill 8-row tiles are kept as Q5_1
+                // blocks: the portable build serves them.
+                for (rr, v) in vals.iter_mut().take(rt).enumerate() {
+                    super::scalar::tile(kind, &w[rr * rb..(rr + 1) * rb], acts, i0, mt, v);
+                }
+            }
             (QKind::Q4_1 | QKind::Q8_0, ..) => {
                 by_shape!(rt, mt, tile::<D>(kind, w, rb, acts, i0, vals))
             }

@@ -35,6 +35,10 @@ pub(in crate::model::kernels) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tile
                     (QKind::Q4_1, 2) => tile_q4_1::<2>(job, i0, t),
                     (QKind::Q4_1, 3) => tile_q4_1::<3>(job, i0, t),
                     (QKind::Q4_1, _) => tile_q4_1::<4>(job, i0, t),
+                    (QKind::Q5_1, 1) => tile_q5_1::<1>(job, i0, t),
+                    (QKind::Q5_1, 2) => tile_q5_1::<2>(job, i0, t),
+                    (QKind::Q5_1, 3) => tile_q5_1::<3>(job, i0, t),
+                    (QKind::Q5_1, _) => tile_q5_1::<4>(job, i0, t),
                     (QKind::Q8_0, 1) => tile_q8_0::<1>(job, i0, t),
                     (QKind::Q8_0, 2) => tile_q8_0::<2>(job, i0, t),
                     (QKind::Q8_0, 3) => tile_q8_0::<3>(job, i0, t),
@@ -136,6 +140,43 @@ unsafe fn tile_q4_1<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize)
             let mut iacc = [_mm256_setzero_si256(); MT];
             for j in 0..MT {
                 iacc[j] = _mm256_madd_epi16(acc16[j], ones);
+            }
+            scale_block::<MT>(job, i0, b, dv, Some(mv), &iacc, &mut facc);
+        }
+        store::<MT>(job, &facc, i0, t);
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_q5_1<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+    let nb = job.cols / QK;
+    let tb = Tiling::Avx2x8.block_bytes(QKind::Q5_1);
+    // SAFETY: as in tile_q4_1; the fifth bits are the last 32 bytes of a block.
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let mut facc = [_mm256_setzero_ps(); MT];
+        for b in 0..nb {
+            let base = job.data.as_ptr().add((t * nb + b) * tb);
+            let dv = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            let mv = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
+            let mut iacc = [_mm256_setzero_si256(); MT];
+            for g in 0..4 {
+                let (lo, hi) = nibbles(base.add(32 + g * 32));
+                let lo = _mm256_or_si256(lo, high_bits(base.add(160), 2 * g, 1));
+                let hi = _mm256_or_si256(hi, high_bits(base.add(160), 2 * g + 1, 1));
+                for (j, acc) in iacc.iter_mut().enumerate() {
+                    let ap = job
+                        .acts
+                        .q
+                        .as_ptr()
+                        .add((i0 + j) * job.cols + b * QK + g * 8);
+                    // Two products of 31 * 128 per lane each: their sum fits i16.
+                    let p = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, bcast4(ap)),
+                        _mm256_maddubs_epi16(hi, bcast4(ap.add(4))),
+                    );
+                    *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, ones));
+                }
             }
             scale_block::<MT>(job, i0, b, dv, Some(mv), &iacc, &mut facc);
         }
