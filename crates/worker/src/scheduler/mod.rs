@@ -22,6 +22,8 @@
 
 mod kv;
 #[cfg(test)]
+mod sim;
+#[cfg(test)]
 mod tests;
 mod transfer;
 
