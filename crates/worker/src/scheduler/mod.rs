@@ -53,6 +53,29 @@ pub struct SchedulerConfig {
     /// tokens with a prompt being prefilled waits for that prompt to reach
     /// the cache, so the shared prefix is computed once; 0 turns it off.
     pub shared_prefix_hold: usize,
+    /// Which prompts get the prefill budget first.
+    pub prefill_order: PrefillOrder,
+    /// With [`PrefillOrder::ShortestFirst`], a prompt counts as this many
+    /// tokens shorter for every step it has waited, so a long prompt
+    /// overtakes fresh short ones after a bounded wait and is never starved.
+    pub prefill_aging: usize,
+    /// Most prefill tokens in a step that also decodes, so one chunk cannot
+    /// stretch every stream's inter-token latency; 0 leaves the whole
+    /// `step_token_budget`.
+    pub decode_prefill_budget: usize,
+}
+
+/// The order in which prompts (running prefills and waiting requests) share
+/// the prefill budget of a step. Priority always comes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillOrder {
+    /// By arrival: a long prompt admitted first takes the budget until its
+    /// prefill completes and every prompt behind it waits.
+    Fifo,
+    /// Fewest remaining prompt tokens first, aged by
+    /// [`SchedulerConfig::prefill_aging`]: short prompts do not queue behind
+    /// long ones.
+    ShortestFirst,
 }
 
 impl Default for SchedulerConfig {
@@ -62,6 +85,9 @@ impl Default for SchedulerConfig {
             step_token_budget: 512,
             decode_reserve: 16,
             shared_prefix_hold: 32,
+            prefill_order: PrefillOrder::ShortestFirst,
+            prefill_aging: AGING,
+            decode_prefill_budget: DECODE_PREFILL,
         }
     }
 }
@@ -193,6 +219,8 @@ struct Seq {
     priority: i32,
     /// Arrival order; kept across preemption.
     order: u64,
+    /// The scheduler step it arrived in, for aging; kept across preemption.
+    arrived_step: u64,
     deadline: Option<Instant>,
     /// Slot of each position that has (or is about to get) K/V.
     slots: Vec<u32>,
@@ -237,6 +265,8 @@ pub struct Scheduler {
     /// Running ids, oldest (highest priority, earliest) first.
     running: Vec<u64>,
     next_order: u64,
+    /// Steps planned so far.
+    steps: u64,
     cache_hit_tokens: u64,
     cache_query_tokens: u64,
     preemptions: u64,
@@ -252,6 +282,7 @@ impl Scheduler {
             waiting: BTreeSet::new(),
             running: Vec::new(),
             next_order: 0,
+            steps: 0,
             cache_hit_tokens: 0,
             cache_query_tokens: 0,
             preemptions: 0,
@@ -285,6 +316,7 @@ impl Scheduler {
             max_new_tokens: new.max_new_tokens,
             priority: new.priority,
             order: self.next_order,
+            arrived_step: self.steps,
             deadline: new.deadline,
             slots: Vec::new(),
             kv_len: 0,
@@ -348,16 +380,31 @@ impl Scheduler {
         self.seqs.is_empty()
     }
 
-    /// Plans the next step: decodes first, then prefill chunks of running
-    /// sequences, then admissions from the waiting queue while budget,
+    /// Plans the next step: decodes first, then prefill chunks and
+    /// admissions from the waiting queue in [`PrefillOrder`] while budget,
     /// batch size and pool room allow.
     pub fn schedule(&mut self) -> StepPlan {
+        self.steps += 1;
         let mut plan = StepPlan::default();
         self.plan_decodes(&mut plan);
         let mut budget = self
             .config
             .step_token_budget
             .saturating_sub(plan.items.len());
+        if !plan.items.is_empty() && self.config.decode_prefill_budget > 0 {
+            budget = budget.min(self.config.decode_prefill_budget);
+        }
+        // Admitting right after a preemption would only preempt again.
+        let admit = plan.preempted.is_empty() && plan.exhausted.is_empty();
+        match self.config.prefill_order {
+            PrefillOrder::Fifo => self.plan_fifo(&mut plan, budget, admit),
+            PrefillOrder::ShortestFirst => self.plan_shortest_first(&mut plan, budget, admit),
+        }
+        plan
+    }
+
+    /// Running prefills oldest first, then admissions in waiting order.
+    fn plan_fifo(&mut self, plan: &mut StepPlan, mut budget: usize, admit: bool) {
         for &id in &self.running {
             if budget == 0 {
                 break;
@@ -371,11 +418,83 @@ impl Scheduler {
                 budget -= len;
             }
         }
-        // Admitting right after a preemption would only preempt again.
-        if plan.preempted.is_empty() && plan.exhausted.is_empty() {
-            self.admit(&mut plan, budget);
+        if admit {
+            self.admit(plan, budget);
         }
-        plan
+    }
+
+    /// Running prefills and waiting requests together, by priority, then
+    /// aged remaining prompt length, then arrival. A waiting request's
+    /// length is its whole prompt: what the cache holds of it is known only
+    /// once it is matched on admission. As in [`Self::admit`], a request
+    /// that does not fit stops admissions behind it.
+    fn plan_shortest_first(&mut self, plan: &mut StepPlan, mut budget: usize, admit: bool) {
+        let aged = |seq: &Seq, remaining: usize| {
+            let waited = usize::try_from(self.steps - seq.arrived_step).unwrap_or(usize::MAX);
+            remaining.saturating_sub(waited.saturating_mul(self.config.prefill_aging))
+        };
+        let mut queue: Vec<((Reverse<i32>, usize, u64, u64), Option<WaitKey>)> = self
+            .running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .filter(|seq| !seq.prefilled)
+            .map(|seq| {
+                let remaining = seq.tokens.len().saturating_sub(seq.kv_len);
+                let key = (
+                    Reverse(seq.priority),
+                    aged(seq, remaining),
+                    seq.order,
+                    seq.id,
+                );
+                (key, None)
+            })
+            .collect();
+        if admit {
+            queue.extend(self.waiting.iter().filter_map(|&wait| {
+                let seq = self.seqs.get(&wait.2)?;
+                let key = (
+                    Reverse(seq.priority),
+                    aged(seq, seq.tokens.len()),
+                    seq.order,
+                    seq.id,
+                );
+                Some((key, Some(wait)))
+            }));
+        }
+        queue.sort_unstable();
+        let mut admitting = admit;
+        for ((.., id), wait) in queue {
+            if budget == 0 {
+                break;
+            }
+            if let Some(wait) = wait {
+                if !admitting || self.running.len() >= self.config.max_batch {
+                    continue;
+                }
+                match self.try_admit(id) {
+                    Admit::Held => continue,
+                    Admit::NoRoom => {
+                        admitting = false;
+                        continue;
+                    }
+                    Admit::Never => {
+                        let _ = self.finish(id);
+                        plan.exhausted.push(id);
+                        continue;
+                    }
+                    Admit::Admitted(admission) => {
+                        self.waiting.remove(&wait);
+                        self.insert_running(id);
+                        plan.admitted.push(admission);
+                    }
+                }
+            }
+            if let Some(seq) = self.seqs.get(&id) {
+                let len = (seq.tokens.len() - seq.kv_len).min(budget);
+                plan.items.push(chunk_item(seq, len));
+                budget -= len;
+            }
+        }
     }
 
     /// Gives every decoding sequence its next slot, preempting the newest
@@ -635,6 +754,12 @@ enum Admit {
     /// Can never fit (it fills the pool by itself): ends as exhausted.
     Never,
 }
+
+/// Default [`SchedulerConfig::prefill_aging`].
+const AGING: usize = 8;
+
+/// Default [`SchedulerConfig::decode_prefill_budget`].
+const DECODE_PREFILL: usize = 256;
 
 fn chunk_item(seq: &Seq, len: usize) -> PlanItem {
     PlanItem {

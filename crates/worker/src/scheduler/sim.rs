@@ -301,27 +301,59 @@ fn bench_workload() -> Vec<Vec<SimRequest>> {
 const KV_TOKENS: usize = 65_536;
 
 fn fifo() -> SchedulerConfig {
-    SchedulerConfig::default()
+    SchedulerConfig {
+        prefill_order: PrefillOrder::Fifo,
+        decode_prefill_budget: 0,
+        ..SchedulerConfig::default()
+    }
 }
 
+/// The policy against FIFO on the same workload: the p90 TTFT drops
+/// (closed loop by a fifth, where the cold start of eight uncached system
+/// prompts bounds what any order can do) at the same throughput.
 #[test]
-fn the_simulation_is_deterministic_and_finishes_every_request() {
+fn shortest_first_cuts_the_ttft_tail_at_the_same_throughput() {
     let workload = bench_workload();
-    let closed = simulate(fifo(), KV_TOKENS, Cost::default(), &workload, Load::Closed);
-    let again = simulate(fifo(), KV_TOKENS, Cost::default(), &workload, Load::Closed);
-    let open = simulate(
-        fifo(),
-        KV_TOKENS,
-        Cost::default(),
-        &workload,
-        Load::Open { rate: 0.5, seed: 3 },
-    );
-    println!("closed loop, 16 clients: {closed}");
-    println!("open loop, 0.5 req/s:    {open}");
-    assert_eq!(closed.requests, 64);
-    assert_eq!(open.requests, 64);
-    assert_eq!(closed.steps, again.steps);
-    assert_eq!(closed.ttft_p90_s, again.ttft_p90_s);
-    assert!(closed.ttft_p50_s <= closed.ttft_p90_s && closed.ttft_p90_s <= closed.ttft_p99_s);
-    assert!(closed.throughput > 0.0 && closed.itl_mean_ms >= Cost::default().fixed_ms);
+    let open = Load::Open { rate: 0.5, seed: 3 };
+    let run = |config: &SchedulerConfig, load| {
+        simulate(config.clone(), KV_TOKENS, Cost::default(), &workload, load)
+    };
+    let fifo_capped = SchedulerConfig {
+        decode_prefill_budget: SchedulerConfig::default().decode_prefill_budget,
+        ..fifo()
+    };
+    for (name, config) in [
+        ("fifo", fifo()),
+        ("fifo, capped", fifo_capped),
+        ("default", SchedulerConfig::default()),
+    ] {
+        println!("{name:>12} closed: {}", run(&config, Load::Closed));
+        println!("{name:>12} open:   {}", run(&config, open));
+    }
+    for load in [Load::Closed, open] {
+        let before = run(&fifo(), load);
+        let after = run(&SchedulerConfig::default(), load);
+        let bound = match load {
+            Load::Closed => 0.85,
+            Load::Open { .. } => 0.97,
+        };
+        assert!(
+            after.ttft_p90_s <= bound * before.ttft_p90_s,
+            "{load:?}: TTFT p90 {:.2} s, FIFO {:.2} s",
+            after.ttft_p90_s,
+            before.ttft_p90_s
+        );
+        assert!(
+            after.throughput >= 0.95 * before.throughput,
+            "{load:?}: {:.1} tok/s, FIFO {:.1}",
+            after.throughput,
+            before.throughput
+        );
+        assert!(
+            after.itl_p99_ms <= 0.7 * before.itl_p99_ms,
+            "{load:?}: ITL p99 {:.0} ms, FIFO {:.0} ms",
+            after.itl_p99_ms,
+            before.itl_p99_ms
+        );
+    }
 }

@@ -146,6 +146,7 @@ fn config(budget: usize) -> SchedulerConfig {
         step_token_budget: budget,
         decode_reserve: 2,
         shared_prefix_hold: 0,
+        ..SchedulerConfig::default()
     }
 }
 
@@ -420,6 +421,12 @@ fn random_traffic_keeps_every_slot_accounted_for() {
                 step_token_budget: 24,
                 decode_reserve: 2,
                 shared_prefix_hold: if seed % 2 == 0 { 8 } else { 0 },
+                prefill_order: if seed % 3 == 0 {
+                    PrefillOrder::Fifo
+                } else {
+                    PrefillOrder::ShortestFirst
+                },
+                ..SchedulerConfig::default()
             },
         );
         h.eos = true;
