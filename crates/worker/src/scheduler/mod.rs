@@ -256,6 +256,10 @@ impl Seq {
 /// Waiting order: priority high first, then arrival.
 type WaitKey = (Reverse<i32>, u64, u64);
 
+/// Shortest-first prefill order: priority high first, then aged remaining
+/// prompt tokens, then arrival, then id.
+type PrefillKey = (Reverse<i32>, usize, u64, u64);
+
 /// The continuous batching scheduler.
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -433,7 +437,7 @@ impl Scheduler {
             let waited = usize::try_from(self.steps - seq.arrived_step).unwrap_or(usize::MAX);
             remaining.saturating_sub(waited.saturating_mul(self.config.prefill_aging))
         };
-        let mut queue: Vec<((Reverse<i32>, usize, u64, u64), Option<WaitKey>)> = self
+        let mut queue: Vec<(PrefillKey, Option<WaitKey>)> = self
             .running
             .iter()
             .filter_map(|id| self.seqs.get(id))
