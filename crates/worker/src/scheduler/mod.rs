@@ -13,6 +13,17 @@
 //! step while decoding. Decodes go in every step; prefill chunks fill the
 //! rest of a token budget, so a long prompt never stalls running streams.
 //!
+//! Which prompts get that budget is the [`PrefillOrder`]. The default,
+//! shortest first, ranks running prefills and waiting requests together by
+//! priority, then remaining prompt tokens less `prefill_aging` per step
+//! waited, then arrival: a short prompt no longer waits for every chunk of
+//! a long one ahead of it (head-of-line blocking), and a long one overtakes
+//! fresh short ones after at most `len / prefill_aging` steps, so it is
+//! never starved. In a step that also decodes, prefill takes at most
+//! `decode_prefill_budget` tokens, which bounds the inter-token latency a
+//! chunk adds to every stream. `sim.rs` measures both against FIFO on a
+//! shared-prefix chat load in virtual time.
+//!
 //! Slot ownership: the first `cache_len` slots of a running sequence belong
 //! to the radix cache (kept from eviction by a lock on the cache node), the
 //! rest to the sequence itself. When a prompt's prefill completes it goes
