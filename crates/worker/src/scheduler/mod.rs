@@ -15,14 +15,15 @@
 //!
 //! Which prompts get that budget is the [`PrefillOrder`]. The default,
 //! shortest first, ranks running prefills and waiting requests together by
-//! priority, then remaining prompt tokens less `prefill_aging` per step
-//! waited, then arrival: a short prompt no longer waits for every chunk of
+//! priority, then remaining uncached prompt tokens (waiting requests are
+//! looked up in the cache, the first 64 of them) less
+//! `prefill_aging` per step waited, then arrival: a short prompt no longer waits for every chunk of
 //! a long one ahead of it (head-of-line blocking), and a long one overtakes
 //! fresh short ones after at most `len / prefill_aging` steps, so it is
 //! never starved. In a step that also decodes, prefill takes at most
 //! `decode_prefill_budget` tokens, which bounds the inter-token latency a
-//! chunk adds to every stream. `sim.rs` measures both against FIFO on a
-//! shared-prefix chat load in virtual time.
+//! chunk adds to every stream. `sim.rs` measures both against FIFO on
+//! shared-prefix chat loads in virtual time.
 //!
 //! Slot ownership: the first `cache_len` slots of a running sequence belong
 //! to the radix cache (kept from eviction by a lock on the cache node), the
@@ -439,15 +440,10 @@ impl Scheduler {
     }
 
     /// Running prefills and waiting requests together, by priority, then
-    /// aged remaining prompt length, then arrival. A waiting request's
-    /// length is its whole prompt: what the cache holds of it is known only
-    /// once it is matched on admission. As in [`Self::admit`], a request
+    /// aged remaining prompt length (what the cache does not hold), then
+    /// arrival. As in [`Self::admit`], a request
     /// that does not fit stops admissions behind it.
     fn plan_shortest_first(&mut self, plan: &mut StepPlan, mut budget: usize, admit: bool) {
-        let aged = |seq: &Seq, remaining: usize| {
-            let waited = usize::try_from(self.steps - seq.arrived_step).unwrap_or(usize::MAX);
-            remaining.saturating_sub(waited.saturating_mul(self.config.prefill_aging))
-        };
         let mut queue: Vec<(PrefillKey, Option<WaitKey>)> = self
             .running
             .iter()
@@ -455,26 +451,22 @@ impl Scheduler {
             .filter(|seq| !seq.prefilled)
             .map(|seq| {
                 let remaining = seq.tokens.len().saturating_sub(seq.kv_len);
-                let key = (
-                    Reverse(seq.priority),
-                    aged(seq, remaining),
-                    seq.order,
-                    seq.id,
-                );
-                (key, None)
+                (self.prefill_key(seq, remaining), None)
             })
             .collect();
         if admit {
-            queue.extend(self.waiting.iter().filter_map(|&wait| {
-                let seq = self.seqs.get(&wait.2)?;
-                let key = (
-                    Reverse(seq.priority),
-                    aged(seq, seq.tokens.len()),
-                    seq.order,
-                    seq.id,
-                );
-                Some((key, Some(wait)))
-            }));
+            let waiting: Vec<WaitKey> = self.waiting.iter().copied().collect();
+            for (rank, wait) in waiting.into_iter().enumerate() {
+                let cached = if rank < PEEKED_WAITING {
+                    self.cached_len(wait.2)
+                } else {
+                    0
+                };
+                if let Some(seq) = self.seqs.get(&wait.2) {
+                    let remaining = seq.tokens.len().saturating_sub(cached);
+                    queue.push((self.prefill_key(seq, remaining), Some(wait)));
+                }
+            }
         }
         queue.sort_unstable();
         let mut admitting = admit;
@@ -579,6 +571,27 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// Where `seq`, with `remaining` prompt tokens to compute, stands in the
+    /// shortest-first order.
+    fn prefill_key(&self, seq: &Seq, remaining: usize) -> PrefillKey {
+        let waited = usize::try_from(self.steps - seq.arrived_step).unwrap_or(usize::MAX);
+        let aged = remaining.saturating_sub(waited.saturating_mul(self.config.prefill_aging));
+        (Reverse(seq.priority), aged, seq.order, seq.id)
+    }
+
+    /// Prompt tokens of a waiting sequence the cache would serve now (as
+    /// [`Self::try_admit`] counts them).
+    fn cached_len(&mut self, id: u64) -> usize {
+        let Some(seq) = self.seqs.get(&id) else {
+            return 0;
+        };
+        let matched = self.kv.cache.match_prefix(&seq.namespace, &seq.tokens);
+        matched
+            .len
+            .min(matched.slots.len())
+            .min(seq.tokens.len() - 1)
     }
 
     /// Matches the cached prefix, checks room, locks and allocates.
@@ -769,6 +782,11 @@ enum Admit {
     /// Can never fit (it fills the pool by itself): ends as exhausted.
     Never,
 }
+
+/// Waiting requests, in waiting order, whose cached prefix is looked up to
+/// rank them; later ones count their whole prompt, so a long queue costs
+/// no more than this many lookups a step.
+const PEEKED_WAITING: usize = 64;
 
 /// Default [`SchedulerConfig::prefill_aging`].
 const AGING: usize = 8;
