@@ -16,11 +16,13 @@
 //! Which prompts get that budget is the [`PrefillOrder`]. The default,
 //! shortest first, ranks running prefills and waiting requests together by
 //! priority, then remaining uncached prompt tokens (waiting requests are
-//! looked up in the cache, the first 64 of them) less
-//! `prefill_aging` per step waited, then arrival: a short prompt no longer waits for every chunk of
-//! a long one ahead of it (head-of-line blocking), and a long one overtakes
-//! fresh short ones after at most `len / prefill_aging` steps, so it is
-//! never starved. In a step that also decodes, prefill takes at most
+//! looked up in the cache, the first 64 of them) less `prefill_aging` per
+//! step waited and divided by one plus the number of other prompts that
+//! share at least half of it (one prefill of a shared system prompt serves
+//! them all), then arrival: a short prompt no longer waits for every chunk
+//! of a long one ahead of it (head-of-line blocking), and a long one
+//! overtakes fresh short ones after at most `len / prefill_aging` steps, so
+//! it is never starved. In a step that also decodes, prefill takes at most
 //! `decode_prefill_budget` tokens, which bounds the inter-token latency a
 //! chunk adds to every stream. `sim.rs` measures both against FIFO on
 //! shared-prefix chat loads in virtual time.
@@ -440,8 +442,8 @@ impl Scheduler {
     }
 
     /// Running prefills and waiting requests together, by priority, then
-    /// aged remaining prompt length (what the cache does not hold), then
-    /// arrival. As in [`Self::admit`], a request
+    /// aged remaining prompt length (what the cache does not hold) shared
+    /// out over the prompts it serves, then arrival. As in [`Self::admit`], a request
     /// that does not fit stops admissions behind it.
     fn plan_shortest_first(&mut self, plan: &mut StepPlan, mut budget: usize, admit: bool) {
         let mut queue: Vec<(PrefillKey, Option<WaitKey>)> = self
@@ -467,6 +469,10 @@ impl Scheduler {
                     queue.push((self.prefill_key(seq, remaining), Some(wait)));
                 }
             }
+        }
+        let ids: Vec<u64> = queue.iter().map(|(key, _)| key.3).collect();
+        for (key, sharers) in queue.iter_mut().map(|(key, _)| key).zip(self.sharers(&ids)) {
+            key.1 /= 1 + sharers;
         }
         queue.sort_unstable();
         let mut admitting = admit;
@@ -571,6 +577,40 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// For each of `ids`, how many of the others (same namespace) share at
+    /// least half its prompt and `shared_prefix_hold` tokens: the requests
+    /// one prefill of that prefix serves. Sorted prompts put sharers next to
+    /// each other, so each count walks only its neighbours.
+    fn sharers(&self, ids: &[u64]) -> Vec<usize> {
+        let seq = |index: usize| {
+            self.seqs.get(&ids[index]).map_or(("", &[][..]), |seq| {
+                (seq.namespace.as_str(), seq.tokens.as_slice())
+            })
+        };
+        let mut sorted: Vec<usize> = (0..ids.len()).collect();
+        sorted.sort_by(|&a, &b| seq(a).cmp(&seq(b)));
+        let lcp: Vec<usize> = sorted
+            .windows(2)
+            .map(|pair| {
+                let ((ns_a, a), (ns_b, b)) = (seq(pair[0]), seq(pair[1]));
+                if ns_a == ns_b { common_prefix(a, b) } else { 0 }
+            })
+            .collect();
+        let mut counts = vec![0; ids.len()];
+        for (pos, &index) in sorted.iter().enumerate() {
+            let need = (seq(index).1.len() / 2).max(self.config.shared_prefix_hold.max(1));
+            let reach = |lcps: &mut dyn Iterator<Item = &usize>| {
+                lcps.scan(usize::MAX, |run, &lcp| {
+                    *run = (*run).min(lcp);
+                    (*run >= need).then_some(())
+                })
+                .count()
+            };
+            counts[index] = reach(&mut lcp[..pos].iter().rev()) + reach(&mut lcp[pos..].iter());
+        }
+        counts
     }
 
     /// Where `seq`, with `remaining` prompt tokens to compute, stands in the

@@ -336,7 +336,7 @@ fn fifo() -> SchedulerConfig {
 }
 
 /// The default policy against FIFO on both workloads, closed and open
-/// loop: under closed-loop load the TTFT p90 drops by at least a tenth
+/// loop: under closed-loop load the TTFT p90 drops by at least a fifth
 /// (the cold start of the uncached system prompts bounds what any order
 /// can do on 2 cores) and the ITL p99 by at least 30%; nowhere does the
 /// p90 grow by more than 5% or throughput drop by more than 5%.
@@ -353,7 +353,7 @@ fn shortest_first_cuts_the_ttft_tail_at_the_same_throughput() {
             let after = run(SchedulerConfig::default());
             println!("{workload_name} {load:?}\n  FIFO:    {before}\n  default: {after}");
             let closed = matches!(load, Load::Closed);
-            let ttft_bound = if closed { 0.9 } else { 1.05 };
+            let ttft_bound = if closed { 0.8 } else { 1.05 };
             assert!(
                 after.ttft_p90_s <= ttft_bound * before.ttft_p90_s,
                 "{workload_name} {load:?}: TTFT p90 {:.2} s, FIFO {:.2} s",

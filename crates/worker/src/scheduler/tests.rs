@@ -622,3 +622,28 @@ fn priority_still_wins_over_a_shorter_prompt() {
     assert_eq!(plan.items.len(), 1);
     assert_eq!((plan.items[0].id, plan.items[0].len), (2, 16));
 }
+
+#[test]
+fn a_prefix_that_many_requests_wait_for_is_computed_first() {
+    let mut h = Harness::new(
+        1024,
+        SchedulerConfig {
+            shared_prefix_hold: 8,
+            ..ordered(PrefillOrder::ShortestFirst, 64)
+        },
+    );
+    h.submit(1, (200..240).collect(), 2, 0);
+    let system: Vec<u32> = (300..340).collect();
+    for id in 2..5u64 {
+        let mut prompt = system.clone();
+        prompt.extend((0..4).map(|t| 400 + 4 * id as u32 + t));
+        h.submit(id, prompt, 2, 0);
+    }
+    // Shorter alone, the lone 40-token prompt goes after one of three
+    // 44-token prompts sharing 40 tokens; the other two wait for the prefix.
+    let plan = h.step();
+    let ids: Vec<u64> = plan.items.iter().map(|item| item.id).collect();
+    assert_eq!(ids, [2, 1]);
+    assert_eq!(plan.items[0].len, 44);
+    assert_eq!(plan.items[1].len, 20);
+}
