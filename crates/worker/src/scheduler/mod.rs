@@ -15,8 +15,8 @@
 //!
 //! Which prompts get that budget is the [`PrefillOrder`]. The default,
 //! shortest first, ranks running prefills and waiting requests together by
-//! priority, then remaining uncached prompt tokens (waiting requests are
-//! looked up in the cache, the first 64 of them) less `prefill_aging` per
+//! priority, then remaining uncached prompt tokens (of waiting requests, the
+//! first 64 in priority and arrival order compete) less `prefill_aging` per
 //! step waited and divided by one plus the number of other prompts that
 //! share at least half of it (one prefill of a shared system prompt serves
 //! them all), then arrival: a short prompt no longer waits for every chunk
@@ -457,13 +457,9 @@ impl Scheduler {
             })
             .collect();
         if admit {
-            let waiting: Vec<WaitKey> = self.waiting.iter().copied().collect();
-            for (rank, wait) in waiting.into_iter().enumerate() {
-                let cached = if rank < PEEKED_WAITING {
-                    self.cached_len(wait.2)
-                } else {
-                    0
-                };
+            let waiting: Vec<WaitKey> = self.waiting.iter().take(PEEKED_WAITING).copied().collect();
+            for wait in waiting {
+                let cached = self.cached_len(wait.2);
                 if let Some(seq) = self.seqs.get(&wait.2) {
                     let remaining = seq.tokens.len().saturating_sub(cached);
                     queue.push((self.prefill_key(seq, remaining), Some(wait)));
@@ -823,9 +819,9 @@ enum Admit {
     Never,
 }
 
-/// Waiting requests, in waiting order, whose cached prefix is looked up to
-/// rank them; later ones count their whole prompt, so a long queue costs
-/// no more than this many lookups a step.
+/// Waiting requests, in waiting order, that compete for the prefill budget
+/// of a step (later ones wait their turn), so ranking a long queue costs no
+/// more than this many cache lookups and prompt comparisons a step.
 const PEEKED_WAITING: usize = 64;
 
 /// Default [`SchedulerConfig::prefill_aging`].
