@@ -153,6 +153,8 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         scheduler: SchedulerConfig {
             max_batch: args.engine.max_batch,
             step_token_budget: args.engine.prefill_chunk,
+            // Beside decodes, prefill gets half the chunk (256 by default).
+            decode_prefill_budget: args.engine.prefill_chunk / 2,
             ..SchedulerConfig::default()
         },
         ..EngineConfig::default()

@@ -29,6 +29,7 @@ fn random_requests_cancels_and_preemptions_leave_the_pool_whole() {
             step_token_budget: 128,
             decode_reserve: 0,
             shared_prefix_hold: 16,
+            ..SchedulerConfig::default()
         },
         ..EngineConfig::default()
     };

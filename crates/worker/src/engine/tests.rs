@@ -718,6 +718,7 @@ fn random_traffic_with_a_small_pool_ends_every_request_once_with_correct_tokens(
             step_token_budget: 32,
             decode_reserve: 2,
             shared_prefix_hold: 8,
+            ..SchedulerConfig::default()
         },
         ..EngineConfig::default()
     };

@@ -13,6 +13,20 @@
 //! step while decoding. Decodes go in every step; prefill chunks fill the
 //! rest of a token budget, so a long prompt never stalls running streams.
 //!
+//! Which prompts get that budget is the [`PrefillOrder`]. The default,
+//! shortest first, ranks running prefills and waiting requests together by
+//! priority, then remaining uncached prompt tokens (of waiting requests, the
+//! first 64 in priority and arrival order compete) less `prefill_aging` per
+//! step waited and divided by one plus the number of other prompts that
+//! share at least half of it (one prefill of a shared system prompt serves
+//! them all), then arrival: a short prompt no longer waits for every chunk
+//! of a long one ahead of it (head-of-line blocking), and a long one
+//! overtakes fresh short ones after at most `len / prefill_aging` steps, so
+//! it is never starved. In a step that also decodes, prefill takes at most
+//! `decode_prefill_budget` tokens, which bounds the inter-token latency a
+//! chunk adds to every stream. `sim.rs` measures both against FIFO on
+//! shared-prefix chat loads in virtual time.
+//!
 //! Slot ownership: the first `cache_len` slots of a running sequence belong
 //! to the radix cache (kept from eviction by a lock on the cache node), the
 //! rest to the sequence itself. When a prompt's prefill completes it goes
@@ -21,6 +35,8 @@
 //! lock is released.
 
 mod kv;
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;
 mod transfer;
@@ -51,6 +67,29 @@ pub struct SchedulerConfig {
     /// tokens with a prompt being prefilled waits for that prompt to reach
     /// the cache, so the shared prefix is computed once; 0 turns it off.
     pub shared_prefix_hold: usize,
+    /// Which prompts get the prefill budget first.
+    pub prefill_order: PrefillOrder,
+    /// With [`PrefillOrder::ShortestFirst`], a prompt counts as this many
+    /// tokens shorter for every step it has waited, so a long prompt
+    /// overtakes fresh short ones after a bounded wait and is never starved.
+    pub prefill_aging: usize,
+    /// Most prefill tokens in a step that also decodes, so one chunk cannot
+    /// stretch every stream's inter-token latency; 0 leaves the whole
+    /// `step_token_budget`.
+    pub decode_prefill_budget: usize,
+}
+
+/// The order in which prompts (running prefills and waiting requests) share
+/// the prefill budget of a step. Priority always comes first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrefillOrder {
+    /// By arrival: a long prompt admitted first takes the budget until its
+    /// prefill completes and every prompt behind it waits.
+    Fifo,
+    /// Fewest remaining prompt tokens first, aged by
+    /// [`SchedulerConfig::prefill_aging`]: short prompts do not queue behind
+    /// long ones.
+    ShortestFirst,
 }
 
 impl Default for SchedulerConfig {
@@ -60,6 +99,9 @@ impl Default for SchedulerConfig {
             step_token_budget: 512,
             decode_reserve: 16,
             shared_prefix_hold: 32,
+            prefill_order: PrefillOrder::ShortestFirst,
+            prefill_aging: AGING,
+            decode_prefill_budget: DECODE_PREFILL,
         }
     }
 }
@@ -191,6 +233,8 @@ struct Seq {
     priority: i32,
     /// Arrival order; kept across preemption.
     order: u64,
+    /// The scheduler step it arrived in, for aging; kept across preemption.
+    arrived_step: u64,
     deadline: Option<Instant>,
     /// Slot of each position that has (or is about to get) K/V.
     slots: Vec<u32>,
@@ -226,6 +270,10 @@ impl Seq {
 /// Waiting order: priority high first, then arrival.
 type WaitKey = (Reverse<i32>, u64, u64);
 
+/// Shortest-first prefill order: priority high first, then aged remaining
+/// prompt tokens, then arrival, then id.
+type PrefillKey = (Reverse<i32>, usize, u64, u64);
+
 /// The continuous batching scheduler.
 pub struct Scheduler {
     config: SchedulerConfig,
@@ -235,6 +283,8 @@ pub struct Scheduler {
     /// Running ids, oldest (highest priority, earliest) first.
     running: Vec<u64>,
     next_order: u64,
+    /// Steps planned so far.
+    steps: u64,
     cache_hit_tokens: u64,
     cache_query_tokens: u64,
     preemptions: u64,
@@ -250,6 +300,7 @@ impl Scheduler {
             waiting: BTreeSet::new(),
             running: Vec::new(),
             next_order: 0,
+            steps: 0,
             cache_hit_tokens: 0,
             cache_query_tokens: 0,
             preemptions: 0,
@@ -283,6 +334,7 @@ impl Scheduler {
             max_new_tokens: new.max_new_tokens,
             priority: new.priority,
             order: self.next_order,
+            arrived_step: self.steps,
             deadline: new.deadline,
             slots: Vec::new(),
             kv_len: 0,
@@ -346,16 +398,31 @@ impl Scheduler {
         self.seqs.is_empty()
     }
 
-    /// Plans the next step: decodes first, then prefill chunks of running
-    /// sequences, then admissions from the waiting queue while budget,
+    /// Plans the next step: decodes first, then prefill chunks and
+    /// admissions from the waiting queue in [`PrefillOrder`] while budget,
     /// batch size and pool room allow.
     pub fn schedule(&mut self) -> StepPlan {
+        self.steps += 1;
         let mut plan = StepPlan::default();
         self.plan_decodes(&mut plan);
         let mut budget = self
             .config
             .step_token_budget
             .saturating_sub(plan.items.len());
+        if !plan.items.is_empty() && self.config.decode_prefill_budget > 0 {
+            budget = budget.min(self.config.decode_prefill_budget);
+        }
+        // Admitting right after a preemption would only preempt again.
+        let admit = plan.preempted.is_empty() && plan.exhausted.is_empty();
+        match self.config.prefill_order {
+            PrefillOrder::Fifo => self.plan_fifo(&mut plan, budget, admit),
+            PrefillOrder::ShortestFirst => self.plan_shortest_first(&mut plan, budget, admit),
+        }
+        plan
+    }
+
+    /// Running prefills oldest first, then admissions in waiting order.
+    fn plan_fifo(&mut self, plan: &mut StepPlan, mut budget: usize, admit: bool) {
         for &id in &self.running {
             if budget == 0 {
                 break;
@@ -369,11 +436,74 @@ impl Scheduler {
                 budget -= len;
             }
         }
-        // Admitting right after a preemption would only preempt again.
-        if plan.preempted.is_empty() && plan.exhausted.is_empty() {
-            self.admit(&mut plan, budget);
+        if admit {
+            self.admit(plan, budget);
         }
-        plan
+    }
+
+    /// Running prefills and waiting requests together, by priority, then
+    /// aged remaining prompt length (what the cache does not hold) shared
+    /// out over the prompts it serves, then arrival. As in [`Self::admit`], a request
+    /// that does not fit stops admissions behind it.
+    fn plan_shortest_first(&mut self, plan: &mut StepPlan, mut budget: usize, admit: bool) {
+        let mut queue: Vec<(PrefillKey, Option<WaitKey>)> = self
+            .running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .filter(|seq| !seq.prefilled)
+            .map(|seq| {
+                let remaining = seq.tokens.len().saturating_sub(seq.kv_len);
+                (self.prefill_key(seq, remaining), None)
+            })
+            .collect();
+        if admit {
+            let waiting: Vec<WaitKey> = self.waiting.iter().take(PEEKED_WAITING).copied().collect();
+            for wait in waiting {
+                let cached = self.cached_len(wait.2);
+                if let Some(seq) = self.seqs.get(&wait.2) {
+                    let remaining = seq.tokens.len().saturating_sub(cached);
+                    queue.push((self.prefill_key(seq, remaining), Some(wait)));
+                }
+            }
+        }
+        let ids: Vec<u64> = queue.iter().map(|(key, _)| key.3).collect();
+        for (key, sharers) in queue.iter_mut().map(|(key, _)| key).zip(self.sharers(&ids)) {
+            key.1 /= 1 + sharers;
+        }
+        queue.sort_unstable();
+        let mut admitting = admit;
+        for ((.., id), wait) in queue {
+            if budget == 0 {
+                break;
+            }
+            if let Some(wait) = wait {
+                if !admitting || self.running.len() >= self.config.max_batch {
+                    continue;
+                }
+                match self.try_admit(id) {
+                    Admit::Held => continue,
+                    Admit::NoRoom => {
+                        admitting = false;
+                        continue;
+                    }
+                    Admit::Never => {
+                        let _ = self.finish(id);
+                        plan.exhausted.push(id);
+                        continue;
+                    }
+                    Admit::Admitted(admission) => {
+                        self.waiting.remove(&wait);
+                        self.insert_running(id);
+                        plan.admitted.push(admission);
+                    }
+                }
+            }
+            if let Some(seq) = self.seqs.get(&id) {
+                let len = (seq.tokens.len() - seq.kv_len).min(budget);
+                plan.items.push(chunk_item(seq, len));
+                budget -= len;
+            }
+        }
     }
 
     /// Gives every decoding sequence its next slot, preempting the newest
@@ -443,6 +573,61 @@ impl Scheduler {
                 }
             }
         }
+    }
+
+    /// For each of `ids`, how many of the others (same namespace) share at
+    /// least half its prompt and `shared_prefix_hold` tokens: the requests
+    /// one prefill of that prefix serves. Sorted prompts put sharers next to
+    /// each other, so each count walks only its neighbours.
+    fn sharers(&self, ids: &[u64]) -> Vec<usize> {
+        let seq = |index: usize| {
+            self.seqs.get(&ids[index]).map_or(("", &[][..]), |seq| {
+                (seq.namespace.as_str(), seq.tokens.as_slice())
+            })
+        };
+        let mut sorted: Vec<usize> = (0..ids.len()).collect();
+        sorted.sort_by(|&a, &b| seq(a).cmp(&seq(b)));
+        let lcp: Vec<usize> = sorted
+            .windows(2)
+            .map(|pair| {
+                let ((ns_a, a), (ns_b, b)) = (seq(pair[0]), seq(pair[1]));
+                if ns_a == ns_b { common_prefix(a, b) } else { 0 }
+            })
+            .collect();
+        let mut counts = vec![0; ids.len()];
+        for (pos, &index) in sorted.iter().enumerate() {
+            let need = (seq(index).1.len() / 2).max(self.config.shared_prefix_hold.max(1));
+            let reach = |lcps: &mut dyn Iterator<Item = &usize>| {
+                lcps.scan(usize::MAX, |run, &lcp| {
+                    *run = (*run).min(lcp);
+                    (*run >= need).then_some(())
+                })
+                .count()
+            };
+            counts[index] = reach(&mut lcp[..pos].iter().rev()) + reach(&mut lcp[pos..].iter());
+        }
+        counts
+    }
+
+    /// Where `seq`, with `remaining` prompt tokens to compute, stands in the
+    /// shortest-first order.
+    fn prefill_key(&self, seq: &Seq, remaining: usize) -> PrefillKey {
+        let waited = usize::try_from(self.steps - seq.arrived_step).unwrap_or(usize::MAX);
+        let aged = remaining.saturating_sub(waited.saturating_mul(self.config.prefill_aging));
+        (Reverse(seq.priority), aged, seq.order, seq.id)
+    }
+
+    /// Prompt tokens of a waiting sequence the cache would serve now (as
+    /// [`Self::try_admit`] counts them).
+    fn cached_len(&mut self, id: u64) -> usize {
+        let Some(seq) = self.seqs.get(&id) else {
+            return 0;
+        };
+        let matched = self.kv.cache.match_prefix(&seq.namespace, &seq.tokens);
+        matched
+            .len
+            .min(matched.slots.len())
+            .min(seq.tokens.len() - 1)
     }
 
     /// Matches the cached prefix, checks room, locks and allocates.
@@ -633,6 +818,17 @@ enum Admit {
     /// Can never fit (it fills the pool by itself): ends as exhausted.
     Never,
 }
+
+/// Waiting requests, in waiting order, that compete for the prefill budget
+/// of a step (later ones wait their turn), so ranking a long queue costs no
+/// more than this many cache lookups and prompt comparisons a step.
+const PEEKED_WAITING: usize = 64;
+
+/// Default [`SchedulerConfig::prefill_aging`].
+const AGING: usize = 8;
+
+/// Default [`SchedulerConfig::decode_prefill_budget`].
+const DECODE_PREFILL: usize = 256;
 
 fn chunk_item(seq: &Seq, len: usize) -> PlanItem {
     PlanItem {

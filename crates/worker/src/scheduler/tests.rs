@@ -146,6 +146,7 @@ fn config(budget: usize) -> SchedulerConfig {
         step_token_budget: budget,
         decode_reserve: 2,
         shared_prefix_hold: 0,
+        ..SchedulerConfig::default()
     }
 }
 
@@ -420,6 +421,12 @@ fn random_traffic_keeps_every_slot_accounted_for() {
                 step_token_budget: 24,
                 decode_reserve: 2,
                 shared_prefix_hold: if seed % 2 == 0 { 8 } else { 0 },
+                prefill_order: if seed % 3 == 0 {
+                    PrefillOrder::Fifo
+                } else {
+                    PrefillOrder::ShortestFirst
+                },
+                ..SchedulerConfig::default()
             },
         );
         h.eos = true;
@@ -494,4 +501,149 @@ fn a_sampling_chunk_without_a_token_is_planned_again() {
     assert_eq!(h.sched.tokens(1), Some(&[1, 2, 3, 7][..]));
     let stats = h.sched.stats();
     assert_eq!(stats.kv_free + stats.kv_held + stats.kv_cached, 64);
+}
+
+/// Steps until `id` samples its first token, submitting `each_step` before
+/// every step; None if it has not within `max_steps`.
+fn steps_to_first_token(
+    h: &mut Harness,
+    id: u64,
+    max_steps: usize,
+    mut each_step: impl FnMut(&mut Harness, usize),
+) -> Option<usize> {
+    for step in 1..=max_steps {
+        each_step(h, step);
+        let _ = h.step();
+        if !h.outputs[&id].is_empty() {
+            return Some(step);
+        }
+    }
+    None
+}
+
+fn ordered(order: PrefillOrder, budget: usize) -> SchedulerConfig {
+    SchedulerConfig {
+        prefill_order: order,
+        ..config(budget)
+    }
+}
+
+#[test]
+fn a_short_prompt_behind_a_long_one_gets_its_first_token_at_once() {
+    let first_token = |order| {
+        let mut h = Harness::new(512, ordered(order, 16));
+        h.submit(1, (1..=200).map(|t| t % 45 + 1).collect(), 4, 0);
+        let _ = h.step();
+        h.submit(2, vec![7, 8, 9], 4, 0);
+        steps_to_first_token(&mut h, 2, 100, |_, _| {})
+    };
+    assert_eq!(first_token(PrefillOrder::ShortestFirst), Some(1));
+    // FIFO: it waits for the other 184 prompt tokens, 16 a step.
+    assert_eq!(first_token(PrefillOrder::Fifo), Some(12));
+}
+
+#[test]
+fn a_long_prompt_is_not_starved_by_a_stream_of_short_ones() {
+    let first_token = |aging| {
+        let mut h = Harness::new(
+            1024,
+            SchedulerConfig {
+                prefill_aging: aging,
+                ..ordered(PrefillOrder::ShortestFirst, 16)
+            },
+        );
+        h.submit(1, (1..=100).map(|t| t % 45 + 1).collect(), 2, 0);
+        // Two 8-token prompts a step fill the budget; each ends on its
+        // first token, so none decodes.
+        steps_to_first_token(&mut h, 1, 200, |h, step| {
+            for k in 0..2u64 {
+                let id = 10 + 2 * step as u64 + k;
+                h.submit(id, (0..8).map(|t| 100 + 8 * id as u32 + t).collect(), 1, 0);
+            }
+        })
+    };
+    // Aged 8 tokens a step, it ties with fresh short prompts (and wins by
+    // arrival) after 100 / 8 steps, then takes the budget for 7 steps.
+    let aged = first_token(8).expect("the long prompt starved");
+    assert!(aged <= 22, "first token after {aged} steps");
+    assert_eq!(first_token(0), None);
+}
+
+#[test]
+fn decodes_run_every_step_and_cap_prefill_beside_them() {
+    let mut h = Harness::new(
+        1024,
+        SchedulerConfig {
+            decode_prefill_budget: 8,
+            ..ordered(PrefillOrder::ShortestFirst, 64)
+        },
+    );
+    h.submit(1, vec![1, 2, 3], 40, 0);
+    h.submit(2, vec![4, 5, 6, 7], 40, 0);
+    let _ = h.step();
+    let mut full_steps = 0;
+    for step in 0..30u64 {
+        h.submit(
+            100 + step,
+            (0..(5 + step as u32 * 7) % 60 + 1)
+                .map(|t| 100 + 64 * step as u32 + t)
+                .collect(),
+            1,
+            0,
+        );
+        let plan = h.step();
+        let decodes: Vec<u64> = plan
+            .items
+            .iter()
+            .filter(|i| !i.prefill)
+            .map(|i| i.id)
+            .collect();
+        assert_eq!(decodes, [1, 2], "step {step}: {plan:?}");
+        let prefill: usize = plan.items.iter().filter(|i| i.prefill).map(|i| i.len).sum();
+        assert!(
+            prefill <= 8,
+            "step {step}: {prefill} prefill tokens beside decodes"
+        );
+        full_steps += usize::from(prefill == 8);
+    }
+    assert!(full_steps > 10, "the cap was reached {full_steps} times");
+    // Without decodes a prompt takes the whole budget.
+    let mut h = Harness::new(1024, ordered(PrefillOrder::ShortestFirst, 64));
+    h.submit(200, (1..=100).map(|t| t % 45 + 1).collect(), 1, 0);
+    assert_eq!(h.step().items[0].len, 64);
+}
+
+#[test]
+fn priority_still_wins_over_a_shorter_prompt() {
+    let mut h = Harness::new(512, ordered(PrefillOrder::ShortestFirst, 16));
+    h.submit(1, vec![1, 2, 3], 4, 0);
+    h.submit(2, (1..=40).collect(), 4, 5);
+    let plan = h.step();
+    assert_eq!(plan.items.len(), 1);
+    assert_eq!((plan.items[0].id, plan.items[0].len), (2, 16));
+}
+
+#[test]
+fn a_prefix_that_many_requests_wait_for_is_computed_first() {
+    let mut h = Harness::new(
+        1024,
+        SchedulerConfig {
+            shared_prefix_hold: 8,
+            ..ordered(PrefillOrder::ShortestFirst, 64)
+        },
+    );
+    h.submit(1, (200..240).collect(), 2, 0);
+    let system: Vec<u32> = (300..340).collect();
+    for id in 2..5u64 {
+        let mut prompt = system.clone();
+        prompt.extend((0..4).map(|t| 400 + 4 * id as u32 + t));
+        h.submit(id, prompt, 2, 0);
+    }
+    // Shorter alone, the lone 40-token prompt goes after one of three
+    // 44-token prompts sharing 40 tokens; the other two wait for the prefix.
+    let plan = h.step();
+    let ids: Vec<u64> = plan.items.iter().map(|item| item.id).collect();
+    assert_eq!(ids, [2, 1]);
+    assert_eq!(plan.items[0].len, 44);
+    assert_eq!(plan.items[1].len, 20);
 }
