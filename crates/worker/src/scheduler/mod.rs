@@ -431,9 +431,7 @@ impl Scheduler {
                 continue;
             };
             if !seq.prefilled {
-                let len = (seq.tokens.len() - seq.kv_len).min(budget);
-                plan.items.push(chunk_item(seq, len));
-                budget -= len;
+                self.push_chunk(id, plan, &mut budget);
             }
         }
         if admit {
@@ -480,29 +478,16 @@ impl Scheduler {
                 if !admitting || self.running.len() >= self.config.max_batch {
                     continue;
                 }
-                match self.try_admit(id) {
-                    Admit::Held => continue,
+                match self.admit_waiting(wait, plan) {
+                    Admit::Admitted(_) => {}
                     Admit::NoRoom => {
                         admitting = false;
                         continue;
                     }
-                    Admit::Never => {
-                        let _ = self.finish(id);
-                        plan.exhausted.push(id);
-                        continue;
-                    }
-                    Admit::Admitted(admission) => {
-                        self.waiting.remove(&wait);
-                        self.insert_running(id);
-                        plan.admitted.push(admission);
-                    }
+                    Admit::Held | Admit::Never => continue,
                 }
             }
-            if let Some(seq) = self.seqs.get(&id) {
-                let len = (seq.tokens.len() - seq.kv_len).min(budget);
-                plan.items.push(chunk_item(seq, len));
-                budget -= len;
-            }
+            self.push_chunk(id, plan, &mut budget);
         }
     }
 
@@ -553,25 +538,41 @@ impl Scheduler {
             if budget == 0 || self.running.len() >= self.config.max_batch {
                 break;
             }
-            let id = key.2;
-            match self.try_admit(id) {
-                Admit::Held => continue,
+            match self.admit_waiting(key, plan) {
+                Admit::Admitted(_) => self.push_chunk(key.2, plan, &mut budget),
                 Admit::NoRoom => break,
-                Admit::Never => {
-                    let _ = self.finish(id);
-                    plan.exhausted.push(id);
-                }
-                Admit::Admitted(admission) => {
-                    self.waiting.remove(&key);
-                    self.insert_running(id);
-                    plan.admitted.push(admission);
-                    if let Some(seq) = self.seqs.get(&id) {
-                        let len = (seq.tokens.len() - seq.kv_len).min(budget);
-                        plan.items.push(chunk_item(seq, len));
-                        budget -= len;
-                    }
-                }
+                Admit::Held | Admit::Never => continue,
             }
+        }
+    }
+
+    /// Tries to admit the waiting request `wait` and records the outcome
+    /// in `plan`: an admission, or a request that can never fit (finished,
+    /// reported as exhausted).
+    fn admit_waiting(&mut self, wait: WaitKey, plan: &mut StepPlan) -> Admit {
+        let id = wait.2;
+        let outcome = self.try_admit(id);
+        match outcome {
+            Admit::Admitted(admission) => {
+                self.waiting.remove(&wait);
+                self.insert_running(id);
+                plan.admitted.push(admission);
+            }
+            Admit::Never => {
+                let _ = self.finish(id);
+                plan.exhausted.push(id);
+            }
+            Admit::Held | Admit::NoRoom => {}
+        }
+        outcome
+    }
+
+    /// Plans the next chunk of `id`'s prompt, as much of it as `budget` allows.
+    fn push_chunk(&self, id: u64, plan: &mut StepPlan, budget: &mut usize) {
+        if let Some(seq) = self.seqs.get(&id) {
+            let len = (seq.tokens.len() - seq.kv_len).min(*budget);
+            plan.items.push(chunk_item(seq, len));
+            *budget -= len;
         }
     }
 
