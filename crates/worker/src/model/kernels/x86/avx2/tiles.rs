@@ -31,14 +31,14 @@ pub(in crate::model::kernels) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tile
             // SAFETY: forwarded from the caller.
             unsafe {
                 match (job.kind, mt) {
-                    (QKind::Q4_1, 1) => tile_q4_1::<1>(job, i0, t),
-                    (QKind::Q4_1, 2) => tile_q4_1::<2>(job, i0, t),
-                    (QKind::Q4_1, 3) => tile_q4_1::<3>(job, i0, t),
-                    (QKind::Q4_1, _) => tile_q4_1::<4>(job, i0, t),
-                    (QKind::Q5_1, 1) => tile_q5_1::<1>(job, i0, t),
-                    (QKind::Q5_1, 2) => tile_q5_1::<2>(job, i0, t),
-                    (QKind::Q5_1, 3) => tile_q5_1::<3>(job, i0, t),
-                    (QKind::Q5_1, _) => tile_q5_1::<4>(job, i0, t),
+                    (QKind::Q4_1, 1) => tile_q4_1::<1, false>(job, i0, t),
+                    (QKind::Q4_1, 2) => tile_q4_1::<2, false>(job, i0, t),
+                    (QKind::Q4_1, 3) => tile_q4_1::<3, false>(job, i0, t),
+                    (QKind::Q4_1, _) => tile_q4_1::<4, false>(job, i0, t),
+                    (QKind::Q5_1, 1) => tile_q4_1::<1, true>(job, i0, t),
+                    (QKind::Q5_1, 2) => tile_q4_1::<2, true>(job, i0, t),
+                    (QKind::Q5_1, 3) => tile_q4_1::<3, true>(job, i0, t),
+                    (QKind::Q5_1, _) => tile_q4_1::<4, true>(job, i0, t),
                     (QKind::Q8_0, 1) => tile_q8_0::<1>(job, i0, t),
                     (QKind::Q8_0, 2) => tile_q8_0::<2>(job, i0, t),
                     (QKind::Q8_0, 3) => tile_q8_0::<3>(job, i0, t),
@@ -106,76 +106,57 @@ unsafe fn store<const MT: usize>(job: &TiledMatmul<'_>, facc: &[__m256; MT], i0:
     }
 }
 
+/// Q4_1 (`FIFTH` false) and Q5_1 (`FIFTH` true: each block's last 32 bytes
+/// hold the fifth bits): value = d * q + m.
 #[inline(always)]
-unsafe fn tile_q4_1<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+unsafe fn tile_q4_1<const MT: usize, const FIFTH: bool>(
+    job: &TiledMatmul<'_>,
+    i0: usize,
+    t: usize,
+) {
     let nb = job.cols / QK;
-    let tb = Tiling::Avx2x8.block_bytes(QKind::Q4_1);
+    let kind = if FIFTH { QKind::Q5_1 } else { QKind::Q4_1 };
+    let tb = Tiling::Avx2x8.block_bytes(kind);
     // SAFETY (whole body): tile t has nb blocks of tb bytes in `data`, and
     // activation rows i0..i0+MT of `cols` i8 exist (matmul_q8 asserts).
     unsafe {
-        let low = _mm256_set1_epi8(15);
         let ones = _mm256_set1_epi16(1);
         let mut facc = [_mm256_setzero_ps(); MT];
         for b in 0..nb {
             let base = job.data.as_ptr().add((t * nb + b) * tb);
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
             let mv = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
-            // Pairs of nibble x i8 products sum in i16 over the whole block:
-            // 8 * 2 * 15 * 128 < 2^15, so no lane overflows.
+            // 4-bit quants: pairs of products sum in i16 over the whole block
+            // (8 * 2 * 15 * 128 < 2^15) before one madd. 5-bit ones reach
+            // 2 * 31 * 128 per maddubs, so each group goes to i32 at once.
             let mut acc16 = [_mm256_setzero_si256(); MT];
+            let mut iacc = [_mm256_setzero_si256(); MT];
             for g in 0..4 {
-                let raw = _mm256_loadu_si256(base.add(32 + g * 32) as *const __m256i);
-                let lo = _mm256_and_si256(raw, low);
-                let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low);
-                for (j, acc) in acc16.iter_mut().enumerate() {
-                    let ap = job
-                        .acts
-                        .q
-                        .as_ptr()
-                        .add((i0 + j) * job.cols + b * QK + g * 8);
-                    *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(lo, bcast4(ap)));
-                    *acc = _mm256_add_epi16(*acc, _mm256_maddubs_epi16(hi, bcast4(ap.add(4))));
+                let (mut lo, mut hi) = nibbles(base.add(32 + g * 32));
+                if FIFTH {
+                    lo = _mm256_or_si256(lo, high_bits(base.add(160), 2 * g, 1));
+                    hi = _mm256_or_si256(hi, high_bits(base.add(160), 2 * g + 1, 1));
                 }
-            }
-            let mut iacc = [_mm256_setzero_si256(); MT];
-            for j in 0..MT {
-                iacc[j] = _mm256_madd_epi16(acc16[j], ones);
-            }
-            scale_block::<MT>(job, i0, b, dv, Some(mv), &iacc, &mut facc);
-        }
-        store::<MT>(job, &facc, i0, t);
-    }
-}
-
-#[inline(always)]
-unsafe fn tile_q5_1<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
-    let nb = job.cols / QK;
-    let tb = Tiling::Avx2x8.block_bytes(QKind::Q5_1);
-    // SAFETY: as in tile_q4_1; the fifth bits are the last 32 bytes of a block.
-    unsafe {
-        let ones = _mm256_set1_epi16(1);
-        let mut facc = [_mm256_setzero_ps(); MT];
-        for b in 0..nb {
-            let base = job.data.as_ptr().add((t * nb + b) * tb);
-            let dv = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
-            let mv = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
-            let mut iacc = [_mm256_setzero_si256(); MT];
-            for g in 0..4 {
-                let (lo, hi) = nibbles(base.add(32 + g * 32));
-                let lo = _mm256_or_si256(lo, high_bits(base.add(160), 2 * g, 1));
-                let hi = _mm256_or_si256(hi, high_bits(base.add(160), 2 * g + 1, 1));
-                for (j, acc) in iacc.iter_mut().enumerate() {
+                for j in 0..MT {
                     let ap = job
                         .acts
                         .q
                         .as_ptr()
                         .add((i0 + j) * job.cols + b * QK + g * 8);
-                    // Two products of 31 * 128 per lane each: their sum fits i16.
                     let p = _mm256_add_epi16(
                         _mm256_maddubs_epi16(lo, bcast4(ap)),
                         _mm256_maddubs_epi16(hi, bcast4(ap.add(4))),
                     );
-                    *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, ones));
+                    if FIFTH {
+                        iacc[j] = _mm256_add_epi32(iacc[j], _mm256_madd_epi16(p, ones));
+                    } else {
+                        acc16[j] = _mm256_add_epi16(acc16[j], p);
+                    }
+                }
+            }
+            if !FIFTH {
+                for j in 0..MT {
+                    iacc[j] = _mm256_madd_epi16(acc16[j], ones);
                 }
             }
             scale_block::<MT>(job, i0, b, dv, Some(mv), &iacc, &mut facc);
@@ -325,6 +306,9 @@ unsafe fn tile_k<K: KTile, const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t:
         for b in 0..nb {
             let base = job.data.as_ptr().add((t * nb + b) * tb);
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
+            // Subtracted: value = scale * q - min (Q6_K has no mins).
+            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
+            let neg_dmin = _mm256_mul_ps(dmin, _mm256_set1_ps(-1.0));
             for sb in 0..8 {
                 let sub = base.add(header + sb * sub_bytes);
                 let (scale_lo, scale_hi) = if K::SIGNED {
@@ -371,14 +355,9 @@ unsafe fn tile_k<K: KTile, const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t:
                 let mins = if K::SIGNED {
                     None
                 } else {
-                    let dmin = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
                     let raw = _mm_loadl_epi64(base.add(96 + 8 * sb) as *const __m128i);
-                    // Subtracted: value = scale * q - min.
                     let mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(raw));
-                    Some(_mm256_mul_ps(
-                        mins,
-                        _mm256_mul_ps(dmin, _mm256_set1_ps(-1.0)),
-                    ))
+                    Some(_mm256_mul_ps(mins, neg_dmin))
                 };
                 for j in 0..MT {
                     let a = (i0 + j) * blocks + at;
