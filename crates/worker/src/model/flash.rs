@@ -110,9 +110,12 @@ pub(crate) fn attend_chunk<T: KvElem>(
         });
     }
 
-    // Attend: one unit per (KV head, block of BR rows), the latest rows
-    // (the most keys) first so the tail of the parallel region is short.
+    // Attend: one unit per (KV head, block of at most BR rows), the latest
+    // rows (the most keys) first so the tail of the parallel region is
+    // short. Blocks are of equal size, so a 50-row chunk is two units of
+    // 25 rows per head rather than 32 + 18, which would leave one thread idle.
     let row_blocks = chunk.len.div_ceil(BR);
+    let br = chunk.len.div_ceil(row_blocks.max(1));
     let out_rows: Vec<Mutex<&mut [f32]>> = out[chunk.first_row * q_len..]
         .chunks_mut(q_len)
         .take(chunk.len)
@@ -124,7 +127,7 @@ pub(crate) fn attend_chunk<T: KvElem>(
         let mut buf = UnitBuf::default();
         for u in range {
             let (rb, g) = (row_blocks - 1 - u / n_kv, u % n_kv);
-            let rows = rb * BR..chunk.len.min((rb + 1) * BR);
+            let rows = rb * br..chunk.len.min((rb + 1) * br);
             let head_blocks = g * blocks * block_len..(g + 1) * blocks * block_len;
             let job = UnitJob {
                 q: &q[(chunk.first_row + rows.start) * q_len..(chunk.first_row + rows.end) * q_len],
