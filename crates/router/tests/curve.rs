@@ -2,10 +2,12 @@
 //! peers get nothing and are counted, and a client's key becomes the
 //! tenant of its requests' cache namespace.
 
-use std::{
-    io::{Read, Write},
-    time::{Duration, Instant},
-};
+#[path = "support/http.rs"]
+mod http;
+
+use std::time::{Duration, Instant};
+
+use http::http_get;
 
 use zinfer_curve::{AllowList, ClientCurve, KeyPair};
 use zinfer_protocol::{
@@ -63,14 +65,7 @@ fn ping(socket: &zmq::Socket, millis: i64) -> bool {
 }
 
 fn refusals(addr: std::net::SocketAddr, socket: &str) -> f64 {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to /metrics");
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
+    let response = http_get(addr, "/metrics");
     let series = format!("zinfer_router_auth_refusals_total{{socket=\"{socket}\"}} ");
     response
         .lines()

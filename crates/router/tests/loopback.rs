@@ -3,9 +3,11 @@
 
 #[path = "support/echo.rs"]
 mod echo;
+#[path = "support/http.rs"]
+mod http;
 
 use std::{
-    io::{Read, Write},
+    io::Write,
     process::{Command, Stdio},
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -13,6 +15,7 @@ use std::{
 
 use crossbeam_channel::Sender;
 use echo::EchoWorker;
+use http::http_get;
 use zinfer_protocol::{
     ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, Limits, PROTOCOL_VERSION,
     RouterToWorker, WorkerToRouter, decode, encode,
@@ -101,18 +104,6 @@ fn generate(id: &str, tokens: u32, stream: bool) -> ClientRequest {
     request.max_tokens = tokens;
     request.stream = stream;
     ClientRequest::Generate(request)
-}
-
-fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to /metrics");
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    .expect("write");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("read");
-    response
 }
 
 #[test]
