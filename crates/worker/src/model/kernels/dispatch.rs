@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::sync::OnceLock;
 
 use super::blocked::UnitFn;
-use super::matrix::{Q8Acts, QKind, TileOut};
+use super::matrix::{QKind, RowTile, TileOut};
 use super::tiled::{TiledMatmul, Tiling};
 #[cfg(target_arch = "x86_64")]
 use super::x86::{avx2, avx512};
@@ -105,36 +105,21 @@ pub(super) fn dequantize_row(lvl: Level, kind: QKind, row: &[u8], out: &mut [f32
     scalar::dequantize_row(kind, row, out);
 }
 
-/// Dot products of `rt` weight rows (`rb` bytes apart in `w`) with `mt`
-/// activation rows from `i0`, in `vals[row][act]`.
+/// Dot products of a tile's weight rows with its activation rows, in
+/// `vals[row][act]`.
 ///
 /// # Safety
-/// `lvl` must be at most [`level`]; `w` must hold `rt` rows of `rb` bytes;
-/// `acts` must hold rows `i0..i0 + mt` (q, d and s).
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile(
-    lvl: Level,
-    kind: QKind,
-    w: &[u8],
-    rb: usize,
-    rt: usize,
-    acts: &Q8Acts,
-    i0: usize,
-    mt: usize,
-    vals: &mut TileOut,
-) {
+/// `lvl` must be at most [`level`]; `job.w` must hold `job.rows` rows of
+/// `job.row_bytes` bytes; `job.acts` must hold rows `i0..i0 + m` (q, d and s).
+pub(super) unsafe fn tile(lvl: Level, job: &RowTile<'_>, vals: &mut TileOut) {
     match lvl {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level was detected; the bounds are the caller's.
-        Level::Avx512Vnni => unsafe { avx512::tile(kind, w, rb, rt, acts, i0, mt, vals) },
+        Level::Avx512Vnni => unsafe { avx512::tile(job, vals) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        Level::Avx2 => unsafe { avx2::tile(kind, w, rb, rt, acts, i0, mt, vals) },
-        _ => {
-            for (rr, v) in vals.iter_mut().take(rt).enumerate() {
-                scalar::tile(kind, &w[rr * rb..(rr + 1) * rb], acts, i0, mt, v);
-            }
-        }
+        Level::Avx2 => unsafe { avx2::tile(job, vals) },
+        _ => scalar::tile_rows(job, vals),
     }
 }
 

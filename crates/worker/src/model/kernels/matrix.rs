@@ -138,6 +138,19 @@ pub(crate) struct QMatrix {
     data: Vec<u8>,
 }
 
+/// One row-major tile of [`QMatrix::matmul_q8`]: `rows` weight rows,
+/// `row_bytes` apart in `w`, against activation rows `i0..i0 + m`.
+#[derive(Clone, Copy)]
+pub(super) struct RowTile<'a> {
+    pub(super) kind: QKind,
+    pub(super) w: &'a [u8],
+    pub(super) row_bytes: usize,
+    pub(super) rows: usize,
+    pub(super) acts: &'a Q8Acts,
+    pub(super) i0: usize,
+    pub(super) m: usize,
+}
+
 /// Activations quantized to i8 per block of 32: `x ≈ d * q`, `s = d * sum(q)`.
 #[derive(Debug, Default)]
 pub(crate) struct Q8Acts {
@@ -309,7 +322,16 @@ impl QMatrix {
                 let mt = act_tile.min(m - i0);
                 // SAFETY: `w` holds `rt` rows of `rb` bytes, activation rows
                 // i0..i0 + mt exist (asserted in matmul_q8), and `lvl` was detected.
-                unsafe { dispatch::tile(lvl, self.kind, w, rb, rt, acts, i0, mt, &mut vals) };
+                let job = RowTile {
+                    kind: self.kind,
+                    w,
+                    row_bytes: rb,
+                    rows: rt,
+                    acts,
+                    i0,
+                    m: mt,
+                };
+                unsafe { dispatch::tile(lvl, &job, &mut vals) };
                 for (rr, row_vals) in vals.iter().take(rt).enumerate() {
                     for (j, v) in row_vals.iter().take(mt).enumerate() {
                         // SAFETY: i0 + j < m and r + rr < self.rows, within the caller's bound.

@@ -3,7 +3,7 @@
 //! (the compiler vectorizes the straight loops there).
 
 use super::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
-use super::matrix::{ACT_TILE, Q8Acts, QK, QK_K, QKind};
+use super::matrix::{ACT_TILE, Q8Acts, QK, QK_K, QKind, RowTile, TileOut};
 use super::{KvElem, RowJob};
 
 /// Per 32-value block: `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
@@ -64,6 +64,21 @@ pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
             }
             QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
         }
+    }
+}
+
+/// Every weight row of a row-major tile, one at a time.
+pub(super) fn tile_rows(job: &RowTile<'_>, vals: &mut TileOut) {
+    let rb = job.row_bytes;
+    for (rr, v) in vals.iter_mut().take(job.rows).enumerate() {
+        tile(
+            job.kind,
+            &job.w[rr * rb..(rr + 1) * rb],
+            job.acts,
+            job.i0,
+            job.m,
+            v,
+        );
     }
 }
 

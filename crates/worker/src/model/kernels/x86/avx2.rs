@@ -8,7 +8,7 @@ mod tiles;
 pub(in crate::model::kernels) use tiles::matmul_tiles;
 
 use super::super::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
-use super::super::matrix::{Q8Acts, QK, QK_K, QKind, TileOut};
+use super::super::matrix::{QK, QK_K, QKind, RowTile, TileOut};
 use super::super::{KvElem, RowJob, scalar};
 use super::{Dot, KBlock, Q4KBlock, Q5KBlock, Q6KBlock, f16_to_f32, tile_any};
 
@@ -22,19 +22,9 @@ impl Dot for Avx2Dot {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
-pub(in crate::model::kernels) unsafe fn tile(
-    kind: QKind,
-    w: &[u8],
-    rb: usize,
-    rt: usize,
-    acts: &Q8Acts,
-    i0: usize,
-    mt: usize,
-    vals: &mut TileOut,
-) {
+pub(in crate::model::kernels) unsafe fn tile(job: &RowTile<'_>, vals: &mut TileOut) {
     // SAFETY: forwarded from the caller.
-    unsafe { tile_any::<Avx2Dot>(kind, w, rb, rt, acts, i0, mt, vals) }
+    unsafe { tile_any::<Avx2Dot>(job, vals) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -5,7 +5,7 @@ use std::arch::x86_64::*;
 
 use std::ops::Range;
 
-use super::super::matrix::{Q8Acts, QK, QKind, TileOut};
+use super::super::matrix::{QK, QKind, RowTile, TileOut};
 use super::super::tiled::{TiledMatmul, Tiling};
 use super::super::{KvElem, RowJob, scalar};
 use super::{Dot, tile_any};
@@ -19,19 +19,9 @@ impl Dot for VnniDot {
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-#[allow(clippy::too_many_arguments)]
-pub(in crate::model::kernels) unsafe fn tile(
-    kind: QKind,
-    w: &[u8],
-    rb: usize,
-    rt: usize,
-    acts: &Q8Acts,
-    i0: usize,
-    mt: usize,
-    vals: &mut TileOut,
-) {
+pub(in crate::model::kernels) unsafe fn tile(job: &RowTile<'_>, vals: &mut TileOut) {
     // SAFETY: forwarded from the caller.
-    unsafe { tile_any::<VnniDot>(kind, w, rb, rt, acts, i0, mt, vals) }
+    unsafe { tile_any::<VnniDot>(job, vals) }
 }
 
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]

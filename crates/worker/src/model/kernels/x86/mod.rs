@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::matrix::{Q8Acts, QK, QKind, TileOut};
+use super::matrix::{Q8Acts, QK, QKind, RowTile, TileOut};
 
 pub(super) mod avx2;
 pub(super) mod avx512;
@@ -462,17 +462,16 @@ macro_rules! by_shape {
 }
 
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn tile_any<D: Dot>(
-    kind: QKind,
-    w: &[u8],
-    rb: usize,
-    rt: usize,
-    acts: &Q8Acts,
-    i0: usize,
-    mt: usize,
-    vals: &mut TileOut,
-) {
+pub(super) unsafe fn tile_any<D: Dot>(job: &RowTile<'_>, vals: &mut TileOut) {
+    let &RowTile {
+        kind,
+        w,
+        row_bytes: rb,
+        rows: rt,
+        acts,
+        i0,
+        m: mt,
+    } = job;
     // SAFETY: forwarded from the caller.
     unsafe {
         match (kind, rt, mt) {
@@ -488,9 +487,7 @@ pub(super) unsafe fn tile_any<D: Dot>(
             (QKind::Q5_1, ..) => {
                 // Only rows that do not fill 8-row tiles are kept as Q5_1
                 // blocks: the portable build serves them.
-                for (rr, v) in vals.iter_mut().take(rt).enumerate() {
-                    super::scalar::tile(kind, &w[rr * rb..(rr + 1) * rb], acts, i0, mt, v);
-                }
+                super::scalar::tile_rows(job, vals);
             }
             (QKind::Q4_1 | QKind::Q8_0, ..) => {
                 by_shape!(rt, mt, tile::<D>(kind, w, rb, acts, i0, vals))
