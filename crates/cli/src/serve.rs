@@ -276,7 +276,8 @@ pub(crate) fn log_format() -> &'static str {
 }
 
 /// CPU threads per worker: the cores split evenly, at least one each, so
-/// workers do not fight over cores (candle's thread pool spins).
+/// workers do not fight over cores (the kernels' helper threads spin while a
+/// step runs).
 pub(crate) fn default_threads(workers: usize) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     (cores / workers.max(1)).max(1)

@@ -10,7 +10,8 @@
 //! `ZINFER_BENCH_LONG` overrides the long-prompt lengths (e.g. `512,4096`).
 //! `ZINFER_KV_DTYPE` (`f32` or `f16`) picks the KV pool element type.
 //! ZINFER_THREADS=1 keeps every kernel on the engine thread (steadier on
-//! shared cores); CANDLE_NUM_THREADS sizes candle's pool otherwise.
+//! shared cores); ZINFER_THREADS=N sizes the kernels' pool, else
+//! CANDLE_NUM_THREADS or the core count does.
 //! ZINFER_DEVICE picks the device (`cpu`, or `cuda:0` in a CUDA build).
 //! `ZINFER_BENCH_STREAMS` overrides the decode stream counts (e.g. `1,16`).
 //! ZINFER_BENCH_MODEL runs another GGUF file instead of the default model,
@@ -194,11 +195,11 @@ fn main() {
     let mut config = EngineConfig::default();
     // Room for the 64-stream figure.
     config.scheduler.max_batch = 64;
+    let max_positions = loaded.model.max_positions();
     let handle = Engine::start(loaded, config);
-    let threads = match (threads, std::env::var("CANDLE_NUM_THREADS")) {
-        (Some(1), _) => "1 (engine thread only)".to_string(),
-        (_, Ok(n)) => format!("{n} (CANDLE_NUM_THREADS)"),
-        _ => "candle default".to_string(),
+    let threads = match threads {
+        Some(1) => "1 (engine thread only)".to_string(),
+        _ => zinfer_worker::model::kernel_threads().to_string(),
     };
     let mut rid = 0u64;
     let mut rows: Vec<(String, String)> = Vec::new();
@@ -300,6 +301,13 @@ fn main() {
             .unwrap_or_else(|| vec![512, 1024, 2048, 4096, 8190]);
         let mut base = None;
         for len in lengths {
+            if len >= max_positions {
+                rows.push((
+                    format!("prefill rate, {len}-token prompt"),
+                    format!("skipped: the model's context is {max_positions} tokens"),
+                ));
+                continue;
+            }
             assert!(corpus.len() >= len, "corpus has {} tokens", corpus.len());
             // One run for the slow lengths keeps the case within minutes.
             let repeats = if len > 2048 { 1 } else { REPEATS };

@@ -70,7 +70,7 @@ fn argmax(v: &[f32]) -> u32 {
 fn main() {
     let path = test_model_path().unwrap();
     let capacity = 16_384;
-    // The thread count follows CANDLE_NUM_THREADS, which also sizes candle's pool.
+    // The thread count follows CANDLE_NUM_THREADS, which sizes the kernels' pool.
     let threads: Option<usize> = std::env::var("CANDLE_NUM_THREADS")
         .ok()
         .and_then(|v| v.parse().ok());
@@ -91,7 +91,7 @@ fn main() {
     .unwrap();
     let load_s = t0.elapsed().as_secs_f64();
     let mut model = loaded.model;
-    let threads = threads.unwrap_or_else(|| candle_core::utils::barrier_pool().n_workers() + 1);
+    let threads = threads.unwrap_or_else(zinfer_worker::model::kernel_threads);
     let mut text = String::new();
     let prompt = loop {
         let ids = loaded.tokenizer.encode(&text).unwrap();

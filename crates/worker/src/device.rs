@@ -7,7 +7,7 @@
 //!
 //! `cpu:N` is the N-th group of `--threads` cores of this host: a worker on
 //! it is pinned there, so two CPU workers on one host never share a core
-//! (candle's and our thread pools spin, and sharing halves both).
+//! (the kernels' helper threads spin while a step runs, and sharing halves both).
 
 use std::fmt;
 use std::str::FromStr;

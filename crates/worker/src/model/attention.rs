@@ -4,7 +4,7 @@
 //! its position, which gives causal attention within a prefill chunk and
 //! attention over the cached prefix in one rule. When the model runs on
 //! several threads and the step is big enough, rows run in parallel on
-//! candle's thread pool, shared with the matmuls.
+//! the kernels' thread pool, shared with the matmuls.
 
 use std::sync::Mutex;
 

@@ -23,7 +23,7 @@ const GEMM_MIN_ROWS: usize = 32;
 pub(crate) struct Workspace {
     acts: Q8Acts,
     scratch: Vec<f32>,
-    /// Whether kernels may use candle's thread pool (false for one thread).
+    /// Whether kernels split their work over the kernels' thread pool (false for one thread).
     pub(crate) parallel: bool,
 }
 

@@ -151,10 +151,9 @@ pub const DEFAULT_KV_CAPACITY: usize = 32_768;
 pub struct LoadOptions {
     /// Token slots in the KV pool (memory grows as slots are first written).
     pub kv_capacity: usize,
-    /// Compute threads. `Some(1)` runs every kernel on the engine thread
-    /// (the robust choice when other processes share the cores: candle's pool
-    /// spins, and a descheduled helper stalls each step). `Some(n > 1)` or
-    /// `None` use candle's pool, whose size is read once per process from
+    /// Compute threads. `Some(1)` runs every kernel on the engine thread.
+    /// `Some(n > 1)` or `None` use the kernels' pool, which is sized once per
+    /// process: by the first model loaded with `Some(n > 1)`, else from
     /// `CANDLE_NUM_THREADS` (or `RAYON_NUM_THREADS`, else one per core).
     pub threads: Option<usize>,
     /// Device name as [`Device`] parses it: `cpu`, `cuda:N` (CUDA builds),
@@ -349,22 +348,24 @@ pub fn model_name(path: &Path) -> String {
         .unwrap_or_else(|| "model".to_string())
 }
 
-/// Checks the thread count candle will use against the one asked for.
-///
-/// candle sizes its thread pool once per process from `CANDLE_NUM_THREADS`
-/// (or `RAYON_NUM_THREADS`); changing the environment of a running,
-/// multi-threaded process is not sound, so the worker binary sets the
-/// variable before it starts threads and this only reports a mismatch.
+/// Sizes the kernels' thread pool, or reports that an earlier model in
+/// this process sized it otherwise.
 fn apply_threads(threads: Option<usize>) {
     let Some(wanted) = threads.filter(|&n| n > 1) else {
         return;
     };
-    let actual = candle_core::utils::barrier_pool().n_workers() + 1;
+    let actual = kernels::pool_threads(Some(wanted));
     if actual != wanted {
         tracing::warn!(
             wanted,
             actual,
-            "candle thread pool size differs from --threads: set CANDLE_NUM_THREADS before the worker starts"
+            "the kernel thread pool was sized earlier in this process; --threads applies to the first model loaded"
         );
     }
+}
+
+/// Threads the CPU kernels split their work over (the kernels' pool, sized
+/// as [`LoadOptions::threads`] says).
+pub fn kernel_threads() -> usize {
+    kernels::pool_threads(None)
 }

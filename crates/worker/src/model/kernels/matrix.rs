@@ -1,7 +1,7 @@
 //! Quantized weight matrices and the matmuls over them: ggml block
 //! layouts kept as loaded (or repacked into [`super::tiled`] tiles), int8
 //! activations, and dequantize + f32 GEMM for long prefill chunks. Work is
-//! split over weight rows on candle's thread pool, shared with every other op.
+//! split over weight rows on the kernels' thread pool, shared with every other op.
 
 use std::ops::Range;
 
@@ -28,8 +28,8 @@ pub(super) type TileOut = [[f32; ACT_TILE]; ROW_TILE];
 /// on 2 cores against a 2M threshold.
 const PARALLEL_MIN_MACS: usize = 100_000;
 
-/// Runs `f` over `0..units`: on candle's pool when `parallel` and `macs` is
-/// worth it, inline otherwise.
+/// Runs `f` over `0..units`: on the kernels' pool ([`super::pool`]) when
+/// `parallel` and `macs` is worth it, inline otherwise.
 pub(crate) fn run_units(
     units: usize,
     macs: usize,
@@ -40,12 +40,7 @@ pub(crate) fn run_units(
         f(0..units);
         return;
     }
-    let pool = candle_core::utils::barrier_pool();
-    if pool.n_workers() == 0 {
-        f(0..units);
-    } else {
-        pool.execute_chunked(units, f);
-    }
+    super::pool::global(None).run(units, f);
 }
 
 /// Weight formats with kernels here (ggml block layouts).
@@ -390,7 +385,7 @@ fn gemm_split(
 ) {
     assert!(x.len() >= m * k && out.len() >= m * n);
     let threads = if parallel {
-        candle_core::utils::barrier_pool().n_workers() + 1
+        super::pool::global(None).threads()
     } else {
         1
     };

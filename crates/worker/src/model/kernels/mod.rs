@@ -26,6 +26,7 @@
 mod blocked;
 mod dispatch;
 mod matrix;
+mod pool;
 mod scalar;
 mod tiled;
 #[cfg(target_arch = "x86_64")]
@@ -38,6 +39,12 @@ pub(crate) use matrix::{Q8Acts, QKind, QMatrix, matmul_dense, q5_0_as_q5_1, run_
 pub(crate) use scalar::flash_unit as flash_unit_portable;
 
 use super::kv::KvElem;
+
+/// Sizes the kernels' thread pool (on first use in the process; see
+/// [`pool::global`]) and returns its thread count.
+pub(crate) fn pool_threads(threads: Option<usize>) -> usize {
+    pool::global(threads).threads()
+}
 
 /// Head layout of the attention.
 #[derive(Clone, Copy, Debug)]
