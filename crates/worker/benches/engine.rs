@@ -13,7 +13,9 @@
 //! shared cores); ZINFER_THREADS=N sizes the kernels' pool, else
 //! CANDLE_NUM_THREADS or the core count does.
 //! ZINFER_DEVICE picks the device (`cpu`, or `cuda:0` in a CUDA build).
-//! `ZINFER_BENCH_STREAMS` overrides the decode stream counts (e.g. `1,16`).
+//! `ZINFER_BENCH_STREAMS` overrides the decode stream counts (e.g. `1,16`),
+//! `ZINFER_BENCH_CONTEXT` the prompt tokens of each decode stream (128, as
+//! `llama-batched-bench -npp 128`).
 //! ZINFER_BENCH_MODEL runs another GGUF file instead of the default model,
 //! e.g. a synthetic checkpoint from `examples/synth_model.rs`.
 #![allow(clippy::unwrap_used)] // a benchmark may unwrap (team rules)
@@ -229,6 +231,12 @@ fn main() {
     } else {
         Vec::new()
     };
+    // Prompt tokens per decode stream: 128 by default, as llama-batched-bench -npp 128.
+    let decode_prompt: usize = std::env::var("ZINFER_BENCH_CONTEXT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(128)
+        .clamp(1, corpus.len() - 1);
     for &streams in &decode_streams {
         let mut rates = Vec::new();
         let mut per_stream = Vec::new();
@@ -237,8 +245,8 @@ fn main() {
             handle.flush_cache(None);
             let requests = (0..streams)
                 .map(|s| {
-                    let at = (s * 16) % (corpus.len() - 12);
-                    tokens_request(&corpus[at..at + 12], DECODE_TOKENS)
+                    let at = (s * 16) % (corpus.len() - decode_prompt);
+                    tokens_request(&corpus[at..at + decode_prompt], DECODE_TOKENS)
                 })
                 .collect();
             let done = run(&handle, requests, rid);
