@@ -364,7 +364,11 @@ fn attention<T: KvElem>(
     ws: &Workspace,
 ) {
     let unit = kernels::flash_unit();
-    for &chunk in &plan.blocked {
+    let (rows, chunks): (Vec<_>, Vec<_>) = plan.blocked.iter().partition(|c| c.len == 1);
+    if !rows.is_empty() {
+        flash::attend_rows(q, k_pool, v_pool, &rows, shape, out, ws.parallel, unit);
+    }
+    for chunk in chunks {
         flash::attend_chunk(
             q,
             k_pool,
