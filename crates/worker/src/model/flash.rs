@@ -419,7 +419,9 @@ mod tests {
     }
 
     /// A row's output does not depend on how its sequence was chunked:
-    /// the same bits in a long chunk, a short one, or alone (decode), so a
+    /// the same bits in a long chunk, a short one, or alone (decode, on
+    /// either path: one-row `attend_chunk`, or `attend_rows` with other
+    /// sequences' rows, at block edges and the first position), so a
     /// cached or imported prefix gives exactly the tokens of a cold run.
     #[test]
     fn rows_are_independent_of_chunking() {
@@ -444,72 +446,32 @@ mod tests {
                 slots: &slots[..start + len],
             };
             attend_chunk(&q, &k, &v, chunk, shape, &mut out, &mut scratch, true, unit);
-            out[(start + len - 1) * qd..(start + len) * qd].to_vec()
+            out
         };
         let whole = run(0, n);
-        assert_eq!(run(100, 50), whole);
-        assert_eq!(run(n - 1, 1), whole);
-    }
-
-    /// Decode rows of several sequences in one `attend_rows` call get the
-    /// bits their positions get inside one long chunk, including positions
-    /// at block edges and the first.
-    #[test]
-    fn decode_rows_match_a_whole_chunk() {
-        let shape = HeadShape {
-            n_heads: 9,
-            n_kv_heads: 3,
-            head_dim: 64,
-        };
-        let (qd, kvd) = (9 * 64, 3 * 64);
-        let n = 150;
-        let (k, v) = (random(n * kvd, 8, 2.0), random(n * kvd, 9, 2.0));
-        let q = random(n * qd, 7, 2.0);
-        let slots: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 3) % n as u32).collect();
-        let unit = super::super::kernels::flash_unit();
-        let mut whole = vec![0f32; n * qd];
-        let chunk = ChunkRows {
-            first_row: 0,
-            len: n,
-            start_pos: 0,
-            slots: &slots,
-        };
-        let mut scratch = FlashScratch::default();
-        attend_chunk(
-            &q,
-            &k,
-            &v,
-            chunk,
-            shape,
-            &mut whole,
-            &mut scratch,
-            true,
-            unit,
-        );
+        let row = |out: &[f32], r: usize| out[r * qd..(r + 1) * qd].to_vec();
+        assert_eq!(row(&run(100, 50), n - 1), row(&whole, n - 1));
+        assert_eq!(row(&run(n - 1, 1), n - 1), row(&whole, n - 1));
 
         let positions = [149, 0, 63, 64, 100, 65];
-        let mut q_rows = Vec::new();
+        let q_rows: Vec<f32> = positions
+            .iter()
+            .flat_map(|&p| q[p * qd..(p + 1) * qd].iter().copied())
+            .collect();
         let chunks: Vec<ChunkRows<'_>> = positions
             .iter()
             .enumerate()
-            .map(|(i, &p)| {
-                q_rows.extend_from_slice(&q[p * qd..(p + 1) * qd]);
-                ChunkRows {
-                    first_row: i,
-                    len: 1,
-                    start_pos: p,
-                    slots: &slots[..=p],
-                }
+            .map(|(i, &p)| ChunkRows {
+                first_row: i,
+                len: 1,
+                start_pos: p,
+                slots: &slots[..=p],
             })
             .collect();
         let mut out = vec![0f32; positions.len() * qd];
         attend_rows(&q_rows, &k, &v, &chunks, shape, &mut out, true, unit);
         for (i, &p) in positions.iter().enumerate() {
-            assert_eq!(
-                out[i * qd..(i + 1) * qd],
-                whole[p * qd..(p + 1) * qd],
-                "row at position {p}"
-            );
+            assert_eq!(row(&out, i), row(&whole, p), "decode row at position {p}");
         }
     }
 

@@ -106,8 +106,11 @@ pub(crate) struct StepPlan<'a> {
     /// For each row, the slots it attends to (its sequence up to itself);
     /// empty for rows of `blocked` chunks.
     pub(crate) keys: Vec<&'a [u32]>,
-    /// Chunks whose attention runs on the blocked kernel.
+    /// Chunks of several rows whose attention runs on the blocked kernel.
     pub(crate) blocked: Vec<ChunkRows<'a>>,
+    /// One-row chunks (decode tokens) on the blocked kernel, attended
+    /// together in one parallel region.
+    pub(crate) blocked_rows: Vec<ChunkRows<'a>>,
     /// Index of each chunk's last row.
     pub(crate) last_rows: Vec<usize>,
 }
@@ -127,6 +130,7 @@ impl<'a> StepPlan<'a> {
             new_slots: Vec::with_capacity(n),
             keys: Vec::with_capacity(n),
             blocked: Vec::new(),
+            blocked_rows: Vec::new(),
             last_rows: Vec::with_capacity(batch.len()),
         };
         for (i, c) in batch.iter().enumerate() {
@@ -160,12 +164,17 @@ impl<'a> StepPlan<'a> {
             }
             let blocked = c.tokens.len() >= blocked_min_rows;
             if blocked {
-                plan.blocked.push(ChunkRows {
+                let rows = ChunkRows {
                     first_row: plan.ids.len(),
                     len: c.tokens.len(),
                     start_pos: c.start_pos,
                     slots: &c.slots[..end],
-                });
+                };
+                if rows.len == 1 {
+                    plan.blocked_rows.push(rows);
+                } else {
+                    plan.blocked.push(rows);
+                }
             }
             for (j, &t) in c.tokens.iter().enumerate() {
                 let pos = c.start_pos + j;
@@ -364,11 +373,11 @@ fn attention<T: KvElem>(
     ws: &Workspace,
 ) {
     let unit = kernels::flash_unit();
-    let (rows, chunks): (Vec<_>, Vec<_>) = plan.blocked.iter().partition(|c| c.len == 1);
-    if !rows.is_empty() {
-        flash::attend_rows(q, k_pool, v_pool, &rows, shape, out, ws.parallel, unit);
+    if !plan.blocked_rows.is_empty() {
+        let rows = &plan.blocked_rows;
+        flash::attend_rows(q, k_pool, v_pool, rows, shape, out, ws.parallel, unit);
     }
-    for chunk in chunks {
+    for &chunk in &plan.blocked {
         flash::attend_chunk(
             q,
             k_pool,
@@ -381,7 +390,7 @@ fn attention<T: KvElem>(
             unit,
         );
     }
-    if plan.blocked.len() < plan.last_rows.len() {
+    if plan.blocked.len() + plan.blocked_rows.len() < plan.last_rows.len() {
         attend(q, k_pool, v_pool, &plan.keys, shape, out, ws.parallel);
     }
 }
