@@ -12,9 +12,10 @@ setup-tests:
 build: setup
 	cargo build --release -p zinfer-cli
 
-# Runs every test: unit, property, model and end-to-end (fetches the default model when missing).
+# Runs every test: unit, property, model and end-to-end (fetches the default model when
+# missing); the synthetic checkpoint tests need the model crate's `synthetic` feature.
 test: setup-tests
-	cargo test --workspace
+	cargo test --workspace --features zinfer-model/synthetic
 
 # Serves the default model: router on tcp://127.0.0.1:5555, one CPU worker.
 serve: build

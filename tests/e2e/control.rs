@@ -137,7 +137,7 @@ fn call(control: &str, request: &AdminRequest, timeout: Duration) -> AdminReply 
 }
 
 fn model_name() -> String {
-    zinfer_worker::model::model_name(&harness::model_path())
+    zinfer_probe::model_name(&harness::model_path())
 }
 
 /// Clients that stream greedy requests in a loop until stopped, and count

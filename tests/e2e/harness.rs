@@ -228,7 +228,7 @@ impl Cluster {
                 "--id",
                 id,
                 "--device",
-                &zinfer_worker::device::test_device(),
+                &zinfer_probe::device::test_device(),
                 "--threads",
                 "1",
                 "--kv-tokens",

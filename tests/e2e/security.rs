@@ -124,7 +124,7 @@ fn spawn_worker(id: &str, router: &str, server: &Path, key: &Path) -> Proc {
             "--id",
             id,
             "--device",
-            &zinfer_worker::device::test_device(),
+            &zinfer_probe::device::test_device(),
             "--threads",
             "1",
             "--kv-tokens",

@@ -320,7 +320,8 @@ struct RealCluster {
 
 impl RealCluster {
     fn start() -> RealCluster {
-        use zinfer_worker::{engine, metrics, model, server};
+        use zinfer_model as model;
+        use zinfer_worker::{engine, metrics, server};
         let config = zinfer_router::RouterConfig {
             clients: "tcp://127.0.0.1:*".into(),
             workers: "tcp://127.0.0.1:*".into(),

@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use zinfer_curve::{ClientCurve, KeyPair, PublicKey};
+use zinfer_probe::Device;
 use zinfer_protocol::{AdminReply, AdminRequest};
 use zinfer_router::RouterConfig;
-use zinfer_worker::device::Device;
 
 use crate::http_cmd::{Front, HttpOptions};
 use crate::router_cmd::RouterArgs;

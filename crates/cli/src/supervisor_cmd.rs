@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use zinfer_probe::Device;
 use zinfer_supervisor::{MemoryBudget, ModelSpec, SupervisorConfig};
-use zinfer_worker::device::Device;
 
 use crate::worker_cmd::{self, EngineArgs};
 
@@ -80,7 +80,7 @@ pub(crate) fn config(
     let model = worker_cmd::resolve_model(engine.model.as_deref())?;
     let total = match budget.memory_budget {
         Some(bytes) => bytes,
-        None => zinfer_worker::procfs::available_bytes()
+        None => zinfer_probe::procfs::available_bytes()
             .map(|bytes| bytes / 10 * 9)
             .context("reading /proc/meminfo; give --memory-budget")?,
     };
@@ -93,6 +93,7 @@ pub(crate) fn config(
         budget: MemoryBudget { total },
         kv_tokens: engine.kv_tokens,
         kv_dtype: engine.kv_dtype,
+        check_device: zinfer_model::check_device,
         exe: std::env::current_exe().context("finding the zinfer binary")?,
         worker_args: engine.to_args(threads),
         worker_env: vec![(
@@ -133,7 +134,7 @@ pub(crate) fn worker_curve_args(
 pub(crate) fn check_devices(devices: &[Device]) -> anyhow::Result<Vec<String>> {
     devices
         .iter()
-        .map(|device| Ok(device.check()?.to_string()))
+        .map(|device| Ok(zinfer_model::check_device(*device)?.to_string()))
         .collect()
 }
 

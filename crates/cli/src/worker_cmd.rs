@@ -6,10 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use zinfer_worker::device::Device;
+use zinfer_model::{self as model, LoadOptions};
+use zinfer_probe::Device;
 use zinfer_worker::engine::{Engine, EngineConfig};
 use zinfer_worker::metrics::WorkerMetrics;
-use zinfer_worker::model::{self, LoadOptions};
 use zinfer_worker::scheduler::SchedulerConfig;
 use zinfer_worker::server::{self, ServerConfig};
 
@@ -130,7 +130,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     set_thread_count(threads)?;
-    let device = args.device.check()?;
+    let device = model::check_device(args.device)?;
     device.pin(threads)?;
     let device = device.to_string();
     let model_path = resolve_model(args.engine.model.as_deref())?;

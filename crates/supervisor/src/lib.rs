@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
+use zinfer_probe::{Device, DeviceError};
 use zinfer_protocol::{Limits, ModelOffer, RouterToSupervisor, SupervisorToRouter};
-use zinfer_worker::device::Device;
 
 pub use budget::{MemoryBudget, OverBudget, gib, parse_bytes, worker_bytes};
 use process::WorkerProcess;
@@ -34,7 +34,7 @@ impl ModelSpec {
     /// A model named after its file, as workers name it.
     pub fn from_path(path: &Path) -> Self {
         ModelSpec {
-            name: zinfer_worker::model::model_name(path),
+            name: zinfer_probe::model_name(path),
             path: path.to_path_buf(),
         }
     }
@@ -59,7 +59,11 @@ pub struct SupervisorConfig {
     /// passes the flag on).
     pub kv_tokens: usize,
     /// Element type of those tokens' K/V (`worker_args` passes the flag on).
-    pub kv_dtype: zinfer_worker::model::KvDtype,
+    pub kv_dtype: zinfer_probe::KvDtype,
+    /// Checks a device before a worker is started on it and resolves
+    /// `auto`. This crate links no GPU library, so whether a GPU is present
+    /// is asked through this (the CLI passes `zinfer_model::check_device`).
+    pub check_device: fn(Device) -> Result<Device, DeviceError>,
     /// The `zinfer` binary.
     pub exe: PathBuf,
     /// Flags for every `zinfer worker` it starts (threads, batch, ...).
@@ -311,7 +315,7 @@ impl Supervisor {
             None => self.least_used_device(),
         };
         let parsed: Device = device.parse().map_err(|e| format!("{e}"))?;
-        parsed.check().map_err(|e| format!("{e}"))?;
+        (self.config.check_device)(parsed).map_err(|e| format!("{e}"))?;
         let need = self.estimate(&ModelSpec {
             name: spec.name.clone(),
             path: path.clone(),
@@ -432,12 +436,8 @@ impl Supervisor {
 
 /// A model's file bytes and its KV pool's bytes (0 when the header does
 /// not tell), the estimate before any worker of it ran.
-fn unmeasured_bytes(
-    path: &Path,
-    kv_tokens: usize,
-    kv_dtype: zinfer_worker::model::KvDtype,
-) -> (u64, u64) {
-    let kv = zinfer_worker::model::kv_bytes_per_token(path, kv_dtype)
+fn unmeasured_bytes(path: &Path, kv_tokens: usize, kv_dtype: zinfer_probe::KvDtype) -> (u64, u64) {
+    let kv = zinfer_probe::kv_bytes_per_token(path, kv_dtype)
         .map(|per_token| per_token * kv_tokens as u64)
         .unwrap_or(0);
     (model_bytes(path), kv)

@@ -101,7 +101,7 @@ impl WorkerProcess {
 
     /// Resident memory now (and the peak is updated).
     pub(crate) fn resident(&mut self) -> u64 {
-        let rss = zinfer_worker::procfs::resident_bytes(Some(self.child.id())).unwrap_or(0);
+        let rss = zinfer_probe::procfs::resident_bytes(Some(self.child.id())).unwrap_or(0);
         self.peak_rss = self.peak_rss.max(rss);
         rss
     }

@@ -24,9 +24,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use zinfer_fetch::test_model_path;
+use zinfer_model::{LoadOptions, load};
 use zinfer_protocol::{GenerateRequest, Timings, Usage};
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
-use zinfer_worker::model::{LoadOptions, load};
 use zinfer_worker::sampling::{Sampler, SamplingParams};
 
 /// Runs per figure; the median is reported.
@@ -201,7 +201,7 @@ fn main() {
     let handle = Engine::start(loaded, config);
     let threads = match threads {
         Some(1) => "1 (engine thread only)".to_string(),
-        _ => zinfer_worker::model::kernel_threads().to_string(),
+        _ => zinfer_model::kernel_threads().to_string(),
     };
     let mut rid = 0u64;
     let mut rows: Vec<(String, String)> = Vec::new();

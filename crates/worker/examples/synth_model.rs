@@ -20,8 +20,8 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
-use zinfer_worker::model::{LoadOptions, SeqChunk, load};
-use zinfer_worker::synthetic::{PRESETS, QUANTS, SynthShape, SynthSpec, generate};
+use zinfer_model::synthetic::{PRESETS, QUANTS, SynthShape, SynthSpec, generate};
+use zinfer_model::{LoadOptions, SeqChunk, load};
 
 /// Errors are reported, not handled: a boxed error is enough here.
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;

@@ -12,7 +12,7 @@ use crossbeam_channel::Receiver;
 use zinfer_protocol::{CacheTransfer, Limits};
 
 use crate::engine::{CacheBlock, EngineHandle};
-use crate::model::KvShape;
+use zinfer_model::KvShape;
 
 /// Largest frame on the import socket: a span of a few hundred tokens of
 /// a big model.

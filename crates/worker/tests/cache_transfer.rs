@@ -11,13 +11,16 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, bounded};
 use zinfer_fetch::test_model_path;
+use zinfer_model::device::{Device, test_device};
+use zinfer_model::{
+    LoadOptions, LoadedModel, ModelError, SeqChunk, candle_device, load, load_candle,
+};
 use zinfer_protocol::{GenerateRequest, Usage};
-use zinfer_worker::device::{Device, test_device};
 use zinfer_worker::engine::{Engine, EngineConfig, EngineError, EngineEvent, EngineHandle};
-use zinfer_worker::model::{LoadOptions, LoadedModel, ModelError, SeqChunk, load, load_candle};
 use zinfer_worker::scheduler::SchedulerConfig;
 use zinfer_worker::{CacheBlock, KvShape};
 
+#[path = "../../model/tests/support/mod.rs"]
 mod support;
 use support::{argmax, max_abs_diff, prompt_ids};
 
@@ -37,7 +40,7 @@ fn options(kv_capacity: usize, device: String) -> LoadOptions {
     }
 }
 
-/// zinfer's CPU kernels ([`zinfer_worker::model::Llama`]).
+/// zinfer's CPU kernels ([`zinfer_model::Llama`]).
 fn cpu_model(kv_capacity: usize) -> LoadedModel {
     load(
         &test_model_path().unwrap(),
@@ -52,7 +55,7 @@ fn candle_model(kv_capacity: usize) -> LoadedModel {
     load_candle(
         &test_model_path().unwrap(),
         &options(kv_capacity, test_device()),
-        &device.candle().unwrap(),
+        &candle_device(device).unwrap(),
     )
     .unwrap()
 }

@@ -8,11 +8,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use zinfer_fetch::test_model_path;
+use zinfer_model::device::test_device;
+use zinfer_model::{LoadOptions, load};
 use zinfer_protocol::{FinishReason, GenerateRequest, Usage};
 use zinfer_worker::detokenize::Detokenizer;
-use zinfer_worker::device::test_device;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
-use zinfer_worker::model::{LoadOptions, load};
 use zinfer_worker::scheduler::SchedulerConfig;
 
 /// One engine at a time: the machine has few cores.

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use zinfer_fetch::test_model_path;
+use zinfer_model::device::test_device;
+use zinfer_model::{LoadOptions, load};
 use zinfer_protocol::{ErrorCode, GenerateRequest};
-use zinfer_worker::device::test_device;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent};
-use zinfer_worker::model::{LoadOptions, load};
 use zinfer_worker::scheduler::SchedulerConfig;
 
 #[test]

@@ -22,7 +22,7 @@ pub(super) struct ModelInfo {
     /// The model's context length.
     pub(super) max_positions: usize,
     /// Layers and row width of its K/V, for cache transfers.
-    pub(super) kv_shape: crate::model::KvShape,
+    pub(super) kv_shape: zinfer_model::KvShape,
 }
 
 /// A request on its way to the engine thread.
@@ -302,7 +302,7 @@ impl EngineHandle {
     }
 
     /// The K/V layout of the model, as cache transfers carry it.
-    pub fn kv_shape(&self) -> crate::model::KvShape {
+    pub fn kv_shape(&self) -> zinfer_model::KvShape {
         self.info.kv_shape
     }
 

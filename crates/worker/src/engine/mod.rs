@@ -25,9 +25,9 @@ use zinfer_protocol::{
 };
 
 use crate::detokenize::{DetokenizeError, TokenDecoder};
-use crate::model::{ForwardModel, LoadedModel, ModelError, ModelTokenizer};
 use crate::sampling::SamplingError;
 use crate::scheduler::{SchedulerConfig, SchedulerError};
+use zinfer_model::{ForwardModel, LoadedModel, ModelError, ModelTokenizer};
 
 pub use clock::{Clock, VirtualClock};
 pub use handle::EngineHandle;

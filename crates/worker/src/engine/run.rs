@@ -18,9 +18,9 @@ use super::{
     TextCodec,
 };
 use crate::detokenize::Detokenizer;
-use crate::model::ForwardModel;
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens};
 use crate::scheduler::{NewSequence, Scheduler, StepPlan};
+use zinfer_model::ForwardModel;
 
 /// How long an engine with work it cannot schedule waits before retrying;
 /// only reached if admission is stuck, which is a bug.

@@ -9,8 +9,8 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use zinfer_protocol::GenerateRequest;
 
 use super::*;
-use crate::model::{KvShape, ModelError, SeqChunk};
 use crate::scheduler::SchedulerConfig;
+use zinfer_model::{KvShape, ModelError, SeqChunk};
 
 mod transfer;
 

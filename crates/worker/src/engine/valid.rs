@@ -77,7 +77,7 @@ fn tokenize(
     text: &dyn TextCodec,
     vocab_size: usize,
 ) -> Result<Vec<u32>, EngineError> {
-    let tokenizer = |error: crate::model::ModelError| EngineError::Tokenizer(error.to_string());
+    let tokenizer = |error: zinfer_model::ModelError| EngineError::Tokenizer(error.to_string());
     let prompt = if let Some(tokens) = &request.tokens {
         if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(EngineError::BadRequest(format!(

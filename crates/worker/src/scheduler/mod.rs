@@ -47,7 +47,7 @@ use std::time::Instant;
 
 use zinfer_cache::{NodeHandle, RadixCache, TokenPool};
 
-use crate::model::SeqChunk;
+use zinfer_model::SeqChunk;
 
 use kv::Kv;
 pub use transfer::ImportError;

@@ -71,7 +71,7 @@ impl EngineProbe for Probe<'_> {
             cache_query_tokens: stats.cache_query_tokens,
             // Whole MiB: a report goes out only when the load changes, and
             // RSS moves by pages all the time.
-            rss_bytes: crate::procfs::resident_bytes(None).map_or(0, |b| b >> 20 << 20),
+            rss_bytes: zinfer_probe::procfs::resident_bytes(None).map_or(0, |b| b >> 20 << 20),
         };
         self.metrics.observe_engine(&stats);
         load

@@ -1,0 +1,67 @@
+//! What an attention kernel is asked to compute: the head layout, one query
+//! row's job over the KV pool, and the element types pool rows are stored
+//! in. A leaf, like [`crate::format`].
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
+/// An element type of the KV pool's rows (f32, or f16 to halve the bytes).
+pub trait KvElem: Copy + Send + Sync + 'static {
+    /// Copies `src` into `dst` (same length) as f32.
+    fn load(src: &[Self], dst: &mut [f32]);
+    /// `src` itself when it already is f32, so readers can skip the copy.
+    fn as_f32(src: &[Self]) -> Option<&[f32]>;
+}
+
+impl KvElem for f32 {
+    #[inline(always)]
+    fn load(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+
+    #[inline(always)]
+    fn as_f32(src: &[f32]) -> Option<&[f32]> {
+        Some(src)
+    }
+}
+
+impl KvElem for f16 {
+    #[inline(always)]
+    fn load(src: &[f16], dst: &mut [f32]) {
+        // Uses F16C when the CPU has it (checked once by `half`).
+        src.convert_to_f32_slice(dst);
+    }
+
+    #[inline(always)]
+    fn as_f32(_: &[f16]) -> Option<&[f32]> {
+        None
+    }
+}
+
+/// Head layout of the attention.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadShape {
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads; query head `h` reads KV head `h / (n_heads / n_kv_heads)`.
+    pub n_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+}
+
+/// One query row's attention: `softmax(q K^T / sqrt(d)) V` over the pool
+/// rows at `keys`. `q` is `[n_heads * head_dim]`; the pools are
+/// `[slots, n_kv_heads * head_dim]`.
+#[derive(Clone, Copy)]
+pub struct RowJob<'a, T> {
+    /// The query row, every head.
+    pub q: &'a [f32],
+    /// The K rows of the pool.
+    pub k_pool: &'a [T],
+    /// The V rows of the pool.
+    pub v_pool: &'a [T],
+    /// Pool rows this query attends to, in position order.
+    pub keys: &'a [u32],
+    /// The head layout.
+    pub shape: HeadShape,
+}

@@ -1,0 +1,192 @@
+//! The unit of work of the blocked (flash-style) attention in
+//! the model's `flash` module: one KV head's packed key blocks
+//! against a few query rows, with an online softmax. Generic over the inner
+//! loops ([`Micro`]): plain Rust in [`super::scalar`], AVX2 in `x86::avx2`.
+
+use crate::attention::HeadShape;
+use crate::scalar::exp_nonpositive;
+
+/// Keys per block.
+pub const BK: usize = 64;
+
+/// One unit of blocked attention: a few query rows of one sequence against
+/// one KV head's packed keys and values.
+pub struct UnitJob<'a> {
+    /// `[rows][n_heads * d]`: the unit's query rows, every head.
+    pub q: &'a [f32],
+    /// `[block][d][BK]`: this KV head's keys, transposed per block.
+    pub kt: &'a [f32],
+    /// `[block * BK + j][d]`: this KV head's values.
+    pub v: &'a [f32],
+    /// The attention's head layout.
+    pub shape: HeadShape,
+    /// The KV head whose keys and values these are.
+    pub kv_head: usize,
+    /// Query rows in the unit.
+    pub rows: usize,
+    /// Position of the first row; row `r` sees keys `0..=first_pos + r`.
+    pub first_pos: usize,
+}
+
+/// Per-thread buffers of a unit; `out` holds its result `[rows][group][d]`.
+#[derive(Default)]
+pub struct UnitBuf {
+    q: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+    /// The unit's result, `[rows][group][d]`.
+    pub out: Vec<f32>,
+}
+
+/// A SIMD build of [`unit_impl`].
+pub type UnitFn = fn(&UnitJob<'_>, &mut UnitBuf);
+
+/// The inner loops of a unit: scores of `R` query vectors against one key
+/// block, and their weighted sum of the block's values.
+pub(crate) trait Micro {
+    /// `s[r][j] = q[r] . k_j` for the `BK` keys of a transposed block `kt` `[d][BK]`.
+    ///
+    /// # Safety
+    /// The CPU must have the instructions the implementation uses.
+    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]);
+
+    /// `acc[r] += sum_j p[r][j] * v_j` over the first `n` keys of a block `v` `[BK][d]`.
+    ///
+    /// # Safety
+    /// As for [`Micro::qk`].
+    unsafe fn pv<const R: usize>(
+        p: &[[f32; BK]; R],
+        v: &[f32],
+        d: usize,
+        n: usize,
+        acc: &mut [f32],
+    );
+}
+
+/// Attention of one unit's query vectors over every key block they may see,
+/// `R` query vectors per pass over a block.
+///
+/// # Safety
+/// The CPU must have the instructions `M` uses.
+#[inline(always)]
+pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf: &mut UnitBuf) {
+    let d = job.shape.head_dim;
+    let group = job.shape.n_heads / job.shape.n_kv_heads;
+    let nq = job.rows * group;
+    let scale = 1.0 / (d as f32).sqrt();
+    // Query vectors in order (row, head of the group), pre-scaled.
+    buf.q.clear();
+    for r in 0..job.rows {
+        let heads = job.kv_head * group * d..(job.kv_head + 1) * group * d;
+        let row = &job.q[r * job.shape.n_heads * d..][heads];
+        buf.q.extend(row.iter().map(|x| x * scale));
+    }
+    buf.m.clear();
+    buf.m.resize(nq, f32::NEG_INFINITY);
+    buf.l.clear();
+    buf.l.resize(nq, 0.0);
+    buf.out.clear();
+    buf.out.resize(nq * d, 0.0);
+
+    let block_len = BK * d;
+    let last_pos = job.first_pos + job.rows - 1;
+    let blocks = last_pos / BK + 1;
+    assert!(job.kt.len() >= blocks * block_len && job.v.len() >= blocks * block_len);
+    let mut p = [[0f32; BK]; R];
+    for b in 0..blocks {
+        let kt = &job.kt[b * block_len..(b + 1) * block_len];
+        let v = &job.v[b * block_len..(b + 1) * block_len];
+        let first_key = b * BK;
+        let mut i = 0;
+        while i < nq {
+            let take = R.min(nq - i);
+            // Keys of this block that vector i + t may see (causal mask).
+            let mut valid = [0usize; R];
+            for (t, vt) in valid.iter_mut().enumerate().take(take) {
+                let pos = job.first_pos + (i + t) / group;
+                *vt = (pos + 1).saturating_sub(first_key).min(BK);
+            }
+            let most = valid.iter().copied().max().unwrap_or(0);
+            if most > 0 {
+                let q = &buf.q[i * d..(i + take) * d];
+                if take == R {
+                    // SAFETY: the caller vouches for M's instructions.
+                    unsafe { M::qk::<R>(q, d, kt, &mut p) };
+                } else {
+                    for t in 0..take {
+                        let mut one = [[0f32; BK]; 1];
+                        // SAFETY: as above.
+                        unsafe { M::qk::<1>(&q[t * d..(t + 1) * d], d, kt, &mut one) };
+                        p[t] = one[0];
+                    }
+                }
+                for t in 0..take {
+                    softmax_step(
+                        &mut p[t],
+                        valid[t],
+                        &mut buf.m[i + t],
+                        &mut buf.l[i + t],
+                        &mut buf.out[(i + t) * d..(i + t + 1) * d],
+                    );
+                }
+                let out = &mut buf.out[i * d..(i + take) * d];
+                if take == R {
+                    // SAFETY: as above.
+                    unsafe { M::pv::<R>(&p, v, d, most, out) };
+                } else {
+                    for t in 0..take {
+                        let one = [p[t]; 1];
+                        let o = &mut out[t * d..(t + 1) * d];
+                        // SAFETY: as above.
+                        unsafe { M::pv::<1>(&one, v, d, most, o) };
+                    }
+                }
+            }
+            i += take;
+        }
+    }
+    for (o, &l) in buf.out.chunks_exact_mut(d).zip(&buf.l) {
+        let inv = 1.0 / l;
+        o.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+/// Online softmax over one block: turns scores `s[..valid]` into weights
+/// relative to the new running max (zero past `valid`), and rescales the
+/// running sum `l` and output `acc` when the max grew. Straight loops over
+/// the whole block so that they vectorize.
+#[inline(always)]
+fn softmax_step(s: &mut [f32; BK], valid: usize, m: &mut f32, l: &mut f32, acc: &mut [f32]) {
+    if valid == 0 {
+        s.fill(0.0);
+        return;
+    }
+    s[valid..].fill(f32::NEG_INFINITY);
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    for c in s.chunks_exact(8) {
+        for (a, &x) in lanes.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    let block_max = lanes.iter().fold(f32::NEG_INFINITY, |a, &x| a.max(x));
+    let new_max = m.max(block_max);
+    for x in s.iter_mut() {
+        *x = exp_nonpositive(*x - new_max);
+    }
+    s[valid..].fill(0.0);
+    let mut sums = [0f32; 8];
+    for c in s.chunks_exact(8) {
+        for (a, &x) in sums.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    let block_sum: f32 = sums.iter().sum();
+    if new_max > *m {
+        // The first block has m = -inf: the factor is ~0 on an empty sum and output.
+        let factor = exp_nonpositive(*m - new_max);
+        *l *= factor;
+        acc.iter_mut().for_each(|x| *x *= factor);
+        *m = new_max;
+    }
+    *l += block_sum;
+}

@@ -1,0 +1,114 @@
+//! Picks each kernel's build for this CPU: the widest instruction set it
+//! has, detected once per process. Every `unsafe` call into `x86`
+//! sits here, behind the check that makes it sound.
+
+use crate::attention::{KvElem, RowJob};
+use crate::blocked::UnitFn;
+use crate::format::{QKind, RowTile, TileOut};
+use crate::level::{Level, level};
+use crate::scalar;
+use crate::tiled::{TiledMatmul, Tiling};
+#[cfg(target_arch = "x86_64")]
+use crate::x86::{avx2, avx512};
+use std::ops::Range;
+
+/// Runs one attention row with the widest vector unit available.
+pub fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    match level() {
+        // SAFETY: AVX-512 was detected at run time.
+        Level::Avx512Vnni => unsafe { avx512::attend_row(job, scores, out) },
+        // SAFETY: AVX2/FMA were detected at run time.
+        Level::Avx2 => unsafe { avx2::attend_row(job, scores, out) },
+        Level::Scalar => scalar::attend_row(job, scores, out),
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    scalar::attend_row(job, scores, out);
+}
+
+/// `gate[i] = silu(gate[i]) * up[i]`, the llama MLP activation.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        // SAFETY: AVX2/FMA were detected at run time.
+        unsafe { avx2::silu_mul(gate, up) };
+        return;
+    }
+    scalar::silu_mul(gate, up);
+}
+
+/// The blocked attention unit ([`super::blocked::unit_impl`]) built for the
+/// widest vector unit available.
+pub fn flash_unit() -> UnitFn {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        return avx2::flash_unit;
+    }
+    scalar::flash_unit
+}
+
+/// Quantizes activations to i8 blocks ([`Q8Acts`]).
+pub(super) fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        // SAFETY: AVX2/FMA were detected at run time.
+        unsafe { avx2::quantize(x, q, d, s) };
+        return;
+    }
+    scalar::quantize(x, q, d, s);
+}
+
+/// One ggml-layout weight row as f32, built for `lvl` (at most [`level`]).
+pub(super) fn dequantize_row(lvl: Level, kind: QKind, row: &[u8], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if lvl != Level::Scalar && level() != Level::Scalar {
+        // SAFETY: AVX2/FMA/F16C were detected at run time.
+        unsafe { avx2::dequantize_row(kind, row, out) };
+        return;
+    }
+    let _ = lvl;
+    scalar::dequantize_row(kind, row, out);
+}
+
+/// Dot products of a tile's weight rows with its activation rows, in
+/// `vals[row][act]`.
+///
+/// # Safety
+/// `lvl` must be at most [`level`]; `job.w` must hold `job.rows` rows of
+/// `job.row_bytes` bytes; `job.acts` must hold rows `i0..i0 + m` (q, d and s).
+pub(super) unsafe fn tile(lvl: Level, job: &RowTile<'_>, vals: &mut TileOut) {
+    match lvl {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the level was detected; the bounds are the caller's.
+        Level::Avx512Vnni => unsafe { avx512::tile(job, vals) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Level::Avx2 => unsafe { avx2::tile(job, vals) },
+        _ => scalar::tile_rows(job, vals),
+    }
+}
+
+/// The int8 matmul over the tiles `tiles` of a matrix repacked by
+/// [`Tiling::repack`].
+///
+/// # Safety
+/// `job` must describe a matrix tiled with `tiling` (which exists only for
+/// the detected level) and bound `acts` and `out` as [`TiledMatmul`] says;
+/// no other thread may write the output columns of `tiles` meanwhile.
+pub(super) unsafe fn matmul_tiles(tiling: Tiling, job: &TiledMatmul<'_>, tiles: Range<usize>) {
+    #[cfg(target_arch = "x86_64")]
+    match tiling {
+        Tiling::Vnni16 => {
+            assert!(tiling.runs_on(level()));
+            // SAFETY: the level is checked above; the rest is the caller's.
+            unsafe { avx512::matmul_tiles(job, tiles) };
+        }
+        Tiling::Avx2x8 => {
+            assert!(tiling.runs_on(level()));
+            // SAFETY: as above.
+            unsafe { avx2::matmul_tiles(job, tiles) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (tiling, job, tiles);
+}

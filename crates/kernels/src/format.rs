@@ -1,0 +1,79 @@
+//! What the kernels compute on, with no behaviour: ggml block formats,
+//! the int8 activations, and the tile of work a row-major matmul kernel
+//! takes. A leaf: every other kernel module reads these, and this one reads
+//! none of them.
+
+/// Values per quantization block (and per block of int8 activations).
+pub(crate) const QK: usize = 32;
+/// Values per K-quant super-block: eight 32-value sub-blocks.
+pub(crate) const QK_K: usize = 256;
+/// Most activation rows sharing one pass over a weight row.
+pub(crate) const ACT_TILE: usize = 4;
+/// Most weight rows sharing one pass over the activations.
+pub(crate) const ROW_TILE: usize = 4;
+/// Dot products of one tile: `[weight row][activation row]`.
+pub(crate) type TileOut = [[f32; ACT_TILE]; ROW_TILE];
+
+/// Weight formats with kernels here (ggml block layouts).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QKind {
+    /// `{d: f16, m: f16, qs: [u8; 16]}`: value = d * nibble + m.
+    Q4_1,
+    /// `{d: f16, qs: [i8; 32]}`: value = d * q.
+    Q8_0,
+    /// `{d: f16, m: f16, qh: u32, qs: [u8; 16]}`: value = d * q + m with
+    /// 5-bit q (bit j of `qh` is value j's fifth). Q5_0 files load as this,
+    /// with m = -16d ([`crate::q5_0_as_q5_1`]).
+    Q5_1,
+    /// `{d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]}` per 256
+    /// values: 4-bit quants, a 6-bit scale and min per 32 values.
+    Q4K,
+    /// Q4K's layout with `qh: [u8; 32]` (the fifth bit) before `qs`.
+    Q5K,
+    /// `{ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16}` per 256
+    /// values: 6-bit quants less 32, an 8-bit scale per 16 values.
+    Q6K,
+}
+
+impl QKind {
+    /// Values per block.
+    pub(crate) fn block_values(self) -> usize {
+        match self {
+            Self::Q4_1 | Self::Q5_1 | Self::Q8_0 => QK,
+            Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
+        }
+    }
+
+    pub(crate) fn block_bytes(self) -> usize {
+        match self {
+            Self::Q4_1 => 20,
+            Self::Q5_1 => 24,
+            Self::Q8_0 => 34,
+            Self::Q4K => 144,
+            Self::Q5K => 176,
+            Self::Q6K => 210,
+        }
+    }
+}
+
+/// One row-major tile of [`crate::QMatrix::matmul_q8`]: `rows` weight rows,
+/// `row_bytes` apart in `w`, against activation rows `i0..i0 + m`.
+#[derive(Clone, Copy)]
+pub(crate) struct RowTile<'a> {
+    pub(crate) kind: QKind,
+    pub(crate) w: &'a [u8],
+    pub(crate) row_bytes: usize,
+    pub(crate) rows: usize,
+    pub(crate) acts: &'a Q8Acts,
+    pub(crate) i0: usize,
+    pub(crate) m: usize,
+}
+
+/// Activations quantized to i8 per block of 32: `x ≈ d * q`, `s = d * sum(q)`.
+#[derive(Debug, Default)]
+pub struct Q8Acts {
+    pub(crate) blocks: usize,
+    pub(crate) d: Vec<f32>,
+    pub(crate) s: Vec<f32>,
+    pub(crate) q: Vec<i8>,
+}

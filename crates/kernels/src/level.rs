@@ -1,0 +1,39 @@
+//! The instruction sets the kernels are built for, and which one this CPU
+//! has. A leaf: the dispatch and the tile layouts read it.
+
+use std::sync::OnceLock;
+
+/// The instruction sets the kernels are built for.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Level {
+    Scalar,
+    /// AVX2, FMA and F16C.
+    Avx2,
+    /// AVX2 and AVX-512 F, BW, VL and VNNI.
+    Avx512Vnni,
+}
+
+/// The level of this CPU.
+pub(crate) fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c");
+            // Every feature a `target_feature` of the AVX-512 builds enables.
+            let avx512 = is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx512vnni");
+            if avx2 && avx512 {
+                return Level::Avx512Vnni;
+            }
+            if avx2 {
+                return Level::Avx2;
+            }
+        }
+        Level::Scalar
+    })
+}

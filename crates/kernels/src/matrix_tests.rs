@@ -1,0 +1,302 @@
+//! The matmul kernels against a plain f64 product of the dequantized weights.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+
+use super::*;
+use crate::scalar;
+use crate::test_data::random;
+
+/// Raw ggml Q4_1 blocks with varied scales and nibbles.
+fn q4_1_blocks(rows: usize, cols: usize) -> Vec<u8> {
+    let mut data = Vec::new();
+    let vals = random(rows * cols / 2, 7, 1.0);
+    for (b, chunk) in vals.chunks(16).enumerate() {
+        data.extend_from_slice(&half::f16::from_f32(0.01 + b as f32 * 1e-4).to_le_bytes());
+        data.extend_from_slice(&half::f16::from_f32(-0.07).to_le_bytes());
+        data.extend(chunk.iter().map(|v| (v.abs() * 255.0) as u8));
+    }
+    data
+}
+
+/// Raw ggml Q8_0 blocks.
+fn q8_0_blocks(rows: usize, cols: usize) -> Vec<u8> {
+    let mut data = Vec::new();
+    for (b, chunk) in random(rows * cols, 3, 1.0).chunks(32).enumerate() {
+        data.extend_from_slice(&half::f16::from_f32(0.002 + b as f32 * 1e-5).to_le_bytes());
+        data.extend(chunk.iter().map(|v| (v * 127.0) as i8 as u8));
+    }
+    data
+}
+
+/// Every layout and kernel this machine has: tiled (with AVX2 or AVX-512
+/// VNNI) and row-major, the latter over 42 rows so 16-row units split
+/// into 4-, 2- and 1-row tiles.
+fn matrices() -> Vec<QMatrix> {
+    let (rows, cols) = (48, 96);
+    let mut out = Vec::new();
+    for (kind, data) in [
+        (QKind::Q4_1, q4_1_blocks(rows, cols)),
+        (QKind::Q8_0, q8_0_blocks(rows, cols)),
+    ] {
+        let row_bytes = cols / QK * kind.block_bytes();
+        out.push(QMatrix {
+            kind,
+            rows: 42,
+            cols,
+            tiling: None,
+            data: data[..42 * row_bytes].to_vec(),
+        });
+        out.push(QMatrix::new(kind, rows, cols, data).unwrap());
+    }
+    // Q5_1 from candle's quantizer, row-major and tiled.
+    out.push(candle_quantized(QKind::Q5_1, 42, 96, 9));
+    out.push(candle_quantized(QKind::Q5_1, 48, 96, 10));
+    // K-quants as candle's quantizer writes them: 2 super-blocks per row,
+    // row-major (42 rows) and tiled where this CPU has a kernel (48 rows).
+    for kind in K_KINDS {
+        out.push(candle_quantized(kind, 42, 512, 13));
+        out.push(candle_quantized(kind, 48, 512, 17));
+    }
+    out
+}
+
+const K_KINDS: [QKind; 3] = [QKind::Q4K, QKind::Q5K, QKind::Q6K];
+
+fn ggml_dtype(kind: QKind) -> GgmlDType {
+    match kind {
+        QKind::Q4_1 => GgmlDType::Q4_1,
+        QKind::Q5_1 => GgmlDType::Q5_1,
+        QKind::Q8_0 => GgmlDType::Q8_0,
+        QKind::Q4K => GgmlDType::Q4K,
+        QKind::Q5K => GgmlDType::Q5K,
+        QKind::Q6K => GgmlDType::Q6K,
+    }
+}
+
+/// `rows x cols` seeded values quantized by candle (ggml's reference
+/// quantizer), wrapped as our matrix.
+fn candle_quantized(kind: QKind, rows: usize, cols: usize, seed: u32) -> QMatrix {
+    let x = Tensor::from_vec(random(rows * cols, seed, 1.5), (rows, cols), &Device::Cpu).unwrap();
+    let qt = QTensor::quantize(&x, ggml_dtype(kind)).unwrap();
+    QMatrix::new(kind, rows, cols, qt.data().unwrap().into_owned()).unwrap()
+}
+
+/// Block for block, our dequantization of K-quants (scalar and SIMD)
+/// gives candle's values to the bit.
+#[test]
+fn k_quants_dequantize_exactly_like_candle() {
+    // 6 rows stay row-major; 16 are tiled where this CPU has a kernel.
+    for (kind, rows) in K_KINDS.into_iter().flat_map(|kind| [(kind, 6), (kind, 16)]) {
+        let cols = 768;
+        let x = Tensor::from_vec(random(rows * cols, 21, 3.0), (rows, cols), &Device::Cpu).unwrap();
+        let qt = QTensor::quantize(&x, ggml_dtype(kind)).unwrap();
+        let want = qt.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap();
+        let want = want.to_vec1::<f32>().unwrap();
+        let w = QMatrix::new(kind, rows, cols, qt.data().unwrap().into_owned()).unwrap();
+        assert_eq!(w.tiling.is_some(), rows == 16 && level() != Level::Scalar);
+        let mut got = vec![0f32; cols];
+        for r in 0..rows {
+            let want = &want[r * cols..(r + 1) * cols];
+            w.dequantize_row(r, &mut got);
+            assert_eq!(got, want, "{kind:?} scalar row {r}");
+            w.dequantize_row_fast(r, &mut got);
+            assert_eq!(got, want, "{kind:?} {:?} row {r}", level());
+        }
+    }
+}
+
+/// Q5_1 blocks (row-major and tiled) give candle's values to the bit; Q5_0
+/// blocks, loaded as Q5_1 with min -16d, give them to a rounding step.
+#[test]
+fn q5_blocks_dequantize_like_candle() {
+    let (rows, cols) = (16, 96);
+    let x = Tensor::from_vec(random(rows * cols, 23, 2.0), (rows, cols), &Device::Cpu).unwrap();
+    for dtype in [GgmlDType::Q5_1, GgmlDType::Q5_0] {
+        let qt = QTensor::quantize(&x, dtype).unwrap();
+        let want = qt.dequantize(&Device::Cpu).unwrap().flatten_all().unwrap();
+        let want = want.to_vec1::<f32>().unwrap();
+        let bytes = qt.data().unwrap().into_owned();
+        let bytes = match dtype {
+            GgmlDType::Q5_0 => q5_0_as_q5_1(&bytes),
+            _ => bytes,
+        };
+        let plain = QMatrix {
+            kind: QKind::Q5_1,
+            rows,
+            cols,
+            tiling: None,
+            data: bytes.clone(),
+        };
+        let tiled = QMatrix::new(QKind::Q5_1, rows, cols, bytes).unwrap();
+        assert_eq!(tiled.tiling.is_some(), level() != Level::Scalar);
+        let mut got = vec![0f32; cols];
+        for r in 0..rows {
+            let want = &want[r * cols..(r + 1) * cols];
+            for w in [&plain, &tiled] {
+                w.dequantize_row(r, &mut got);
+                for (g, e) in got.iter().zip(want) {
+                    let tolerance = if dtype == GgmlDType::Q5_1 {
+                        0.0
+                    } else {
+                        1e-6 * e.abs().max(1.0)
+                    };
+                    assert!(
+                        (g - e).abs() <= tolerance,
+                        "{dtype:?} {:?} row {r}: {g} vs {e}",
+                        w.tiling
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Both tile layouts (whichever this CPU runs) hold exactly the values of
+/// the row-major blocks they were repacked from.
+#[test]
+fn tiles_dequantize_like_the_row_major_layout() {
+    let (rows, cols) = (48, 96);
+    for (kind, data) in [
+        (QKind::Q4_1, q4_1_blocks(rows, cols)),
+        (QKind::Q8_0, q8_0_blocks(rows, cols)),
+    ] {
+        let plain = QMatrix {
+            kind,
+            rows,
+            cols,
+            tiling: None,
+            data: data.clone(),
+        };
+        for tiling in [Tiling::Vnni16, Tiling::Avx2x8] {
+            let tiles = tiling.repack(kind, rows, cols, &data);
+            assert_eq!(tiles.len(), data.len(), "{tiling:?} keeps the size");
+            let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..rows {
+                plain.dequantize_row(r, &mut want);
+                tiling.dequantize_row(kind, cols, &tiles, r, &mut got);
+                assert_eq!(got, want, "{kind:?} {tiling:?} row {r}");
+            }
+        }
+    }
+}
+
+/// The SIMD activation quantizer gives the scalar one's bytes and scales,
+/// for an all-zero block too.
+#[test]
+fn quantizers_agree() {
+    let mut x = random(4 * 96, 5, 3.0);
+    x[96..128].fill(0.0);
+    let mut scalar_acts = Q8Acts::default();
+    let nb = x.len() / QK;
+    scalar_acts.q.resize(x.len(), 0);
+    scalar_acts.d.resize(nb, 0.0);
+    scalar_acts.s.resize(nb, 0.0);
+    scalar::quantize(
+        &x,
+        &mut scalar_acts.q,
+        &mut scalar_acts.d,
+        &mut scalar_acts.s,
+    );
+    let mut acts = Q8Acts::default();
+    acts.quantize(&x, 4, 96);
+    assert_eq!(acts.q, scalar_acts.q);
+    assert_eq!(acts.d, scalar_acts.d);
+    assert_eq!(acts.s, scalar_acts.s);
+    assert_eq!(acts.d[3], 0.0);
+}
+
+/// Rows that are not whole blocks, or bytes that are not whole rows, are
+/// refused with the sizes in the message.
+#[test]
+fn bad_layouts_are_refused() {
+    let err = QMatrix::new(QKind::Q4K, 2, 288, vec![0; 2 * 144]).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            LayoutError::Columns {
+                cols: 288,
+                block: 256,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = QMatrix::new(QKind::Q6K, 2, 256, vec![0; 419]).unwrap_err();
+    assert!(
+        err.to_string().contains("needs 420 bytes, got 419"),
+        "{err}"
+    );
+}
+
+/// The SIMD int8 kernels, the f32 GEMM path and a plain f64 product of
+/// the dequantized weights agree, for every activation tile size.
+#[test]
+fn matmuls_agree_with_dequantized_reference() {
+    let all = matrices();
+    assert_eq!(
+        all.iter().any(|w| w.tiling.is_some()),
+        level() != Level::Scalar
+    );
+    for w in all {
+        for m in [1, 2, 3, 4, 5, 7] {
+            let x = random(m * w.cols(), 11 + m as u32, 1.0);
+            let mut dense = vec![0f32; w.rows() * w.cols()];
+            for r in 0..w.rows() {
+                w.dequantize_row(r, &mut dense[r * w.cols()..(r + 1) * w.cols()]);
+            }
+            let mut acts = Q8Acts::default();
+            acts.quantize(&x, m, w.cols());
+            let mut int8 = vec![0f32; m * w.rows()];
+            w.matmul_q8(&acts, m, &mut int8, true);
+            let mut f32_out = vec![0f32; m * w.rows()];
+            w.matmul_f32(&x, m, &mut f32_out, &mut Vec::new(), true);
+            for i in 0..m {
+                for r in 0..w.rows() {
+                    let exact: f64 = (0..w.cols())
+                        .map(|c| {
+                            f64::from(x[i * w.cols() + c]) * f64::from(dense[r * w.cols() + c])
+                        })
+                        .sum();
+                    // Rounding x to int8 adds to each product w * e, e uniform
+                    // in +-d/2 (d the step of x's 32-value block): allow six
+                    // standard deviations of the sum.
+                    let var: f64 = (0..w.cols())
+                        .map(|c| {
+                            let d = acts.d[i * acts.blocks + c / QK];
+                            (f64::from(dense[r * w.cols() + c]) * f64::from(d)).powi(2) / 12.0
+                        })
+                        .sum();
+                    let bound = 6.0 * var.sqrt();
+                    let (a, b) = (int8[i * w.rows() + r], f32_out[i * w.rows() + r]);
+                    assert!((f64::from(b) - exact).abs() < 1e-4, "f32 {b} vs {exact}");
+                    assert!(
+                        (f64::from(a) - exact).abs() <= bound + 1e-4,
+                        "{:?} {:?} m={m} int8 {a} vs {exact}",
+                        w.kind,
+                        w.tiling
+                    );
+                }
+            }
+            if w.tiling.is_none() {
+                // Every build of the row kernels this CPU can run gives the same sums.
+                let mut levels = vec![Level::Scalar];
+                if level() != Level::Scalar {
+                    levels.push(Level::Avx2);
+                }
+                for lvl in levels {
+                    let mut other = vec![0f32; m * w.rows()];
+                    // SAFETY: `other` holds m * rows floats and only this thread writes it;
+                    // the level is one the CPU supports.
+                    unsafe { w.matmul_rows(lvl, &acts, m, 0..w.rows(), other.as_mut_ptr()) };
+                    for (a, b) in other.iter().zip(&int8) {
+                        assert!(
+                            (a - b).abs() < 1e-4 * (1.0 + b.abs()),
+                            "{lvl:?}: {a} vs {b}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! Portable Rust builds of every kernel: the fallback on CPUs without
+//! AVX2, and the code the x86 builds inline under their target features
+//! (the compiler vectorizes the straight loops there).
+
+use crate::attention::{KvElem, RowJob};
+use crate::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
+use crate::format::{ACT_TILE, Q8Acts, QK, QK_K, QKind, RowTile, TileOut};
+
+/// Per 32-value block: `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
+#[inline(always)]
+pub(super) fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
+    for (((xs, qs), d), s) in x.chunks_exact(QK).zip(q.chunks_exact_mut(QK)).zip(d).zip(s) {
+        let mut amax = [0f32; 8];
+        for c in xs.chunks_exact(8) {
+            for (a, v) in amax.iter_mut().zip(c) {
+                *a = a.max(v.abs());
+            }
+        }
+        let scale = amax.iter().fold(0f32, |a, &v| a.max(v)) / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        let mut sum = [0i32; 8];
+        for (qc, xc) in qs.chunks_exact_mut(8).zip(xs.chunks_exact(8)) {
+            for ((qv, &v), acc) in qc.iter_mut().zip(xc).zip(sum.iter_mut()) {
+                let r = (v * inv).round_ties_even() as i32;
+                *qv = r as i8;
+                *acc += r;
+            }
+        }
+        *d = scale;
+        *s = scale * sum.iter().sum::<i32>() as f32;
+    }
+}
+
+pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
+    if kind.block_values() == QK_K {
+        dequantize_row_k(kind, row, out);
+        return;
+    }
+    let bb = kind.block_bytes();
+    for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(blk, 0);
+        match kind {
+            QKind::Q4_1 => {
+                let mn = f16_at(blk, 2);
+                for (j, &q) in blk[4..20].iter().enumerate() {
+                    o[j] = d * f32::from(q & 15) + mn;
+                    o[j + 16] = d * f32::from(q >> 4) + mn;
+                }
+            }
+            QKind::Q8_0 => {
+                for (j, &q) in blk[2..34].iter().enumerate() {
+                    o[j] = d * f32::from(q as i8);
+                }
+            }
+            QKind::Q5_1 => {
+                let mn = f16_at(blk, 2);
+                for (j, q) in q5_values(blk).into_iter().enumerate() {
+                    o[j] = d * f32::from(q) + mn;
+                }
+            }
+            QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
+        }
+    }
+}
+
+/// Every weight row of a row-major tile, one at a time.
+pub(super) fn tile_rows(job: &RowTile<'_>, vals: &mut TileOut) {
+    let rb = job.row_bytes;
+    for (rr, v) in vals.iter_mut().take(job.rows).enumerate() {
+        tile(
+            job.kind,
+            &job.w[rr * rb..(rr + 1) * rb],
+            job.acts,
+            job.i0,
+            job.m,
+            v,
+        );
+    }
+}
+
+pub(super) fn tile(
+    kind: QKind,
+    w: &[u8],
+    acts: &Q8Acts,
+    i0: usize,
+    mt: usize,
+    vals: &mut [f32; ACT_TILE],
+) {
+    if kind.block_values() == QK_K {
+        tile_k(kind, w, acts, i0, mt, vals);
+        return;
+    }
+    let nb = acts.blocks;
+    let bb = kind.block_bytes();
+    for (j, v) in vals.iter_mut().take(mt).enumerate() {
+        let i = i0 + j;
+        let mut sum = 0f32;
+        for (b, blk) in w.chunks_exact(bb).enumerate() {
+            let a = &acts.q[(i * nb + b) * QK..(i * nb + b + 1) * QK];
+            let d = f16_at(blk, 0);
+            match kind {
+                QKind::Q4_1 => {
+                    let mut dot = 0i32;
+                    for (t, &q) in blk[4..20].iter().enumerate() {
+                        dot += i32::from(q & 15) * i32::from(a[t])
+                            + i32::from(q >> 4) * i32::from(a[t + 16]);
+                    }
+                    sum +=
+                        d * acts.d[i * nb + b] * dot as f32 + f16_at(blk, 2) * acts.s[i * nb + b];
+                }
+                QKind::Q5_1 => {
+                    let dot: i32 = q5_values(blk)
+                        .iter()
+                        .zip(a)
+                        .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                        .sum();
+                    sum +=
+                        d * acts.d[i * nb + b] * dot as f32 + f16_at(blk, 2) * acts.s[i * nb + b];
+                }
+                QKind::Q8_0 => {
+                    let dot: i32 = blk[2..34]
+                        .iter()
+                        .zip(a)
+                        .map(|(&q, &x)| i32::from(q as i8) * i32::from(x))
+                        .sum();
+                    sum += d * acts.d[i * nb + b] * dot as f32;
+                }
+                QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
+            }
+        }
+        *v = sum;
+    }
+}
+
+/// The 32 five-bit quants of a Q5_1 block.
+pub(super) fn q5_values(blk: &[u8]) -> [u8; 32] {
+    let qh = u32::from_le_bytes([blk[4], blk[5], blk[6], blk[7]]);
+    let mut q = [0u8; 32];
+    for (j, &byte) in blk[8..24].iter().enumerate() {
+        q[j] = (byte & 15) | ((((qh >> j) & 1) as u8) << 4);
+        q[j + 16] = (byte >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+    }
+    q
+}
+
+/// Scales (per 16 values) and mins (per 32) of a K-quant block: value `i`
+/// of sub-block `j` is `scale[2j + i / 16] * q[i] - min[j]`.
+pub(super) fn k_scales(kind: QKind, blk: &[u8]) -> ([f32; 16], [f32; 8]) {
+    let (mut scale, mut min) = ([0f32; 16], [0f32; 8]);
+    match kind {
+        QKind::Q4K | QKind::Q5K => {
+            let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+            for j in 0..8 {
+                let (sc, m) = scale_min_k4(j, &blk[4..16]);
+                scale[2 * j] = d * f32::from(sc);
+                scale[2 * j + 1] = scale[2 * j];
+                min[j] = dmin * f32::from(m);
+            }
+        }
+        QKind::Q6K => {
+            let d = f16_at(blk, 208);
+            for (s, &sc) in scale.iter_mut().zip(&blk[192..208]) {
+                *s = d * f32::from(sc as i8);
+            }
+        }
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+    }
+    (scale, min)
+}
+
+/// The 6-bit scale and min of sub-block `j` of Q4_K / Q5_K, packed in 12 bytes.
+#[inline(always)]
+pub(super) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (s[j] & 63, s[j + 4] & 63)
+    } else {
+        (
+            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
+            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
+        )
+    }
+}
+
+/// The quants of sub-block `j` (values `32j..32j + 32`) of a K-quant block:
+/// 0..=15 (Q4_K), 0..=31 (Q5_K) or -32..=31 (Q6_K).
+pub(super) fn k_quants(kind: QKind, blk: &[u8], j: usize) -> [i8; 32] {
+    let mut q = [0i8; 32];
+    let shift = if j.is_multiple_of(2) { 0 } else { 4 };
+    match kind {
+        QKind::Q4K => {
+            for (v, &b) in q.iter_mut().zip(&blk[16 + 32 * (j / 2)..][..32]) {
+                *v = ((b >> shift) & 0xF) as i8;
+            }
+        }
+        QKind::Q5K => {
+            let (qh, qs) = (&blk[16..48], &blk[48 + 32 * (j / 2)..][..32]);
+            for ((v, &b), &h) in q.iter_mut().zip(qs).zip(qh) {
+                *v = (((b >> shift) & 0xF) | (((h >> j) & 1) << 4)) as i8;
+            }
+        }
+        QKind::Q6K => {
+            let (half, t) = (j / 4, j % 4);
+            let ql = &blk[64 * half + 32 * (t % 2)..][..32];
+            let qh = &blk[128 + 32 * half..][..32];
+            let shift = if t < 2 { 0 } else { 4 };
+            for ((v, &l), &h) in q.iter_mut().zip(ql).zip(qh) {
+                *v = (((l >> shift) & 0xF) | (((h >> (2 * t)) & 3) << 4)) as i8 - 32;
+            }
+        }
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+    }
+    q
+}
+
+/// [`dequantize_row`] for K-quants, in the order of operations ggml uses.
+fn dequantize_row_k(kind: QKind, row: &[u8], out: &mut [f32]) {
+    let bb = kind.block_bytes();
+    for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK_K)) {
+        let (scale, min) = k_scales(kind, blk);
+        for (j, o) in o.chunks_exact_mut(QK).enumerate() {
+            let q = k_quants(kind, blk, j);
+            for (i, (y, &q)) in o.iter_mut().zip(&q).enumerate() {
+                *y = scale[2 * j + i / 16] * f32::from(q) - min[j];
+            }
+        }
+    }
+}
+
+/// [`tile`] for K-quants: each 32-value sub-block against one activation block.
+fn tile_k(kind: QKind, w: &[u8], acts: &Q8Acts, i0: usize, mt: usize, vals: &mut [f32; ACT_TILE]) {
+    let nb = acts.blocks;
+    let bb = kind.block_bytes();
+    for (jj, v) in vals.iter_mut().take(mt).enumerate() {
+        let i = i0 + jj;
+        let mut sum = 0f32;
+        for (sb, blk) in w.chunks_exact(bb).enumerate() {
+            let (scale, min) = k_scales(kind, blk);
+            for j in 0..8 {
+                let b = i * nb + sb * 8 + j;
+                let a = &acts.q[b * QK..(b + 1) * QK];
+                let q = k_quants(kind, blk, j);
+                let dot = |h: usize| -> i32 {
+                    q[16 * h..16 * h + 16]
+                        .iter()
+                        .zip(&a[16 * h..16 * h + 16])
+                        .map(|(&q, &x)| i32::from(q) * i32::from(x))
+                        .sum()
+                };
+                let (lo, hi) = (dot(0) as f32, dot(1) as f32);
+                sum += acts.d[b] * (scale[2 * j] * lo + scale[2 * j + 1] * hi) - min[j] * acts.s[b];
+            }
+        }
+        *v = sum;
+    }
+}
+
+/// `silu(g) = g * sigmoid(g)`, with `e^-|g|` so the exponent never overflows.
+#[inline(always)]
+pub(super) fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        let e = exp_nonpositive(-g.abs());
+        let sigmoid = if *g >= 0.0 {
+            1.0 / (1.0 + e)
+        } else {
+            e / (1.0 + e)
+        };
+        *g = *g * sigmoid * u;
+    }
+}
+
+/// One query row against its keys; inlined into each SIMD build.
+#[inline(always)]
+pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, out: &mut [f32]) {
+    let RowJob {
+        q,
+        k_pool,
+        v_pool,
+        keys,
+        shape,
+    } = *job;
+    let d = shape.head_dim;
+    let kv_dim = shape.n_kv_heads * d;
+    let group = shape.n_heads / shape.n_kv_heads;
+    let scale = 1.0 / (d as f32).sqrt();
+    let n = keys.len();
+    // Scores, then one row of room to convert an f16 K or V row into.
+    scores.resize(group * n + d, 0.0);
+    let (scores, row_buf) = scores.split_at_mut(group * n);
+    // The query heads of one KV head read each K and V row once together.
+    for g in 0..shape.n_kv_heads {
+        let kv_off = g * d;
+        let heads = g * group..(g + 1) * group;
+        for (j, &slot) in keys.iter().enumerate() {
+            let at = slot as usize * kv_dim + kv_off;
+            let k_row = as_f32_row(&k_pool[at..at + d], row_buf);
+            for (hh, h) in heads.clone().enumerate() {
+                scores[hh * n + j] = dot(&q[h * d..(h + 1) * d], k_row) * scale;
+            }
+        }
+        let mut inv_sums = [0f32; MAX_GROUP];
+        for (hh, row) in scores.chunks_exact_mut(n).enumerate() {
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            row.iter_mut().for_each(|v| *v = exp_nonpositive(*v - max));
+            if let Some(inv) = inv_sums.get_mut(hh) {
+                *inv = 1.0 / sum(row);
+            }
+        }
+        for h in heads.clone() {
+            out[h * d..(h + 1) * d].fill(0.0);
+        }
+        for (j, &slot) in keys.iter().enumerate() {
+            let at = slot as usize * kv_dim + kv_off;
+            let v_row = as_f32_row(&v_pool[at..at + d], row_buf);
+            for (hh, h) in heads.clone().enumerate() {
+                axpy(scores[hh * n + j], v_row, &mut out[h * d..(h + 1) * d]);
+            }
+        }
+        for (hh, h) in heads.enumerate() {
+            let inv = inv_sums
+                .get(hh)
+                .copied()
+                .unwrap_or_else(|| 1.0 / sum(&scores[hh * n..(hh + 1) * n]));
+            out[h * d..(h + 1) * d].iter_mut().for_each(|x| *x *= inv);
+        }
+    }
+}
+
+/// A pool row as f32: the row itself for an f32 pool, else converted into `buf`.
+#[inline(always)]
+fn as_f32_row<'a, T: KvElem>(row: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
+    match T::as_f32(row) {
+        Some(r) => r,
+        None => {
+            T::load(row, buf);
+            buf
+        }
+    }
+}
+
+/// Query heads per KV head whose softmax sums are kept on the stack.
+const MAX_GROUP: usize = 16;
+
+/// `e^x` for `x <= 0` (softmax after subtracting the max), within 2e-7
+/// relative: a degree-6 polynomial on `x - n ln 2` scaled by `2^n`. Plain
+/// arithmetic, so the softmax loop vectorizes (libm's `expf` does not).
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+    let x = x.max(-87.0);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
+    p * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// Sum with eight independent accumulators so it vectorizes.
+#[inline(always)]
+fn sum(v: &[f32]) -> f32 {
+    let mut acc = [0f32; 8];
+    let whole = v.len() / 8 * 8;
+    for c in v[..whole].chunks_exact(8) {
+        for i in 0..8 {
+            acc[i] += c[i];
+        }
+    }
+    acc.iter().sum::<f32>() + v[whole..].iter().sum::<f32>()
+}
+
+/// Dot product with independent accumulators so it vectorizes.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Sixteen lanes: one AVX-512 register or two AVX2 ones.
+    let mut acc = [0.0f32; 16];
+    let chunks = a.len() / 16 * 16;
+    for (ca, cb) in a[..chunks]
+        .chunks_exact(16)
+        .zip(b[..chunks].chunks_exact(16))
+    {
+        for i in 0..16 {
+            acc[i] += ca[i] * cb[i];
+        }
+    }
+    let mut sum: f32 = acc.iter().sum();
+    for (x, y) in a[chunks..].iter().zip(&b[chunks..]) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// `y += a * x`.
+#[inline(always)]
+fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += a * xi;
+    }
+}
+
+/// Plain Rust loops; vectorized as far as the compiler manages.
+pub(crate) struct Portable;
+
+impl Micro for Portable {
+    #[inline(always)]
+    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]) {
+        assert!(q.len() >= R * d && kt.len() >= d * BK);
+        let mut acc = [[0f32; BK]; R];
+        for c in 0..d {
+            let k = &kt[c * BK..(c + 1) * BK];
+            for (r, acc_r) in acc.iter_mut().enumerate() {
+                let qv = q[r * d + c];
+                for (a, &kv) in acc_r.iter_mut().zip(k) {
+                    *a += qv * kv;
+                }
+            }
+        }
+        *s = acc;
+    }
+
+    #[inline(always)]
+    unsafe fn pv<const R: usize>(
+        p: &[[f32; BK]; R],
+        v: &[f32],
+        d: usize,
+        n: usize,
+        acc: &mut [f32],
+    ) {
+        assert!(n <= BK && v.len() >= n * d && acc.len() >= R * d);
+        for (r, pr) in p.iter().enumerate() {
+            let out = &mut acc[r * d..(r + 1) * d];
+            for (j, &pj) in pr.iter().enumerate().take(n) {
+                for (o, &x) in out.iter_mut().zip(&v[j * d..(j + 1) * d]) {
+                    *o += pj * x;
+                }
+            }
+        }
+    }
+}
+
+/// [`unit_impl`] on [`Portable`] loops, for CPUs without AVX2.
+pub fn flash_unit(job: &UnitJob<'_>, buf: &mut UnitBuf) {
+    // SAFETY: Portable uses no instructions beyond the build's baseline.
+    unsafe { unit_impl::<Portable, 1>(job, buf) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_data::random;
+
+    #[test]
+    fn fast_exp_is_accurate() {
+        // Down to the clamp at -87, where e^x is already below 2e-38.
+        for i in 0..8_700 {
+            let x = -(i as f32) * 0.01;
+            let (fast, exact) = (exp_nonpositive(x), f64::from(x).exp());
+            assert!(
+                (f64::from(fast) - exact).abs() <= 3e-7 * exact + 1e-38,
+                "{x}: {fast} vs {exact}"
+            );
+        }
+        assert!(exp_nonpositive(-1000.0) < 2e-38);
+    }
+
+    #[test]
+    fn silu_matches_the_definition() {
+        let g: Vec<f32> = (-2000..2000).map(|i| i as f32 * 0.05).collect();
+        let u = random(g.len(), 5, 1.0);
+        let mut out = g.clone();
+        crate::dispatch::silu_mul(&mut out, &u);
+        for ((&x, &y), &o) in g.iter().zip(&u).zip(&out) {
+            let want = f64::from(x) / (1.0 + (-f64::from(x)).exp()) * f64::from(y);
+            assert!(
+                (f64::from(o) - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "silu({x}) * {y}: {o} vs {want}"
+            );
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! AVX-512 builds: the row-major int8 tile with VNNI, the attention row,
+//! and the matmul over 16-row tiles ([`crate::tiled`]).
+
+use std::arch::x86_64::*;
+
+use std::ops::Range;
+
+use super::{Dot, tile_any};
+use crate::attention::{KvElem, RowJob};
+use crate::format::{QK, QKind, RowTile, TileOut};
+use crate::scalar;
+use crate::tiled::{TiledMatmul, Tiling};
+
+struct VnniDot;
+impl Dot for VnniDot {
+    #[inline(always)]
+    unsafe fn dot(w: __m256i, a: __m256i) -> __m256i {
+        unsafe { _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, a) }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+pub(crate) unsafe fn tile(job: &RowTile<'_>, vals: &mut TileOut) {
+    // SAFETY: forwarded from the caller.
+    unsafe { tile_any::<VnniDot>(job, vals) }
+}
+
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+pub(crate) unsafe fn attend_row<T: KvElem>(
+    job: &RowJob<'_, T>,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    scalar::attend_row(job, scores, out);
+}
+
+/// Most activation rows per pass over a weight tile.
+const ACT_TILE: usize = 4;
+
+/// `out[i, 16t..16t+16]` for every activation row `i < m` and tile `t` in `tiles`.
+///
+/// # Safety
+/// The CPU must support AVX-512 F/BW/VNNI; `job` must describe a matrix
+/// tiled with [`Tiling::Vnni16`] and bound `acts` and `out`; no other thread
+/// may write the columns of `tiles` meanwhile.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx2,fma,f16c")]
+pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
+    for t in tiles {
+        let mut i0 = 0;
+        while i0 < job.m {
+            let mt = ACT_TILE.min(job.m - i0);
+            // SAFETY: forwarded from the caller.
+            unsafe {
+                match (job.kind, mt) {
+                    (QKind::Q4_1, 1) => tiles::tile_q4_1::<1>(job, i0, t),
+                    (QKind::Q4_1, 2) => tiles::tile_q4_1::<2>(job, i0, t),
+                    (QKind::Q4_1, 3) => tiles::tile_q4_1::<3>(job, i0, t),
+                    (QKind::Q4_1, _) => tiles::tile_q4_1::<4>(job, i0, t),
+                    (QKind::Q8_0, 1) => tiles::tile_q8_0::<1>(job, i0, t),
+                    (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(job, i0, t),
+                    (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(job, i0, t),
+                    (QKind::Q8_0, _) => tiles::tile_q8_0::<4>(job, i0, t),
+                    (QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K, _) => {
+                        unreachable!("never tiled for VNNI")
+                    }
+                }
+            }
+            i0 += mt;
+        }
+    }
+}
+
+mod tiles {
+    use std::arch::x86_64::*;
+
+    use super::{QK, TiledMatmul};
+
+    /// Rows per tile.
+    const TILE: usize = 16;
+
+    /// Broadcasts the 4 activation bytes at `p` to every 32-bit lane.
+    #[inline(always)]
+    unsafe fn bcast4(p: *const i8) -> __m512i {
+        // SAFETY: the caller guarantees 4 readable bytes at p.
+        unsafe { _mm512_set1_epi32(std::ptr::read_unaligned(p as *const i32)) }
+    }
+
+    /// Adds `d_w * d_a * dot + extra * s_a` for each activation row of
+    /// block `b` into `facc`; `extra` is the per-row constant of each weight.
+    #[inline(always)]
+    unsafe fn scale_block<const MT: usize>(
+        job: &TiledMatmul<'_>,
+        i0: usize,
+        b: usize,
+        dv: __m512,
+        extra: __m512,
+        iacc: &[__m512i; MT],
+        facc: &mut [__m512; MT],
+    ) {
+        let nb = job.cols / QK;
+        for (j, acc) in iacc.iter().enumerate() {
+            let at = (i0 + j) * nb + b;
+            // SAFETY: the caller bounds acts to rows i0..i0 + MT.
+            unsafe {
+                let scale = _mm512_mul_ps(dv, _mm512_set1_ps(*job.acts.d.get_unchecked(at)));
+                facc[j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*acc), scale, facc[j]);
+                facc[j] = _mm512_fmadd_ps(
+                    extra,
+                    _mm512_set1_ps(*job.acts.s.get_unchecked(at)),
+                    facc[j],
+                );
+            }
+        }
+    }
+
+    /// Stores the 16 columns of tile `t` for each activation row.
+    #[inline(always)]
+    unsafe fn store<const MT: usize>(
+        job: &TiledMatmul<'_>,
+        facc: &[__m512; MT],
+        i0: usize,
+        t: usize,
+    ) {
+        for (j, v) in facc.iter().enumerate() {
+            // SAFETY: the caller bounds out to m * n_rows with i0 + j < m.
+            unsafe { _mm512_storeu_ps(job.out.add((i0 + j) * job.n_rows + t * TILE), *v) };
+        }
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn tile_q4_1<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+        let nb = job.cols / QK;
+        let tb = super::Tiling::Vnni16.block_bytes(job.kind);
+        // SAFETY (whole body): tile t has nb blocks of tb bytes in `data`, and
+        // activation rows i0..i0+MT of `cols` i8 exist (matmul_q8 asserts).
+        unsafe {
+            let low = _mm512_set1_epi8(15);
+            let mut facc = [_mm512_setzero_ps(); MT];
+            for b in 0..nb {
+                let base = job.data.as_ptr().add((t * nb + b) * tb);
+                let dv = _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i));
+                let mv = _mm512_cvtph_ps(_mm256_loadu_si256(base.add(32) as *const __m256i));
+                let mut iacc = [_mm512_setzero_si512(); MT];
+                for g in 0..4 {
+                    let raw = _mm512_loadu_si512(base.add(64 + g * 64) as *const _);
+                    let lo = _mm512_and_si512(raw, low);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+                    for (j, acc) in iacc.iter_mut().enumerate() {
+                        let ap = job
+                            .acts
+                            .q
+                            .as_ptr()
+                            .add((i0 + j) * job.cols + b * QK + g * 8);
+                        *acc = _mm512_dpbusd_epi32(*acc, lo, bcast4(ap));
+                        *acc = _mm512_dpbusd_epi32(*acc, hi, bcast4(ap.add(4)));
+                    }
+                }
+                scale_block::<MT>(job, i0, b, dv, mv, &iacc, &mut facc);
+            }
+            store::<MT>(job, &facc, i0, t);
+        }
+    }
+
+    #[inline(always)]
+    pub(super) unsafe fn tile_q8_0<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+        let nb = job.cols / QK;
+        let tb = super::Tiling::Vnni16.block_bytes(job.kind);
+        // SAFETY: as in tile_q4_1.
+        unsafe {
+            let minus128 = _mm512_set1_ps(-128.0);
+            let mut facc = [_mm512_setzero_ps(); MT];
+            for b in 0..nb {
+                let base = job.data.as_ptr().add((t * nb + b) * tb);
+                let dv = _mm512_cvtph_ps(_mm256_loadu_si256(base as *const __m256i));
+                // Weights were stored +128: subtract 128 * d_w * d_a * sum(q_a) = 128 * d_w * s_a.
+                let mv = _mm512_mul_ps(dv, minus128);
+                let mut iacc = [_mm512_setzero_si512(); MT];
+                for g in 0..8 {
+                    let w = _mm512_loadu_si512(base.add(32 + g * 64) as *const _);
+                    for (j, acc) in iacc.iter_mut().enumerate() {
+                        let ap = job
+                            .acts
+                            .q
+                            .as_ptr()
+                            .add((i0 + j) * job.cols + b * QK + g * 4);
+                        *acc = _mm512_dpbusd_epi32(*acc, w, bcast4(ap));
+                    }
+                }
+                scale_block::<MT>(job, i0, b, dv, mv, &iacc, &mut facc);
+            }
+            store::<MT>(job, &facc, i0, t);
+        }
+    }
+}

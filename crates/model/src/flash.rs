@@ -1,0 +1,489 @@
+//! Blocked (flash-style) attention for multi-token chunks of one sequence.
+//!
+//! The row kernel in [`super::attention`] reads every key of a row's prefix
+//! by slot, once per query row: a prefill chunk of `n` rows over `p` keys
+//! gathers `n * p` scattered K and V rows and keeps a `p`-long score row
+//! per head. Here the chunk's keys are first packed once per KV head into
+//! contiguous blocks of [`BK`] keys (K transposed, so one key block's scores
+//! are broadcast-FMAs over whole vectors), then every unit of work (one KV
+//! head, [`BR`] query rows, all the query heads of that KV head's group)
+//! walks the blocks with an online softmax: a running max and sum per query
+//! vector, the accumulated V rescaled when the max grows. Scores never
+//! outlive one block, so the working set stays in cache at any length.
+//!
+//! This module packs and schedules; the unit's loops are in
+//! [`super::kernels`] (AVX2 where the CPU has it, plain Rust otherwise).
+
+use std::cell::RefCell;
+use std::sync::Mutex;
+
+use zinfer_kernels::{BK, HeadShape, KvElem, UnitBuf, UnitFn, UnitJob};
+/// Query rows (each with all heads of one KV group) per unit of work.
+const BR: usize = 32;
+
+/// The rows of one sequence's chunk in a step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkRows<'a> {
+    /// Index of the chunk's first row in the step's `q` / `out`.
+    pub(crate) first_row: usize,
+    /// Rows in the chunk.
+    pub(crate) len: usize,
+    /// Position of the first row (keys before it are the cached prefix).
+    pub(crate) start_pos: usize,
+    /// Slots of positions `0..start_pos + len`.
+    pub(crate) slots: &'a [u32],
+}
+
+/// Whether the blocked kernel handles this head width: whole vectors of 16.
+pub(crate) fn supports(shape: HeadShape) -> bool {
+    shape.head_dim.is_multiple_of(16) && shape.n_heads.is_multiple_of(shape.n_kv_heads)
+}
+
+/// Packed keys and values of one chunk, reused between layers.
+#[derive(Debug, Default)]
+pub(crate) struct FlashScratch {
+    /// `[kv_head][block][d][BK]`: K transposed per block, zero past the last key.
+    kt: Vec<f32>,
+    /// `[kv_head][block * BK + j][d]`: V rows, zero past the last key.
+    v: Vec<f32>,
+}
+
+/// `out[r] = softmax(q[r] K^T / sqrt(d)) V` for the rows of `chunk`, each
+/// attending to the keys at positions `0..=` its own.
+///
+/// `q` and `out` are `[step_rows, n_heads * d]`; the pools are
+/// `[slots, n_kv_heads * d]`. `unit` is a build of the blocked unit ([`zinfer_kernels::flash_unit`]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_chunk<T: KvElem>(
+    q: &[f32],
+    k_pool: &[T],
+    v_pool: &[T],
+    chunk: ChunkRows<'_>,
+    shape: HeadShape,
+    out: &mut [f32],
+    scratch: &mut FlashScratch,
+    parallel: bool,
+    unit: UnitFn,
+) {
+    let d = shape.head_dim;
+    let (n_kv, q_len) = (shape.n_kv_heads, shape.n_heads * d);
+    let kv_dim = n_kv * d;
+    let n_keys = chunk.start_pos + chunk.len;
+    assert!(chunk.slots.len() >= n_keys && supports(shape));
+    assert!(q.len() >= (chunk.first_row + chunk.len) * q_len);
+    assert!(out.len() >= (chunk.first_row + chunk.len) * q_len);
+    let blocks = n_keys.div_ceil(BK);
+    let block_len = BK * d;
+    scratch.kt.resize(n_kv * blocks * block_len, 0.0);
+    scratch.v.resize(n_kv * blocks * block_len, 0.0);
+
+    // Pack: one unit per (KV head, key block).
+    {
+        let kt_parts: Vec<Mutex<&mut [f32]>> =
+            scratch.kt.chunks_mut(block_len).map(Mutex::new).collect();
+        let v_parts: Vec<Mutex<&mut [f32]>> =
+            scratch.v.chunks_mut(block_len).map(Mutex::new).collect();
+        let copies = n_kv * n_keys * d * 2;
+        zinfer_kernels::run_units(n_kv * blocks, copies * 8, parallel, |range| {
+            let mut row = vec![0f32; d];
+            for u in range {
+                let (g, b) = (u / blocks, u % blocks);
+                // Each part is handed to exactly one unit: the locks are uncontended.
+                let mut kt = kt_parts[u].lock().unwrap_or_else(|e| e.into_inner());
+                let mut v = v_parts[u].lock().unwrap_or_else(|e| e.into_inner());
+                let keys = &chunk.slots[b * BK..n_keys.min((b + 1) * BK)];
+                pack_block(
+                    k_pool,
+                    v_pool,
+                    keys,
+                    g * d,
+                    kv_dim,
+                    &mut kt,
+                    &mut v,
+                    &mut row,
+                );
+            }
+        });
+    }
+
+    // Attend: one unit per (KV head, block of at most BR rows), the latest
+    // rows (the most keys) first so the tail of the parallel region is
+    // short. Blocks are of equal size, so a 50-row chunk is two units of
+    // 25 rows per head rather than 32 + 18, which would leave one thread idle.
+    let row_blocks = chunk.len.div_ceil(BR);
+    let br = chunk.len.div_ceil(row_blocks.max(1));
+    let out_rows: Vec<Mutex<&mut [f32]>> = out[chunk.first_row * q_len..]
+        .chunks_mut(q_len)
+        .take(chunk.len)
+        .map(Mutex::new)
+        .collect();
+    let macs = n_keys * chunk.len * q_len * 2;
+    let (kt, v) = (&scratch.kt[..], &scratch.v[..]);
+    zinfer_kernels::run_units(n_kv * row_blocks, macs, parallel, |range| {
+        let mut buf = UnitBuf::default();
+        for u in range {
+            let (rb, g) = (row_blocks - 1 - u / n_kv, u % n_kv);
+            let rows = rb * br..chunk.len.min((rb + 1) * br);
+            let head_blocks = g * blocks * block_len..(g + 1) * blocks * block_len;
+            let job = UnitJob {
+                q: &q[(chunk.first_row + rows.start) * q_len..(chunk.first_row + rows.end) * q_len],
+                kt: &kt[head_blocks.clone()],
+                v: &v[head_blocks],
+                shape,
+                kv_head: g,
+                rows: rows.len(),
+                first_pos: chunk.start_pos + rows.start,
+            };
+            unit(&job, &mut buf);
+            let group = shape.n_heads / n_kv;
+            for (i, r) in rows.enumerate() {
+                // Each unit writes only its own heads of a row; locks are held briefly.
+                let mut o = out_rows[r].lock().unwrap_or_else(|e| e.into_inner());
+                let heads = g * group * d..(g + 1) * group * d;
+                o[heads].copy_from_slice(&buf.out[i * group * d..(i + 1) * group * d]);
+            }
+        }
+    });
+}
+
+/// Attention of one-row chunks (decode tokens), all in one parallel region:
+/// each unit packs one sequence's keys for one KV head into its thread's
+/// buffers, while they are in cache, and attends to them at once. The
+/// packing and the unit are [`attend_chunk`]'s, so a row gets the same bits
+/// on either path; what this saves is two parallel regions per sequence
+/// per layer (with 16 sequences, 32 regions of three units become one of 48)
+/// and the round trip of every packed block through a shared scratch.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_rows<T: KvElem>(
+    q: &[f32],
+    k_pool: &[T],
+    v_pool: &[T],
+    chunks: &[ChunkRows<'_>],
+    shape: HeadShape,
+    out: &mut [f32],
+    parallel: bool,
+    unit: UnitFn,
+) {
+    thread_local! {
+        static PACKED: RefCell<(Vec<f32>, Vec<f32>, UnitBuf)> = RefCell::default();
+    }
+    let d = shape.head_dim;
+    let (n_kv, q_len) = (shape.n_kv_heads, shape.n_heads * d);
+    let (kv_dim, group) = (n_kv * d, shape.n_heads / n_kv);
+    assert!(supports(shape));
+    for c in chunks {
+        assert!(c.len == 1 && c.slots.len() > c.start_pos);
+        assert!(q.len() >= (c.first_row + 1) * q_len && out.len() >= (c.first_row + 1) * q_len);
+    }
+    // One lock per (row, KV head): the part of `out` one unit writes.
+    let parts: Vec<Mutex<&mut [f32]>> = out.chunks_mut(group * d).map(Mutex::new).collect();
+    let macs = chunks.iter().map(|c| c.start_pos + 1).sum::<usize>() * q_len * 2;
+    zinfer_kernels::run_units(chunks.len() * n_kv, macs, parallel, |range| {
+        PACKED.with_borrow_mut(|(kt, v, buf)| {
+            let mut row = vec![0f32; d];
+            for u in range {
+                let (chunk, g) = (&chunks[u / n_kv], u % n_kv);
+                let n_keys = chunk.start_pos + 1;
+                let blocks = n_keys.div_ceil(BK);
+                kt.resize(blocks * BK * d, 0.0);
+                v.resize(blocks * BK * d, 0.0);
+                let packed = kt.chunks_mut(BK * d).zip(v.chunks_mut(BK * d));
+                for (b, (kt, v)) in packed.take(blocks).enumerate() {
+                    let keys = &chunk.slots[b * BK..n_keys.min((b + 1) * BK)];
+                    pack_block(k_pool, v_pool, keys, g * d, kv_dim, kt, v, &mut row);
+                }
+                let job = UnitJob {
+                    q: &q[chunk.first_row * q_len..(chunk.first_row + 1) * q_len],
+                    kt: &kt[..blocks * BK * d],
+                    v: &v[..blocks * BK * d],
+                    shape,
+                    kv_head: g,
+                    rows: 1,
+                    first_pos: chunk.start_pos,
+                };
+                unit(&job, buf);
+                // Each part is handed to exactly one unit: the lock is uncontended.
+                let mut o = parts[chunk.first_row * n_kv + g]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                o.copy_from_slice(&buf.out[..group * d]);
+            }
+        });
+    });
+}
+
+/// Packs the keys at `slots` (at most [`BK`]) of the KV head at column
+/// `offset`: K transposed into `kt` (`[d][BK]`), V rows into `v`
+/// (`[BK][d]`), zeros past the last key.
+#[allow(clippy::too_many_arguments)]
+fn pack_block<T: KvElem>(
+    k_pool: &[T],
+    v_pool: &[T],
+    slots: &[u32],
+    offset: usize,
+    kv_dim: usize,
+    kt: &mut [f32],
+    v: &mut [f32],
+    row: &mut [f32],
+) {
+    let d = row.len();
+    for (j, &slot) in slots.iter().enumerate() {
+        let at = slot as usize * kv_dim + offset;
+        T::load(&k_pool[at..at + d], row);
+        for (c, &x) in row.iter().enumerate() {
+            kt[c * BK + j] = x;
+        }
+        T::load(&v_pool[at..at + d], &mut v[j * d..(j + 1) * d]);
+    }
+    for j in slots.len()..BK {
+        for c in 0..d {
+            kt[c * BK + j] = 0.0;
+        }
+        v[j * d..(j + 1) * d].fill(0.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+
+    use super::*;
+    use zinfer_kernels::test_data::random;
+
+    /// Plain f64 softmax attention of row `r` (position `pos`) over `slots[..=pos]`.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        slots: &[u32],
+        shape: HeadShape,
+        r: usize,
+        pos: usize,
+    ) -> Vec<f64> {
+        let d = shape.head_dim;
+        let (qd, kvd) = (shape.n_heads * d, shape.n_kv_heads * d);
+        let group = shape.n_heads / shape.n_kv_heads;
+        let mut out = vec![0f64; qd];
+        for h in 0..shape.n_heads {
+            let g = h / group;
+            let s: Vec<f64> = slots[..=pos]
+                .iter()
+                .map(|&slot| {
+                    (0..d)
+                        .map(|c| {
+                            f64::from(q[r * qd + h * d + c])
+                                * f64::from(k[slot as usize * kvd + g * d + c])
+                        })
+                        .sum::<f64>()
+                        / (d as f64).sqrt()
+                })
+                .collect();
+            let m = s.iter().copied().fold(f64::MIN, f64::max);
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for c in 0..d {
+                out[h * d + c] = slots[..=pos]
+                    .iter()
+                    .zip(&s)
+                    .map(|(&slot, x)| {
+                        (x - m).exp() / z * f64::from(v[slot as usize * kvd + g * d + c])
+                    })
+                    .sum();
+            }
+        }
+        out
+    }
+
+    /// Runs one chunk of `len` rows after `start` cached positions through
+    /// every SIMD build and compares with [`reference`].
+    fn check(shape: HeadShape, start: usize, len: usize, parallel: bool) {
+        let d = shape.head_dim;
+        let (qd, kvd) = (shape.n_heads * d, shape.n_kv_heads * d);
+        let n_keys = start + len;
+        let pool = n_keys + 17;
+        let (k, v) = (random(pool * kvd, 2, 2.0), random(pool * kvd, 3, 2.0));
+        // Scattered, non-monotonic slots, as a pool shared by many sequences has.
+        let slots: Vec<u32> = (0..n_keys)
+            .map(|i| ((i * 7919 + 5) % pool) as u32)
+            .collect();
+        let mut seen = slots.clone();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), n_keys, "slots must be distinct");
+        // Two rows of another sequence before the chunk in the step.
+        let first_row = 2;
+        let q = random((first_row + len) * qd, 1, 2.0);
+        let chunk = ChunkRows {
+            first_row,
+            len,
+            start_pos: start,
+            slots: &slots,
+        };
+        let units: Vec<(&str, UnitFn)> = vec![
+            ("portable", zinfer_kernels::flash_unit_portable),
+            ("best", zinfer_kernels::flash_unit()),
+        ];
+        for (name, unit) in units {
+            let mut out = vec![7f32; (first_row + len) * qd];
+            let mut scratch = FlashScratch::default();
+            attend_chunk(
+                &q,
+                &k,
+                &v,
+                chunk,
+                shape,
+                &mut out,
+                &mut scratch,
+                parallel,
+                unit,
+            );
+            assert!(
+                out[..first_row * qd].iter().all(|&x| x == 7.0),
+                "{name}: wrote other rows"
+            );
+            for i in 0..len {
+                let want = reference(&q, &k, &v, &slots, shape, first_row + i, start + i);
+                let got = &out[(first_row + i) * qd..(first_row + i + 1) * qd];
+                for (c, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (f64::from(g) - w).abs() < 2e-5,
+                        "{name} start {start} len {len} row {i} col {c}: {g} vs {w}"
+                    );
+                }
+            }
+            // The f16 pool: the same, with K/V rounded to half precision first.
+            let (k16, v16): (Vec<f16>, Vec<f16>) = (
+                k.iter().map(|&x| f16::from_f32(x)).collect(),
+                v.iter().map(|&x| f16::from_f32(x)).collect(),
+            );
+            let (kr, vr): (Vec<f32>, Vec<f32>) = (
+                k16.iter().map(|x| x.to_f32()).collect(),
+                v16.iter().map(|x| x.to_f32()).collect(),
+            );
+            let mut out16 = vec![0f32; (first_row + len) * qd];
+            attend_chunk(
+                &q,
+                &k16,
+                &v16,
+                chunk,
+                shape,
+                &mut out16,
+                &mut scratch,
+                parallel,
+                unit,
+            );
+            let i = len - 1;
+            let want = reference(&q, &kr, &vr, &slots, shape, first_row + i, start + i);
+            for (&g, &w) in out16[(first_row + i) * qd..].iter().zip(&want) {
+                assert!((f64::from(g) - w).abs() < 2e-5, "{name} f16: {g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn matches_reference_attention() {
+        let gqa = HeadShape {
+            n_heads: 6,
+            n_kv_heads: 2,
+            head_dim: 64,
+        };
+        // Lengths around the block sizes (BK = 64 keys, BR = 32 rows), from
+        // position 0 and after a cached prefix that ends mid-block.
+        for (start, len) in [
+            (0, 8),
+            (0, 63),
+            (0, 64),
+            (0, 65),
+            (0, 130),
+            (37, 50),
+            (100, 33),
+        ] {
+            check(gqa, start, len, false);
+        }
+        check(gqa, 950, 50, true);
+        // One query head per KV head, and a head width that is not a multiple of 64.
+        let mha = HeadShape {
+            n_heads: 2,
+            n_kv_heads: 2,
+            head_dim: 48,
+        };
+        check(mha, 5, 70, true);
+        // Three query heads per KV head (the default model's grouping).
+        let smol = HeadShape {
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+        };
+        check(smol, 129, 40, true);
+    }
+
+    /// A row's output does not depend on how its sequence was chunked:
+    /// the same bits in a long chunk, a short one, or alone (decode, on
+    /// either path: one-row `attend_chunk`, or `attend_rows` with other
+    /// sequences' rows, at block edges and the first position), so a
+    /// cached or imported prefix gives exactly the tokens of a cold run.
+    #[test]
+    fn rows_are_independent_of_chunking() {
+        let shape = HeadShape {
+            n_heads: 9,
+            n_kv_heads: 3,
+            head_dim: 64,
+        };
+        let (qd, kvd) = (9 * 64, 3 * 64);
+        let n = 150;
+        let (k, v) = (random(n * kvd, 5, 2.0), random(n * kvd, 6, 2.0));
+        let q = random(n * qd, 4, 2.0);
+        let slots: Vec<u32> = (0..n as u32).rev().collect();
+        let unit = zinfer_kernels::flash_unit();
+        let mut scratch = FlashScratch::default();
+        let mut run = |start: usize, len: usize| {
+            let mut out = vec![0f32; n * qd];
+            let chunk = ChunkRows {
+                first_row: start,
+                len,
+                start_pos: start,
+                slots: &slots[..start + len],
+            };
+            attend_chunk(&q, &k, &v, chunk, shape, &mut out, &mut scratch, true, unit);
+            out
+        };
+        let whole = run(0, n);
+        let row = |out: &[f32], r: usize| out[r * qd..(r + 1) * qd].to_vec();
+        assert_eq!(row(&run(100, 50), n - 1), row(&whole, n - 1));
+        assert_eq!(row(&run(n - 1, 1), n - 1), row(&whole, n - 1));
+
+        let positions = [149, 0, 63, 64, 100, 65];
+        let q_rows: Vec<f32> = positions
+            .iter()
+            .flat_map(|&p| q[p * qd..(p + 1) * qd].iter().copied())
+            .collect();
+        let chunks: Vec<ChunkRows<'_>> = positions
+            .iter()
+            .enumerate()
+            .map(|(i, &p)| ChunkRows {
+                first_row: i,
+                len: 1,
+                start_pos: p,
+                slots: &slots[..=p],
+            })
+            .collect();
+        let mut out = vec![0f32; positions.len() * qd];
+        attend_rows(&q_rows, &k, &v, &chunks, shape, &mut out, true, unit);
+        for (i, &p) in positions.iter().enumerate() {
+            assert_eq!(row(&out, i), row(&whole, p), "decode row at position {p}");
+        }
+    }
+
+    #[test]
+    fn supports_whole_vectors_only() {
+        let shape = |n_heads, n_kv_heads, head_dim| HeadShape {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        };
+        assert!(supports(shape(9, 3, 64)));
+        assert!(supports(shape(32, 8, 128)));
+        assert!(!supports(shape(9, 3, 40)));
+        assert!(!supports(shape(9, 2, 64)));
+    }
+}

@@ -1,0 +1,139 @@
+//! The token KV pool: per layer, one K row and one V row per slot.
+//!
+//! Slots are the engine's `TokenPool` ids, so a cached prefix is shared by
+//! every sequence that lists its slots. Rows are plain vectors indexed by
+//! `slot * kv_dim`, of f32 or (with [`KvDtype::F16`]) f16, which halves the
+//! bytes per cached token; attention converts f16 rows to f32 as it reads
+//! them. The vectors are zero-allocated (f16 is kept as `u16` bits for that
+//! reason), so memory is only committed for slots that have been written.
+
+use half::f16;
+use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+
+use zinfer_kernels::KvElem;
+
+use super::{KvDtype, ModelError};
+
+/// K and V rows for every layer and slot.
+#[derive(Debug)]
+pub(crate) struct KvPool {
+    capacity: usize,
+    kv_dim: usize,
+    layers: Vec<LayerKv>,
+}
+
+#[derive(Debug)]
+enum LayerKv {
+    F32 {
+        k: Vec<f32>,
+        v: Vec<f32>,
+    },
+    /// f16 bits.
+    F16 {
+        k: Vec<u16>,
+        v: Vec<u16>,
+    },
+}
+
+/// One layer's K and V rows, borrowed in their stored type.
+pub(crate) enum LayerView<'a> {
+    F32(&'a [f32], &'a [f32]),
+    F16(&'a [f16], &'a [f16]),
+}
+
+impl KvPool {
+    /// An empty pool of `capacity` slots for `n_layers` layers of `kv_dim` wide rows.
+    pub(crate) fn new(
+        n_layers: usize,
+        capacity: usize,
+        kv_dim: usize,
+        dtype: KvDtype,
+    ) -> Result<Self, ModelError> {
+        let len = capacity.checked_mul(kv_dim).ok_or_else(|| {
+            ModelError::InvalidBatch(format!("KV pool of {capacity} slots is too large"))
+        })?;
+        let layers = (0..n_layers)
+            .map(|_| match dtype {
+                KvDtype::F32 => LayerKv::F32 {
+                    k: vec![0.0; len],
+                    v: vec![0.0; len],
+                },
+                KvDtype::F16 => LayerKv::F16 {
+                    k: vec![0; len],
+                    v: vec![0; len],
+                },
+            })
+            .collect();
+        Ok(Self {
+            capacity,
+            kv_dim,
+            layers,
+        })
+    }
+
+    /// Number of slots.
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Writes rows `k[i]`, `v[i]` (each `kv_dim` wide) to `slots[i]` of `layer`.
+    pub(crate) fn write(&mut self, layer: usize, slots: &[u32], k: &[f32], v: &[f32]) {
+        let d = self.kv_dim;
+        for (i, &slot) in slots.iter().enumerate() {
+            let (at, rows) = (slot as usize * d, i * d..(i + 1) * d);
+            match &mut self.layers[layer] {
+                LayerKv::F32 { k: kp, v: vp } => {
+                    kp[at..at + d].copy_from_slice(&k[rows.clone()]);
+                    vp[at..at + d].copy_from_slice(&v[rows]);
+                }
+                LayerKv::F16 { k: kp, v: vp } => {
+                    let kd: &mut [f16] = kp[at..at + d].reinterpret_cast_mut();
+                    kd.convert_from_f32_slice(&k[rows.clone()]);
+                    let vd: &mut [f16] = vp[at..at + d].reinterpret_cast_mut();
+                    vd.convert_from_f32_slice(&v[rows]);
+                }
+            }
+        }
+    }
+
+    /// Appends the K rows of `slots` in `layer`, then their V rows, as f32.
+    pub(crate) fn read_f32(&self, layer: usize, slots: &[u32], out: &mut Vec<f32>) {
+        let d = self.kv_dim;
+        fn rows<T: KvElem>(pool: &[T], slots: &[u32], d: usize, out: &mut Vec<f32>) {
+            for &slot in slots {
+                let at = slot as usize * d;
+                let start = out.len();
+                out.resize(start + d, 0.0);
+                T::load(&pool[at..at + d], &mut out[start..]);
+            }
+        }
+        match self.layer(layer) {
+            LayerView::F32(k, v) => {
+                rows(k, slots, d, out);
+                rows(v, slots, d, out);
+            }
+            LayerView::F16(k, v) => {
+                rows(k, slots, d, out);
+                rows(v, slots, d, out);
+            }
+        }
+    }
+
+    /// Rows per slot are `kv_dim` wide.
+    pub(crate) fn kv_dim(&self) -> usize {
+        self.kv_dim
+    }
+
+    /// Layers in the pool.
+    pub(crate) fn n_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// The K and V rows of `layer`, indexed by `slot * kv_dim`.
+    pub(crate) fn layer(&self, layer: usize) -> LayerView<'_> {
+        match &self.layers[layer] {
+            LayerKv::F32 { k, v } => LayerView::F32(k, v),
+            LayerKv::F16 { k, v } => LayerView::F16(k.reinterpret_cast(), v.reinterpret_cast()),
+        }
+    }
+}

@@ -1,0 +1,305 @@
+//! zinfer's models: loading, tokenizer and chat template, devices, and the
+//! forward pass over the KV pool, on zinfer's CPU kernels or on candle.
+//!
+//! [`load`] reads a GGUF file or a Hugging Face safetensors directory into a
+//! [`LoadedModel`]: a [`ForwardModel`] that owns its KV pool, plus the
+//! [`ModelTokenizer`]. The engine drives the model one step at a time with a
+//! batch of [`SeqChunk`]s; the KV slots come from the engine's token pool.
+
+mod attention;
+mod candle_llama;
+mod chat;
+mod config;
+pub mod device;
+mod flash;
+mod gguf;
+mod kv;
+mod linear;
+mod llama;
+mod safetensors;
+#[cfg(feature = "synthetic")]
+pub mod synthetic;
+mod tokenizer;
+
+use std::path::{Path, PathBuf};
+
+pub use device::{Device, DeviceError, candle_device, check_device};
+pub use zinfer_probe::{KvDtype, model_name};
+
+pub use candle_llama::CandleLlama;
+pub use config::{LlamaConfig, MAX_POSITIONS};
+pub use llama::Llama;
+pub use tokenizer::ModelTokenizer;
+
+/// One sequence's part of a forward step.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqChunk<'a> {
+    /// Tokens to run now: an uncached prompt chunk, or the single newest token in decode.
+    pub tokens: &'a [u32],
+    /// KV slots of every position 0..start_pos+tokens.len() of this sequence, in order.
+    /// The first start_pos already hold K/V (cached prefix or earlier steps);
+    /// the last tokens.len() are written by this step.
+    pub slots: &'a [u32],
+    /// Number of positions already in the KV pool (= slots.len() - tokens.len()).
+    pub start_pos: usize,
+}
+
+/// A loaded model with its KV pool. Owned by one engine thread.
+pub trait ForwardModel {
+    /// Runs one step for a batch of sequences (any mix of prefill chunks and
+    /// decode tokens) and returns the logits of the LAST token of each chunk,
+    /// in batch order, each of length vocab_size().
+    fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
+    /// Number of logits per token; token ids must be below it.
+    fn vocab_size(&self) -> usize;
+    /// Number of token slots in the KV pool (the TokenPool capacity).
+    fn kv_capacity(&self) -> usize;
+    /// Longest sequence (prompt + output) the model can run: its context
+    /// length. The engine ends a sequence there instead of failing the batch.
+    fn max_positions(&self) -> usize {
+        usize::MAX
+    }
+    /// The shape of one slot's K/V, for carrying cached prefixes to another
+    /// worker. Two models can exchange K/V only if their shapes are equal
+    /// (and they are the same model: the shape cannot tell checkpoints
+    /// apart). The default, all zeros, means the model cannot transfer.
+    fn kv_shape(&self) -> KvShape {
+        KvShape::default()
+    }
+    /// The K/V of `slots`, laid out layer-major as [`KvShape`] describes,
+    /// so a cached prefix can be sent to another worker. Fails, without
+    /// panicking, on a slot outside the pool, or when the model cannot
+    /// transfer (the default).
+    fn read_kv(&self, slots: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let _ = slots;
+        Err(ModelError::KvTransfer(
+            "this model does not support cache transfer".into(),
+        ))
+    }
+    /// Writes K/V read by [`Self::read_kv`] (on this or an identical model)
+    /// into `slots`. Fails, changing nothing, when `data` does not hold
+    /// exactly one row per slot, layer and K/V, or a slot is outside the
+    /// pool, or the model cannot transfer (the default).
+    fn write_kv(&mut self, slots: &[u32], data: &[f32]) -> Result<(), ModelError> {
+        let _ = (slots, data);
+        Err(ModelError::KvTransfer(
+            "this model does not support cache transfer".into(),
+        ))
+    }
+}
+
+/// The shape of a model's K/V pool, as seen by a cache transfer.
+///
+/// Transferred K/V is f32 and layer-major: for each layer, the K rows of
+/// every slot, then the V rows of every slot, each row `kv_dim` wide
+/// (`[layer][k|v][slot][kv_dim]`). Layer-major keeps each layer's copy one
+/// contiguous gather or scatter on either backend.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvShape {
+    /// Transformer layers, each with its own K and V.
+    pub layers: usize,
+    /// Width of one K (or V) row: KV heads times head size.
+    pub kv_dim: usize,
+}
+
+impl KvShape {
+    /// f32 values one slot takes across every layer, K and V.
+    pub fn floats_per_slot(&self) -> usize {
+        self.layers.saturating_mul(2).saturating_mul(self.kv_dim)
+    }
+
+    /// f32 values `slots` slots take; None if that overflows.
+    pub fn floats_for(&self, slots: usize) -> Option<usize> {
+        slots.checked_mul(self.floats_per_slot())
+    }
+
+    /// Checks a transfer of `slots` against a pool of `capacity` slots and,
+    /// for a write, the length of its data. Done before any copy so a bad
+    /// request changes nothing.
+    pub(crate) fn check(
+        &self,
+        slots: &[u32],
+        capacity: usize,
+        data_len: Option<usize>,
+    ) -> Result<(), ModelError> {
+        if let Some(&slot) = slots.iter().find(|&&s| s as usize >= capacity) {
+            return Err(ModelError::KvTransfer(format!(
+                "slot {slot} is outside the KV pool of {capacity}"
+            )));
+        }
+        if let Some(len) = data_len {
+            let want = self.floats_for(slots.len());
+            if want != Some(len) {
+                return Err(ModelError::KvTransfer(format!(
+                    "{len} values for {} slots; this model needs {} per slot ({} layers x K,V x {})",
+                    slots.len(),
+                    self.floats_per_slot(),
+                    self.layers,
+                    self.kv_dim
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V,
+/// 0.7 GiB of f16, for the default model, committed only as slots are first written on the
+/// CPU; allocated up front on a GPU).
+pub const DEFAULT_KV_CAPACITY: usize = 32_768;
+
+/// How to load a model; the KV pool is sized here because it lives with the model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Token slots in the KV pool (memory grows as slots are first written).
+    pub kv_capacity: usize,
+    /// Compute threads. `Some(1)` runs every kernel on the engine thread.
+    /// `Some(n > 1)` or `None` use the kernels' pool, which is sized once per
+    /// process: by the first model loaded with `Some(n > 1)`, else from
+    /// `CANDLE_NUM_THREADS` (or `RAYON_NUM_THREADS`, else one per core).
+    pub threads: Option<usize>,
+    /// Device name as [`Device`] parses it: `cpu`, `cuda:N` (CUDA builds),
+    /// or `auto`.
+    pub device: String,
+    /// Element type of the K/V rows in the pool (CPU backend).
+    pub kv_dtype: KvDtype,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            kv_capacity: DEFAULT_KV_CAPACITY,
+            threads: None,
+            device: "cpu".to_string(),
+            kv_dtype: KvDtype::F32,
+        }
+    }
+}
+
+/// A model ready to serve: the forward pass and its tokenizer.
+pub struct LoadedModel {
+    /// Name reported to the router (the file or directory stem).
+    pub name: String,
+    /// The forward pass with its KV pool.
+    pub model: Box<dyn ForwardModel + Send>,
+    /// Tokenizer and chat template read from the same checkpoint.
+    pub tokenizer: ModelTokenizer,
+}
+
+/// Why a model could not be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// A file could not be read.
+    #[error("reading {path}: {source}; check the path given with --model")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// The checkpoint is not one this loader understands.
+    #[error("{0}")]
+    Format(String),
+    /// The model's architecture is not llama-like.
+    #[error(
+        "unsupported architecture `{0}`: zinfer runs llama-architecture models (SmolLM2, TinyLlama, Llama 2/3)"
+    )]
+    UnsupportedArchitecture(String),
+    /// A tensor is stored in a type the CPU kernels cannot use.
+    #[error(
+        "tensor `{tensor}` has unsupported type {dtype}: use a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, K-quant, F16, BF16 or F32 file"
+    )]
+    UnsupportedQuant {
+        /// Checkpoint name of the tensor.
+        tensor: String,
+        /// Its stored type.
+        dtype: String,
+    },
+    /// The requested device is unknown, not in this build, or not usable.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// The tokenizer could not be built or failed on input.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The chat template could not be parsed or rendered.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    /// A forward batch broke the [`SeqChunk`] contract.
+    #[error("invalid batch: {0}")]
+    InvalidBatch(String),
+    /// Reading or writing K/V for a cache transfer failed: bad slots, data
+    /// of another shape, or a model that cannot transfer.
+    #[error("cache transfer: {0}")]
+    KvTransfer(String),
+    /// A tensor operation failed.
+    #[error("tensor op: {0}")]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Loads a GGUF file or a safetensors directory (config.json, tokenizer.json,
+/// *.safetensors) and allocates its KV pool.
+///
+/// `cpu` runs zinfer's own kernels; a GPU device runs [`CandleLlama`] on it.
+pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
+    let device: Device = options.device.parse()?;
+    match check_device(device)? {
+        Device::Cpu | Device::CpuSet(_) | Device::Auto => {
+            apply_threads(options.threads);
+            let (model, tokenizer) = if path.is_dir() {
+                safetensors::load(path, options)?
+            } else {
+                gguf::load(path, options)?
+            };
+            Ok(LoadedModel {
+                name: model_name(path),
+                model: Box::new(model),
+                tokenizer,
+            })
+        }
+        gpu => load_candle(path, options, &candle_device(gpu)?),
+    }
+}
+
+/// Loads a GGUF file into [`CandleLlama`] on any candle device: the GPU
+/// backend, which also runs on candle's CPU device (how it is tested without
+/// a GPU).
+pub fn load_candle(
+    path: &Path,
+    options: &LoadOptions,
+    device: &candle_core::Device,
+) -> Result<LoadedModel, ModelError> {
+    if path.is_dir() {
+        return Err(ModelError::Format(format!(
+            "{} is a safetensors directory; GPU workers load GGUF files (convert it, or serve it with --device cpu)",
+            path.display()
+        )));
+    }
+    let (model, tokenizer) = candle_llama::load(path, options, device)?;
+    Ok(LoadedModel {
+        name: model_name(path),
+        model: Box::new(model),
+        tokenizer,
+    })
+}
+
+/// Sizes the kernels' thread pool, or reports that an earlier model in
+/// this process sized it otherwise.
+fn apply_threads(threads: Option<usize>) {
+    let Some(wanted) = threads.filter(|&n| n > 1) else {
+        return;
+    };
+    let actual = zinfer_kernels::pool_threads(Some(wanted));
+    if actual != wanted {
+        tracing::warn!(
+            wanted,
+            actual,
+            "the kernel thread pool was sized earlier in this process; --threads applies to the first model loaded"
+        );
+    }
+}
+
+/// Threads the CPU kernels split their work over (the kernels' pool, sized
+/// as [`LoadOptions::threads`] says).
+pub fn kernel_threads() -> usize {
+    zinfer_kernels::pool_threads(None)
+}

@@ -1,0 +1,106 @@
+//! What a zinfer process can learn without loading a model: which device a
+//! name means and which cores it may use ([`device`]), the host's memory
+//! ([`procfs`]), a GGUF file's header ([`gguf`]), and how much KV memory a
+//! model takes per cached token ([`kv_bytes_per_token`]).
+//!
+//! The supervisor plans workers with these alone, so it links neither a
+//! tensor library nor a tokenizer; the worker's model crate re-uses them.
+
+pub mod device;
+pub mod gguf;
+pub mod procfs;
+
+use std::path::Path;
+
+pub use device::{Device, DeviceError};
+pub use gguf::{GgufHeader, HeaderError, read_header};
+
+/// How the CPU backend stores K/V rows in its pool.
+///
+/// f16 halves the bytes per cached token (twice the tokens in the same
+/// memory) at the cost of rounding K and V to 11 significant bits; scores
+/// and sums stay f32. Transfers between workers always carry f32.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    /// 4 bytes per value: exactly what the projections produced.
+    #[default]
+    F32,
+    /// 2 bytes per value (IEEE half precision).
+    F16,
+}
+
+impl KvDtype {
+    /// Bytes one stored K or V value takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            other => Err(format!("unknown KV dtype `{other}`: use f32 or f16")),
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+        })
+    }
+}
+
+/// K/V bytes one cached token takes in the CPU backend's pool (a K and a V
+/// row per layer in `dtype`), read from a GGUF header without loading
+/// weights; for memory budgets. Safetensors directories are not read (an
+/// error).
+///
+/// Head widths come from `{arch}.attention.key_length` and `value_length`
+/// where the file gives them, else `embedding_length / head_count`.
+pub fn kv_bytes_per_token(path: &Path, dtype: KvDtype) -> Result<u64, HeaderError> {
+    let format = |reason: String| HeaderError::Format {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if path.is_dir() {
+        return Err(format("KV size is read from GGUF headers only".into()));
+    }
+    let header = read_header(path)?;
+    let need = |key: &str| {
+        header
+            .arch_usize(key)
+            .ok_or_else(|| format(format!("GGUF metadata has no usable `{{arch}}.{key}`")))
+    };
+    let layers = need("block_count")?;
+    let heads = need("attention.head_count")?;
+    let kv_heads = header
+        .arch_usize("attention.head_count_kv")
+        .unwrap_or(heads);
+    let head_dim = match header.arch_usize("attention.key_length") {
+        Some(width) => width,
+        None => need("embedding_length")? / heads.max(1),
+    };
+    let value_dim = header
+        .arch_usize("attention.value_length")
+        .unwrap_or(head_dim);
+    let per_layer = kv_heads * (head_dim + value_dim) * dtype.bytes();
+    Ok((layers * per_layer) as u64)
+}
+
+/// The name a worker reports to the router for a model path: the file or
+/// directory stem.
+pub fn model_name(path: &Path) -> String {
+    path.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".to_string())
+}
