@@ -4,7 +4,7 @@
 //! loops ([`Micro`]): plain Rust in [`super::scalar`], AVX2 in `x86::avx2`.
 
 use crate::attention::HeadShape;
-use crate::scalar::exp_nonpositive;
+use crate::fast_exp::exp_nonpositive;
 
 /// Keys per block.
 pub const BK: usize = 64;

@@ -3,6 +3,7 @@
 //! - [`format`] and [`level`] (leaves): the block formats and int8
 //!   activations the kernels read, and the instruction sets they are built for;
 //! - [`attention`] (a leaf): the head layout and KV element types attention reads;
+//! - `fast_exp` (a leaf): the exponential of the softmaxes and SiLU;
 //! - [`matrix`]: quantized weight matrices in ggml block layouts, int8
 //!   activations, the matmuls over them, and dequantize + f32 GEMM for long
 //!   prefill chunks;
@@ -29,6 +30,7 @@
 pub mod attention;
 mod blocked;
 mod dispatch;
+mod fast_exp;
 pub mod format;
 pub mod level;
 mod matrix;
