@@ -2,6 +2,8 @@
 //! has, detected once per process. Every `unsafe` call into `x86`
 //! sits here, behind the check that makes it sound.
 
+use std::ops::Range;
+
 use crate::attention::{KvElem, RowJob};
 use crate::blocked::UnitFn;
 use crate::format::{QKind, RowTile, TileOut};
@@ -10,7 +12,6 @@ use crate::scalar;
 use crate::tiled::{TiledMatmul, Tiling};
 #[cfg(target_arch = "x86_64")]
 use crate::x86::{avx2, avx512};
-use std::ops::Range;
 
 /// Runs one attention row with the widest vector unit available.
 pub fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, out: &mut [f32]) {

@@ -27,12 +27,12 @@
 //! argued at each use.
 #![allow(unsafe_code)]
 
-pub mod attention;
+mod attention;
 mod blocked;
 mod dispatch;
 mod fast_exp;
-pub mod format;
-pub mod level;
+mod format;
+mod level;
 mod matrix;
 mod pool;
 mod scalar;

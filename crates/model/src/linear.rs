@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
 use candle_core::{DType, Device, Module, Tensor};
+use zinfer_kernels::{Q8Acts, QKind, QMatrix, matmul_dense, q5_0_as_q5_1};
 
 use super::ModelError;
-use zinfer_kernels::{Q8Acts, QKind, QMatrix, matmul_dense, q5_0_as_q5_1};
 
 /// Batches of at least this many rows use dequantize + f32 GEMM.
 const GEMM_MIN_ROWS: usize = 32;

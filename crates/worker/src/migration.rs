@@ -9,10 +9,10 @@
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
+use zinfer_model::KvShape;
 use zinfer_protocol::{CacheTransfer, Limits};
 
 use crate::engine::{CacheBlock, EngineHandle};
-use zinfer_model::KvShape;
 
 /// Largest frame on the import socket: a span of a few hundred tokens of
 /// a big model.

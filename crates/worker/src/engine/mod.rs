@@ -20,6 +20,7 @@ mod valid;
 use std::sync::Arc;
 
 use zinfer_cache::CacheConfig;
+use zinfer_model::{ForwardModel, LoadedModel, ModelError, ModelTokenizer};
 use zinfer_protocol::{
     ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, Usage, WorkerToRouter,
 };
@@ -27,7 +28,6 @@ use zinfer_protocol::{
 use crate::detokenize::{DetokenizeError, TokenDecoder};
 use crate::sampling::SamplingError;
 use crate::scheduler::{SchedulerConfig, SchedulerError};
-use zinfer_model::{ForwardModel, LoadedModel, ModelError, ModelTokenizer};
 
 pub use clock::{Clock, VirtualClock};
 pub use handle::EngineHandle;

@@ -9,6 +9,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use zinfer_cache::{RadixCache, TokenPool};
+use zinfer_model::ForwardModel;
 use zinfer_protocol::{ErrorCode, FinishReason, Timings, TokenLogprob, TopLogprob, Usage};
 
 use super::handle::{Command, Shared, Submission};
@@ -20,7 +21,6 @@ use super::{
 use crate::detokenize::Detokenizer;
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens};
 use crate::scheduler::{NewSequence, Scheduler, StepPlan};
-use zinfer_model::ForwardModel;
 
 /// How long an engine with work it cannot schedule waits before retrying;
 /// only reached if admission is stuck, which is a bug.

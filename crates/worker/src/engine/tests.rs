@@ -6,11 +6,11 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
+use zinfer_model::{KvShape, ModelError, SeqChunk};
 use zinfer_protocol::GenerateRequest;
 
 use super::*;
 use crate::scheduler::SchedulerConfig;
-use zinfer_model::{KvShape, ModelError, SeqChunk};
 
 mod transfer;
 

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use crossbeam_channel::{SendTimeoutError, Sender, TrySendError};
 use zinfer_cache::CachedSpan;
+use zinfer_model::{ForwardModel, KvShape};
 
 use super::EngineStats;
 use crate::scheduler::{ImportError, Scheduler};
-use zinfer_model::{ForwardModel, KvShape};
 
 /// Longest span an export sends in one block, in tokens. Bounds one copy
 /// (and one message: 256 tokens of the default model's K/V are 11 MiB).

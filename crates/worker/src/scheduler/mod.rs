@@ -46,7 +46,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use zinfer_cache::{NodeHandle, RadixCache, TokenPool};
-
 use zinfer_model::SeqChunk;
 
 use kv::Kv;
