@@ -273,8 +273,16 @@ struct IoThread {
     limits: Limits,
     requests: HashMap<String, tmpsc::Sender<ClientReply>>,
     models: HashMap<String, (Instant, oneshot::Sender<Vec<ModelInfo>>)>,
-    /// Requests that found no router connection, with when they arrived.
-    unsent: Vec<(Instant, Box<GenerateRequest>, tmpsc::Sender<ClientReply>)>,
+    /// Questions that found no router connection, with when they arrived.
+    unsent: Vec<(Instant, Unsent)>,
+}
+
+/// A question for the router that found no connection yet. It is retried
+/// for up to [`CONNECT_WAIT`] after it arrived, so a front started beside
+/// its router does not refuse its first requests while the DEALER connects.
+enum Unsent {
+    Generate(Box<GenerateRequest>, tmpsc::Sender<ClientReply>),
+    Models(String, oneshot::Sender<Vec<ModelInfo>>),
 }
 
 impl IoThread {
@@ -313,8 +321,8 @@ impl IoThread {
             if monitor_event && self.connection_dropped() {
                 self.end_in_flight();
             }
-            for (arrived, request, replies) in std::mem::take(&mut self.unsent) {
-                self.try_generate(arrived, request, replies);
+            for (arrived, unsent) in std::mem::take(&mut self.unsent) {
+                self.try_send(arrived, unsent);
             }
             let now = Instant::now();
             self.models
@@ -373,7 +381,7 @@ impl IoThread {
     fn on_command(&mut self, command: Command) {
         match command {
             Command::Generate { request, replies } => {
-                self.try_generate(Instant::now(), request, replies);
+                self.try_send(Instant::now(), Unsent::Generate(request, replies));
             }
             Command::Cancel { id } => {
                 if self.requests.remove(&id).is_some()
@@ -383,53 +391,52 @@ impl IoThread {
                 }
             }
             Command::Models { id, reply } => {
-                if self
-                    .send(&ClientRequest::Models {
-                        id: Some(id.clone()),
-                    })
-                    .is_ok()
-                {
-                    self.models.insert(id, (Instant::now(), reply));
-                }
-                // Otherwise `reply` drops and the caller sees the router as unreachable.
+                self.try_send(Instant::now(), Unsent::Models(id, reply));
             }
             Command::Stop => {}
         }
     }
 
-    /// Sends a request, or keeps it for the next round while no router is
-    /// connected, up to [`CONNECT_WAIT`] after it arrived.
-    fn try_generate(
-        &mut self,
-        arrived: Instant,
-        request: Box<GenerateRequest>,
-        replies: tmpsc::Sender<ClientReply>,
-    ) {
-        if replies.is_closed() {
-            return;
-        }
-        let id = request.id.clone();
-        let frame = match zinfer_protocol::encode(&ClientRequest::Generate((*request).clone())) {
-            Ok(frame) => frame,
-            Err(error) => {
-                let _ = replies.try_send(unavailable(id, ErrorCode::Internal, error.to_string()));
-                return;
-            }
+    /// Sends a question, or keeps it for the next round while no router is
+    /// connected, up to [`CONNECT_WAIT`] after it arrived. A question whose
+    /// asker went away is dropped.
+    fn try_send(&mut self, arrived: Instant, unsent: Unsent) {
+        let request = match &unsent {
+            Unsent::Generate(_, replies) if replies.is_closed() => return,
+            Unsent::Models(_, reply) if reply.is_closed() => return,
+            Unsent::Generate(request, _) => ClientRequest::Generate((**request).clone()),
+            Unsent::Models(id, _) => ClientRequest::Models {
+                id: Some(id.clone()),
+            },
         };
-        match self.socket.send(frame, zmq::DONTWAIT) {
-            Ok(()) => {
-                self.requests.insert(id, replies);
+        // Err(None): not connected yet, keep it; Err(Some(..)): give up.
+        let sent = match zinfer_protocol::encode(&request) {
+            Ok(frame) => self
+                .socket
+                .send(frame, zmq::DONTWAIT)
+                .map_err(|error| match error {
+                    zmq::Error::EAGAIN if arrived.elapsed() < CONNECT_WAIT => None,
+                    zmq::Error::EAGAIN => Some((
+                        ErrorCode::Unavailable,
+                        "the router is not reachable (not connected, or its queue is full); retry with backoff".to_string(),
+                    )),
+                    other => Some((ErrorCode::Unavailable, other.to_string())),
+                }),
+            Err(error) => Err(Some((ErrorCode::Internal, error.to_string()))),
+        };
+        match (sent, unsent) {
+            (Ok(()), Unsent::Generate(request, replies)) => {
+                self.requests.insert(request.id.clone(), replies);
             }
-            Err(zmq::Error::EAGAIN) if arrived.elapsed() < CONNECT_WAIT => {
-                self.unsent.push((arrived, request, replies));
+            (Ok(()), Unsent::Models(id, reply)) => {
+                self.models.insert(id, (Instant::now(), reply));
             }
-            Err(error) => {
-                let message = match error {
-                    zmq::Error::EAGAIN => "the router is not reachable (not connected, or its queue is full); retry with backoff".to_string(),
-                    other => other.to_string(),
-                };
-                let _ = replies.try_send(unavailable(id, ErrorCode::Unavailable, message));
+            (Err(None), unsent) => self.unsent.push((arrived, unsent)),
+            (Err(Some((code, message))), Unsent::Generate(request, replies)) => {
+                let _ = replies.try_send(unavailable(request.id.clone(), code, message));
             }
+            // `reply` drops: the caller sees the router as unreachable.
+            (Err(Some(_)), Unsent::Models(..)) => {}
         }
     }
 

@@ -24,9 +24,14 @@ use zinfer_protocol::{
 /// model "nope" is unknown; the prompt "hang" gets one chunk and no end.
 /// Every `cancel` id goes to the returned channel.
 fn fake_router() -> (String, mpsc::Receiver<String>) {
+    fake_router_at("tcp://127.0.0.1:*")
+}
+
+/// [`fake_router`] bound to `endpoint`.
+fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
     let context = zmq::Context::new();
     let socket = context.socket(zmq::ROUTER).unwrap();
-    socket.bind("tcp://127.0.0.1:*").unwrap();
+    socket.bind(endpoint).unwrap();
     let endpoint = socket.get_last_endpoint().unwrap().unwrap();
     let (cancels, cancelled) = mpsc::channel();
     std::thread::spawn(move || {
@@ -111,6 +116,11 @@ fn start_front(api_key: Option<&str>) -> (SocketAddr, mpsc::Receiver<String>) {
         reply_timeout: Duration::from_secs(10),
         curve: None,
     };
+    (serve(config), cancelled)
+}
+
+/// Runs a front with `config` on a runtime of its own thread; returns its address.
+fn serve(config: HttpConfig) -> SocketAddr {
     let (addr_tx, addr_rx) = mpsc::channel();
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -124,7 +134,15 @@ fn start_front(api_key: Option<&str>) -> (SocketAddr, mpsc::Receiver<String>) {
             server.run(std::future::pending()).await.unwrap();
         });
     });
-    (addr_rx.recv().unwrap(), cancelled)
+    addr_rx.recv().unwrap()
+}
+
+/// A loopback port nothing listens on (yet).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
 }
 
 /// One HTTP/1.1 request; returns (status, body).
@@ -263,32 +281,14 @@ fn errors_are_openai_shaped() {
 
 #[test]
 fn no_router_is_a_fast_503() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port();
-    let config = HttpConfig {
-        router: format!("tcp://127.0.0.1:{port}"),
+    let addr = serve(HttpConfig {
+        router: format!("tcp://127.0.0.1:{}", free_port()),
         listen: "127.0.0.1:0".parse().unwrap(),
         api_key: None,
         served_model_name: None,
         reply_timeout: Duration::from_secs(60),
         curve: None,
-    };
-    let (addr_tx, addr_rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let server = HttpServer::bind(config).await.unwrap();
-            addr_tx.send(server.local_addr().unwrap()).unwrap();
-            server.run(std::future::pending()).await.unwrap();
-        });
     });
-    let addr = addr_rx.recv().unwrap();
     let started = std::time::Instant::now();
     let request = json!({"messages": [{"role": "user", "content": "x"}]});
     let (status, body) = call(addr, "POST", "/v1/chat/completions", Some(&request), None);
@@ -300,6 +300,35 @@ fn no_router_is_a_fast_503() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// A front whose router comes up a moment after it (or whose DEALER has not
+/// connected yet) waits for the connection instead of answering 503: model
+/// listings and generation alike.
+#[test]
+fn a_router_that_starts_after_the_front_still_answers() {
+    let router = format!("tcp://127.0.0.1:{}", free_port());
+    let addr = serve(HttpConfig {
+        router: router.clone(),
+        listen: "127.0.0.1:0".parse().unwrap(),
+        api_key: None,
+        served_model_name: None,
+        reply_timeout: Duration::from_secs(10),
+        curve: None,
+    });
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        let (_endpoint, cancelled) = fake_router_at(&router);
+        // Keep the router's cancel channel open for the test's duration.
+        std::thread::sleep(Duration::from_secs(30));
+        drop(cancelled);
+    });
+    let (status, body) = call(addr, "GET", "/v1/models", None, None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(json(&body)["data"][0]["id"], "smol");
+    let request = json!({"messages": [{"role": "user", "content": "x"}]});
+    let (status, body) = call(addr, "POST", "/v1/chat/completions", Some(&request), None);
+    assert_eq!(status, 200, "{body}");
 }
 
 #[test]
