@@ -265,9 +265,15 @@ impl RouterLink {
         self.registered = sent;
     }
 
-    /// The `Reconnect` action gave a fresh connection.
+    /// The `Reconnect` action gave a fresh connection. Requests that came
+    /// on the old one are cancelled: their output can no longer reach the
+    /// router under the old identity, and a router silent for three
+    /// heartbeats has expired us and ended or retried them anyway. (Without
+    /// this a worker that reconnected before the router's `disconnect`
+    /// arrived kept generating for nobody.)
     pub fn handle_reconnected(&mut self, now: Instant) {
         self.last_heard = now;
+        self.actions.push_back(Action::CancelAll);
         self.register(now);
     }
 

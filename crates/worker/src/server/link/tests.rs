@@ -148,7 +148,11 @@ fn a_reconnect_registers_again_and_retries_until_the_socket_takes_ready() {
     let mut h = Harness::registered();
     assert!(h.tick(4001).contains(&Action::Reconnect));
     h.link.handle_reconnected(h.at(4002));
-    assert_eq!(h.actions(), vec![Action::Register(ready())]);
+    // What came on the old connection is orphaned: cancel it, then register.
+    assert_eq!(
+        h.actions(),
+        vec![Action::CancelAll, Action::Register(ready())]
+    );
     // The new connection is not up yet: the socket refused `ready`.
     h.link.handle_register_sent(false);
     assert!(h.link.poll_timeout() <= h.at(4012));
@@ -191,7 +195,10 @@ fn load_reports_go_out_at_most_once_per_interval_and_only_on_change() {
     assert_eq!(h.engine.load_reads.get(), 11);
     // A new registration sends the load again.
     h.link.handle_reconnected(h.at(1150));
-    assert_eq!(h.actions(), vec![Action::Register(ready())]);
+    assert_eq!(
+        h.actions(),
+        vec![Action::CancelAll, Action::Register(ready())]
+    );
     h.link.handle_register_sent(true);
     assert_eq!(loads(&h.tick(1200)), 1);
 }
