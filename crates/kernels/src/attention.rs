@@ -49,9 +49,42 @@ pub struct HeadShape {
     pub head_dim: usize,
 }
 
-/// One query row's attention: `softmax(q K^T / sqrt(d)) V` over the pool
-/// rows at `keys`. `q` is `[n_heads * head_dim]`; the pools are
-/// `[slots, n_kv_heads * head_dim]`.
+/// How a query and a key make a score: `scale * q.k`, then, with a softcap
+/// `c` (Gemma 2), `c * tanh(score / c)`, which bounds scores to `(-c, c)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreRule {
+    /// Multiplies every dot product (usually `1 / sqrt(head_dim)`).
+    pub scale: f32,
+    /// The cap of `c * tanh(score / c)`; `None` leaves scores as they are.
+    pub softcap: Option<f32>,
+}
+
+impl ScoreRule {
+    /// The usual rule: `1 / sqrt(head_dim)` and no cap.
+    pub fn standard(head_dim: usize) -> Self {
+        Self {
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: None,
+        }
+    }
+}
+
+/// `c * tanh(x / c)` over a row of scores, with `tanh(y) = 2 sigmoid(2y) - 1`
+/// on the fast exponential so the loop vectorizes.
+#[inline(always)]
+pub(crate) fn softcap(scores: &mut [f32], cap: f32) {
+    let inv = 1.0 / cap;
+    for s in scores {
+        let y = *s * inv;
+        let e = crate::fast_exp::exp_nonpositive(-2.0 * y.abs());
+        let t = (1.0 - e) / (1.0 + e);
+        *s = cap * if y >= 0.0 { t } else { -t };
+    }
+}
+
+/// One query row's attention: `softmax(score(q, K)) V` over the pool rows
+/// at `keys` (see [`ScoreRule`]). `q` is `[n_heads * head_dim]`; the pools
+/// are `[slots, n_kv_heads * head_dim]`.
 #[derive(Clone, Copy)]
 pub struct RowJob<'a, T> {
     /// The query row, every head.
@@ -64,4 +97,6 @@ pub struct RowJob<'a, T> {
     pub keys: &'a [u32],
     /// The head layout.
     pub shape: HeadShape,
+    /// How scores are made.
+    pub rule: ScoreRule,
 }

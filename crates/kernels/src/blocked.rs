@@ -3,7 +3,7 @@
 //! against a few query rows, with an online softmax. Generic over the inner
 //! loops ([`Micro`]): plain Rust in [`super::scalar`], AVX2 in `x86::avx2`.
 
-use crate::attention::HeadShape;
+use crate::attention::{HeadShape, ScoreRule, softcap};
 use crate::fast_exp::exp_nonpositive;
 
 /// Keys per block.
@@ -14,7 +14,8 @@ pub const BK: usize = 64;
 pub struct UnitJob<'a> {
     /// `[rows][n_heads * d]`: the unit's query rows, every head.
     pub q: &'a [f32],
-    /// `[block][d][BK]`: this KV head's keys, transposed per block.
+    /// `[block][d][BK]`: this KV head's keys, transposed per block; key `j`
+    /// of block `b` is at position `first_key + b * BK + j`.
     pub kt: &'a [f32],
     /// `[block * BK + j][d]`: this KV head's values.
     pub v: &'a [f32],
@@ -24,8 +25,31 @@ pub struct UnitJob<'a> {
     pub kv_head: usize,
     /// Query rows in the unit.
     pub rows: usize,
-    /// Position of the first row; row `r` sees keys `0..=first_pos + r`.
+    /// Position of the first row; row `r` sees keys `0..=first_pos + r`
+    /// (the last `window` of them with a sliding window).
     pub first_pos: usize,
+    /// Position of the first packed key: a multiple of [`BK`], so a row's
+    /// keys fall in the same blocks however many were packed before them.
+    pub first_key: usize,
+    /// Keys a row sees with a sliding window, itself included.
+    pub window: Option<usize>,
+    /// How scores are made.
+    pub rule: ScoreRule,
+}
+
+impl UnitJob<'_> {
+    /// Keys `lo..=pos` that a row at `pos` sees.
+    #[inline(always)]
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+}
+
+/// The first key position to pack for rows from `first_pos` on: the
+/// start of the block holding the earliest key the first row sees.
+pub fn first_packed_key(first_pos: usize, window: Option<usize>) -> usize {
+    let lo = window.map_or(0, |w| (first_pos + 1).saturating_sub(w));
+    lo / BK * BK
 }
 
 /// Per-thread buffers of a unit; `out` holds its result `[rows][group][d]`.
@@ -73,7 +97,8 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
     let d = job.shape.head_dim;
     let group = job.shape.n_heads / job.shape.n_kv_heads;
     let nq = job.rows * group;
-    let scale = 1.0 / (d as f32).sqrt();
+    let scale = job.rule.scale;
+    debug_assert!(job.first_key.is_multiple_of(BK) && job.first_key <= job.first_pos);
     // Query vectors in order (row, head of the group), pre-scaled.
     buf.q.clear();
     for r in 0..job.rows {
@@ -90,24 +115,30 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
 
     let block_len = BK * d;
     let last_pos = job.first_pos + job.rows - 1;
-    let blocks = last_pos / BK + 1;
+    let blocks = (last_pos - job.first_key) / BK + 1;
     assert!(job.kt.len() >= blocks * block_len && job.v.len() >= blocks * block_len);
     let mut p = [[0f32; BK]; R];
     for b in 0..blocks {
         let kt = &job.kt[b * block_len..(b + 1) * block_len];
         let v = &job.v[b * block_len..(b + 1) * block_len];
-        let first_key = b * BK;
+        let first_key = job.first_key + b * BK;
         let mut i = 0;
         while i < nq {
             let take = R.min(nq - i);
-            // Keys of this block that vector i + t may see (causal mask).
-            let mut valid = [0usize; R];
-            for (t, vt) in valid.iter_mut().enumerate().take(take) {
+            // Keys `from..valid` of this block that vector i + t may see
+            // (the causal mask, and the sliding window's lower bound).
+            let (mut from, mut valid) = ([0usize; R], [0usize; R]);
+            for t in 0..take {
                 let pos = job.first_pos + (i + t) / group;
-                *vt = (pos + 1).saturating_sub(first_key).min(BK);
+                valid[t] = (pos + 1).saturating_sub(first_key).min(BK);
+                from[t] = job
+                    .first_visible(pos)
+                    .saturating_sub(first_key)
+                    .min(valid[t]);
             }
             let most = valid.iter().copied().max().unwrap_or(0);
-            if most > 0 {
+            let any = (0..take).any(|t| from[t] < valid[t]);
+            if any {
                 let q = &buf.q[i * d..(i + take) * d];
                 if take == R {
                     // SAFETY: the caller vouches for M's instructions.
@@ -120,9 +151,15 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
                         p[t] = one[0];
                     }
                 }
+                if let Some(cap) = job.rule.softcap {
+                    for row in p.iter_mut().take(take) {
+                        softcap(&mut row[..most], cap);
+                    }
+                }
                 for t in 0..take {
                     softmax_step(
                         &mut p[t],
+                        from[t],
                         valid[t],
                         &mut buf.m[i + t],
                         &mut buf.l[i + t],
@@ -151,16 +188,24 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
     }
 }
 
-/// Online softmax over one block: turns scores `s[..valid]` into weights
-/// relative to the new running max (zero past `valid`), and rescales the
+/// Online softmax over one block: turns scores `s[from..valid]` into
+/// weights relative to the new running max (zero outside), and rescales the
 /// running sum `l` and output `acc` when the max grew. Straight loops over
 /// the whole block so that they vectorize.
 #[inline(always)]
-fn softmax_step(s: &mut [f32; BK], valid: usize, m: &mut f32, l: &mut f32, acc: &mut [f32]) {
-    if valid == 0 {
+fn softmax_step(
+    s: &mut [f32; BK],
+    from: usize,
+    valid: usize,
+    m: &mut f32,
+    l: &mut f32,
+    acc: &mut [f32],
+) {
+    if from >= valid {
         s.fill(0.0);
         return;
     }
+    s[..from].fill(f32::NEG_INFINITY);
     s[valid..].fill(f32::NEG_INFINITY);
     let mut lanes = [f32::NEG_INFINITY; 8];
     for c in s.chunks_exact(8) {
@@ -173,6 +218,7 @@ fn softmax_step(s: &mut [f32; BK], valid: usize, m: &mut f32, l: &mut f32, acc: 
     for x in s.iter_mut() {
         *x = exp_nonpositive(*x - new_max);
     }
+    s[..from].fill(0.0);
     s[valid..].fill(0.0);
     let mut sums = [0f32; 8];
     for c in s.chunks_exact(8) {

@@ -38,6 +38,17 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     scalar::silu_mul(gate, up);
 }
 
+/// `gate[i] = gelu(gate[i]) * up[i]` (tanh approximation), the Gemma MLP activation.
+pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        // SAFETY: AVX2/FMA were detected at run time.
+        unsafe { avx2::gelu_mul(gate, up) };
+        return;
+    }
+    scalar::gelu_mul(gate, up);
+}
+
 /// The blocked attention unit ([`super::blocked::unit_impl`]) built for the
 /// widest vector unit available.
 pub fn flash_unit() -> UnitFn {

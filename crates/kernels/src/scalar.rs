@@ -273,6 +273,24 @@ pub(super) fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `gelu(g) * u` with the tanh approximation (Gemma's MLP):
+/// `0.5 g (1 + tanh(a)) = g sigmoid(2a)`, `a = sqrt(2/pi) (g + 0.044715 g^3)`,
+/// with `e^-|2a|` so the exponent never overflows.
+#[inline(always)]
+pub(super) fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    for (g, u) in gate.iter_mut().zip(up) {
+        let a2 = 2.0 * SQRT_2_OVER_PI * (*g + 0.044_715 * *g * *g * *g);
+        let e = exp_nonpositive(-a2.abs());
+        let sigmoid = if a2 >= 0.0 {
+            1.0 / (1.0 + e)
+        } else {
+            e / (1.0 + e)
+        };
+        *g = *g * sigmoid * u;
+    }
+}
+
 /// One query row against its keys; inlined into each SIMD build.
 #[inline(always)]
 pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, out: &mut [f32]) {
@@ -282,11 +300,12 @@ pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, 
         v_pool,
         keys,
         shape,
+        rule,
     } = *job;
     let d = shape.head_dim;
     let kv_dim = shape.n_kv_heads * d;
     let group = shape.n_heads / shape.n_kv_heads;
-    let scale = 1.0 / (d as f32).sqrt();
+    let scale = rule.scale;
     let n = keys.len();
     // Scores, then one row of room to convert an f16 K or V row into.
     scores.resize(group * n + d, 0.0);
@@ -301,6 +320,9 @@ pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, 
             for (hh, h) in heads.clone().enumerate() {
                 scores[hh * n + j] = dot(&q[h * d..(h + 1) * d], k_row) * scale;
             }
+        }
+        if let Some(cap) = rule.softcap {
+            crate::attention::softcap(scores, cap);
         }
         let mut inv_sums = [0f32; MAX_GROUP];
         for (hh, row) in scores.chunks_exact_mut(n).enumerate() {
@@ -436,6 +458,36 @@ pub fn flash_unit(job: &UnitJob<'_>, buf: &mut UnitBuf) {
 #[cfg(test)]
 mod tests {
     use crate::test_data::random;
+
+    #[test]
+    fn gelu_matches_the_tanh_definition() {
+        let g: Vec<f32> = (-2000..2000).map(|i| i as f32 * 0.005).collect();
+        let u = random(g.len(), 6, 1.0);
+        let mut out = g.clone();
+        crate::dispatch::gelu_mul(&mut out, &u);
+        for ((&x, &y), &o) in g.iter().zip(&u).zip(&out) {
+            let x64 = f64::from(x);
+            let a = (2.0 / std::f64::consts::PI).sqrt() * (x64 + 0.044715 * x64.powi(3));
+            let want = 0.5 * x64 * (1.0 + a.tanh()) * f64::from(y);
+            assert!(
+                (f64::from(o) - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                "gelu({x}) * {y}: {o} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn softcap_matches_tanh() {
+        let mut s: Vec<f32> = (-400..400).map(|i| i as f32 * 0.5).collect();
+        let want: Vec<f64> = s
+            .iter()
+            .map(|&x| 50.0 * (f64::from(x) / 50.0).tanh())
+            .collect();
+        crate::attention::softcap(&mut s, 50.0);
+        for (&got, &w) in s.iter().zip(&want) {
+            assert!((f64::from(got) - w).abs() < 1e-5, "{got} vs {w}");
+        }
+    }
 
     #[test]
     fn silu_matches_the_definition() {

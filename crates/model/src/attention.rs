@@ -9,21 +9,23 @@
 use std::sync::Mutex;
 
 pub(crate) use zinfer_kernels::HeadShape;
-use zinfer_kernels::{self as kernels, KvElem, RowJob};
+use zinfer_kernels::{self as kernels, KvElem, RowJob, ScoreRule};
 
-/// Computes `out[r] = softmax(q[r] K^T / sqrt(d)) V` for every row `r`, where
+/// Computes `out[r] = softmax(score(q[r], K)) V` for every row `r`, where
 /// K and V are the pool rows at `keys[r]` (the slots row `r` may attend to).
 /// Rows with no keys are left alone (the blocked kernel in [`super::flash`]
 /// computes them).
 ///
 /// `q` and `out` are `[rows, n_heads * head_dim]`; the pools are
 /// `[slots, n_kv_heads * head_dim]`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attend<T: KvElem>(
     q: &[f32],
     k_pool: &[T],
     v_pool: &[T],
     keys: &[&[u32]],
     shape: HeadShape,
+    rule: ScoreRule,
     out: &mut [f32],
     parallel: bool,
 ) {
@@ -44,6 +46,7 @@ pub(crate) fn attend<T: KvElem>(
                 v_pool,
                 keys: keys[r],
                 shape,
+                rule,
             };
             kernels::attend_row(&job, &mut scores, &mut o);
         }
@@ -71,7 +74,8 @@ mod tests {
         let slots: Vec<u32> = (0..rows as u32).map(|i| 37 - 7 * i).collect();
         let keys: Vec<&[u32]> = (0..rows).map(|r| &slots[..=r]).collect();
         let mut out = vec![0f32; rows * qd];
-        attend(&q, &k[..], &v[..], &keys, shape, &mut out, true);
+        let rule = ScoreRule::standard(16);
+        attend(&q, &k[..], &v[..], &keys, shape, rule, &mut out, true);
         for r in 0..rows {
             for h in 0..6 {
                 let g = h / 3;

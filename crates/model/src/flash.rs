@@ -17,7 +17,9 @@
 use std::cell::RefCell;
 use std::sync::Mutex;
 
-use zinfer_kernels::{BK, HeadShape, KvElem, UnitBuf, UnitFn, UnitJob};
+use zinfer_kernels::{
+    BK, HeadShape, KvElem, ScoreRule, UnitBuf, UnitFn, UnitJob, first_packed_key,
+};
 /// Query rows (each with all heads of one KV group) per unit of work.
 const BR: usize = 32;
 
@@ -39,6 +41,14 @@ pub(crate) fn supports(shape: HeadShape) -> bool {
     shape.head_dim.is_multiple_of(16) && shape.n_heads.is_multiple_of(shape.n_kv_heads)
 }
 
+/// Which keys a row sees and how its scores are made: every key up to its
+/// own position, or with a sliding window only the last `window`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Keys {
+    pub(crate) window: Option<usize>,
+    pub(crate) rule: ScoreRule,
+}
+
 /// Packed keys and values of one chunk, reused between layers.
 #[derive(Debug, Default)]
 pub(crate) struct FlashScratch {
@@ -48,8 +58,10 @@ pub(crate) struct FlashScratch {
     v: Vec<f32>,
 }
 
-/// `out[r] = softmax(q[r] K^T / sqrt(d)) V` for the rows of `chunk`, each
-/// attending to the keys at positions `0..=` its own.
+/// `out[r] = softmax(score(q[r], K)) V` for the rows of `chunk`, each
+/// attending to the keys at positions `0..=` its own (the last `window` of
+/// them with a sliding window). Key blocks before the first row's window
+/// are not packed.
 ///
 /// `q` and `out` are `[step_rows, n_heads * d]`; the pools are
 /// `[slots, n_kv_heads * d]`. `unit` is a build of the blocked unit ([`zinfer_kernels::flash_unit`]).
@@ -60,6 +72,7 @@ pub(crate) fn attend_chunk<T: KvElem>(
     v_pool: &[T],
     chunk: ChunkRows<'_>,
     shape: HeadShape,
+    keys: Keys,
     out: &mut [f32],
     scratch: &mut FlashScratch,
     parallel: bool,
@@ -72,7 +85,8 @@ pub(crate) fn attend_chunk<T: KvElem>(
     assert!(chunk.slots.len() >= n_keys && supports(shape));
     assert!(q.len() >= (chunk.first_row + chunk.len) * q_len);
     assert!(out.len() >= (chunk.first_row + chunk.len) * q_len);
-    let blocks = n_keys.div_ceil(BK);
+    let first_key = first_packed_key(chunk.start_pos, keys.window);
+    let blocks = (n_keys - first_key).div_ceil(BK);
     let block_len = BK * d;
     scratch.kt.resize(n_kv * blocks * block_len, 0.0);
     scratch.v.resize(n_kv * blocks * block_len, 0.0);
@@ -91,11 +105,12 @@ pub(crate) fn attend_chunk<T: KvElem>(
                 // Each part is handed to exactly one unit: the locks are uncontended.
                 let mut kt = kt_parts[u].lock().unwrap_or_else(|e| e.into_inner());
                 let mut v = v_parts[u].lock().unwrap_or_else(|e| e.into_inner());
-                let keys = &chunk.slots[b * BK..n_keys.min((b + 1) * BK)];
+                let from = first_key + b * BK;
+                let slots = &chunk.slots[from..n_keys.min(from + BK)];
                 pack_block(
                     k_pool,
                     v_pool,
-                    keys,
+                    slots,
                     g * d,
                     kv_dim,
                     &mut kt,
@@ -133,6 +148,9 @@ pub(crate) fn attend_chunk<T: KvElem>(
                 kv_head: g,
                 rows: rows.len(),
                 first_pos: chunk.start_pos + rows.start,
+                first_key,
+                window: keys.window,
+                rule: keys.rule,
             };
             unit(&job, &mut buf);
             let group = shape.n_heads / n_kv;
@@ -160,6 +178,7 @@ pub(crate) fn attend_rows<T: KvElem>(
     v_pool: &[T],
     chunks: &[ChunkRows<'_>],
     shape: HeadShape,
+    keys: Keys,
     out: &mut [f32],
     parallel: bool,
     unit: UnitFn,
@@ -184,13 +203,15 @@ pub(crate) fn attend_rows<T: KvElem>(
             for u in range {
                 let (chunk, g) = (&chunks[u / n_kv], u % n_kv);
                 let n_keys = chunk.start_pos + 1;
-                let blocks = n_keys.div_ceil(BK);
+                let first_key = first_packed_key(chunk.start_pos, keys.window);
+                let blocks = (n_keys - first_key).div_ceil(BK);
                 kt.resize(blocks * BK * d, 0.0);
                 v.resize(blocks * BK * d, 0.0);
                 let packed = kt.chunks_mut(BK * d).zip(v.chunks_mut(BK * d));
                 for (b, (kt, v)) in packed.take(blocks).enumerate() {
-                    let keys = &chunk.slots[b * BK..n_keys.min((b + 1) * BK)];
-                    pack_block(k_pool, v_pool, keys, g * d, kv_dim, kt, v, &mut row);
+                    let from = first_key + b * BK;
+                    let slots = &chunk.slots[from..n_keys.min(from + BK)];
+                    pack_block(k_pool, v_pool, slots, g * d, kv_dim, kt, v, &mut row);
                 }
                 let job = UnitJob {
                     q: &q[chunk.first_row * q_len..(chunk.first_row + 1) * q_len],
@@ -200,6 +221,9 @@ pub(crate) fn attend_rows<T: KvElem>(
                     kv_head: g,
                     rows: 1,
                     first_pos: chunk.start_pos,
+                    first_key,
+                    window: keys.window,
+                    rule: keys.rule,
                 };
                 unit(&job, buf);
                 // Each part is handed to exactly one unit: the lock is uncontended.
@@ -250,7 +274,16 @@ mod tests {
     use super::*;
     use zinfer_kernels::test_data::random;
 
-    /// Plain f64 softmax attention of row `r` (position `pos`) over `slots[..=pos]`.
+    /// Every key, `1 / sqrt(d)`, no cap.
+    fn all_keys(shape: HeadShape) -> Keys {
+        Keys {
+            window: None,
+            rule: ScoreRule::standard(shape.head_dim),
+        }
+    }
+
+    /// Plain f64 softmax attention of row `r` (position `pos`) over
+    /// `slots[..=pos]` (the last `window` of them with a window).
     #[allow(clippy::too_many_arguments)]
     fn reference(
         q: &[f32],
@@ -258,31 +291,38 @@ mod tests {
         v: &[f32],
         slots: &[u32],
         shape: HeadShape,
+        keys: Keys,
         r: usize,
         pos: usize,
     ) -> Vec<f64> {
         let d = shape.head_dim;
         let (qd, kvd) = (shape.n_heads * d, shape.n_kv_heads * d);
         let group = shape.n_heads / shape.n_kv_heads;
+        let lo = keys.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+        let seen = &slots[lo..=pos];
         let mut out = vec![0f64; qd];
         for h in 0..shape.n_heads {
             let g = h / group;
-            let s: Vec<f64> = slots[..=pos]
+            let s: Vec<f64> = seen
                 .iter()
                 .map(|&slot| {
-                    (0..d)
+                    let dot = (0..d)
                         .map(|c| {
                             f64::from(q[r * qd + h * d + c])
                                 * f64::from(k[slot as usize * kvd + g * d + c])
                         })
                         .sum::<f64>()
-                        / (d as f64).sqrt()
+                        * f64::from(keys.rule.scale);
+                    match keys.rule.softcap {
+                        Some(cap) => f64::from(cap) * (dot / f64::from(cap)).tanh(),
+                        None => dot,
+                    }
                 })
                 .collect();
             let m = s.iter().copied().fold(f64::MIN, f64::max);
             let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
             for c in 0..d {
-                out[h * d + c] = slots[..=pos]
+                out[h * d + c] = seen
                     .iter()
                     .zip(&s)
                     .map(|(&slot, x)| {
@@ -297,6 +337,10 @@ mod tests {
     /// Runs one chunk of `len` rows after `start` cached positions through
     /// every SIMD build and compares with [`reference`].
     fn check(shape: HeadShape, start: usize, len: usize, parallel: bool) {
+        check_keys(shape, all_keys(shape), start, len, parallel);
+    }
+
+    fn check_keys(shape: HeadShape, keys: Keys, start: usize, len: usize, parallel: bool) {
         let d = shape.head_dim;
         let (qd, kvd) = (shape.n_heads * d, shape.n_kv_heads * d);
         let n_keys = start + len;
@@ -332,6 +376,7 @@ mod tests {
                 &v,
                 chunk,
                 shape,
+                keys,
                 &mut out,
                 &mut scratch,
                 parallel,
@@ -342,7 +387,7 @@ mod tests {
                 "{name}: wrote other rows"
             );
             for i in 0..len {
-                let want = reference(&q, &k, &v, &slots, shape, first_row + i, start + i);
+                let want = reference(&q, &k, &v, &slots, shape, keys, first_row + i, start + i);
                 let got = &out[(first_row + i) * qd..(first_row + i + 1) * qd];
                 for (c, (&g, &w)) in got.iter().zip(&want).enumerate() {
                     assert!(
@@ -367,13 +412,14 @@ mod tests {
                 &v16,
                 chunk,
                 shape,
+                keys,
                 &mut out16,
                 &mut scratch,
                 parallel,
                 unit,
             );
             let i = len - 1;
-            let want = reference(&q, &kr, &vr, &slots, shape, first_row + i, start + i);
+            let want = reference(&q, &kr, &vr, &slots, shape, keys, first_row + i, start + i);
             for (&g, &w) in out16[(first_row + i) * qd..].iter().zip(&want) {
                 assert!((f64::from(g) - w).abs() < 2e-5, "{name} f16: {g} vs {w}");
             }
@@ -444,7 +490,19 @@ mod tests {
                 start_pos: start,
                 slots: &slots[..start + len],
             };
-            attend_chunk(&q, &k, &v, chunk, shape, &mut out, &mut scratch, true, unit);
+            let keys = all_keys(shape);
+            attend_chunk(
+                &q,
+                &k,
+                &v,
+                chunk,
+                shape,
+                keys,
+                &mut out,
+                &mut scratch,
+                true,
+                unit,
+            );
             out
         };
         let whole = run(0, n);
@@ -468,9 +526,90 @@ mod tests {
             })
             .collect();
         let mut out = vec![0f32; positions.len() * qd];
-        attend_rows(&q_rows, &k, &v, &chunks, shape, &mut out, true, unit);
+        let keys = all_keys(shape);
+        attend_rows(&q_rows, &k, &v, &chunks, shape, keys, &mut out, true, unit);
         for (i, &p) in positions.iter().enumerate() {
             assert_eq!(row(&out, i), row(&whole, p), "decode row at position {p}");
+        }
+    }
+
+    /// A sliding window (narrower and wider than a key block, ending
+    /// mid-block) and a softcap, on chunks that start inside and past the
+    /// first window.
+    #[test]
+    fn windows_and_softcaps_match_reference_attention() {
+        let shape = HeadShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 32,
+        };
+        for window in [1, 5, 64, 100] {
+            for softcap in [None, Some(2.0)] {
+                let keys = Keys {
+                    window: Some(window),
+                    rule: ScoreRule {
+                        scale: 0.3,
+                        softcap,
+                    },
+                };
+                for (start, len) in [(0, 40), (0, 150), (70, 1), (130, 60), (200, 1)] {
+                    check_keys(shape, keys, start, len, start > 100);
+                }
+            }
+        }
+    }
+
+    /// With a window, a row still gets the same bits however its sequence
+    /// was chunked: blocks are aligned to absolute positions, so skipping
+    /// the ones before the window changes no block's contents.
+    #[test]
+    fn windowed_rows_are_independent_of_chunking() {
+        let shape = HeadShape {
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 32,
+        };
+        let keys = Keys {
+            window: Some(70),
+            rule: ScoreRule::standard(32),
+        };
+        let (qd, kvd) = (64, 32);
+        let n = 200;
+        let (k, v) = (random(n * kvd, 8, 2.0), random(n * kvd, 9, 2.0));
+        let q = random(n * qd, 7, 2.0);
+        let slots: Vec<u32> = (0..n as u32).collect();
+        let unit = zinfer_kernels::flash_unit();
+        let mut scratch = FlashScratch::default();
+        let mut whole = vec![0f32; n * qd];
+        let chunk = ChunkRows {
+            first_row: 0,
+            len: n,
+            start_pos: 0,
+            slots: &slots,
+        };
+        attend_chunk(
+            &q,
+            &k,
+            &v,
+            chunk,
+            shape,
+            keys,
+            &mut whole,
+            &mut scratch,
+            false,
+            unit,
+        );
+        for p in [0, 69, 70, 130, 199] {
+            let rows = [ChunkRows {
+                first_row: 0,
+                len: 1,
+                start_pos: p,
+                slots: &slots[..=p],
+            }];
+            let mut one = vec![0f32; qd];
+            let q_row = &q[p * qd..(p + 1) * qd];
+            attend_rows(q_row, &k, &v, &rows, shape, keys, &mut one, false, unit);
+            assert_eq!(one, whole[p * qd..(p + 1) * qd], "position {p}");
         }
     }
 

@@ -1,4 +1,6 @@
-//! Loading llama-architecture GGUF files.
+//! Loading GGUF files: the metadata into a [`ModelSpec`] (keys read with
+//! the architecture's prefix, then the architecture's own rules), and the
+//! tensors for the CPU kernels (the candle backend reads them in its module).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -8,24 +10,24 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::{Content, Value};
+use zinfer_kernels::ScoreRule;
 
-use super::config::MAX_POSITIONS;
+use super::arch::{self, RopeTensors};
+use super::cpu::{CpuModel, CpuWeights};
 use super::linear::{Embedding, Linear};
-use super::llama::{Block, Weights};
-use super::{Llama, LlamaConfig, LoadOptions, ModelError, ModelTokenizer};
+use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec};
+use super::weights::{self, Naming, TensorSource};
+use super::{LoadOptions, ModelError, ModelTokenizer};
 
 /// Reads the model, its tokenizer and chat template from one GGUF file.
 pub(crate) fn load(
     path: &Path,
     options: &LoadOptions,
-) -> Result<(Llama, ModelTokenizer), ModelError> {
+) -> Result<(CpuModel, ModelTokenizer), ModelError> {
     let mut file = open(path)?;
-    let mut gguf = Gguf {
-        content: &file.content,
-        reader: &mut file.reader,
-    };
-    let weights = weights(&mut gguf, &file.cfg)?;
-    let model = Llama::new(file.cfg, weights, options)?;
+    let spec = file.spec.clone();
+    let weights: CpuWeights = weights::read(&mut CpuSource(&mut file), &spec, Naming::Gguf)?;
+    let model = CpuModel::new(spec, weights, options)?;
     Ok((model, file.tokenizer))
 }
 
@@ -33,11 +35,35 @@ pub(crate) fn load(
 pub(crate) struct GgufFile {
     pub(crate) content: Content,
     pub(crate) reader: BufReader<File>,
-    pub(crate) cfg: LlamaConfig,
+    pub(crate) spec: ModelSpec,
     pub(crate) tokenizer: ModelTokenizer,
 }
 
-/// Reads a GGUF file's header, model config and tokenizer (not the weights).
+impl GgufFile {
+    /// Whether the file has a tensor of this name.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Reads the tensor `name` onto `device`.
+    pub(crate) fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor, ModelError> {
+        if !self.has(name) {
+            return Err(ModelError::Format(format!(
+                "GGUF file has no tensor `{name}`"
+            )));
+        }
+        self.content
+            .tensor(&mut self.reader, name, device)
+            .map_err(|e| ModelError::Format(format!("reading tensor `{name}`: {e}")))
+    }
+
+    /// The tensor `name` as f32 values on the host, if the file has it.
+    pub(crate) fn opt_vector(&mut self, name: &str) -> Result<Option<Vec<f32>>, ModelError> {
+        opt_vector(&self.content, &mut self.reader, name)
+    }
+}
+
+/// Reads a GGUF file's header, model spec and tokenizer (not the weights).
 pub(crate) fn open(path: &Path) -> Result<GgufFile, ModelError> {
     let io = |source| ModelError::Io {
         path: path.to_path_buf(),
@@ -50,158 +76,300 @@ pub(crate) fn open(path: &Path) -> Result<GgufFile, ModelError> {
             path.display()
         ))
     })?;
-    let mut cfg = config(&content)?;
     let tokenizer = ModelTokenizer::from_gguf(&content)?;
-    if content.tensor_infos.contains_key("rope_freqs.weight") {
-        let mut gguf = Gguf {
-            content: &content,
-            reader: &mut reader,
-        };
-        cfg.rope_freq_factors = gguf.vector("rope_freqs.weight")?;
-    }
+    let spec = spec(&content, &mut reader)?;
     Ok(GgufFile {
         content,
         reader,
-        cfg,
+        spec,
         tokenizer,
     })
 }
 
-struct Gguf<'a, R> {
-    content: &'a Content,
-    reader: &'a mut R,
+/// The tensor `name` as f32 values on the host, if the file has it.
+fn opt_vector(
+    content: &Content,
+    reader: &mut BufReader<File>,
+    name: &str,
+) -> Result<Option<Vec<f32>>, ModelError> {
+    if !content.tensor_infos.contains_key(name) {
+        return Ok(None);
+    }
+    let t = content
+        .tensor(reader, name, &Device::Cpu)
+        .map_err(|e| ModelError::Format(format!("reading tensor `{name}`: {e}")))?;
+    let v = t
+        .dequantize(&Device::Cpu)?
+        .flatten_all()?
+        .to_vec1::<f32>()?;
+    Ok(Some(v))
 }
 
-impl<R: std::io::Read + std::io::Seek> Gguf<'_, R> {
-    fn qtensor(&mut self, name: &str) -> Result<QTensor, ModelError> {
-        if !self.content.tensor_infos.contains_key(name) {
-            return Err(ModelError::Format(format!(
-                "GGUF file has no tensor `{name}`"
-            )));
+/// GGUF metadata of one architecture: `usize("block_count")` reads
+/// `{arch}.block_count`.
+pub(crate) struct Meta<'a> {
+    md: &'a HashMap<String, Value>,
+    arch: &'a str,
+}
+
+impl Meta<'_> {
+    fn key(&self, key: &str) -> String {
+        format!("{}.{key}", self.arch)
+    }
+
+    /// `{arch}.{key}` as an integer; an error when it is missing.
+    pub(crate) fn usize(&self, key: &str) -> Result<usize, ModelError> {
+        let full = self.key(key);
+        self.opt_usize(key)?
+            .ok_or_else(|| ModelError::Format(format!("GGUF metadata has no `{full}`")))
+    }
+
+    /// `{arch}.{key}` as an integer, if present.
+    pub(crate) fn opt_usize(&self, key: &str) -> Result<Option<usize>, ModelError> {
+        let full = self.key(key);
+        self.md
+            .get(&full)
+            .map(|v| value_usize(v, &full))
+            .transpose()
+    }
+
+    /// `{arch}.{key}` as a float, if present.
+    pub(crate) fn opt_f32(&self, key: &str) -> Result<Option<f32>, ModelError> {
+        let full = self.key(key);
+        match self.md.get(&full) {
+            None => Ok(None),
+            Some(Value::F32(v)) => Ok(Some(*v)),
+            Some(Value::F64(v)) => Ok(Some(*v as f32)),
+            Some(other) => Err(ModelError::Format(format!(
+                "`{full}` is not a float: {other:?}"
+            ))),
         }
-        self.content
-            .tensor(self.reader, name, &Device::Cpu)
-            .map_err(|e| ModelError::Format(format!("reading tensor `{name}`: {e}")))
     }
 
-    fn linear(&mut self, name: &str) -> Result<Linear, ModelError> {
-        let qt = self.qtensor(name)?;
-        Linear::from_qtensor(name, qt)
+    /// `{arch}.{key}` as a string, if present.
+    pub(crate) fn opt_str(&self, key: &str) -> Result<Option<&str>, ModelError> {
+        let full = self.key(key);
+        match self.md.get(&full) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(other) => Err(ModelError::Format(format!(
+                "`{full}` is not a string: {other:?}"
+            ))),
+        }
     }
 
-    fn vector(&mut self, name: &str) -> Result<Vec<f32>, ModelError> {
-        let qt = self.qtensor(name)?;
-        Ok(qt
-            .dequantize(&Device::Cpu)?
-            .flatten_all()?
-            .to_vec1::<f32>()?)
+    /// Which layers have a sliding window: `attention.sliding_window_pattern`
+    /// as one flag per layer, or a period `n` (every layer but the last of
+    /// each `n`); `period` when the key is missing.
+    pub(crate) fn swa_pattern(
+        &self,
+        n_layers: usize,
+        period: usize,
+    ) -> Result<Vec<bool>, ModelError> {
+        let full = self.key("attention.sliding_window_pattern");
+        let period = match self.md.get(&full) {
+            Some(Value::Array(flags)) => {
+                if flags.len() != n_layers {
+                    return Err(ModelError::Format(format!(
+                        "`{full}` has {} flags for {n_layers} layers",
+                        flags.len()
+                    )));
+                }
+                return flags
+                    .iter()
+                    .map(|f| match f {
+                        Value::Bool(b) => Ok(*b),
+                        other => Err(ModelError::Format(format!(
+                            "`{full}` holds {other:?}, not flags"
+                        ))),
+                    })
+                    .collect();
+            }
+            Some(v) => value_usize(v, &full)?,
+            None => period,
+        };
+        Ok((0..n_layers)
+            .map(|i| period == 0 || i % period < period - 1)
+            .collect())
     }
 }
 
-fn weights<R: std::io::Read + std::io::Seek>(
-    g: &mut Gguf<'_, R>,
-    cfg: &LlamaConfig,
-) -> Result<Weights, ModelError> {
-    let embd = g.qtensor("token_embd.weight")?;
-    let (token_embd, output) = if g.content.tensor_infos.contains_key("output.weight") {
-        (
-            Embedding::from_qtensor("token_embd.weight", embd)?,
-            g.linear("output.weight")?,
-        )
-    } else {
-        // Tied embeddings: the table doubles as the LM head.
-        Embedding::with_tied_head("token_embd.weight", embd)?
+/// The spec of an opened file: the keys every architecture shares, then
+/// the architecture's own.
+fn spec(content: &Content, reader: &mut BufReader<File>) -> Result<ModelSpec, ModelError> {
+    let md = &content.metadata;
+    let name = match md.get("general.architecture") {
+        Some(Value::String(s)) => s.clone(),
+        _ => {
+            return Err(ModelError::Format(
+                "GGUF metadata has no general.architecture".to_string(),
+            ));
+        }
     };
-    let mut blocks = Vec::with_capacity(cfg.n_layers);
-    for i in 0..cfg.n_layers {
-        let p = format!("blk.{i}");
-        blocks.push(Block {
-            attn_norm: g.vector(&format!("{p}.attn_norm.weight"))?,
-            attn_q: g.linear(&format!("{p}.attn_q.weight"))?,
-            attn_k: g.linear(&format!("{p}.attn_k.weight"))?,
-            attn_v: g.linear(&format!("{p}.attn_v.weight"))?,
-            attn_output: g.linear(&format!("{p}.attn_output.weight"))?,
-            ffn_norm: g.vector(&format!("{p}.ffn_norm.weight"))?,
-            ffn_gate: g.linear(&format!("{p}.ffn_gate.weight"))?,
-            ffn_up: g.linear(&format!("{p}.ffn_up.weight"))?,
-            ffn_down: g.linear(&format!("{p}.ffn_down.weight"))?,
-        });
+    let arch = arch::by_gguf_name(&name)?;
+    let meta = Meta { md, arch: &name };
+    if meta.opt_usize("expert_count")?.unwrap_or(0) > 0 {
+        return Err(ModelError::UnsupportedArchitecture(format!(
+            "{name} with mixture-of-experts"
+        )));
     }
-    Ok(Weights {
-        token_embd,
-        blocks,
-        output_norm: g.vector("output_norm.weight")?,
-        output,
-    })
-}
-
-fn config(ct: &Content) -> Result<LlamaConfig, ModelError> {
-    let md = &ct.metadata;
-    let arch = md
-        .get("general.architecture")
-        .and_then(|v| v.to_string().ok())
-        .ok_or_else(|| {
-            ModelError::Format("GGUF metadata has no general.architecture".to_string())
-        })?;
-    if arch != "llama" {
-        return Err(ModelError::UnsupportedArchitecture(arch.clone()));
+    let n_heads = meta.usize("attention.head_count")?;
+    let hidden = meta.usize("embedding_length")?;
+    let head_dim = match meta.opt_usize("attention.key_length")? {
+        Some(d) => d,
+        None => hidden / n_heads.max(1),
+    };
+    if let Some(v) = meta.opt_usize("attention.value_length")?
+        && v != head_dim
+    {
+        return Err(ModelError::UnsupportedArchitecture(format!(
+            "{name} with value heads of {v} and key heads of {head_dim}"
+        )));
     }
-    if get_usize(md, "llama.expert_count").unwrap_or(0) > 0 {
-        return Err(ModelError::UnsupportedArchitecture(
-            "llama with mixture-of-experts".to_string(),
-        ));
-    }
-    let n_heads = get_usize(md, "llama.attention.head_count")?;
-    let hidden = get_usize(md, "llama.embedding_length")?;
-    let head_dim = hidden / n_heads.max(1);
-    if let Ok(rope_dim) = get_usize(md, "llama.rope.dimension_count")
+    if let Some(rope_dim) = meta.opt_usize("rope.dimension_count")?
         && rope_dim != head_dim
     {
         return Err(ModelError::UnsupportedArchitecture(format!(
-            "llama with partial RoPE ({rope_dim} of {head_dim} dims)"
+            "{name} with partial RoPE ({rope_dim} of {head_dim} dims)"
         )));
     }
-    let vocab = ct
+    let vocab = content
         .tensor_infos
         .get("token_embd.weight")
         .and_then(|t| t.shape.dims().first().copied())
         .ok_or_else(|| {
             ModelError::Format("GGUF file has no usable tensor `token_embd.weight`".to_string())
         })?;
-    Ok(LlamaConfig {
-        n_layers: get_usize(md, "llama.block_count")?,
+    let n_layers = meta.usize("block_count")?;
+    let mut rope = RopeSpec::plain(
+        arch.rope_style,
+        meta.opt_f32("rope.freq_base")?.unwrap_or(10_000.0),
+    );
+    match meta.opt_str("rope.scaling.type")? {
+        None | Some("none") => {}
+        Some("linear") => {
+            if let Some(f) = meta.opt_f32("rope.scaling.factor")?.filter(|&f| f > 0.0) {
+                rope.scaling.linear = f;
+            }
+        }
+        // YaRN needs attention scaling zinfer does not do; refuse rather than drift.
+        Some(other) if other != "longrope" => {
+            return Err(ModelError::UnsupportedArchitecture(format!(
+                "{name} with `{other}` RoPE scaling"
+            )));
+        }
+        Some(_) => {}
+    }
+    let mut spec = ModelSpec {
+        arch: arch.name,
+        n_layers,
         n_heads,
-        n_kv_heads: get_usize(md, "llama.attention.head_count_kv").unwrap_or(n_heads),
+        n_kv_heads: meta
+            .opt_usize("attention.head_count_kv")?
+            .unwrap_or(n_heads),
         hidden,
         head_dim,
-        ffn: get_usize(md, "llama.feed_forward_length")?,
+        ffn: meta.usize("feed_forward_length")?,
         vocab,
-        rope_theta: get_f32(md, "llama.rope.freq_base").unwrap_or(10_000.0),
-        rms_eps: get_f32(md, "llama.attention.layer_norm_rms_epsilon").unwrap_or(1e-5),
-        max_positions: get_usize(md, "llama.context_length")
+        norm_eps: meta
+            .opt_f32("attention.layer_norm_rms_epsilon")?
+            .unwrap_or(1e-5),
+        max_positions: meta
+            .opt_usize("context_length")?
             .unwrap_or(4096)
             .min(MAX_POSITIONS),
-        rope_freq_factors: Vec::new(),
-        rope_interleaved: true,
-    })
-}
-
-fn get_usize(md: &HashMap<String, Value>, key: &str) -> Result<usize, ModelError> {
-    let v = md
-        .get(key)
-        .ok_or_else(|| ModelError::Format(format!("GGUF metadata has no `{key}`")))?;
-    value_usize(v, key)
-}
-
-fn get_f32(md: &HashMap<String, Value>, key: &str) -> Result<f32, ModelError> {
-    match md.get(key) {
-        Some(Value::F32(v)) => Ok(*v),
-        Some(Value::F64(v)) => Ok(*v as f32),
-        Some(other) => Err(ModelError::Format(format!(
-            "`{key}` is not a float: {other:?}"
-        ))),
-        None => Err(ModelError::Format(format!("GGUF metadata has no `{key}`"))),
+        ropes: vec![rope],
+        layers: ModelSpec::uniform_layers(n_layers, None),
+        attn: ScoreRule::standard(head_dim),
+        activation: arch.activation,
+        embed_scale: None,
+        final_softcap: None,
+        layout: arch.layout,
+    };
+    if let Some(f) = opt_vector(content, reader, "rope_freqs.weight")? {
+        spec.ropes[0].scaling.freq_factors = f;
     }
+    let file_rope = RopeTensors {
+        long: opt_vector(content, reader, "rope_factors_long.weight")?,
+        short: opt_vector(content, reader, "rope_factors_short.weight")?,
+    };
+    (arch.finish)(&mut spec, &meta, &file_rope)?;
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// The CPU kernels' view of a GGUF file.
+struct CpuSource<'a>(&'a mut GgufFile);
+
+impl TensorSource for CpuSource<'_> {
+    type Embedding = Embedding;
+    type Matrix = Linear;
+    type Vector = Vec<f32>;
+
+    fn has_own_head(&self, name: &str) -> bool {
+        self.0.has(name)
+    }
+
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        let lin = Linear::from_qtensor(name, self.0.qtensor(name, &Device::Cpu)?)?;
+        check_dims(name, (lin.rows(), lin.cols()), (rows, cols))?;
+        Ok(lin)
+    }
+
+    fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let v = self
+            .0
+            .opt_vector(name)?
+            .ok_or_else(|| ModelError::Format(format!("GGUF file has no tensor `{name}`")))?;
+        check_len(name, v.len(), len)?;
+        Ok(v)
+    }
+
+    fn concat(&mut self, parts: Vec<Vec<f32>>) -> Result<Vec<f32>, ModelError> {
+        Ok(parts.concat())
+    }
+
+    fn embedding(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        tied: bool,
+    ) -> Result<(Embedding, Option<Linear>), ModelError> {
+        let qt = self.0.qtensor(name, &Device::Cpu)?;
+        check_dims(name, qt.shape().dims2()?, (rows, cols))?;
+        if tied {
+            let (table, head) = Embedding::with_tied_head(name, qt)?;
+            Ok((table, Some(head)))
+        } else {
+            Ok((Embedding::from_qtensor(name, qt)?, None))
+        }
+    }
+}
+
+/// Fails unless a matrix is `want` (rows, cols).
+pub(crate) fn check_dims(
+    name: &str,
+    got: (usize, usize),
+    want: (usize, usize),
+) -> Result<(), ModelError> {
+    if got != want {
+        return Err(ModelError::Format(format!(
+            "`{name}` is {}x{}, the model config needs {}x{}",
+            got.0, got.1, want.0, want.1
+        )));
+    }
+    Ok(())
+}
+
+/// Fails unless a vector has `want` values.
+pub(crate) fn check_len(name: &str, got: usize, want: usize) -> Result<(), ModelError> {
+    if got != want {
+        return Err(ModelError::Format(format!(
+            "`{name}` has {got} values, the model config needs {want}"
+        )));
+    }
+    Ok(())
 }
 
 /// Any GGUF integer as a usize (metadata writers disagree on widths).

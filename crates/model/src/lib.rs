@@ -6,30 +6,36 @@
 //! [`ModelTokenizer`]. The engine drives the model one step at a time with a
 //! batch of [`SeqChunk`]s; the KV slots come from the engine's token pool.
 
+mod arch;
 mod attention;
-mod candle_llama;
+mod candle_model;
 mod chat;
-mod config;
+mod cpu;
 pub mod device;
 mod flash;
 mod gguf;
 mod kv;
 mod linear;
-mod llama;
 mod safetensors;
+mod spec;
 #[cfg(feature = "synthetic")]
 pub mod synthetic;
 mod tokenizer;
+mod weights;
 
 use std::path::{Path, PathBuf};
 
 pub use device::{Device, DeviceError, candle_device, check_device};
 pub use zinfer_probe::{KvDtype, model_name};
 
-pub use candle_llama::CandleLlama;
-pub use config::{LlamaConfig, MAX_POSITIONS};
-pub use llama::Llama;
+pub use arch::supported as supported_architectures;
+pub use candle_model::CandleModel;
+pub use cpu::CpuModel;
+pub use spec::{
+    Activation, BlockLayout, LayerSpec, MAX_POSITIONS, ModelSpec, RopeScaling, RopeSpec, RopeStyle,
+};
 pub use tokenizer::ModelTokenizer;
+pub use zinfer_kernels::ScoreRule;
 
 /// One sequence's part of a forward step.
 #[derive(Clone, Copy, Debug)]
@@ -200,9 +206,10 @@ pub enum ModelError {
     /// The checkpoint is not one this loader understands.
     #[error("{0}")]
     Format(String),
-    /// The model's architecture is not llama-like.
+    /// The model's architecture (or a feature of it) is not one zinfer runs.
     #[error(
-        "unsupported architecture `{0}`: zinfer runs llama-architecture models (SmolLM2, TinyLlama, Llama 2/3)"
+        "unsupported architecture `{0}`: zinfer runs {list} (see README, Supported models)",
+        list = arch::supported()
     )]
     UnsupportedArchitecture(String),
     /// A tensor is stored in a type the CPU kernels cannot use.
@@ -239,7 +246,7 @@ pub enum ModelError {
 /// Loads a GGUF file or a safetensors directory (config.json, tokenizer.json,
 /// *.safetensors) and allocates its KV pool.
 ///
-/// `cpu` runs zinfer's own kernels; a GPU device runs [`CandleLlama`] on it.
+/// `cpu` runs zinfer's own kernels ([`CpuModel`]); a GPU device runs [`CandleModel`] on it.
 pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
     let device: Device = options.device.parse()?;
     match check_device(device)? {
@@ -260,7 +267,7 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelErro
     }
 }
 
-/// Loads a GGUF file into [`CandleLlama`] on any candle device: the GPU
+/// Loads a GGUF file into [`CandleModel`] on any candle device: the GPU
 /// backend, which also runs on candle's CPU device (how it is tested without
 /// a GPU).
 pub fn load_candle(
@@ -274,7 +281,7 @@ pub fn load_candle(
             path.display()
         )));
     }
-    let (model, tokenizer) = candle_llama::load(path, options, device)?;
+    let (model, tokenizer) = candle_model::load(path, options, device)?;
     Ok(LoadedModel {
         name: model_name(path),
         model: Box::new(model),

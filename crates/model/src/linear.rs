@@ -212,15 +212,6 @@ impl Embedding {
         Ok(Self::with_tied_head(name, qt)?.0)
     }
 
-    /// `(rows, cols)` of the table.
-    pub(crate) fn shape(&self) -> Result<(usize, usize), ModelError> {
-        Ok(match self {
-            Self::Quant(q) => (q.rows(), q.cols()),
-            Self::Dense { w, cols } => (w.len() / cols.max(&1), *cols),
-            Self::Candle(t) => t.shape().dims2()?,
-        })
-    }
-
     /// Writes row `ids[i]` of the table to `out[i]`.
     pub(crate) fn lookup(&self, ids: &[u32], out: &mut [f32]) -> Result<(), ModelError> {
         match self {

@@ -1,5 +1,6 @@
-//! Loading Hugging Face llama checkpoints: a directory with `config.json`,
-//! `tokenizer.json` and one or more `*.safetensors` files.
+//! Loading Hugging Face llama and Mistral checkpoints: a directory with
+//! `config.json`, `tokenizer.json` and one or more `*.safetensors` files.
+//! (Other architectures load from GGUF.)
 //!
 //! Weights (f32, f16 or bf16 on disk) are kept as dense f32 matrices, which
 //! is exact and simple but takes four bytes per parameter; GGUF is the
@@ -11,10 +12,15 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use super::config::MAX_POSITIONS;
+use zinfer_kernels::ScoreRule;
+
+use super::arch;
+use super::cpu::{CpuModel, CpuWeights};
+use super::gguf::{check_dims, check_len};
 use super::linear::{Embedding, Linear};
-use super::llama::{Block, Weights};
-use super::{Llama, LlamaConfig, LoadOptions, ModelError, ModelTokenizer};
+use super::spec::{MAX_POSITIONS, ModelSpec, RopeScaling, RopeSpec, RopeStyle};
+use super::weights::{self, Naming, TensorSource};
+use super::{LoadOptions, ModelError, ModelTokenizer};
 
 /// The fields of `config.json` the llama forward pass uses.
 #[derive(Debug, Deserialize)]
@@ -37,9 +43,66 @@ struct HfConfig {
     #[serde(default)]
     tie_word_embeddings: bool,
     #[serde(default)]
-    rope_scaling: Option<serde_json::Value>,
+    rope_scaling: Option<HfRopeScaling>,
+    #[serde(default)]
+    sliding_window: Option<usize>,
     #[serde(default)]
     eos_token_id: Option<serde_json::Value>,
+}
+
+/// `rope_scaling` of a llama `config.json`; only the `llama3` type loads.
+#[derive(Debug, Deserialize)]
+struct HfRopeScaling {
+    #[serde(alias = "type")]
+    rope_type: String,
+    #[serde(default)]
+    factor: f64,
+    #[serde(default)]
+    low_freq_factor: f64,
+    #[serde(default)]
+    high_freq_factor: f64,
+    #[serde(default)]
+    original_max_position_embeddings: usize,
+}
+
+impl HfRopeScaling {
+    /// Per-frequency divisors, as Hugging Face's `llama3` rope type scales
+    /// `inv_freq` (and llama.cpp's converter writes `rope_freqs`): high
+    /// frequencies kept, low ones divided by `factor`, a smooth blend between.
+    fn freq_factors(&self, theta: f32, head_dim: usize) -> Result<Vec<f32>, ModelError> {
+        if self.rope_type != "llama3" {
+            return Err(ModelError::UnsupportedArchitecture(format!(
+                "llama with `{}` rope_scaling (zinfer runs `llama3`)",
+                self.rope_type
+            )));
+        }
+        let ok = self.factor > 0.0
+            && self.low_freq_factor > 0.0
+            && self.high_freq_factor > self.low_freq_factor
+            && self.original_max_position_embeddings > 0;
+        if !ok {
+            return Err(ModelError::Format(format!(
+                "config.json has an invalid llama3 rope_scaling: {self:?}"
+            )));
+        }
+        let old = self.original_max_position_embeddings as f64;
+        let (low_wavelen, high_wavelen) = (old / self.low_freq_factor, old / self.high_freq_factor);
+        Ok((0..head_dim / 2)
+            .map(|i| {
+                let freq = 1.0 / f64::from(theta).powf((2 * i) as f64 / head_dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                if wavelen < high_wavelen {
+                    1.0
+                } else if wavelen > low_wavelen {
+                    self.factor as f32
+                } else {
+                    let smooth = (old / wavelen - self.low_freq_factor)
+                        / (self.high_freq_factor - self.low_freq_factor);
+                    (1.0 / ((1.0 - smooth) / self.factor + smooth)) as f32
+                }
+            })
+            .collect())
+    }
 }
 
 fn default_eps() -> f32 {
@@ -56,7 +119,7 @@ fn default_positions() -> usize {
 pub(crate) fn load(
     dir: &Path,
     options: &LoadOptions,
-) -> Result<(Llama, ModelTokenizer), ModelError> {
+) -> Result<(CpuModel, ModelTokenizer), ModelError> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io {
         path: config_path.clone(),
@@ -64,30 +127,47 @@ pub(crate) fn load(
     })?;
     let hf: HfConfig = serde_json::from_str(&text)
         .map_err(|e| ModelError::Format(format!("{}: {e}", config_path.display())))?;
-    if hf.model_type != "llama" {
-        return Err(ModelError::UnsupportedArchitecture(hf.model_type));
+    let arch = arch::by_hf_model_type(&hf.model_type)?;
+    if arch.name != "llama" {
+        return Err(ModelError::Format(format!(
+            "{} is a `{}` checkpoint: zinfer loads {} from GGUF files only (convert it with llama.cpp's convert_hf_to_gguf.py)",
+            dir.display(),
+            hf.model_type,
+            arch.name
+        )));
     }
-    if hf.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ModelError::UnsupportedArchitecture(
-            "llama with rope_scaling".to_string(),
-        ));
+    let head_dim = hf
+        .head_dim
+        .unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1));
+    let mut scaling = RopeScaling::default();
+    if let Some(s) = &hf.rope_scaling {
+        scaling.freq_factors = s.freq_factors(hf.rope_theta, head_dim)?;
     }
-    let cfg = LlamaConfig {
+    let spec = ModelSpec {
+        arch: arch.name,
         n_layers: hf.num_hidden_layers,
         n_heads: hf.num_attention_heads,
         n_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
         hidden: hf.hidden_size,
-        head_dim: hf
-            .head_dim
-            .unwrap_or(hf.hidden_size / hf.num_attention_heads.max(1)),
+        head_dim,
         ffn: hf.intermediate_size,
         vocab: hf.vocab_size,
-        rope_theta: hf.rope_theta,
-        rms_eps: hf.rms_norm_eps,
+        norm_eps: hf.rms_norm_eps,
         max_positions: hf.max_position_embeddings.min(MAX_POSITIONS),
-        rope_freq_factors: Vec::new(),
-        rope_interleaved: false,
+        // Hugging Face checkpoints keep Q/K rows unpermuted: NeoX pairs.
+        ropes: vec![RopeSpec {
+            style: RopeStyle::Neox,
+            theta: hf.rope_theta,
+            scaling,
+        }],
+        layers: ModelSpec::uniform_layers(hf.num_hidden_layers, hf.sliding_window),
+        attn: ScoreRule::standard(head_dim),
+        activation: arch.activation,
+        embed_scale: None,
+        final_softcap: None,
+        layout: arch.layout,
     };
+    spec.validate()?;
     let eos: Vec<u32> = match &hf.eos_token_id {
         Some(serde_json::Value::Number(n)) => {
             n.as_u64().map(|v| vec![v as u32]).unwrap_or_default()
@@ -100,9 +180,12 @@ pub(crate) fn load(
         _ => Vec::new(),
     };
     let tokenizer = ModelTokenizer::from_hf_dir(dir, &eos)?;
-    let mut tensors = read_tensors(dir)?;
-    let weights = weights(&mut tensors, &cfg, hf.tie_word_embeddings)?;
-    Ok((Llama::new(cfg, weights, options)?, tokenizer))
+    let mut tensors = SafetensorsSource {
+        tensors: read_tensors(dir)?,
+        tied: hf.tie_word_embeddings,
+    };
+    let weights: CpuWeights = weights::read(&mut tensors, &spec, Naming::HuggingFace)?;
+    Ok((CpuModel::new(spec, weights, options)?, tokenizer))
 }
 
 fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
@@ -132,65 +215,72 @@ fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
     Ok(all)
 }
 
-fn take(t: &mut HashMap<String, Tensor>, name: &str) -> Result<Tensor, ModelError> {
-    let w = t
-        .remove(name)
-        .ok_or_else(|| ModelError::Format(format!("checkpoint has no tensor `{name}`")))?;
-    match w.dtype() {
-        DType::F32 | DType::F16 | DType::BF16 => Ok(w.to_dtype(DType::F32)?),
-        other => Err(ModelError::UnsupportedQuant {
-            tensor: name.to_string(),
-            dtype: format!("{other:?}"),
-        }),
+/// The tensors of a checkpoint directory, taken out as they are read.
+struct SafetensorsSource {
+    tensors: HashMap<String, Tensor>,
+    /// `tie_word_embeddings`: the embedding doubles as the LM head (even
+    /// when a checkpoint also stores `lm_head.weight`); otherwise
+    /// `lm_head.weight` must be there.
+    tied: bool,
+}
+
+impl SafetensorsSource {
+    /// The tensor `name` as f32 (from f32, f16 or bf16).
+    fn take(&mut self, name: &str) -> Result<Tensor, ModelError> {
+        let w = self
+            .tensors
+            .remove(name)
+            .ok_or_else(|| ModelError::Format(format!("checkpoint has no tensor `{name}`")))?;
+        match w.dtype() {
+            DType::F32 | DType::F16 | DType::BF16 => Ok(w.to_dtype(DType::F32)?),
+            other => Err(ModelError::UnsupportedQuant {
+                tensor: name.to_string(),
+                dtype: format!("{other:?}"),
+            }),
+        }
     }
 }
 
-fn vector(t: &mut HashMap<String, Tensor>, name: &str) -> Result<Vec<f32>, ModelError> {
-    Ok(take(t, name)?.flatten_all()?.to_vec1::<f32>()?)
-}
+impl TensorSource for SafetensorsSource {
+    type Embedding = Embedding;
+    type Matrix = Linear;
+    type Vector = Vec<f32>;
 
-fn weights(
-    t: &mut HashMap<String, Tensor>,
-    cfg: &LlamaConfig,
-    tied: bool,
-) -> Result<Weights, ModelError> {
-    let embed = Linear::dense(&take(t, "model.embed_tokens.weight")?)?;
-    let token_embd = match &embed {
-        Linear::Dense { w, cols, .. } => Embedding::Dense {
+    fn has_own_head(&self, _: &str) -> bool {
+        !self.tied
+    }
+
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        let lin = Linear::dense(&self.take(name)?)?;
+        check_dims(name, (lin.rows(), lin.cols()), (rows, cols))?;
+        Ok(lin)
+    }
+
+    fn vector(&mut self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let v = self.take(name)?.flatten_all()?.to_vec1::<f32>()?;
+        check_len(name, v.len(), len)?;
+        Ok(v)
+    }
+
+    fn concat(&mut self, parts: Vec<Vec<f32>>) -> Result<Vec<f32>, ModelError> {
+        Ok(parts.concat())
+    }
+
+    fn embedding(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        tied: bool,
+    ) -> Result<(Embedding, Option<Linear>), ModelError> {
+        let head = self.matrix(name, rows, cols)?;
+        let Linear::Dense { w, cols, .. } = &head else {
+            return Err(ModelError::Format(format!("`{name}` is not dense")));
+        };
+        let table = Embedding::Dense {
             w: w.clone(),
             cols: *cols,
-        },
-        _ => {
-            return Err(ModelError::Format(
-                "embedding table is not dense".to_string(),
-            ));
-        }
-    };
-    let output = if tied {
-        embed
-    } else {
-        Linear::dense(&take(t, "lm_head.weight")?)?
-    };
-    let mut blocks = Vec::with_capacity(cfg.n_layers);
-    for i in 0..cfg.n_layers {
-        let p = format!("model.layers.{i}");
-        let mut lin = |name: &str| Linear::dense(&take(t, &format!("{p}.{name}.weight"))?);
-        blocks.push(Block {
-            attn_q: lin("self_attn.q_proj")?,
-            attn_k: lin("self_attn.k_proj")?,
-            attn_v: lin("self_attn.v_proj")?,
-            attn_output: lin("self_attn.o_proj")?,
-            ffn_gate: lin("mlp.gate_proj")?,
-            ffn_up: lin("mlp.up_proj")?,
-            ffn_down: lin("mlp.down_proj")?,
-            attn_norm: vector(t, &format!("{p}.input_layernorm.weight"))?,
-            ffn_norm: vector(t, &format!("{p}.post_attention_layernorm.weight"))?,
-        });
+        };
+        Ok((table, tied.then_some(head)))
     }
-    Ok(Weights {
-        token_embd,
-        blocks,
-        output_norm: vector(t, "model.norm.weight")?,
-        output,
-    })
 }

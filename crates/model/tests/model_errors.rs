@@ -62,6 +62,7 @@ fn bad_checkpoints_are_named_errors() {
         matches!(err, ModelError::UnsupportedArchitecture(ref a) if a == "gemma"),
         "{err}"
     );
+    assert!(err.to_string().contains("qwen3"), "lists what loads: {err}");
 
     let no_weights = metadata_only(
         "empty.gguf",
@@ -73,17 +74,21 @@ fn bad_checkpoints_are_named_errors() {
 
     let hf = scratch("hf");
     std::fs::create_dir_all(&hf).unwrap();
-    std::fs::write(
-        hf.join("config.json"),
-        r#"{"model_type": "mistral", "hidden_size": 8, "intermediate_size": 8,
-        "num_attention_heads": 1, "num_hidden_layers": 1, "vocab_size": 8}"#,
-    )
-    .unwrap();
+    let hf_config = |model_type: &str| {
+        let config = r#"{"model_type": "MT", "hidden_size": 8, "intermediate_size": 8,
+        "num_attention_heads": 1, "num_hidden_layers": 1, "vocab_size": 8}"#;
+        std::fs::write(hf.join("config.json"), config.replace("MT", model_type)).unwrap();
+    };
+    hf_config("gpt_neox");
     let err = load_err(&hf, &options);
     assert!(
-        matches!(err, ModelError::UnsupportedArchitecture(ref a) if a == "mistral"),
+        matches!(err, ModelError::UnsupportedArchitecture(ref a) if a == "gpt_neox"),
         "{err}"
     );
+    // Known, but only from GGUF for now.
+    hf_config("qwen2");
+    let err = load_err(&hf, &options);
+    assert!(err.to_string().contains("GGUF"), "{err}");
 
     let tpu = LoadOptions {
         device: "tpu:0".to_string(),

@@ -175,6 +175,11 @@ pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
 }
 
 #[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn gelu_mul(gate: &mut [f32], up: &[f32]) {
+    scalar::gelu_mul(gate, up);
+}
+
+#[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn attend_row<T: KvElem>(
     job: &RowJob<'_, T>,
     scores: &mut Vec<f32>,

@@ -1,4 +1,5 @@
-//! The llama forward pass as candle tensor ops, on any candle device.
+//! The forward pass as candle tensor ops, on any candle device, for every
+//! architecture (read from the [`ModelSpec`], like the CPU pass).
 //!
 //! This is the GPU backend behind the same [`ForwardModel`] trait as the CPU
 //! kernels, so the scheduler, radix cache and sampling are shared. Weights
@@ -7,49 +8,40 @@
 //! written with `scatter_set` at the step's new slots and read with
 //! `index_select` of each sequence's slots. Attention batches every decode
 //! row of a step into one padded, masked product and runs each prefill chunk
-//! as one causal block. Only the last row of each chunk goes through the LM
-//! head, and only those logits are copied back to the host.
+//! as one causal block (with a sliding window, the mask also hides keys
+//! before it). Only the last row of each chunk goes through the LM head,
+//! and only those logits are copied back to the host.
 //!
 //! It runs on candle's CPU device too, which is how it is tested on machines
-//! without a GPU (the CPU build serves with [`super::Llama`], which is faster
+//! without a GPU (the CPU build serves with [`super::CpuModel`], which is faster
 //! there).
 
 use std::path::Path;
+use std::sync::Arc;
 
-use candle_core::quantized::{QMatMul, QTensor};
+use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
 
-use super::gguf;
-use super::llama::StepPlan;
-use super::{
-    ForwardModel, KvShape, LlamaConfig, LoadOptions, ModelError, ModelTokenizer, SeqChunk,
-};
+use super::cpu::StepPlan;
+use super::gguf::{self, GgufFile, check_dims, check_len};
+use super::spec::{Activation, ModelSpec, RopeStyle};
+use super::weights::{self, GateUp, Naming, Qkv, TensorSource, Weights};
+use super::{ForwardModel, KvShape, LoadOptions, ModelError, ModelTokenizer, SeqChunk};
 
-/// One transformer block's weights on the device.
-struct Block {
-    attn_norm: Tensor,
-    attn_q: QMatMul,
-    attn_k: QMatMul,
-    attn_v: QMatMul,
-    attn_output: QMatMul,
-    ffn_norm: Tensor,
-    ffn_gate: QMatMul,
-    ffn_up: QMatMul,
-    ffn_down: QMatMul,
-}
+/// Weights on the device: the embedding table dequantized (`[vocab, hidden]`
+/// f32, looked up with `index_select`), matrices quantized, vectors f32.
+type CandleWeights = Weights<Tensor, QMatMul, Tensor>;
 
-/// A llama model whose weights and KV pool live on a candle device.
-pub struct CandleLlama {
-    cfg: LlamaConfig,
+/// A model whose weights and KV pool live on a candle device.
+pub struct CandleModel {
+    spec: ModelSpec,
     device: Device,
-    /// `[vocab, hidden]` f32, looked up with `index_select`.
-    token_embd: Tensor,
-    blocks: Vec<Block>,
-    output_norm: Tensor,
-    output: QMatMul,
-    /// RoPE tables `[max_positions, head_dim / 2]`.
-    cos: Tensor,
-    sin: Tensor,
+    w: CandleWeights,
+    /// Per RoPE of the spec, cos and sin tables `[max_positions, head_dim / 2]`.
+    ropes: Vec<(Tensor, Tensor)>,
+    /// The distinct windows of the layers (`None`: no window), each with
+    /// the layers' index into a step's masks.
+    windows: Vec<Option<usize>>,
     /// Per layer `[capacity, kv_dim]`.
     k_pool: Vec<Tensor>,
     v_pool: Vec<Tensor>,
@@ -65,8 +57,9 @@ struct AttnGroup {
     rows: Tensor,
     /// Slot ids, `b * l_max`: each sequence's slots, padded with its first.
     keys: Tensor,
-    /// Additive mask `[b, 1, t, l_max]`: 0 where a row may look, -inf elsewhere.
-    mask: Tensor,
+    /// Per distinct window of the model, an additive mask
+    /// `[b, 1, t, l_max]`: 0 where a row may look, -inf elsewhere.
+    masks: Vec<Tensor>,
     b: usize,
     t: usize,
     l_max: usize,
@@ -77,48 +70,18 @@ pub(crate) fn load(
     path: &Path,
     options: &LoadOptions,
     device: &Device,
-) -> Result<(CandleLlama, ModelTokenizer), ModelError> {
+) -> Result<(CandleModel, ModelTokenizer), ModelError> {
     if device.is_cuda() {
         use_float_activations();
     }
     let mut file = gguf::open(path)?;
-    let cfg = file.cfg.clone();
-    cfg.validate()?;
-    let mut r = TensorReader {
+    let spec = file.spec.clone();
+    let mut src = CandleSource {
         file: &mut file,
         device,
     };
-    let q_dim = cfg.n_heads * cfg.head_dim;
-    let (h, kv, ffn) = (cfg.hidden, cfg.kv_dim(), cfg.ffn);
-    let mut blocks = Vec::with_capacity(cfg.n_layers);
-    for i in 0..cfg.n_layers {
-        let p = format!("blk.{i}");
-        blocks.push(Block {
-            attn_q: r.linear(&format!("{p}.attn_q.weight"), q_dim, h)?,
-            attn_k: r.linear(&format!("{p}.attn_k.weight"), kv, h)?,
-            attn_v: r.linear(&format!("{p}.attn_v.weight"), kv, h)?,
-            attn_output: r.linear(&format!("{p}.attn_output.weight"), h, q_dim)?,
-            ffn_gate: r.linear(&format!("{p}.ffn_gate.weight"), ffn, h)?,
-            ffn_up: r.linear(&format!("{p}.ffn_up.weight"), ffn, h)?,
-            ffn_down: r.linear(&format!("{p}.ffn_down.weight"), h, ffn)?,
-            attn_norm: r.vector(&format!("{p}.attn_norm.weight"))?,
-            ffn_norm: r.vector(&format!("{p}.ffn_norm.weight"))?,
-        });
-    }
-    let tied = !r.file.content.tensor_infos.contains_key("output.weight");
-    let embd = std::sync::Arc::new(r.qtensor("token_embd.weight")?);
-    let weights = Weights {
-        token_embd: embd.dequantize(device)?,
-        output: if tied {
-            // Tied embeddings: the table doubles as the LM head.
-            QMatMul::from_arc(embd)?
-        } else {
-            r.linear("output.weight", cfg.vocab, cfg.hidden)?
-        },
-        output_norm: r.vector("output_norm.weight")?,
-        blocks,
-    };
-    let model = CandleLlama::new(cfg, device.clone(), weights, options.kv_capacity)?;
+    let weights = weights::read(&mut src, &spec, Naming::Gguf)?;
+    let model = CandleModel::new(spec, device.clone(), weights, options.kv_capacity)?;
     Ok((model, file.tokenizer))
 }
 
@@ -142,90 +105,100 @@ fn use_float_activations() {
 }
 
 /// Reads named tensors of a GGUF file straight onto the device.
-struct TensorReader<'a> {
-    file: &'a mut gguf::GgufFile,
+struct CandleSource<'a> {
+    file: &'a mut GgufFile,
     device: &'a Device,
 }
 
-impl TensorReader<'_> {
-    fn qtensor(&mut self, name: &str) -> Result<QTensor, ModelError> {
-        if !self.file.content.tensor_infos.contains_key(name) {
-            return Err(ModelError::Format(format!(
-                "GGUF file has no tensor `{name}`"
-            )));
-        }
-        self.file
-            .content
-            .tensor(&mut self.file.reader, name, self.device)
-            .map_err(|e| ModelError::Format(format!("reading tensor `{name}`: {e}")))
+impl TensorSource for CandleSource<'_> {
+    type Embedding = Tensor;
+    type Matrix = QMatMul;
+    type Vector = Tensor;
+
+    fn has_own_head(&self, name: &str) -> bool {
+        self.file.has(name)
     }
 
-    fn linear(&mut self, name: &str, rows: usize, cols: usize) -> Result<QMatMul, ModelError> {
-        let qt = self.qtensor(name)?;
-        let dims = qt.shape().dims2()?;
-        if dims != (rows, cols) {
-            return Err(ModelError::Format(format!(
-                "`{name}` is {}x{}, the config needs {rows}x{cols}",
-                dims.0, dims.1
-            )));
-        }
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<QMatMul, ModelError> {
+        let qt = self.file.qtensor(name, self.device)?;
+        check_dims(name, qt.shape().dims2()?, (rows, cols))?;
         Ok(QMatMul::from_qtensor(qt)?)
     }
 
-    fn vector(&mut self, name: &str) -> Result<Tensor, ModelError> {
-        Ok(self.qtensor(name)?.dequantize(self.device)?.flatten_all()?)
+    fn vector(&mut self, name: &str, len: usize) -> Result<Tensor, ModelError> {
+        let qt = self.file.qtensor(name, self.device)?;
+        let v = qt.dequantize(self.device)?.flatten_all()?;
+        check_len(name, v.dim(0)?, len)?;
+        Ok(v)
+    }
+
+    fn concat(&mut self, parts: Vec<Tensor>) -> Result<Tensor, ModelError> {
+        Ok(Tensor::cat(&parts, 0)?)
+    }
+
+    fn embedding(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        tied: bool,
+    ) -> Result<(Tensor, Option<QMatMul>), ModelError> {
+        let qt = Arc::new(self.file.qtensor(name, self.device)?);
+        check_dims(name, qt.shape().dims2()?, (rows, cols))?;
+        let table = qt.dequantize(self.device)?;
+        // Tied embeddings: the quantized table doubles as the LM head.
+        let head = if tied {
+            Some(QMatMul::from_arc(qt)?)
+        } else {
+            None
+        };
+        Ok((table, head))
     }
 }
 
-/// Every weight of the model, as the loader hands them over.
-struct Weights {
-    token_embd: Tensor,
-    blocks: Vec<Block>,
-    output_norm: Tensor,
-    output: QMatMul,
-}
-
-impl CandleLlama {
+impl CandleModel {
     fn new(
-        cfg: LlamaConfig,
+        spec: ModelSpec,
         device: Device,
-        w: Weights,
+        w: CandleWeights,
         capacity: usize,
     ) -> Result<Self, ModelError> {
-        let embd = w.token_embd.dims2()?;
-        if embd != (cfg.vocab, cfg.hidden) {
-            return Err(ModelError::Format(format!(
-                "`token_embd` is {}x{}, the config needs {}x{}",
-                embd.0, embd.1, cfg.vocab, cfg.hidden
-            )));
+        spec.validate()?;
+        let half = spec.head_dim / 2;
+        let mut ropes = Vec::with_capacity(spec.ropes.len());
+        for r in &spec.ropes {
+            let (cos, sin) = r.tables(spec.head_dim, spec.max_positions);
+            ropes.push((
+                Tensor::from_vec(cos, (spec.max_positions, half), &device)?,
+                Tensor::from_vec(sin, (spec.max_positions, half), &device)?,
+            ));
         }
-        let half = cfg.head_dim / 2;
-        let (cos, sin) = cfg.rope_tables();
-        let cos = Tensor::from_vec(cos, (cfg.max_positions, half), &device)?;
-        let sin = Tensor::from_vec(sin, (cfg.max_positions, half), &device)?;
-        let mut k_pool = Vec::with_capacity(cfg.n_layers);
-        let mut v_pool = Vec::with_capacity(cfg.n_layers);
-        for _ in 0..cfg.n_layers {
+        let mut windows = Vec::new();
+        for l in &spec.layers {
+            if !windows.contains(&l.window) {
+                windows.push(l.window);
+            }
+        }
+        let mut k_pool = Vec::with_capacity(spec.n_layers);
+        let mut v_pool = Vec::with_capacity(spec.n_layers);
+        for _ in 0..spec.n_layers {
             k_pool.push(Tensor::zeros(
-                (capacity, cfg.kv_dim()),
+                (capacity, spec.kv_dim()),
                 DType::F32,
                 &device,
             )?);
             v_pool.push(Tensor::zeros(
-                (capacity, cfg.kv_dim()),
+                (capacity, spec.kv_dim()),
                 DType::F32,
                 &device,
             )?);
         }
         Ok(Self {
-            cfg,
+            spec,
             device,
-            token_embd: w.token_embd,
-            blocks: w.blocks,
-            output_norm: w.output_norm,
-            output: w.output,
-            cos,
-            sin,
+            w,
+            ropes,
+            windows,
             k_pool,
             v_pool,
             capacity,
@@ -233,8 +206,8 @@ impl CandleLlama {
     }
 
     /// The model's shape.
-    pub fn config(&self) -> &LlamaConfig {
-        &self.cfg
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
     }
 
     /// Splits a step's rows into attention groups: all single-token rows
@@ -267,27 +240,35 @@ impl CandleLlama {
         let b = seqs.len();
         let l_max = seqs.iter().map(|k| k.len()).max().unwrap_or(0);
         let mut keys = Vec::with_capacity(b * l_max);
-        let mut mask = Vec::with_capacity(b * t * l_max);
         for seq in seqs {
             let pad = seq.first().copied().unwrap_or(0);
             keys.extend_from_slice(seq);
             keys.extend(std::iter::repeat_n(pad, l_max - seq.len()));
-            let start = seq.len() - t;
-            for i in 0..t {
-                mask.extend((0..l_max).map(|j| {
-                    if j <= start + i {
-                        0.0f32
-                    } else {
-                        f32::NEG_INFINITY
-                    }
-                }));
+        }
+        let mut masks = Vec::with_capacity(self.windows.len());
+        for window in &self.windows {
+            let mut mask = Vec::with_capacity(b * t * l_max);
+            for seq in seqs {
+                let start = seq.len() - t;
+                for i in 0..t {
+                    let pos = start + i;
+                    let lo = window.map_or(0, |w| (pos + 1).saturating_sub(w));
+                    mask.extend((0..l_max).map(|j| {
+                        if (lo..=pos).contains(&j) {
+                            0.0f32
+                        } else {
+                            f32::NEG_INFINITY
+                        }
+                    }));
+                }
             }
+            masks.push(Tensor::from_vec(mask, (b, 1, t, l_max), &self.device)?);
         }
         Ok(AttnGroup {
             row_ids: rows.to_vec(),
             rows: Tensor::new(rows, &self.device)?,
             keys: Tensor::from_vec(keys, b * l_max, &self.device)?,
-            mask: Tensor::from_vec(mask, (b, 1, t, l_max), &self.device)?,
+            masks,
             b,
             t,
             l_max,
@@ -305,9 +286,11 @@ impl CandleLlama {
         groups: &[AttnGroup],
         order: Option<&Tensor>,
     ) -> Result<Tensor, ModelError> {
-        let (h, kvh, d) = (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim);
+        let (h, kvh, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let g = h / kvh;
-        let scale = 1.0 / (d as f64).sqrt();
+        let scale = f64::from(self.spec.attn.scale);
+        let window = self.spec.layers[layer].window;
+        let mask_at = self.windows.iter().position(|w| *w == window).unwrap_or(0);
         let mut outs = Vec::with_capacity(groups.len());
         for grp in groups {
             let (b, t, l) = (grp.b, grp.t, grp.l_max);
@@ -327,10 +310,13 @@ impl CandleLlama {
             };
             let k = gather(&self.k_pool[layer])?;
             let v = gather(&self.v_pool[layer])?;
-            let scores = (qg * scale)?
-                .matmul(&k.t()?)?
+            let mut scores = (qg * scale)?.matmul(&k.t()?)?;
+            if let Some(cap) = self.spec.attn.softcap {
+                scores = ((scores / f64::from(cap))?.tanh()? * f64::from(cap))?;
+            }
+            let scores = scores
                 .reshape((b, kvh, g, t, l))?
-                .broadcast_add(&grp.mask.unsqueeze(1)?)?;
+                .broadcast_add(&grp.masks[mask_at].unsqueeze(1)?)?;
             let probs = candle_nn::ops::softmax_last_dim(&scores)?.reshape((b, kvh, g * t, l))?;
             let out = probs
                 .matmul(&v)?
@@ -351,38 +337,48 @@ impl CandleLlama {
         })
     }
 
-    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor, ModelError> {
-        Ok(if self.cfg.rope_interleaved {
-            candle_nn::rotary_emb::rope_i(x, cos, sin)?
-        } else {
-            candle_nn::rotary_emb::rope(x, cos, sin)?
+    fn rope(
+        &self,
+        x: &Tensor,
+        rope: usize,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        Ok(match self.spec.ropes[rope].style {
+            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(x, cos, sin)?,
+            RopeStyle::Neox => candle_nn::rotary_emb::rope(x, cos, sin)?,
         })
     }
 }
 
-impl ForwardModel for CandleLlama {
+/// RMSNorm over the last dimension.
+fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
+    Ok(candle_nn::ops::rms_norm(x, w, eps)?)
+}
+
+impl ForwardModel for CandleModel {
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
         // candle runs its own attention: every row keeps its key list.
-        let plan = StepPlan::build(batch, &self.cfg, self.capacity, usize::MAX)?;
+        let spec = &self.spec;
+        let plan = StepPlan::build(batch, spec, self.capacity, usize::MAX)?;
         let n = plan.ids.len();
-        let (h, kvh, d) = (self.cfg.n_heads, self.cfg.n_kv_heads, self.cfg.head_dim);
-        let (kv_dim, eps) = (self.cfg.kv_dim(), self.cfg.rms_eps);
+        let (h, kvh, d) = (spec.n_heads, spec.n_kv_heads, spec.head_dim);
+        let (q_dim, kv_dim, eps) = (spec.q_dim(), spec.kv_dim(), spec.norm_eps);
         let dev = &self.device;
 
         let ids = Tensor::new(plan.ids.as_slice(), dev)?;
         let positions: Vec<u32> = plan.positions.iter().map(|&p| p as u32).collect();
         let positions = Tensor::new(positions.as_slice(), dev)?;
-        let cos = self
-            .cos
-            .index_select(&positions, 0)?
-            .reshape((n, 1, d / 2))?;
-        let sin = self
-            .sin
-            .index_select(&positions, 0)?
-            .reshape((n, 1, d / 2))?;
+        let mut step_ropes = Vec::with_capacity(self.ropes.len());
+        for (cos, sin) in &self.ropes {
+            step_ropes.push((
+                cos.index_select(&positions, 0)?.reshape((n, 1, d / 2))?,
+                sin.index_select(&positions, 0)?.reshape((n, 1, d / 2))?,
+            ));
+        }
         let new_slots = Tensor::new(plan.new_slots.as_slice(), dev)?
             .reshape((n, 1))?
             .broadcast_as((n, kv_dim))?
@@ -404,38 +400,87 @@ impl ForwardModel for CandleLlama {
             Some(Tensor::new(order.as_slice(), dev)?)
         };
 
-        let mut x = self.token_embd.index_select(&ids, 0)?;
-        for (layer, b) in self.blocks.iter().enumerate() {
-            let hs = candle_nn::ops::rms_norm(&x, &b.attn_norm, eps)?;
-            let q = b.attn_q.forward(&hs)?.reshape((n, h, 1, d))?;
-            let k = b.attn_k.forward(&hs)?.reshape((n, kvh, 1, d))?;
-            let v = b.attn_v.forward(&hs)?.contiguous()?;
-            let q = self.rope(&q, &cos, &sin)?.reshape((n, h, d))?;
-            let k = self.rope(&k, &cos, &sin)?.reshape((n, kv_dim))?;
+        let mut x = self.w.token_embd.index_select(&ids, 0)?;
+        if let Some(s) = spec.embed_scale {
+            x = (x * f64::from(s))?;
+        }
+        for (layer, b) in self.w.blocks.iter().enumerate() {
+            let rope = spec.layers[layer].rope;
+            let (cos, sin) = &step_ropes[rope];
+            let hs = rms_norm(&x, &b.attn_norm, eps)?;
+            let (mut q, mut k, mut v) = match &b.qkv {
+                Qkv::Separate { q, k, v } => (q.forward(&hs)?, k.forward(&hs)?, v.forward(&hs)?),
+                Qkv::Fused(w) => {
+                    let qkv = w.forward(&hs)?;
+                    (
+                        qkv.narrow(1, 0, q_dim)?,
+                        qkv.narrow(1, q_dim, kv_dim)?,
+                        qkv.narrow(1, q_dim + kv_dim, kv_dim)?,
+                    )
+                }
+            };
+            if let Some(bias) = &b.qkv_bias {
+                q = q.broadcast_add(&bias.narrow(0, 0, q_dim)?)?;
+                k = k.broadcast_add(&bias.narrow(0, q_dim, kv_dim)?)?;
+                v = v.broadcast_add(&bias.narrow(0, q_dim + kv_dim, kv_dim)?)?;
+            }
+            let mut q = q.reshape((n, h, 1, d))?;
+            let mut k = k.reshape((n, kvh, 1, d))?;
+            if let Some((q_norm, k_norm)) = &b.qk_norm {
+                q = rms_norm(&q.contiguous()?, q_norm, eps)?;
+                k = rms_norm(&k.contiguous()?, k_norm, eps)?;
+            }
+            let v = v.contiguous()?;
+            let q = self
+                .rope(&q.contiguous()?, rope, cos, sin)?
+                .reshape((n, h, d))?;
+            let k = self
+                .rope(&k.contiguous()?, rope, cos, sin)?
+                .reshape((n, kv_dim))?;
             self.k_pool[layer].scatter_set(&new_slots, &k, 0)?;
             self.v_pool[layer].scatter_set(&new_slots, &v, 0)?;
             let attn = self.attend(layer, &q, &groups, order.as_ref())?;
-            x = (x + b.attn_output.forward(&attn)?)?;
+            let mut out = b.attn_output.forward(&attn)?;
+            if let Some(w) = &b.post_attn_norm {
+                out = rms_norm(&out, w, eps)?;
+            }
+            x = (x + out)?;
 
-            let hs = candle_nn::ops::rms_norm(&x, &b.ffn_norm, eps)?;
-            let gate = candle_nn::ops::silu(&b.ffn_gate.forward(&hs)?)?;
-            let up = b.ffn_up.forward(&hs)?;
-            x = (x + b.ffn_down.forward(&(gate * up)?)?)?;
+            let hs = rms_norm(&x, &b.ffn_norm, eps)?;
+            let (gate, up) = match &b.gate_up {
+                GateUp::Separate { gate, up } => (gate.forward(&hs)?, up.forward(&hs)?),
+                GateUp::Fused(w) => {
+                    let gu = w.forward(&hs)?;
+                    (
+                        gu.narrow(1, 0, spec.ffn)?,
+                        gu.narrow(1, spec.ffn, spec.ffn)?,
+                    )
+                }
+            };
+            let gate = match spec.activation {
+                Activation::Silu => candle_nn::ops::silu(&gate)?,
+                Activation::GeluTanh => gate.gelu()?,
+            };
+            let mut out = b.ffn_down.forward(&(gate * up)?)?;
+            if let Some(w) = &b.post_ffn_norm {
+                out = rms_norm(&out, w, eps)?;
+            }
+            x = (x + out)?;
         }
         let last: Vec<u32> = plan.last_rows.iter().map(|&r| r as u32).collect();
         let last = x.index_select(&Tensor::new(last.as_slice(), dev)?, 0)?;
-        let normed = candle_nn::ops::rms_norm(&last, &self.output_norm, eps)?;
-        let logits = self
-            .output
-            .forward(&normed)?
-            .to_dtype(DType::F32)?
-            .to_device(&Device::Cpu)?;
-        debug_assert_eq!(logits.dim(D::Minus1)?, self.cfg.vocab);
+        let normed = rms_norm(&last, &self.w.output_norm, eps)?;
+        let mut logits = self.w.output.forward(&normed)?.to_dtype(DType::F32)?;
+        if let Some(cap) = spec.final_softcap {
+            logits = ((logits / f64::from(cap))?.tanh()? * f64::from(cap))?;
+        }
+        let logits = logits.to_device(&Device::Cpu)?;
+        debug_assert_eq!(logits.dim(D::Minus1)?, spec.vocab);
         Ok(logits.to_vec2::<f32>()?)
     }
 
     fn vocab_size(&self) -> usize {
-        self.cfg.vocab
+        self.spec.vocab
     }
 
     fn kv_capacity(&self) -> usize {
@@ -443,13 +488,13 @@ impl ForwardModel for CandleLlama {
     }
 
     fn max_positions(&self) -> usize {
-        self.cfg.max_positions
+        self.spec.max_positions
     }
 
     fn kv_shape(&self) -> KvShape {
         KvShape {
             layers: self.k_pool.len(),
-            kv_dim: self.cfg.kv_dim(),
+            kv_dim: self.spec.kv_dim(),
         }
     }
 

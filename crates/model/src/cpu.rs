@@ -1,4 +1,6 @@
-//! The llama forward pass over the shared token KV pool.
+//! The forward pass on zinfer's CPU kernels over the shared token KV pool,
+//! for every architecture: what differs between them is read from the
+//! [`ModelSpec`] and the optional parts of each block's weights.
 //!
 //! One step runs every token of the batch (prefill chunks and decode tokens
 //! alike) through the projections and MLP as a single `[n_tokens, hidden]`
@@ -8,13 +10,15 @@
 //! row of each chunk. Activations are plain f32 buffers; the matmuls and
 //! attention run on [`super::kernels`].
 
-use zinfer_kernels::{self as kernels, KvElem};
+use zinfer_kernels::{self as kernels, KvElem, ScoreRule};
 
 use super::attention::{HeadShape, attend};
 use super::flash::{self, ChunkRows, FlashScratch};
 use super::kv::{KvPool, LayerView};
 use super::linear::{Embedding, Linear, Workspace};
-use super::{ForwardModel, KvShape, LlamaConfig, LoadOptions, ModelError, SeqChunk};
+use super::spec::{Activation, ModelSpec, RopeStyle};
+use super::weights::{GateUp, Qkv, Weights};
+use super::{ForwardModel, KvShape, LoadOptions, ModelError, SeqChunk};
 
 /// Chunks of at least this many rows run on the blocked attention kernel
 /// ([`flash`]). One: decode tokens too, because a row's result must not
@@ -24,37 +28,16 @@ use super::{ForwardModel, KvShape, LlamaConfig, LoadOptions, ModelError, SeqChun
 /// head shapes the blocked one does not take.
 const BLOCKED_MIN_ROWS: usize = 1;
 
-/// One transformer block's weights, by their GGUF names.
-#[derive(Debug)]
-pub(crate) struct Block {
-    pub(crate) attn_norm: Vec<f32>,
-    pub(crate) attn_q: Linear,
-    pub(crate) attn_k: Linear,
-    pub(crate) attn_v: Linear,
-    pub(crate) attn_output: Linear,
-    pub(crate) ffn_norm: Vec<f32>,
-    pub(crate) ffn_gate: Linear,
-    pub(crate) ffn_up: Linear,
-    pub(crate) ffn_down: Linear,
-}
+/// The CPU kernels' weights: quantized or dense matrices, f32 vectors.
+pub(crate) type CpuWeights = Weights<Embedding, Linear, Vec<f32>>;
 
-/// Every weight of a llama model, as the loaders hand them over.
+/// A model of any supported architecture on zinfer's CPU kernels, with its KV pool.
 #[derive(Debug)]
-pub(crate) struct Weights {
-    pub(crate) token_embd: Embedding,
-    pub(crate) blocks: Vec<Block>,
-    pub(crate) output_norm: Vec<f32>,
-    pub(crate) output: Linear,
-}
-
-/// A llama model with its KV pool.
-#[derive(Debug)]
-pub struct Llama {
-    cfg: LlamaConfig,
-    w: Weights,
-    /// RoPE tables `[max_positions, head_dim / 2]`, computed once at load.
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+pub struct CpuModel {
+    spec: ModelSpec,
+    w: CpuWeights,
+    /// Per RoPE of the spec, cos and sin tables `[max_positions, head_dim / 2]`.
+    ropes: Vec<(Vec<f32>, Vec<f32>)>,
     kv: KvPool,
     ws: Workspace,
     flash: FlashScratch,
@@ -77,22 +60,33 @@ struct StepBuffers {
     v: Vec<f32>,
     gate: Vec<f32>,
     up: Vec<f32>,
+    /// A fused matmul's output (`[rows, q|k|v]` or `[rows, gate|up]`)
+    /// before it is split; empty for models without fused matrices.
+    fused: Vec<f32>,
 }
 
 impl StepBuffers {
     /// Sizes every buffer for `n` rows; kernels overwrite every element.
-    fn resize(&mut self, n: usize, cfg: &LlamaConfig) {
-        let q_dim = cfg.n_heads * cfg.head_dim;
+    fn resize(&mut self, n: usize, spec: &ModelSpec) {
+        let (q_dim, kv_dim) = (spec.q_dim(), spec.kv_dim());
+        let fused = match (spec.layout.fused_qkv, spec.layout.fused_gate_up) {
+            (false, false) => 0,
+            (qkv, gate_up) => {
+                let qkv = if qkv { q_dim + 2 * kv_dim } else { 0 };
+                qkv.max(if gate_up { 2 * spec.ffn } else { 0 })
+            }
+        };
         for (buf, width) in [
-            (&mut self.x, cfg.hidden),
-            (&mut self.h, cfg.hidden),
-            (&mut self.tmp, cfg.hidden),
+            (&mut self.x, spec.hidden),
+            (&mut self.h, spec.hidden),
+            (&mut self.tmp, spec.hidden),
             (&mut self.q, q_dim),
             (&mut self.attn, q_dim),
-            (&mut self.k, cfg.kv_dim()),
-            (&mut self.v, cfg.kv_dim()),
-            (&mut self.gate, cfg.ffn),
-            (&mut self.up, cfg.ffn),
+            (&mut self.k, kv_dim),
+            (&mut self.v, kv_dim),
+            (&mut self.gate, spec.ffn),
+            (&mut self.up, spec.ffn),
+            (&mut self.fused, fused),
         ] {
             buf.resize(n * width, 0.0);
         }
@@ -120,7 +114,7 @@ impl<'a> StepPlan<'a> {
     /// Validates a batch against the model and lays out its rows.
     pub(crate) fn build(
         batch: &[SeqChunk<'a>],
-        cfg: &LlamaConfig,
+        cfg: &ModelSpec,
         kv_capacity: usize,
         blocked_min_rows: usize,
     ) -> Result<Self, ModelError> {
@@ -190,27 +184,36 @@ impl<'a> StepPlan<'a> {
     }
 }
 
-impl Llama {
+impl CpuModel {
     /// A model with a KV pool of `options.kv_capacity` slots of `options.kv_dtype`.
     pub(crate) fn new(
-        cfg: LlamaConfig,
-        w: Weights,
+        spec: ModelSpec,
+        w: CpuWeights,
         options: &LoadOptions,
     ) -> Result<Self, ModelError> {
-        cfg.validate()?;
-        check_shapes(&cfg, &w)?;
-        let (cos, sin) = cfg.rope_tables();
+        spec.validate()?;
+        if w.blocks.len() != spec.n_layers {
+            return Err(ModelError::Format(format!(
+                "config says {} layers, checkpoint has {}",
+                spec.n_layers,
+                w.blocks.len()
+            )));
+        }
+        let ropes = spec
+            .ropes
+            .iter()
+            .map(|r| r.tables(spec.head_dim, spec.max_positions))
+            .collect();
         let kv = KvPool::new(
-            cfg.n_layers,
+            spec.n_layers,
             options.kv_capacity,
-            cfg.kv_dim(),
+            spec.kv_dim(),
             options.kv_dtype,
         )?;
         Ok(Self {
-            cfg,
+            spec,
             w,
-            cos,
-            sin,
+            ropes,
             kv,
             ws: Workspace::new(options.threads),
             flash: FlashScratch::default(),
@@ -219,28 +222,29 @@ impl Llama {
     }
 
     /// The model's shape.
-    pub fn config(&self) -> &LlamaConfig {
-        &self.cfg
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
     }
 }
 
-impl ForwardModel for Llama {
+impl ForwardModel for CpuModel {
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let blocked_min_rows = if flash::supports(shape(&self.cfg)) {
+        let spec = &self.spec;
+        let shape = shape(spec);
+        let blocked_min_rows = if flash::supports(shape) {
             BLOCKED_MIN_ROWS
         } else {
             usize::MAX
         };
-        let plan = StepPlan::build(batch, &self.cfg, self.kv.capacity(), blocked_min_rows)?;
+        let plan = StepPlan::build(batch, spec, self.kv.capacity(), blocked_min_rows)?;
         let n = plan.ids.len();
-        let hidden = self.cfg.hidden;
-        let shape = shape(&self.cfg);
-        let eps = self.cfg.rms_eps;
+        let (hidden, eps) = (spec.hidden, spec.norm_eps);
+        let (q_dim, kv_dim) = (spec.q_dim(), spec.kv_dim());
 
-        self.bufs.resize(n, &self.cfg);
+        self.bufs.resize(n, spec);
         let StepBuffers {
             x,
             h,
@@ -251,51 +255,87 @@ impl ForwardModel for Llama {
             v,
             gate,
             up,
+            fused,
         } = &mut self.bufs;
         self.w.token_embd.lookup(&plan.ids, x)?;
+        if let Some(s) = spec.embed_scale {
+            x.iter_mut().for_each(|v| *v *= s);
+        }
         let ws = &mut self.ws;
         for (layer, b) in self.w.blocks.iter().enumerate() {
+            let ls = spec.layers[layer];
             rms_norm(x, &b.attn_norm, eps, h);
-            let qkv = [&b.attn_q, &b.attn_k, &b.attn_v];
-            Linear::forward_shared(&qkv, &mut [&mut q[..], &mut k[..], &mut v[..]], h, n, ws)?;
-            rope_rows(
-                &self.cfg,
-                &self.cos,
-                &self.sin,
-                q,
-                self.cfg.n_heads,
-                &plan.positions,
-            );
-            rope_rows(
-                &self.cfg,
-                &self.cos,
-                &self.sin,
-                k,
-                self.cfg.n_kv_heads,
-                &plan.positions,
-            );
+            match &b.qkv {
+                Qkv::Separate {
+                    q: wq,
+                    k: wk,
+                    v: wv,
+                } => Linear::forward_shared(
+                    &[wq, wk, wv],
+                    &mut [&mut q[..], &mut k[..], &mut v[..]],
+                    h,
+                    n,
+                    ws,
+                )?,
+                Qkv::Fused(w) => fused_forward(
+                    w,
+                    h,
+                    n,
+                    fused,
+                    &mut [&mut q[..], &mut k[..], &mut v[..]],
+                    ws,
+                )?,
+            }
+            if let Some(bias) = &b.qkv_bias {
+                add_bias(q, &bias[..q_dim]);
+                add_bias(k, &bias[q_dim..q_dim + kv_dim]);
+                add_bias(v, &bias[q_dim + kv_dim..]);
+            }
+            if let Some((q_norm, k_norm)) = &b.qk_norm {
+                rms_norm_in_place(q, q_norm, eps);
+                rms_norm_in_place(k, k_norm, eps);
+            }
+            let rope = &spec.ropes[ls.rope];
+            let (cos, sin) = &self.ropes[ls.rope];
+            rope_rows(rope.style, spec.head_dim, cos, sin, q, &plan.positions);
+            rope_rows(rope.style, spec.head_dim, cos, sin, k, &plan.positions);
             self.kv.write(layer, &plan.new_slots, k, v);
+            let how = Attention {
+                shape,
+                window: ls.window,
+                rule: spec.attn,
+            };
             match self.kv.layer(layer) {
                 LayerView::F32(kp, vp) => {
-                    attention(q, kp, vp, &plan, shape, attn, &mut self.flash, ws)
+                    attention(q, kp, vp, &plan, how, attn, &mut self.flash, ws)
                 }
                 LayerView::F16(kp, vp) => {
-                    attention(q, kp, vp, &plan, shape, attn, &mut self.flash, ws)
+                    attention(q, kp, vp, &plan, how, attn, &mut self.flash, ws)
                 }
             }
             b.attn_output.forward(attn, n, tmp, ws)?;
+            if let Some(w) = &b.post_attn_norm {
+                rms_norm_in_place(tmp, w, eps);
+            }
             add(x, tmp);
 
             rms_norm(x, &b.ffn_norm, eps, h);
-            Linear::forward_shared(
-                &[&b.ffn_gate, &b.ffn_up],
-                &mut [&mut gate[..], &mut up[..]],
-                h,
-                n,
-                ws,
-            )?;
-            kernels::silu_mul(gate, up);
+            match &b.gate_up {
+                GateUp::Separate { gate: wg, up: wu } => {
+                    Linear::forward_shared(&[wg, wu], &mut [&mut gate[..], &mut up[..]], h, n, ws)?
+                }
+                GateUp::Fused(w) => {
+                    fused_forward(w, h, n, fused, &mut [&mut gate[..], &mut up[..]], ws)?
+                }
+            }
+            match spec.activation {
+                Activation::Silu => kernels::silu_mul(gate, up),
+                Activation::GeluTanh => kernels::gelu_mul(gate, up),
+            }
             b.ffn_down.forward(gate, n, tmp, ws)?;
+            if let Some(w) = &b.post_ffn_norm {
+                rms_norm_in_place(tmp, w, eps);
+            }
             add(x, tmp);
         }
         let rows = plan.last_rows.len();
@@ -305,14 +345,17 @@ impl ForwardModel for Llama {
         }
         let mut normed = vec![0f32; rows * hidden];
         rms_norm(&last, &self.w.output_norm, eps, &mut normed);
-        let vocab = self.cfg.vocab;
+        let vocab = spec.vocab;
         let mut logits = vec![0f32; rows * vocab];
         self.w.output.forward(&normed, rows, &mut logits, ws)?;
+        if let Some(cap) = spec.final_softcap {
+            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+        }
         Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
     }
 
     fn vocab_size(&self) -> usize {
-        self.cfg.vocab
+        self.spec.vocab
     }
 
     fn kv_capacity(&self) -> usize {
@@ -320,7 +363,7 @@ impl ForwardModel for Llama {
     }
 
     fn max_positions(&self) -> usize {
-        self.cfg.max_positions
+        self.spec.max_positions
     }
 
     fn kv_shape(&self) -> KvShape {
@@ -352,31 +395,47 @@ impl ForwardModel for Llama {
     }
 }
 
-fn shape(cfg: &LlamaConfig) -> HeadShape {
+fn shape(spec: &ModelSpec) -> HeadShape {
     HeadShape {
-        n_heads: cfg.n_heads,
-        n_kv_heads: cfg.n_kv_heads,
-        head_dim: cfg.head_dim,
+        n_heads: spec.n_heads,
+        n_kv_heads: spec.n_kv_heads,
+        head_dim: spec.head_dim,
     }
 }
 
+/// What one layer's attention computes: its heads, how far back rows see,
+/// how scores are made.
+#[derive(Clone, Copy)]
+struct Attention {
+    shape: HeadShape,
+    window: Option<usize>,
+    rule: ScoreRule,
+}
+
 /// Attention of every row of the step: blocked chunks on [`flash`], the
-/// other rows (decode tokens, short chunks) on the per-row kernel.
+/// other rows (short chunks of head widths the blocked kernel does not
+/// take) on the per-row kernel.
 #[allow(clippy::too_many_arguments)]
 fn attention<T: KvElem>(
     q: &[f32],
     k_pool: &[T],
     v_pool: &[T],
     plan: &StepPlan<'_>,
-    shape: HeadShape,
+    how: Attention,
     out: &mut [f32],
     scratch: &mut FlashScratch,
     ws: &Workspace,
 ) {
     let unit = kernels::flash_unit();
+    let Attention {
+        shape,
+        window,
+        rule,
+    } = how;
+    let keys = flash::Keys { window, rule };
     if !plan.blocked_rows.is_empty() {
         let rows = &plan.blocked_rows;
-        flash::attend_rows(q, k_pool, v_pool, rows, shape, out, ws.parallel, unit);
+        flash::attend_rows(q, k_pool, v_pool, rows, shape, keys, out, ws.parallel, unit);
     }
     for &chunk in &plan.blocked {
         flash::attend_chunk(
@@ -385,6 +444,7 @@ fn attention<T: KvElem>(
             v_pool,
             chunk,
             shape,
+            keys,
             out,
             scratch,
             ws.parallel,
@@ -392,38 +452,92 @@ fn attention<T: KvElem>(
         );
     }
     if plan.blocked.len() + plan.blocked_rows.len() < plan.last_rows.len() {
-        attend(q, k_pool, v_pool, &plan.keys, shape, out, ws.parallel);
+        let windowed: Vec<&[u32]>;
+        let row_keys = match window {
+            Some(w) => {
+                windowed = plan
+                    .keys
+                    .iter()
+                    .map(|k| &k[k.len().saturating_sub(w)..])
+                    .collect();
+                &windowed
+            }
+            None => &plan.keys,
+        };
+        attend(q, k_pool, v_pool, row_keys, shape, rule, out, ws.parallel);
     }
 }
 
 /// Rotates each head of each row of `x` by its row's position.
 fn rope_rows(
-    cfg: &LlamaConfig,
+    style: RopeStyle,
+    d: usize,
     cos: &[f32],
     sin: &[f32],
     x: &mut [f32],
-    heads: usize,
     positions: &[usize],
 ) {
-    let d = cfg.head_dim;
     let half = d / 2;
-    for (row, &p) in x.chunks_exact_mut(heads * d).zip(positions) {
+    let rows = x.chunks_exact_mut(x.len() / positions.len().max(1));
+    for (row, &p) in rows.zip(positions) {
         let (cos, sin) = (
             &cos[p * half..(p + 1) * half],
             &sin[p * half..(p + 1) * half],
         );
         for h in row.chunks_exact_mut(d) {
             for i in 0..half {
-                // GGUF stores Q/K for pairs (2i, 2i+1); Hugging Face rotates (i, i + d/2).
-                let (a, b) = if cfg.rope_interleaved {
-                    (2 * i, 2 * i + 1)
-                } else {
-                    (i, i + half)
+                let (a, b) = match style {
+                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
+                    RopeStyle::Neox => (i, i + half),
                 };
                 let (x0, x1) = (h[a], h[b]);
                 h[a] = x0 * cos[i] - x1 * sin[i];
                 h[b] = x0 * sin[i] + x1 * cos[i];
             }
+        }
+    }
+}
+
+/// Runs a fused matrix over `n` rows of `x` and copies each output row's
+/// parts (end to end in the matrix's rows) into the parts' own buffers,
+/// each `[n, width]`.
+fn fused_forward(
+    w: &Linear,
+    x: &[f32],
+    n: usize,
+    fused: &mut [f32],
+    parts: &mut [&mut [f32]],
+    ws: &mut Workspace,
+) -> Result<(), ModelError> {
+    let width = w.rows();
+    let fused = &mut fused[..n * width];
+    w.forward(x, n, fused, ws)?;
+    for (r, row) in fused.chunks_exact(width).enumerate() {
+        let mut at = 0;
+        for part in parts.iter_mut() {
+            let pw = part.len() / n;
+            part[r * pw..(r + 1) * pw].copy_from_slice(&row[at..at + pw]);
+            at += pw;
+        }
+    }
+    Ok(())
+}
+
+/// Adds `bias` to every row of `x`.
+fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add(row, bias);
+    }
+}
+
+/// RMSNorm of every `w.len()`-wide piece of `x` (rows, or heads of rows) in place.
+fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+    let d = w.len();
+    for xr in x.chunks_exact_mut(d) {
+        let mean_sq = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let scale = 1.0 / (mean_sq + eps).sqrt();
+        for (v, &g) in xr.iter_mut().zip(w) {
+            *v = *v * scale * g;
         }
     }
 }
@@ -443,55 +557,4 @@ fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }
-}
-
-fn check_shapes(cfg: &LlamaConfig, w: &Weights) -> Result<(), ModelError> {
-    if w.blocks.len() != cfg.n_layers {
-        return Err(ModelError::Format(format!(
-            "config says {} layers, checkpoint has {}",
-            cfg.n_layers,
-            w.blocks.len()
-        )));
-    }
-    let embd = w.token_embd.shape()?;
-    if embd != (cfg.vocab, cfg.hidden) {
-        return Err(ModelError::Format(format!(
-            "`token_embd` is {}x{}, the config needs {}x{}",
-            embd.0, embd.1, cfg.vocab, cfg.hidden
-        )));
-    }
-    let q_dim = cfg.n_heads * cfg.head_dim;
-    let mut expect = vec![("output", &w.output, cfg.vocab, cfg.hidden)];
-    for b in &w.blocks {
-        expect.extend([
-            ("attn_q", &b.attn_q, q_dim, cfg.hidden),
-            ("attn_k", &b.attn_k, cfg.kv_dim(), cfg.hidden),
-            ("attn_v", &b.attn_v, cfg.kv_dim(), cfg.hidden),
-            ("attn_output", &b.attn_output, cfg.hidden, q_dim),
-            ("ffn_gate", &b.ffn_gate, cfg.ffn, cfg.hidden),
-            ("ffn_up", &b.ffn_up, cfg.ffn, cfg.hidden),
-            ("ffn_down", &b.ffn_down, cfg.hidden, cfg.ffn),
-        ]);
-    }
-    for (name, lin, rows, cols) in expect {
-        if lin.rows() != rows || lin.cols() != cols {
-            return Err(ModelError::Format(format!(
-                "`{name}` is {}x{}, the config needs {rows}x{cols}",
-                lin.rows(),
-                lin.cols()
-            )));
-        }
-    }
-    let norms = w
-        .blocks
-        .iter()
-        .flat_map(|b| [&b.attn_norm, &b.ffn_norm])
-        .chain([&w.output_norm]);
-    if norms.into_iter().any(|n| n.len() != cfg.hidden) {
-        return Err(ModelError::Format(format!(
-            "a norm weight is not {} wide",
-            cfg.hidden
-        )));
-    }
-    Ok(())
 }

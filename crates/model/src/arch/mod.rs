@@ -1,0 +1,145 @@
+//! The architectures zinfer runs: one small file each, saying how the
+//! architecture departs from Llama (its tensors, RoPE style, activation,
+//! and the metadata only it has), and one table mapping GGUF
+//! `general.architecture` names and Hugging Face `model_type`s to them.
+//!
+//! Everything else (dimensions, RoPE base and scaling, tensor names) is
+//! read the same way for every architecture by the loaders, which then
+//! call the architecture's [`Arch::finish`].
+
+mod gemma2;
+mod gemma3;
+mod llama;
+mod phi3;
+mod qwen2;
+mod qwen3;
+
+use super::ModelError;
+use super::gguf::Meta;
+use super::spec::{Activation, BlockLayout, ModelSpec, RopeStyle};
+
+/// How one architecture differs from the common reading.
+pub(crate) struct Arch {
+    /// `general.architecture` in a GGUF file, and the metadata keys' prefix.
+    pub(crate) name: &'static str,
+    /// Hugging Face `model_type`s of this architecture (safetensors
+    /// directories load for llama only; the others are told to convert).
+    pub(crate) hf_model_types: &'static [&'static str],
+    /// The block's tensors.
+    pub(crate) layout: BlockLayout,
+    /// RoPE pairing of the architecture's GGUF files.
+    pub(crate) rope_style: RopeStyle,
+    /// The MLP's activation.
+    pub(crate) activation: Activation,
+    /// Applies the architecture's own metadata (windows, softcaps, scales)
+    /// to a spec the common reading filled in.
+    pub(crate) finish: fn(&mut ModelSpec, &Meta<'_>, &RopeTensors) -> Result<(), ModelError>,
+}
+
+/// The RoPE factor tensors a GGUF file may carry.
+#[derive(Debug, Default)]
+pub(crate) struct RopeTensors {
+    /// `rope_factors_long.weight` (Phi-3 LongRoPE, contexts past the original).
+    pub(crate) long: Option<Vec<f32>>,
+    /// `rope_factors_short.weight` (Phi-3 LongRoPE, within the original context).
+    pub(crate) short: Option<Vec<f32>>,
+}
+
+/// Every architecture, in the order `--help` and errors list them.
+pub(crate) const ARCHITECTURES: &[&Arch] = &[
+    &llama::LLAMA,
+    &qwen2::QWEN2,
+    &qwen3::QWEN3,
+    &phi3::PHI3,
+    &gemma2::GEMMA2,
+    &gemma3::GEMMA3,
+];
+
+/// The architecture a GGUF file names.
+pub(crate) fn by_gguf_name(name: &str) -> Result<&'static Arch, ModelError> {
+    ARCHITECTURES
+        .iter()
+        .copied()
+        .find(|a| a.name == name)
+        .ok_or_else(|| ModelError::UnsupportedArchitecture(name.to_string()))
+}
+
+/// The architecture of a Hugging Face `model_type`.
+pub(crate) fn by_hf_model_type(model_type: &str) -> Result<&'static Arch, ModelError> {
+    ARCHITECTURES
+        .iter()
+        .copied()
+        .find(|a| a.hf_model_types.contains(&model_type))
+        .ok_or_else(|| ModelError::UnsupportedArchitecture(model_type.to_string()))
+}
+
+/// The supported architectures' names, comma-separated, for messages.
+pub fn supported() -> String {
+    ARCHITECTURES
+        .iter()
+        .map(|a| a.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Nothing beyond the common reading.
+fn no_extras(_: &mut ModelSpec, _: &Meta<'_>, _: &RopeTensors) -> Result<(), ModelError> {
+    Ok(())
+}
+
+/// Gemma's shared rules: embeddings scaled by `sqrt(hidden)`, and a
+/// sliding window on the layers a pattern of `period` picks (every layer
+/// but the last of each period, or as `attention.sliding_window_pattern`
+/// says), whose RoPE base is `local_theta` (or `rope.freq_base_swa`) without scaling.
+fn gemma_common(
+    spec: &mut ModelSpec,
+    meta: &Meta<'_>,
+    window: Option<usize>,
+    period: usize,
+    local_theta: f32,
+    big_layers: usize,
+) -> Result<(), ModelError> {
+    spec.embed_scale = Some((spec.hidden as f32).sqrt());
+    // Gemma's 27B models scale queries by hidden / heads, not the head width.
+    if spec.n_layers == big_layers {
+        spec.attn.scale = 1.0 / ((spec.hidden / spec.n_heads) as f32).sqrt();
+    }
+    let Some(window) = window else {
+        return Ok(());
+    };
+    let pattern = meta.swa_pattern(spec.n_layers, period)?;
+    let theta = meta.opt_f32("rope.freq_base_swa")?.unwrap_or(local_theta);
+    let rope = super::spec::RopeSpec::plain(spec.ropes[0].style, theta);
+    let local = match spec.ropes.iter().position(|r| *r == rope) {
+        Some(i) => i,
+        None => {
+            spec.ropes.push(rope);
+            spec.ropes.len() - 1
+        }
+    };
+    for (layer, sliding) in spec.layers.iter_mut().zip(pattern) {
+        if sliding {
+            layer.window = Some(window);
+            layer.rope = local;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_listed() {
+        for (i, a) in ARCHITECTURES.iter().enumerate() {
+            assert!(ARCHITECTURES[..i].iter().all(|b| b.name != a.name));
+            assert!(supported().contains(a.name));
+            assert_eq!(by_gguf_name(a.name).map(|b| b.name).ok(), Some(a.name));
+        }
+        assert!(matches!(
+            by_gguf_name("mamba"),
+            Err(ModelError::UnsupportedArchitecture(n)) if n == "mamba"
+        ));
+    }
+}

@@ -1,0 +1,20 @@
+//! Qwen3 (dense): Llama with a per-head RMSNorm of Q and K before RoPE,
+//! NeoX RoPE, and heads wider than `hidden / heads` (`key_length`).
+
+use super::{Arch, no_extras};
+use crate::spec::{Activation, BlockLayout, RopeStyle};
+
+pub(super) const QWEN3: Arch = Arch {
+    name: "qwen3",
+    hf_model_types: &["qwen3"],
+    layout: BlockLayout {
+        fused_qkv: false,
+        qkv_bias: false,
+        qk_norm: true,
+        post_norms: false,
+        fused_gate_up: false,
+    },
+    rope_style: RopeStyle::Neox,
+    activation: Activation::Silu,
+    finish: no_extras,
+};

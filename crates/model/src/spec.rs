@@ -1,0 +1,237 @@
+//! What a forward pass needs to know about a model, whatever its
+//! architecture: dimensions, RoPE, each layer's window, how attention
+//! scores and logits are made, and which tensors a block has.
+//!
+//! The loaders fill a [`ModelSpec`] from GGUF metadata (through the
+//! architecture's entry in [`crate::arch`]) or a Hugging Face
+//! `config.json`; both backends read only the spec, never the architecture's name.
+
+use zinfer_kernels::ScoreRule;
+
+use super::ModelError;
+
+/// Upper bound on [`ModelSpec::max_positions`]: a 128k-context model does
+/// not spend memory on RoPE tables it will not use.
+pub const MAX_POSITIONS: usize = 32_768;
+
+/// Which pairs of a head's values RoPE rotates together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(2i, 2i + 1)`: llama GGUF files, whose converter permutes Q/K rows for it.
+    Interleaved,
+    /// Pairs `(i, i + d/2)`: GPT-NeoX style (Qwen, Phi-3, Gemma, Hugging Face llama).
+    Neox,
+}
+
+/// One RoPE: its style, base and scaling.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeSpec {
+    /// Pair layout.
+    pub style: RopeStyle,
+    /// Base frequency.
+    pub theta: f32,
+    /// How frequencies and angles are scaled for long contexts.
+    pub scaling: RopeScaling,
+}
+
+/// Long-context RoPE scaling, in the three forms the supported checkpoints use.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RopeScaling {
+    /// Per-frequency divisors (Llama 3 `rope_freqs`, Phi-3 long/short
+    /// factors); empty for none.
+    pub freq_factors: Vec<f32>,
+    /// Positions are divided by this (linear scaling, Gemma 3's global layers).
+    pub linear: f32,
+    /// cos and sin are multiplied by this (Phi-3 LongRoPE's attention factor).
+    pub attn_factor: f32,
+}
+
+impl Default for RopeScaling {
+    fn default() -> Self {
+        Self {
+            freq_factors: Vec::new(),
+            linear: 1.0,
+            attn_factor: 1.0,
+        }
+    }
+}
+
+impl RopeSpec {
+    /// Plain RoPE of `style` at base `theta`.
+    pub fn plain(style: RopeStyle, theta: f32) -> Self {
+        Self {
+            style,
+            theta,
+            scaling: RopeScaling::default(),
+        }
+    }
+
+    /// cos and sin tables, `[positions, head_dim / 2]` row-major.
+    pub(crate) fn tables(&self, head_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
+        let half = head_dim / 2;
+        let s = &self.scaling;
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| {
+                let factor = s.freq_factors.get(i).map_or(1.0, |&f| f64::from(f));
+                1.0 / f64::from(self.theta).powf(2.0 * i as f64 / head_dim as f64)
+                    / factor
+                    / f64::from(s.linear)
+            })
+            .collect();
+        let mut cos = Vec::with_capacity(positions * half);
+        let mut sin = Vec::with_capacity(positions * half);
+        let mscale = f64::from(s.attn_factor);
+        for p in 0..positions {
+            for &f in &inv_freq {
+                let angle = p as f64 * f;
+                cos.push((angle.cos() * mscale) as f32);
+                sin.push((angle.sin() * mscale) as f32);
+            }
+        }
+        (cos, sin)
+    }
+}
+
+/// What one layer does differently from the others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LayerSpec {
+    /// Keys a row sees, itself included, with a sliding window; `None` for all.
+    pub window: Option<usize>,
+    /// Index of the layer's RoPE in [`ModelSpec::ropes`].
+    pub rope: usize,
+}
+
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// `silu(gate) * up` (Llama, Qwen, Phi-3).
+    Silu,
+    /// `gelu_tanh(gate) * up` (Gemma).
+    GeluTanh,
+}
+
+/// Which tensors a block has beyond the Llama set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BlockLayout {
+    /// One `attn_qkv` matrix (Q, K and V rows stacked) instead of three.
+    pub fused_qkv: bool,
+    /// Biases on Q, K and V (Qwen2).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of Q and K before RoPE (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// RMSNorm of the attention and MLP outputs before they join the
+    /// residual (Gemma 2 and 3).
+    pub post_norms: bool,
+    /// One `ffn_up` matrix holding the gate rows then the up rows (Phi-3).
+    pub fused_gate_up: bool,
+}
+
+/// A model's shape and hyper-parameters.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSpec {
+    /// The architecture's name (`general.architecture`).
+    pub arch: &'static str,
+    /// Transformer blocks.
+    pub n_layers: usize,
+    /// Query heads.
+    pub n_heads: usize,
+    /// Key/value heads (fewer than `n_heads` with grouped-query attention).
+    pub n_kv_heads: usize,
+    /// Width of the residual stream.
+    pub hidden: usize,
+    /// Width of one attention head (not always `hidden / n_heads`).
+    pub head_dim: usize,
+    /// Inner width of the MLP.
+    pub ffn: usize,
+    /// Token vocabulary size (rows of the embedding).
+    pub vocab: usize,
+    /// RMSNorm epsilon.
+    pub norm_eps: f32,
+    /// Longest sequence the RoPE tables cover: the model's context, capped
+    /// at [`MAX_POSITIONS`].
+    pub max_positions: usize,
+    /// The model's RoPEs; layers pick one (Gemma 3's local layers use their own base).
+    pub ropes: Vec<RopeSpec>,
+    /// Per layer: window and RoPE.
+    pub layers: Vec<LayerSpec>,
+    /// How attention scores are made.
+    pub attn: ScoreRule,
+    /// The MLP's activation.
+    pub activation: Activation,
+    /// The embedding rows are multiplied by this (Gemma: `sqrt(hidden)`).
+    pub embed_scale: Option<f32>,
+    /// Logits become `c * tanh(logit / c)` (Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// The block's tensors.
+    pub layout: BlockLayout,
+}
+
+impl ModelSpec {
+    /// Width of the key (and value) projection output.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Width of the query projection output.
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Every layer with the same window and the first RoPE.
+    pub(crate) fn uniform_layers(n_layers: usize, window: Option<usize>) -> Vec<LayerSpec> {
+        vec![LayerSpec { window, rope: 0 }; n_layers]
+    }
+
+    /// Checks the relations the forward passes rely on.
+    pub(crate) fn validate(&self) -> Result<(), ModelError> {
+        let bad = |why: String| Err(ModelError::Format(why));
+        if [self.n_layers, self.n_heads, self.n_kv_heads, self.hidden]
+            .into_iter()
+            .chain([self.head_dim, self.ffn, self.vocab])
+            .any(|d| d == 0)
+        {
+            return bad(format!("model config has a zero dimension: {self:?}"));
+        }
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
+            return bad(format!(
+                "{} query heads are not a multiple of {} KV heads",
+                self.n_heads, self.n_kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim {} is odd", self.head_dim));
+        }
+        if self.max_positions == 0 {
+            return bad("model config has no context length".to_string());
+        }
+        if self.layers.len() != self.n_layers {
+            return bad(format!(
+                "{} layer specs for {} layers",
+                self.layers.len(),
+                self.n_layers
+            ));
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            if l.rope >= self.ropes.len() || l.window == Some(0) {
+                return bad(format!("layer {i} has an invalid spec {l:?}"));
+            }
+        }
+        for r in &self.ropes {
+            let n = r.scaling.freq_factors.len();
+            if n != 0 && n != self.head_dim / 2 {
+                return bad(format!(
+                    "RoPE has {n} frequency factors, expected {}",
+                    self.head_dim / 2
+                ));
+            }
+            if !(r.theta > 0.0 && r.scaling.linear > 0.0) {
+                return bad(format!("RoPE base and scale must be positive: {r:?}"));
+            }
+        }
+        let caps = [self.attn.softcap, self.final_softcap];
+        if caps.into_iter().flatten().any(|c| c.is_nan() || c <= 0.0) {
+            return bad("softcaps must be positive".to_string());
+        }
+        Ok(())
+    }
+}

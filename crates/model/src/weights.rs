@@ -1,0 +1,289 @@
+//! A model's weights as both backends hold them: one [`Block`] type with
+//! the optional parts the architectures need, and one reading of every
+//! tensor, by name, from any [`TensorSource`] (a GGUF file for the CPU
+//! kernels or a candle device, a safetensors directory).
+//!
+//! Fused matrices (Phi-3's `attn_qkv` and `ffn_up`) stay fused: one
+//! matmul instead of three or two.
+
+use super::ModelError;
+use super::spec::ModelSpec;
+
+/// Q, K and V projections.
+#[derive(Debug)]
+pub(crate) enum Qkv<M> {
+    /// Three matrices.
+    Separate {
+        /// `[q_dim, hidden]`.
+        q: M,
+        /// `[kv_dim, hidden]`.
+        k: M,
+        /// `[kv_dim, hidden]`.
+        v: M,
+    },
+    /// One `[q_dim + 2 kv_dim, hidden]` matrix: Q rows, then K, then V.
+    Fused(M),
+}
+
+/// The MLP's gate and up projections.
+#[derive(Debug)]
+pub(crate) enum GateUp<M> {
+    /// Two `[ffn, hidden]` matrices.
+    Separate {
+        /// Goes through the activation.
+        gate: M,
+        /// Multiplies the activated gate.
+        up: M,
+    },
+    /// One `[2 ffn, hidden]` matrix: the gate rows, then the up rows.
+    Fused(M),
+}
+
+/// One transformer block. `M` is a matrix, `V` a vector, in the backend's types.
+#[derive(Debug)]
+pub(crate) struct Block<M, V> {
+    pub(crate) attn_norm: V,
+    pub(crate) qkv: Qkv<M>,
+    /// Q, K and V biases end to end (`q_dim + 2 kv_dim`).
+    pub(crate) qkv_bias: Option<V>,
+    /// Per-head RMSNorm weights of Q and K (`head_dim` each).
+    pub(crate) qk_norm: Option<(V, V)>,
+    pub(crate) attn_output: M,
+    /// RMSNorm of the attention output before the residual add.
+    pub(crate) post_attn_norm: Option<V>,
+    pub(crate) ffn_norm: V,
+    pub(crate) gate_up: GateUp<M>,
+    pub(crate) ffn_down: M,
+    /// RMSNorm of the MLP output before the residual add.
+    pub(crate) post_ffn_norm: Option<V>,
+}
+
+/// Every weight of a model. `E` is the embedding table's type.
+#[derive(Debug)]
+pub(crate) struct Weights<E, M, V> {
+    pub(crate) token_embd: E,
+    pub(crate) blocks: Vec<Block<M, V>>,
+    pub(crate) output_norm: V,
+    /// The LM head (the embedding's storage when the checkpoint ties them).
+    pub(crate) output: M,
+}
+
+/// One tensor of a checkpoint, named by its role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Part {
+    TokenEmbd,
+    Output,
+    OutputNorm,
+    AttnNorm,
+    Q,
+    K,
+    V,
+    Qkv,
+    QBias,
+    KBias,
+    VBias,
+    QNorm,
+    KNorm,
+    AttnOutput,
+    PostAttnNorm,
+    FfnNorm,
+    Gate,
+    Up,
+    GateUp,
+    Down,
+    PostFfnNorm,
+}
+
+/// How a checkpoint format names its tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Naming {
+    /// llama.cpp's names (`blk.N.attn_q.weight`).
+    Gguf,
+    /// Hugging Face llama names (`model.layers.N.self_attn.q_proj.weight`).
+    HuggingFace,
+}
+
+impl Naming {
+    /// The name of `part` in `layer` (ignored for the model-wide parts).
+    pub(crate) fn name(self, part: Part, layer: usize) -> String {
+        use Part::*;
+        let (gguf, hf) = match part {
+            TokenEmbd => return self.global("token_embd.weight", "model.embed_tokens.weight"),
+            Output => return self.global("output.weight", "lm_head.weight"),
+            OutputNorm => return self.global("output_norm.weight", "model.norm.weight"),
+            AttnNorm => ("attn_norm.weight", "input_layernorm.weight"),
+            Q => ("attn_q.weight", "self_attn.q_proj.weight"),
+            K => ("attn_k.weight", "self_attn.k_proj.weight"),
+            V => ("attn_v.weight", "self_attn.v_proj.weight"),
+            Qkv => ("attn_qkv.weight", "self_attn.qkv_proj.weight"),
+            QBias => ("attn_q.bias", "self_attn.q_proj.bias"),
+            KBias => ("attn_k.bias", "self_attn.k_proj.bias"),
+            VBias => ("attn_v.bias", "self_attn.v_proj.bias"),
+            QNorm => ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+            KNorm => ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+            AttnOutput => ("attn_output.weight", "self_attn.o_proj.weight"),
+            PostAttnNorm => (
+                "post_attention_norm.weight",
+                "post_attention_layernorm.weight",
+            ),
+            FfnNorm => ("ffn_norm.weight", "post_attention_layernorm.weight"),
+            Gate => ("ffn_gate.weight", "mlp.gate_proj.weight"),
+            Up => ("ffn_up.weight", "mlp.up_proj.weight"),
+            GateUp => ("ffn_up.weight", "mlp.gate_up_proj.weight"),
+            Down => ("ffn_down.weight", "mlp.down_proj.weight"),
+            PostFfnNorm => ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+        };
+        match self {
+            Self::Gguf => format!("blk.{layer}.{gguf}"),
+            Self::HuggingFace => format!("model.layers.{layer}.{hf}"),
+        }
+    }
+
+    fn global(self, gguf: &str, hf: &str) -> String {
+        match self {
+            Self::Gguf => gguf.to_string(),
+            Self::HuggingFace => hf.to_string(),
+        }
+    }
+}
+
+/// Where a backend reads tensors from, in its own types.
+pub(crate) trait TensorSource {
+    /// The embedding table.
+    type Embedding;
+    /// A weight matrix applied as `x @ W^T`.
+    type Matrix;
+    /// A norm weight or bias.
+    type Vector;
+
+    /// Whether the checkpoint has its own LM head `name`; without one the
+    /// embedding table doubles as the head (tied embeddings).
+    fn has_own_head(&self, name: &str) -> bool;
+    /// The `[rows, cols]` matrix `name`; fails on another shape.
+    fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Self::Matrix, ModelError>;
+    /// The vector `name` of `len` values; fails on another length.
+    fn vector(&mut self, name: &str, len: usize) -> Result<Self::Vector, ModelError>;
+    /// Vectors end to end.
+    fn concat(&mut self, parts: Vec<Self::Vector>) -> Result<Self::Vector, ModelError>;
+    /// The `[rows, cols]` embedding table, and, when `tied`, an LM head over
+    /// the same storage.
+    fn embedding(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        tied: bool,
+    ) -> Result<(Self::Embedding, Option<Self::Matrix>), ModelError>;
+}
+
+/// The weights a [`TensorSource`] reads, in its types.
+pub(crate) type SourceWeights<S> = Weights<
+    <S as TensorSource>::Embedding,
+    <S as TensorSource>::Matrix,
+    <S as TensorSource>::Vector,
+>;
+
+/// Reads every weight `spec` calls for from `src`, checking each shape.
+pub(crate) fn read<S: TensorSource>(
+    src: &mut S,
+    spec: &ModelSpec,
+    naming: Naming,
+) -> Result<SourceWeights<S>, ModelError> {
+    let (h, q, kv, d, ffn) = (
+        spec.hidden,
+        spec.q_dim(),
+        spec.kv_dim(),
+        spec.head_dim,
+        spec.ffn,
+    );
+    let l = spec.layout;
+    let output_name = naming.name(Part::Output, 0);
+    let tied = !src.has_own_head(&output_name);
+    let (token_embd, tied_head) =
+        src.embedding(&naming.name(Part::TokenEmbd, 0), spec.vocab, h, tied)?;
+    let output = match tied_head {
+        Some(head) => head,
+        None => src.matrix(&output_name, spec.vocab, h)?,
+    };
+    let mut blocks = Vec::with_capacity(spec.n_layers);
+    for i in 0..spec.n_layers {
+        let name = |part| naming.name(part, i);
+        let qkv = if l.fused_qkv {
+            Qkv::Fused(src.matrix(&name(Part::Qkv), q + 2 * kv, h)?)
+        } else {
+            Qkv::Separate {
+                q: src.matrix(&name(Part::Q), q, h)?,
+                k: src.matrix(&name(Part::K), kv, h)?,
+                v: src.matrix(&name(Part::V), kv, h)?,
+            }
+        };
+        let qkv_bias = if l.qkv_bias {
+            let parts = vec![
+                src.vector(&name(Part::QBias), q)?,
+                src.vector(&name(Part::KBias), kv)?,
+                src.vector(&name(Part::VBias), kv)?,
+            ];
+            Some(src.concat(parts)?)
+        } else {
+            None
+        };
+        let qk_norm = if l.qk_norm {
+            Some((
+                src.vector(&name(Part::QNorm), d)?,
+                src.vector(&name(Part::KNorm), d)?,
+            ))
+        } else {
+            None
+        };
+        let gate_up = if l.fused_gate_up {
+            GateUp::Fused(src.matrix(&name(Part::GateUp), 2 * ffn, h)?)
+        } else {
+            GateUp::Separate {
+                gate: src.matrix(&name(Part::Gate), ffn, h)?,
+                up: src.matrix(&name(Part::Up), ffn, h)?,
+            }
+        };
+        let post = |src: &mut S, part| -> Result<Option<S::Vector>, ModelError> {
+            if l.post_norms {
+                Ok(Some(src.vector(&name(part), h)?))
+            } else {
+                Ok(None)
+            }
+        };
+        blocks.push(Block {
+            attn_norm: src.vector(&name(Part::AttnNorm), h)?,
+            qkv,
+            qkv_bias,
+            qk_norm,
+            attn_output: src.matrix(&name(Part::AttnOutput), h, q)?,
+            post_attn_norm: post(src, Part::PostAttnNorm)?,
+            ffn_norm: src.vector(&name(Part::FfnNorm), h)?,
+            gate_up,
+            ffn_down: src.matrix(&name(Part::Down), h, ffn)?,
+            post_ffn_norm: post(src, Part::PostFfnNorm)?,
+        });
+    }
+    Ok(Weights {
+        token_embd,
+        blocks,
+        output_norm: src.vector(&naming.name(Part::OutputNorm, 0), h)?,
+        output,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_each_format() {
+        assert_eq!(Naming::Gguf.name(Part::Q, 3), "blk.3.attn_q.weight");
+        assert_eq!(Naming::Gguf.name(Part::GateUp, 0), "blk.0.ffn_up.weight");
+        assert_eq!(Naming::Gguf.name(Part::TokenEmbd, 9), "token_embd.weight");
+        assert_eq!(
+            Naming::HuggingFace.name(Part::FfnNorm, 2),
+            "model.layers.2.post_attention_layernorm.weight"
+        );
+        assert_eq!(Naming::HuggingFace.name(Part::Output, 0), "lm_head.weight");
+    }
+}
