@@ -515,7 +515,7 @@ fn value<R: Read + Seek>(r: &mut Reader<R>, kind: u32, key: &str) -> Result<Meta
                     r.skip(bytes, "an array")?;
                 }
                 (8, None) => {
-                    r.check_count(len, 8, "strings in an array")?;
+                    r.check_count(len, 8, &format!("strings in array `{key}`"))?;
                     for _ in 0..len {
                         let n = r.u64()?;
                         r.skip(n, "a string")?;
@@ -742,7 +742,10 @@ mod tests {
         let mut strings = 8u32.to_le_bytes().to_vec();
         strings.extend(u64::MAX.to_le_bytes());
         let err = read(&header(&[("tokenizer.ggml.tokens", 9, strings)])).unwrap_err();
-        assert!(err.contains("strings in an array"), "{err}");
+        assert!(
+            err.contains("strings in array `tokenizer.ggml.tokens`"),
+            "{err}"
+        );
 
         let cases: [(Vec<u8>, &str); 6] = [
             (tensor("x", &[1, 1, 1, 1, 1], 0, 0), "5 dimensions"),
