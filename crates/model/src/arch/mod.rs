@@ -137,6 +137,12 @@ mod tests {
             assert!(supported().contains(a.name));
             assert_eq!(by_gguf_name(a.name).map(|b| b.name).ok(), Some(a.name));
         }
+        let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name).collect();
+        assert_eq!(
+            names,
+            zinfer_probe::SUPPORTED_ARCHITECTURES,
+            "the probe's list (zinfer model inspect, the supervisor) is this table's"
+        );
         assert!(matches!(
             by_gguf_name("mamba"),
             Err(ModelError::UnsupportedArchitecture(n)) if n == "mamba"
