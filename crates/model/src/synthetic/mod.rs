@@ -53,7 +53,7 @@ pub const PRESETS: &[&str] = &[
     "gemma3-tiny",
 ];
 
-/// Names accepted by [`Quant::from_str`].
+/// Names [`Quant`] parses from (`"q4_k_m".parse()`).
 pub const QUANTS: &[&str] = &[
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m",
 ];
