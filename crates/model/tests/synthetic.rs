@@ -13,7 +13,7 @@ use zinfer_model::{KvShape, LoadOptions, SeqChunk, load};
 mod support;
 use support::{max_abs_diff, one_shot, reference_logits, top_k};
 use zinfer_model::synthetic::{
-    Llama3RopeScaling, Quant, SynthShape, SynthSpec, fallback, generate, tokenizer_metadata,
+    Arch, Llama3RopeScaling, Quant, SynthShape, SynthSpec, fallback, generate, tokenizer_metadata,
     use_more_bits,
 };
 
@@ -27,14 +27,19 @@ fn source_metadata() -> HashMap<String, Value> {
 fn tiny() -> SynthShape {
     SynthShape {
         name: "tiny".into(),
+        arch: Arch::Llama,
         n_layers: 2,
         hidden: 256,
         n_heads: 4,
         n_kv_heads: 2,
+        head_dim: 64,
         ffn: 512,
         vocab: 49_152,
+        vocab_from_tokenizer: false,
+        vocab_file: None,
         context: 4096,
         rope_theta: 500_000.0,
+        rope_theta_swa: None,
         rms_eps: 1e-5,
         tied_embeddings: false,
         rope_scaling: Some(Llama3RopeScaling {
@@ -43,6 +48,11 @@ fn tiny() -> SynthShape {
             high_freq_factor: 4.0,
             original_context: 1024,
         }),
+        rope_original_context: None,
+        long_rope: None,
+        sliding_window: None,
+        attn_softcap: None,
+        final_softcap: None,
     }
 }
 
@@ -327,6 +337,14 @@ fn the_tokenizer_is_fitted_to_the_vocabulary() {
         .find(|(k, _)| k == "tokenizer.ggml.token_type")
         .unwrap();
     assert_eq!(types.to_vec().unwrap()[100_000].to_i32().unwrap(), 5);
+    let (_, tokens) = big
+        .iter()
+        .find(|(k, _)| k == "tokenizer.ggml.tokens")
+        .unwrap();
+    assert_eq!(
+        tokens.to_vec().unwrap()[100_000].to_string().unwrap(),
+        "[PAD100000]"
+    );
 
     let small = tokenizer_metadata(&md, 32_000).unwrap();
     assert_eq!(len(&small, "tokenizer.ggml.tokens"), Some(32_000));

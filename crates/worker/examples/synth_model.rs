@@ -1,10 +1,12 @@
-//! Writes a synthetic llama GGUF (real shape, random weights) for speed
-//! comparisons with bigger models than the one that can be downloaded:
+//! Writes a synthetic GGUF checkpoint (real shape, random weights) for speed
+//! comparisons with bigger models than the one that can be downloaded, and
+//! for tests of other architectures (llama, qwen2, qwen3, phi3, gemma2,
+//! gemma3):
 //!
 //! ```text
 //! cargo run --release -p zinfer-worker --example synth_model -- \
 //!     --shape tinyllama-1.1b --quant q4_k_m --out /tmp/tinyllama-q4km.gguf \
-//!     [--seed N] [--layers N] [--tokenizer-from PATH] [--threads N] [--check]
+//!     [--seed N] [--layers N] [--vocab NAME | --tokenizer-from PATH] [--threads N] [--check]
 //! ```
 //!
 //! `--check` then loads the file with the worker's loader and times a
@@ -13,14 +15,18 @@
 //! engine bench); the engine bench and `llama-bench` give the real ones.
 //!
 //! The tokenizer metadata comes from `--tokenizer-from` (a GGUF file), else
-//! from the default SmolLM2 model. `--threads` (default: every core)
-//! quantize in parallel; the file is the same for any count.
+//! from llama.cpp's test vocabulary `ggml-vocab-NAME.gguf` of `--vocab NAME`
+//! (fetched by zinfer-fetch), else from the shape's own vocabulary for the
+//! non-llama shapes (Qwen's, Phi-3's; Gemma's stand-in is llama-spm), else
+//! from the default SmolLM2 model, as for the llama shapes (`--vocab
+//! llama-bpe` gives llama-3.2-1b Llama 3's). `--threads` (default: every
+//! core) quantize in parallel; the file is the same for any count.
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
-use zinfer_model::synthetic::{PRESETS, QUANTS, SynthShape, SynthSpec, generate};
+use zinfer_model::synthetic::{Arch, PRESETS, QUANTS, SynthShape, SynthSpec, generate};
 use zinfer_model::{LoadOptions, SeqChunk, load};
 
 /// Errors are reported, not handled: a boxed error is enough here.
@@ -35,13 +41,14 @@ struct Args {
     seed: u64,
     layers: Option<usize>,
     tokenizer_from: Option<PathBuf>,
+    vocab: Option<String>,
     check: bool,
     threads: usize,
 }
 
 fn usage() -> String {
     format!(
-        "usage: synth_model --shape NAME --quant TYPE --out FILE [--seed N] [--layers N] [--tokenizer-from GGUF] [--threads N] [--check]\n  shapes: {}\n  quants: {}",
+        "usage: synth_model --shape NAME --quant TYPE --out FILE [--seed N] [--layers N] [--vocab NAME | --tokenizer-from GGUF] [--threads N] [--check]\n  shapes: {}\n  quants: {}\n  vocab: a llama.cpp test vocabulary (ggml-vocab-NAME.gguf), e.g. qwen2, phi-3, llama-bpe, llama-spm",
         PRESETS.join(", "),
         QUANTS.join(", ")
     )
@@ -54,6 +61,7 @@ fn parse_args() -> Result<Args> {
     let mut seed = 0;
     let mut layers = None;
     let mut tokenizer_from = None;
+    let mut vocab = None;
     let mut check = false;
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut it = std::env::args().skip(1);
@@ -77,8 +85,16 @@ fn parse_args() -> Result<Args> {
             "--layers" => layers = Some(value.parse().map_err(|e| format!("--layers: {e}"))?),
             "--threads" => threads = value.parse().map_err(|e| format!("--threads: {e}"))?,
             "--tokenizer-from" => tokenizer_from = Some(PathBuf::from(value)),
+            "--vocab" => vocab = Some(value),
             other => return Err(format!("unknown flag {other}\n{}", usage()).into()),
         }
+    }
+    if tokenizer_from.is_some() && vocab.is_some() {
+        return Err(format!(
+            "--vocab and --tokenizer-from exclude each other\n{}",
+            usage()
+        )
+        .into());
     }
     let missing = |what: &str| format!("{what} is required\n{}", usage());
     Ok(Args {
@@ -88,6 +104,7 @@ fn parse_args() -> Result<Args> {
         seed,
         layers,
         tokenizer_from,
+        vocab,
         check,
         threads,
     })
@@ -99,31 +116,42 @@ fn main() -> Result<()> {
     if let Some(n) = args.layers {
         shape.n_layers = n;
     }
-    let spec = SynthSpec {
-        shape,
-        quant: args.quant.parse()?,
-        seed: args.seed,
-        threads: args.threads,
-    };
-    let tok_path = match args.tokenizer_from {
-        Some(p) => p,
-        None => zinfer_fetch::test_model_path()?,
+    // Llama shapes keep the default model's tokenizer, as before vocabularies
+    // could be fetched (the published speed figures use those files).
+    let vocab = args.vocab.or_else(|| {
+        (shape.arch != Arch::Llama)
+            .then(|| shape.vocab_file.clone())
+            .flatten()
+    });
+    let tok_path = match (args.tokenizer_from, vocab) {
+        (Some(p), _) => p,
+        (None, Some(name)) => zinfer_fetch::vocab_file(&name)?,
+        (None, None) => zinfer_fetch::test_model_path()?,
     };
     let mut f = std::fs::File::open(&tok_path)
         .map_err(|e| format!("opening {}: {e}", tok_path.display()))?;
     let tokenizer = gguf_file::Content::read(&mut f)
         .map_err(|e| format!("reading {}: {e}", tok_path.display()))?
         .metadata;
+    let spec = SynthSpec {
+        shape: shape.fitted_to(&tokenizer)?,
+        quant: args.quant.parse()?,
+        seed: args.seed,
+        threads: args.threads,
+    };
     let s = &spec.shape;
     println!(
-        "{} ({} layers, hidden {}, heads {}/{}, ffn {}, vocab {}), {}, seed {} -> {}",
+        "{} ({} {} layers, hidden {}, heads {}/{} of {}, ffn {}, vocab {} from {}), {}, seed {} -> {}",
         s.name,
+        s.arch,
         s.n_layers,
         s.hidden,
         s.n_heads,
         s.n_kv_heads,
+        s.head_dim,
         s.ffn,
         s.vocab,
+        tok_path.display(),
         args.quant,
         spec.seed,
         args.out.display()

@@ -1,12 +1,16 @@
-//! Synthetic llama checkpoints: GGUF files with the shapes of real models,
-//! seeded random weights and any quantization.
+//! Synthetic checkpoints: GGUF files with the shapes of real models (llama,
+//! Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3), seeded random weights and any
+//! quantization.
 //!
 //! Only one small real model can be downloaded here, yet how the engine
 //! scales with model size, and how it compares with llama.cpp, depend on
 //! shapes and quant types, not on the weights' values. A synthetic file uses
-//! the tensor names, metadata keys and tokenizer metadata of a converted
-//! checkpoint, so zinfer's loader and llama.cpp's tools (`llama-bench`) both
-//! load it and can be timed side by side on the same bytes.
+//! the tensor names, metadata keys and tokenizer metadata of a checkpoint
+//! converted by llama.cpp's `convert_hf_to_gguf.py`, so zinfer's loader,
+//! candle-transformers' quantized models and llama.cpp's tools
+//! (`llama-bench`) all load it and can be compared on the same bytes. The
+//! tiny presets (`*-tiny`) exercise each architecture's features (biases,
+//! Q/K norms, fused matrices, sliding windows, soft-caps) in tests.
 //!
 //! Weights are generated, quantized and written in chunks of rows, one
 //! tensor after another, so memory stays at a few MB whatever the model size
@@ -25,7 +29,7 @@ use std::path::Path;
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::Value;
 
-pub use shape::{Llama3RopeScaling, Quant, SynthShape, fallback, use_more_bits};
+pub use shape::{Arch, Llama3RopeScaling, LongRope, Quant, SynthShape, fallback, use_more_bits};
 pub use vocab::tokenizer_metadata;
 use writer::{ALIGNMENT, write_gguf};
 
@@ -35,9 +39,21 @@ pub const PRESETS: &[&str] = &[
     "smollm2-360m",
     "tinyllama-1.1b",
     "llama-3.2-1b",
+    "qwen2.5-1.5b",
+    "qwen3-1.7b",
+    "phi-3-mini",
+    "phi-3-mini-128k",
+    "gemma-2-2b",
+    "gemma-3-1b",
+    "llama-swa-tiny",
+    "qwen2-tiny",
+    "qwen3-tiny",
+    "phi3-tiny",
+    "gemma2-tiny",
+    "gemma3-tiny",
 ];
 
-/// Names accepted by [`Quant::from_str`].
+/// Names [`Quant`] parses from (`"q4_k_m".parse()`).
 pub const QUANTS: &[&str] = &[
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m",
 ];
@@ -58,7 +74,7 @@ pub enum SynthError {
     /// The shape's dimensions do not fit together.
     #[error("invalid shape: {0}")]
     InvalidShape(String),
-    /// The tokenizer source lacks what a llama GGUF needs.
+    /// The tokenizer source lacks what a GGUF needs.
     #[error("tokenizer metadata: {0}")]
     Tokenizer(String),
     /// Writing the file failed.
@@ -110,24 +126,29 @@ pub struct Progress<'a> {
 pub struct Summary {
     /// File size in bytes.
     pub file_bytes: u64,
+    /// Rows of the embedding and tokens of the tokenizer, as written (see
+    /// [`SynthShape::fitted_to`]).
+    pub vocab: usize,
     /// Tensors per stored type (e.g. `"Q4K" -> 154`), for the report.
     pub tensor_types: BTreeMap<String, usize>,
 }
 
 /// Writes a synthetic checkpoint to `out`, with the tokenizer metadata of
 /// `tokenizer_src` (another GGUF's metadata) fitted to the shape's vocabulary
-/// (see [`tokenizer_metadata`]). The file appears under its name only when
-/// complete: it is written beside it first and renamed.
+/// (see [`SynthShape::fitted_to`] and [`tokenizer_metadata`]). The file
+/// appears under its name only when complete: it is written beside it first
+/// and renamed.
 pub fn generate(
     out: &Path,
     spec: &SynthSpec,
     tokenizer_src: &HashMap<String, Value>,
     mut progress: impl FnMut(&Progress<'_>),
 ) -> Result<Summary, SynthError> {
-    spec.shape.validate()?;
-    let tensors = shape::plan(&spec.shape, spec.quant);
-    let mut metadata = model_metadata(&spec.shape, spec.quant);
-    metadata.extend(tokenizer_metadata(tokenizer_src, spec.shape.vocab)?);
+    let shape = spec.shape.fitted_to(tokenizer_src)?;
+    shape.validate()?;
+    let tensors = shape::plan(&shape, spec.quant);
+    let mut metadata = model_metadata(&shape, spec.quant);
+    metadata.extend(tokenizer_metadata(tokenizer_src, shape.vocab)?);
     let mut partial = out.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);
@@ -157,38 +178,71 @@ pub fn generate(
     }
     Ok(Summary {
         file_bytes: std::fs::metadata(out)?.len(),
+        vocab: shape.vocab,
         tensor_types,
     })
 }
 
-/// The `general.*` and `llama.*` keys llama.cpp and zinfer's loader read,
-/// with the integer widths llama.cpp checks (u32).
+/// The `general.*` keys and the architecture's own (`qwen2.block_count`,
+/// ...), with the integer widths llama.cpp checks (u32): those its
+/// converter writes for the architecture, plus each option the shape sets.
 fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     let u = |n: usize| Value::U32(u32::try_from(n).unwrap_or(u32::MAX));
-    let kv = |k: &str, v: Value| (k.to_string(), v);
-    vec![
-        kv("general.architecture", Value::String("llama".into())),
-        kv(
-            "general.name",
-            Value::String(format!("synthetic {}", shape.name)),
-        ),
-        kv("general.file_type", Value::U32(quant.file_type())),
-        kv("general.quantization_version", Value::U32(2)),
-        kv("general.alignment", Value::U32(ALIGNMENT as u32)),
-        kv("llama.block_count", u(shape.n_layers)),
-        kv("llama.context_length", u(shape.context)),
-        kv("llama.embedding_length", u(shape.hidden)),
-        kv("llama.feed_forward_length", u(shape.ffn)),
-        kv("llama.attention.head_count", u(shape.n_heads)),
-        kv("llama.attention.head_count_kv", u(shape.n_kv_heads)),
-        kv("llama.attention.key_length", u(shape.head_dim())),
-        kv("llama.attention.value_length", u(shape.head_dim())),
-        kv("llama.rope.freq_base", Value::F32(shape.rope_theta)),
-        kv("llama.rope.dimension_count", u(shape.head_dim())),
-        kv(
-            "llama.attention.layer_norm_rms_epsilon",
-            Value::F32(shape.rms_eps),
-        ),
-        kv("llama.vocab_size", u(shape.vocab)),
-    ]
+    let arch = shape.arch;
+    let general = |key: &str, v: Value| (format!("general.{key}"), v);
+    let mut out = vec![
+        general("architecture", Value::String(arch.name().into())),
+        general("name", Value::String(format!("synthetic {}", shape.name))),
+        general("file_type", Value::U32(quant.file_type())),
+        general("quantization_version", Value::U32(2)),
+        general("alignment", Value::U32(ALIGNMENT as u32)),
+    ];
+    let mut kv = |key: &str, v: Value| out.push((format!("{arch}.{key}"), v));
+    kv("block_count", u(shape.n_layers));
+    kv("context_length", u(shape.context));
+    kv("embedding_length", u(shape.hidden));
+    kv("feed_forward_length", u(shape.ffn));
+    kv("attention.head_count", u(shape.n_heads));
+    kv("attention.head_count_kv", u(shape.n_kv_heads));
+    // The converter writes head widths where config.json names one (Qwen3,
+    // Gemma), and this generator always has for llama; without them
+    // llama.cpp takes hidden / heads.
+    if matches!(
+        arch,
+        Arch::Llama | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3
+    ) || shape.q_dim() != shape.hidden
+    {
+        kv("attention.key_length", u(shape.head_dim));
+        kv("attention.value_length", u(shape.head_dim));
+    }
+    kv("rope.freq_base", Value::F32(shape.rope_theta));
+    if let Some(theta) = shape.rope_theta_swa {
+        kv("rope.freq_base_swa", Value::F32(theta));
+    }
+    if matches!(arch, Arch::Llama | Arch::Phi3) {
+        kv("rope.dimension_count", u(shape.head_dim));
+    }
+    if let Some(n) = shape.rope_original_context {
+        kv("rope.scaling.original_context_length", u(n));
+    }
+    if let Some(f) = shape.long_rope_attn_factor() {
+        kv("rope.scaling.attn_factor", Value::F32(f));
+    }
+    kv(
+        "attention.layer_norm_rms_epsilon",
+        Value::F32(shape.rms_eps),
+    );
+    if let Some(w) = shape.sliding_window {
+        kv("attention.sliding_window", u(w));
+    }
+    if let Some(cap) = shape.attn_softcap {
+        kv("attn_logit_softcapping", Value::F32(cap));
+    }
+    if let Some(cap) = shape.final_softcap {
+        kv("final_logit_softcapping", Value::F32(cap));
+    }
+    if arch == Arch::Llama {
+        kv("vocab_size", u(shape.vocab));
+    }
+    out
 }

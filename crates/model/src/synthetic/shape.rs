@@ -1,10 +1,101 @@
 //! Model shapes, quant types and the list of tensors a checkpoint holds.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 
 use candle_core::quantized::GgmlDType;
+use candle_core::quantized::gguf_file::Value;
 
 use super::SynthError;
+
+/// A model family: llama.cpp's `general.architecture` name, which is also
+/// the prefix of the model's metadata keys (`qwen2.block_count`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Arch {
+    /// Llama 2/3, SmolLM2, TinyLlama, Mistral.
+    Llama,
+    /// Qwen2 and Qwen2.5: llama with Q/K/V biases.
+    Qwen2,
+    /// Qwen3: llama with per-head RMSNorm of Q and K, and a head width of its own.
+    Qwen3,
+    /// Phi-3: fused QKV and gate|up matrices.
+    Phi3,
+    /// Gemma 2: norms after attention and MLP too, GELU, soft-capped
+    /// logits, every other layer sliding-window.
+    Gemma2,
+    /// Gemma 3: Gemma 2 with Q/K norms instead of attention soft-capping,
+    /// five sliding-window layers to one global.
+    Gemma3,
+}
+
+impl Arch {
+    /// Every architecture, in the order of [`Arch::name`]'s list.
+    pub const ALL: [Self; 6] = [
+        Self::Llama,
+        Self::Qwen2,
+        Self::Qwen3,
+        Self::Phi3,
+        Self::Gemma2,
+        Self::Gemma3,
+    ];
+
+    /// `general.architecture`, and the prefix of the model's metadata keys.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Llama => "llama",
+            Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
+            Self::Phi3 => "phi3",
+            Self::Gemma2 => "gemma2",
+            Self::Gemma3 => "gemma3",
+        }
+    }
+
+    /// Per-head RMSNorm of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Self::Qwen3 | Self::Gemma3)
+    }
+
+    /// RMSNorm of the attention and MLP outputs before the residual add
+    /// (`post_attention_norm`, `post_ffw_norm`).
+    pub fn has_post_norms(self) -> bool {
+        matches!(self, Self::Gemma2 | Self::Gemma3)
+    }
+
+    /// Biases on the Q, K and V projections.
+    pub fn has_qkv_bias(self) -> bool {
+        self == Self::Qwen2
+    }
+
+    /// One `attn_qkv` matrix instead of Q, K, V, and one `ffn_up` holding
+    /// gate and up.
+    pub fn fused(self) -> bool {
+        self == Self::Phi3
+    }
+
+    /// llama.cpp builds Q and the attention output `hidden` wide for these,
+    /// so their heads must tile the hidden width exactly.
+    fn heads_tile_hidden(self) -> bool {
+        matches!(self, Self::Qwen2 | Self::Phi3)
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Arch {
+    type Err = SynthError;
+
+    fn from_str(s: &str) -> Result<Self, SynthError> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.name() == s)
+            .ok_or_else(|| SynthError::InvalidShape(format!("unknown architecture `{s}`")))
+    }
+}
 
 /// Llama 3 long-context RoPE scaling (Hugging Face `rope_type: llama3`).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -19,11 +110,44 @@ pub struct Llama3RopeScaling {
     pub original_context: usize,
 }
 
-/// The architecture numbers of a llama checkpoint.
+/// Phi-3 long-context RoPE (Hugging Face `rope_type: longrope`, once `su`):
+/// per-frequency divisors, one set for sequences past
+/// [`SynthShape::rope_original_context`] and one within it. Written as the
+/// `rope_factors_long.weight` and `rope_factors_short.weight` tensors, with
+/// the attention scale [`SynthShape::long_rope_attn_factor`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    /// `head_dim / 2` divisors for long sequences.
+    pub long_factors: Vec<f32>,
+    /// `head_dim / 2` divisors for short sequences.
+    pub short_factors: Vec<f32>,
+}
+
+impl LongRope {
+    /// Stand-in factors of the right length for a model stretched `scale`
+    /// times: short ones 1 (plain RoPE), long ones rising geometrically from
+    /// 1 at the highest frequency to `scale` at the lowest. Real checkpoints
+    /// carry factors fitted per model; values do not change speed.
+    pub fn stand_in(head_dim: usize, scale: f64) -> Self {
+        let n = head_dim / 2;
+        let long_factors = (0..n)
+            .map(|i| scale.powf(i as f64 / (n.max(2) - 1) as f64) as f32)
+            .collect();
+        Self {
+            long_factors,
+            short_factors: vec![1.0; n],
+        }
+    }
+}
+
+/// The architecture numbers of a checkpoint, as llama.cpp's converter writes
+/// them from the model's Hugging Face `config.json`.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthShape {
     /// Preset name, written to `general.name`.
     pub name: String,
+    /// Model family: tensor names, metadata keys, which layers slide.
+    pub arch: Arch,
     /// Transformer blocks.
     pub n_layers: usize,
     /// Width of the residual stream.
@@ -32,38 +156,102 @@ pub struct SynthShape {
     pub n_heads: usize,
     /// Key/value heads.
     pub n_kv_heads: usize,
+    /// Width of one attention head (`attention.key_length`): Qwen3 and Gemma
+    /// have `head_dim * n_heads != hidden`.
+    pub head_dim: usize,
     /// Inner width of the MLP.
     pub ffn: usize,
     /// Rows of the embedding (and the tokenizer's token count).
     pub vocab: usize,
-    /// `llama.context_length`.
+    /// `vocab` is a placeholder that the tokenizer's token count replaces
+    /// (tiny test shapes); when false it is the real model's row count and
+    /// the token list is padded or cut to it (see [`SynthShape::fitted_to`]).
+    pub vocab_from_tokenizer: bool,
+    /// The llama.cpp test vocabulary (`ggml-vocab-{name}.gguf`) of this
+    /// model's tokenizer, or the stand-in used until zinfer reads the real
+    /// one (Gemma: `llama-spm`, as Gemma 4's `gemma4` tokenizer model is not
+    /// supported yet). None: no better source than the default model's.
+    pub vocab_file: Option<String>,
+    /// `{arch}.context_length`.
     pub context: usize,
-    /// RoPE base frequency.
+    /// RoPE base frequency (of the global layers, where some slide).
     pub rope_theta: f32,
+    /// `{arch}.rope.freq_base_swa`: RoPE base of the sliding-window layers.
+    /// None leaves llama.cpp's default for them, 10000.
+    pub rope_theta_swa: Option<f32>,
     /// RMSNorm epsilon.
     pub rms_eps: f32,
     /// No `output.weight`: the embedding doubles as the LM head.
     pub tied_embeddings: bool,
-    /// Written as the `rope_freqs.weight` tensor when set.
+    /// Written as the `rope_freqs.weight` tensor when set (llama only).
     pub rope_scaling: Option<Llama3RopeScaling>,
+    /// `{arch}.rope.scaling.original_context_length` (Phi-3 writes it always).
+    pub rope_original_context: Option<usize>,
+    /// Phi-3 long-context factors, written as tensors when set (phi3 only).
+    pub long_rope: Option<LongRope>,
+    /// `{arch}.attention.sliding_window`, in tokens; which layers slide is
+    /// the architecture's (see [`SynthShape::is_sliding`]).
+    pub sliding_window: Option<usize>,
+    /// `{arch}.attn_logit_softcapping`: attention scores become
+    /// `cap * tanh(score / cap)` (Gemma 2).
+    pub attn_softcap: Option<f32>,
+    /// `{arch}.final_logit_softcapping`: the same on the output logits.
+    pub final_softcap: Option<f32>,
 }
 
+/// Rows of the Qwen2/2.5/3 embedding: 151,665 tokens padded to a multiple of 128.
+const QWEN_VOCAB: usize = 151_936;
+
 impl SynthShape {
-    /// The shape of a public checkpoint, from its Hugging Face `config.json`.
+    /// The shape of a public checkpoint, from its Hugging Face `config.json`,
+    /// or a tiny one per architecture for tests (`*-tiny`; their vocabulary
+    /// is the tokenizer's, whatever its size).
     pub fn preset(name: &str) -> Result<Self, SynthError> {
         let base = |n_layers, hidden, n_heads, n_kv_heads, ffn, vocab| Self {
             name: name.to_string(),
+            arch: Arch::Llama,
             n_layers,
             hidden,
             n_heads,
             n_kv_heads,
+            head_dim: hidden / n_heads,
             ffn,
             vocab,
+            vocab_from_tokenizer: false,
+            vocab_file: None,
             context: 8192,
             rope_theta: 100_000.0,
+            rope_theta_swa: None,
             rms_eps: 1e-5,
             tied_embeddings: true,
             rope_scaling: None,
+            rope_original_context: None,
+            long_rope: None,
+            sliding_window: None,
+            attn_softcap: None,
+            final_softcap: None,
+        };
+        let vocab_file = |n: &str| Some(n.to_string());
+        // 2-6 layers, hidden 128, GQA, windows of 16 tokens: cheap to run
+        // past the window. Qwen's are 64 wide: their 151,936-row embedding
+        // is most of the file.
+        let tiny =
+            |arch, n_layers, n_heads, n_kv_heads, head_dim, vocab, file: Option<&str>| Self {
+                arch,
+                head_dim,
+                vocab_from_tokenizer: true,
+                vocab_file: file.map(String::from),
+                context: 512,
+                ..base(n_layers, 128, n_heads, n_kv_heads, 256, vocab)
+            };
+        let phi3 = |context| Self {
+            arch: Arch::Phi3,
+            vocab_file: vocab_file("phi-3"),
+            context,
+            rope_theta: 10_000.0,
+            tied_embeddings: false,
+            rope_original_context: Some(4096),
+            ..base(32, 3072, 32, 32, 8192, 32_064)
         };
         Ok(match name {
             "smollm2-135m" => base(30, 576, 9, 3, 1536, 49_152),
@@ -72,6 +260,7 @@ impl SynthShape {
                 context: 2048,
                 rope_theta: 10_000.0,
                 tied_embeddings: false,
+                vocab_file: vocab_file("llama-spm"),
                 ..base(22, 2048, 32, 4, 5632, 32_000)
             },
             "llama-3.2-1b" => Self {
@@ -83,31 +272,155 @@ impl SynthShape {
                     high_freq_factor: 4.0,
                     original_context: 8192,
                 }),
+                vocab_file: vocab_file("llama-bpe"),
                 ..base(16, 2048, 32, 8, 8192, 128_256)
+            },
+            "qwen2.5-1.5b" => Self {
+                arch: Arch::Qwen2,
+                vocab_file: vocab_file("qwen2"),
+                context: 32_768,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                ..base(28, 1536, 12, 2, 8960, QWEN_VOCAB)
+            },
+            "qwen3-1.7b" => Self {
+                arch: Arch::Qwen3,
+                head_dim: 128,
+                vocab_file: vocab_file("qwen2"),
+                context: 40_960,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                ..base(28, 2048, 16, 8, 6144, QWEN_VOCAB)
+            },
+            "phi-3-mini" => phi3(4096),
+            "phi-3-mini-128k" => Self {
+                long_rope: Some(LongRope::stand_in(96, 131_072.0 / 4096.0)),
+                ..phi3(131_072)
+            },
+            "gemma-2-2b" => Self {
+                arch: Arch::Gemma2,
+                head_dim: 256,
+                vocab_file: vocab_file("llama-spm"),
+                rope_theta: 10_000.0,
+                rms_eps: 1e-6,
+                sliding_window: Some(4096),
+                attn_softcap: Some(50.0),
+                final_softcap: Some(30.0),
+                ..base(26, 2304, 8, 4, 9216, 256_000)
+            },
+            "gemma-3-1b" => Self {
+                arch: Arch::Gemma3,
+                head_dim: 256,
+                vocab_file: vocab_file("llama-spm"),
+                context: 32_768,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                sliding_window: Some(512),
+                ..base(26, 1152, 4, 1, 6912, 262_144)
+            },
+            "llama-swa-tiny" => Self {
+                rope_theta: 10_000.0,
+                sliding_window: Some(16),
+                ..tiny(Arch::Llama, 2, 4, 2, 32, 49_152, None)
+            },
+            "qwen2-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                hidden: 64,
+                ..tiny(Arch::Qwen2, 2, 2, 1, 32, QWEN_VOCAB, Some("qwen2"))
+            },
+            "qwen3-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                hidden: 64,
+                ..tiny(Arch::Qwen3, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
+            },
+            "phi3-tiny" => Self {
+                rope_theta: 10_000.0,
+                tied_embeddings: false,
+                rope_original_context: Some(512),
+                ..tiny(Arch::Phi3, 2, 4, 2, 32, 32_064, Some("phi-3"))
+            },
+            "gemma2-tiny" => Self {
+                rope_theta: 10_000.0,
+                rms_eps: 1e-6,
+                sliding_window: Some(16),
+                attn_softcap: Some(50.0),
+                final_softcap: Some(30.0),
+                ..tiny(Arch::Gemma2, 4, 4, 2, 64, 32_000, Some("llama-spm"))
+            },
+            "gemma3-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                sliding_window: Some(16),
+                ..tiny(Arch::Gemma3, 6, 4, 1, 64, 32_000, Some("llama-spm"))
             },
             other => return Err(SynthError::UnknownShape(other.to_string())),
         })
     }
 
-    /// Width of one attention head.
-    pub fn head_dim(&self) -> usize {
-        self.hidden / self.n_heads.max(1)
+    /// Width of the key (and value) projections.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
     }
 
-    /// Checks the relations a llama forward pass relies on.
+    /// Width of the query projection (and the attention output's input).
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    /// Whether `layer` attends over the last [`SynthShape::sliding_window`]
+    /// tokens only, as llama.cpp and Hugging Face lay the layers out: Gemma 2
+    /// every other layer from the first, Gemma 3 five of each six, llama
+    /// every layer (Mistral's convention; llama.cpp ignores the window for
+    /// llama, as it does Phi-3's).
+    pub fn is_sliding(&self, layer: usize) -> bool {
+        self.sliding_window.is_some()
+            && match self.arch {
+                Arch::Gemma2 => layer.is_multiple_of(2),
+                Arch::Gemma3 => layer % 6 < 5,
+                Arch::Phi3 => false,
+                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => true,
+            }
+    }
+
+    /// The shape as written with tokenizer metadata `tokenizer_src`: a
+    /// [`SynthShape::vocab_from_tokenizer`] shape takes the token count of
+    /// `tokenizer.ggml.tokens`; others keep theirs.
+    pub fn fitted_to(&self, tokenizer_src: &HashMap<String, Value>) -> Result<Self, SynthError> {
+        let mut shape = self.clone();
+        if self.vocab_from_tokenizer {
+            shape.vocab = match tokenizer_src.get("tokenizer.ggml.tokens") {
+                Some(Value::Array(tokens)) => tokens.len(),
+                _ => {
+                    return Err(SynthError::Tokenizer(
+                        "the source has no `tokenizer.ggml.tokens` array".into(),
+                    ));
+                }
+            };
+            shape.vocab_from_tokenizer = false;
+        }
+        Ok(shape)
+    }
+
+    /// Checks the relations the forward passes (llama.cpp's and candle's)
+    /// rely on, and that each option is one the architecture reads.
     pub fn validate(&self) -> Result<(), SynthError> {
         let bad = |why: String| Err(SynthError::InvalidShape(why));
         if [self.n_layers, self.hidden, self.n_heads, self.n_kv_heads]
             .into_iter()
-            .chain([self.ffn, self.vocab, self.context])
+            .chain([self.head_dim, self.ffn, self.vocab, self.context])
             .any(|d| d == 0)
         {
             return bad(format!("a dimension is zero: {self:?}"));
         }
-        if !self.hidden.is_multiple_of(self.n_heads) || !self.head_dim().is_multiple_of(2) {
+        if !self.head_dim.is_multiple_of(2) {
+            return bad(format!("head_dim {} is odd", self.head_dim));
+        }
+        if self.arch.heads_tile_hidden() && self.q_dim() != self.hidden {
             return bad(format!(
-                "hidden {} is not an even head size times {} heads",
-                self.hidden, self.n_heads
+                "{}: {} heads of {} do not make hidden {}",
+                self.arch, self.n_heads, self.head_dim, self.hidden
             ));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
@@ -116,7 +429,59 @@ impl SynthShape {
                 self.n_heads, self.n_kv_heads
             ));
         }
+        let only = |set: bool, what: &str, archs: &[Arch]| {
+            if set && !archs.contains(&self.arch) {
+                return bad(format!("{}: llama.cpp reads no {what} for it", self.arch));
+            }
+            Ok(())
+        };
+        only(self.rope_scaling.is_some(), "rope_freqs", &[Arch::Llama])?;
+        only(
+            self.long_rope.is_some(),
+            "long-context RoPE factors",
+            &[Arch::Phi3],
+        )?;
+        only(
+            self.attn_softcap.is_some(),
+            "attention soft-cap",
+            &[Arch::Gemma2],
+        )?;
+        only(
+            self.final_softcap.is_some(),
+            "final soft-cap",
+            &[Arch::Gemma2, Arch::Gemma3],
+        )?;
+        if self.arch == Arch::Gemma2 && !self.tied_embeddings {
+            return bad("gemma2: llama.cpp reads no output.weight; tie the embeddings".into());
+        }
+        if let Some(l) = &self.long_rope {
+            let n = self.head_dim / 2;
+            if l.long_factors.len() != n || l.short_factors.len() != n {
+                return bad(format!(
+                    "long RoPE factors: {} long and {} short, need {n} each",
+                    l.long_factors.len(),
+                    l.short_factors.len()
+                ));
+            }
+            if self.rope_original_context.is_none() {
+                return bad("long RoPE factors need rope_original_context".into());
+            }
+        }
         Ok(())
+    }
+
+    /// The attention scale llama.cpp's converter writes with long-context
+    /// factors (`rope.scaling.attn_factor`): `sqrt(1 + ln(s) / ln(original))`
+    /// for a context `s` times the original one. None without them.
+    pub fn long_rope_attn_factor(&self) -> Option<f32> {
+        self.long_rope.as_ref()?;
+        let original = self.rope_original_context? as f64;
+        let scale = self.context as f64 / original;
+        Some(if scale > 1.0 {
+            (1.0 + scale.ln() / original.ln()).sqrt() as f32
+        } else {
+            1.0
+        })
     }
 
     /// Per-frequency RoPE divisors as llama.cpp's converter writes them to
@@ -125,7 +490,7 @@ impl SynthShape {
     /// between. None without scaling.
     pub fn rope_freq_factors(&self) -> Option<Vec<f32>> {
         let s = self.rope_scaling?;
-        let dim = self.head_dim();
+        let dim = self.head_dim;
         let old = s.original_context as f64;
         let low_freq_wavelen = old / s.low_freq_factor;
         let high_freq_wavelen = old / s.high_freq_factor;
@@ -246,7 +611,7 @@ pub fn fallback(t: GgmlDType, cols: usize) -> GgmlDType {
 /// What a tensor is, for picking its type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Role {
-    /// A norm weight or the RoPE factors: always f32.
+    /// A norm weight, a bias or RoPE factors: always f32.
     Vector,
     /// The token embedding when it is not also the LM head.
     Embedding,
@@ -260,13 +625,18 @@ pub(super) enum Role {
 /// How a tensor's values are made.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Init {
-    /// Uniform with standard deviation [`WEIGHT_STD`].
+    /// Uniform with standard deviation [`WEIGHT_STD`] (matrices, biases).
     Random,
-    /// All ones (norm weights, so activations keep their scale).
-    Ones,
+    /// Uniform within [`NORM_SPREAD`] of 1 (norm weights): activations keep
+    /// their scale, and each norm differs, so a loader that reads the wrong
+    /// one gives other logits. Gemma's checkpoints store `1 + w` too.
+    NearOne,
     /// These values (the RoPE factors).
     Values(Vec<f32>),
 }
+
+/// Half-width of the interval around 1 that norm weights are drawn from.
+pub(super) const NORM_SPREAD: f32 = 0.1;
 
 /// One tensor of the file: checkpoint name, candle-order dims
 /// (`[rows, cols]`, reversed in the file as ggml's `ne`), type, values.
@@ -291,10 +661,12 @@ impl TensorSpec {
     }
 }
 
-/// Every tensor of the checkpoint, in file order, with its type.
+/// Every tensor of the checkpoint, in file order, with its type and
+/// llama.cpp's name for the shape's architecture.
 pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
     let n = shape.n_layers;
-    let kv_dim = shape.n_kv_heads * shape.head_dim();
+    let arch = shape.arch;
+    let (h, hd, q_dim, kv_dim) = (shape.hidden, shape.head_dim, shape.q_dim(), shape.kv_dim());
     let spec = |name: String, rows, cols, role, init, layer: Option<usize>| {
         let dtype = if role == Role::Vector {
             GgmlDType::F32
@@ -319,7 +691,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
     let mut out = vec![spec(
         "token_embd.weight".into(),
         shape.vocab,
-        shape.hidden,
+        h,
         embd_role,
         Init::Random,
         None,
@@ -331,6 +703,19 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             Init::Values(factors),
             None,
         ));
+    }
+    if let Some(l) = &shape.long_rope {
+        for (name, factors) in [
+            ("rope_factors_long.weight", &l.long_factors),
+            ("rope_factors_short.weight", &l.short_factors),
+        ] {
+            out.push(vector(
+                name.into(),
+                factors.len(),
+                Init::Values(factors.clone()),
+                None,
+            ));
+        }
     }
     for i in 0..n {
         let l = Some(i);
@@ -344,30 +729,53 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
                 l,
             )
         };
-        let h = shape.hidden;
-        out.extend([
-            vector(format!("blk.{i}.attn_norm.weight"), h, Init::Ones, l),
-            m("attn_q.weight", h, h, Role::OtherMatrix),
-            m("attn_k.weight", kv_dim, h, Role::OtherMatrix),
-            m("attn_v.weight", kv_dim, h, Role::AttnV),
-            m("attn_output.weight", h, h, Role::OtherMatrix),
-            vector(format!("blk.{i}.ffn_norm.weight"), h, Init::Ones, l),
-            m("ffn_gate.weight", shape.ffn, h, Role::OtherMatrix),
-            m("ffn_up.weight", shape.ffn, h, Role::OtherMatrix),
-            m("ffn_down.weight", h, shape.ffn, Role::FfnDown),
-        ]);
+        let norm = |suffix: &str, len| vector(format!("blk.{i}.{suffix}"), len, Init::NearOne, l);
+        let bias = |suffix: &str, len| vector(format!("blk.{i}.{suffix}"), len, Init::Random, l);
+        out.push(norm("attn_norm.weight", h));
+        if arch.fused() {
+            // Rows: Q, then K, then V; llama.cpp's Q4_K_M counts it as attn_v.
+            out.push(m("attn_qkv.weight", q_dim + 2 * kv_dim, h, Role::AttnV));
+        } else {
+            out.push(m("attn_q.weight", q_dim, h, Role::OtherMatrix));
+            if arch.has_qkv_bias() {
+                out.push(bias("attn_q.bias", q_dim));
+            }
+            out.push(m("attn_k.weight", kv_dim, h, Role::OtherMatrix));
+            if arch.has_qkv_bias() {
+                out.push(bias("attn_k.bias", kv_dim));
+            }
+            out.push(m("attn_v.weight", kv_dim, h, Role::AttnV));
+            if arch.has_qkv_bias() {
+                out.push(bias("attn_v.bias", kv_dim));
+            }
+        }
+        if arch.has_qk_norm() {
+            out.push(norm("attn_q_norm.weight", hd));
+            out.push(norm("attn_k_norm.weight", hd));
+        }
+        out.push(m("attn_output.weight", h, q_dim, Role::OtherMatrix));
+        if arch.has_post_norms() {
+            out.push(norm("post_attention_norm.weight", h));
+        }
+        out.push(norm("ffn_norm.weight", h));
+        if arch.fused() {
+            // Rows: gate, then up.
+            out.push(m("ffn_up.weight", 2 * shape.ffn, h, Role::OtherMatrix));
+        } else {
+            out.push(m("ffn_gate.weight", shape.ffn, h, Role::OtherMatrix));
+            out.push(m("ffn_up.weight", shape.ffn, h, Role::OtherMatrix));
+        }
+        out.push(m("ffn_down.weight", h, shape.ffn, Role::FfnDown));
+        if arch.has_post_norms() {
+            out.push(norm("post_ffw_norm.weight", h));
+        }
     }
-    out.push(vector(
-        "output_norm.weight".into(),
-        shape.hidden,
-        Init::Ones,
-        None,
-    ));
+    out.push(vector("output_norm.weight".into(), h, Init::NearOne, None));
     if !shape.tied_embeddings {
         out.push(spec(
             "output.weight".into(),
             shape.vocab,
-            shape.hidden,
+            h,
             Role::Output,
             Init::Random,
             None,

@@ -12,7 +12,8 @@ const TOKEN_TYPE_UNUSED: i64 = 5;
 /// The `tokenizer.*` keys of `src`, fitted to `vocab` tokens.
 ///
 /// llama.cpp requires as many tokens as embedding rows, so the token list is
-/// padded or cut. Padding adds `<synthetic-N>` tokens of type "unused": no
+/// padded or cut. Padding adds `[PAD{id}]` tokens of type "unused", as
+/// llama.cpp's converter pads Qwen's 151,665 tokens to 151,936 rows: no
 /// merge produces them, so no text maps to them, and neither loader treats
 /// them as special. Cutting keeps the first `vocab` tokens and only the
 /// merges whose two parts and result survive (BPE builders reject merges
@@ -31,11 +32,16 @@ pub fn tokenizer_metadata(
             ));
         }
     };
-    let kept: HashSet<&str> = tokens
-        .iter()
-        .take(vocab)
-        .filter_map(|t| t.to_string().ok().map(String::as_str))
-        .collect();
+    // Only a cut list drops merges; Qwen's 151,936 tokens are not hashed for nothing.
+    let kept: HashSet<&str> = if vocab < tokens.len() {
+        tokens
+            .iter()
+            .take(vocab)
+            .filter_map(|t| t.to_string().ok().map(String::as_str))
+            .collect()
+    } else {
+        HashSet::new()
+    };
     let mut keys: Vec<&String> = src.keys().filter(|k| k.starts_with("tokenizer.")).collect();
     keys.sort();
     let mut out = Vec::with_capacity(keys.len());
@@ -44,7 +50,7 @@ pub fn tokenizer_metadata(
         let fitted = match (key.as_str(), value) {
             ("tokenizer.ggml.tokens", Value::Array(a)) => {
                 Some(Value::Array(resize(a, vocab, |i| {
-                    Value::String(format!("<synthetic-{i}>"))
+                    Value::String(format!("[PAD{i}]"))
                 })))
             }
             ("tokenizer.ggml.token_type", Value::Array(a)) => {

@@ -9,7 +9,7 @@ use candle_core::{Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::shape::{Init, TensorSpec};
+use super::shape::{Init, NORM_SPREAD, TensorSpec};
 use super::{Progress, SynthError, WEIGHT_STD};
 
 /// GGUF tensor data alignment (the format's default).
@@ -141,7 +141,12 @@ fn chunk_bytes(t: &TensorSpec, rows: usize, seed: u64) -> Result<Vec<u8>, SynthE
             let a = WEIGHT_STD * 3f32.sqrt();
             (0..n).map(|_| rng.random_range(-a..a)).collect()
         }
-        Init::Ones => vec![1.0; n],
+        Init::NearOne => {
+            let mut rng = StdRng::seed_from_u64(seed);
+            (0..n)
+                .map(|_| 1.0 + rng.random_range(-NORM_SPREAD..NORM_SPREAD))
+                .collect()
+        }
         Init::Values(v) => v.clone(),
     };
     if values.len() != n {
