@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::{Content, Value};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::{
-    quantized_gemma3, quantized_llama, quantized_phi3, quantized_qwen2, quantized_qwen3,
+    quantized_llama, quantized_phi3, quantized_qwen2, quantized_qwen3,
 };
 use zinfer_fetch::test_model_path;
 use zinfer_model::synthetic::{SynthShape, SynthSpec, generate};
@@ -30,9 +30,6 @@ const PRESETS: &[&str] = &[
     "gemma3-tiny",
 ];
 
-/// Ours vs candle-transformers on f32 weights: the same arithmetic in
-/// another order (logits here are within about +-1).
-const REFERENCE_TOL: f32 = 1e-4;
 /// One backend against itself under another batch layout.
 const SAME_WEIGHTS_TOL: f32 = 1e-5;
 
@@ -41,8 +38,11 @@ fn tokenizer_source() -> HashMap<String, Value> {
     Content::read(&mut f).unwrap().metadata
 }
 
-/// Writes the f32 file of a preset (once per test process).
+/// Writes the f32 file of a preset (once per test process; tests run in
+/// parallel, so one writes while the others wait).
 fn f32_file(preset: &str) -> PathBuf {
+    static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = WRITING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("zinfer-arch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{preset}.gguf"));
@@ -60,7 +60,9 @@ fn f32_file(preset: &str) -> PathBuf {
 
 /// `n` token ids below `vocab`, fixed by `seed`.
 fn ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
-    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
             x = x
@@ -125,23 +127,33 @@ fn reference_logits(path: &Path, ids: &[u32]) -> Vec<f32> {
         "phi3" => quantized_phi3::ModelWeights::from_gguf(false, ct, &mut f, &dev)
             .unwrap()
             .forward(&input, 0),
-        "gemma3" => quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, &dev)
-            .unwrap()
-            .forward(&input, 0),
         other => panic!("no candle-transformers model for {other}"),
     };
-    out.unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap()
+    out.unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
 }
 
-/// qwen2, qwen3, phi3 and gemma3 against candle-transformers'
-/// `quantized_*` models, on both of zinfer's backends. Prompts stay within
-/// the sliding window: candle's Gemma 3 mask admits one key more than the
-/// window (`j + window < i` masks), where llama.cpp and Hugging Face admit
-/// exactly `window`; the window is checked against llama.cpp instead
-/// (scripts/llamacpp-reference.sh).
+/// llama, qwen2, qwen3 and phi3 against candle-transformers' `quantized_*`
+/// models, on both of zinfer's backends, with the largest difference
+/// accepted (logits here are within about +-1). Measured on f32 weights:
+/// qwen2 and phi3 2e-7 to 4e-7 (summation order); qwen3 1.5e-4 from 6
+/// tokens on, on both backends alike, while one token matches to 1e-7:
+/// candle-transformers runs Qwen3's CPU attention through its own flash
+/// kernel. Gemma has no usable reference here (candle-transformers 0.11.1's
+/// `quantized_gemma3` gates its MLP with SiLU where Gemma 3, and llama.cpp,
+/// use GELU; it has no Gemma 2): both Gemmas, and every sliding window, are
+/// checked against llama.cpp by `scripts/llamacpp-reference.sh`.
 #[test]
 fn architectures_match_candle_transformers() {
-    for preset in ["qwen2-tiny", "qwen3-tiny", "phi3-tiny", "gemma3-tiny"] {
+    for (preset, tol) in [
+        ("llama-swa-tiny", 1e-6),
+        ("qwen2-tiny", 1e-6),
+        ("qwen3-tiny", 5e-4),
+        ("phi3-tiny", 1e-6),
+    ] {
         let path = f32_file(preset);
         for (backend, mut m) in both_backends(&path) {
             let vocab = m.model.vocab_size();
@@ -154,7 +166,7 @@ fn architectures_match_candle_transformers() {
                 assert!(scale > 0.05, "{preset}: logits are all near zero ({scale})");
                 let diff = max_abs_diff(&got, &want);
                 assert!(
-                    diff < REFERENCE_TOL,
+                    diff < tol,
                     "{preset} {backend}, {n} tokens: {diff} (logits up to {scale})"
                 );
             }
@@ -193,14 +205,21 @@ fn chunks_batches_and_cached_prefixes_match_one_shot_across_windows() {
                 start = end;
             }
             let diff = max_abs_diff(&whole, &last);
-            assert!(diff < SAME_WEIGHTS_TOL, "{preset} {backend} chunked: {diff}");
+            assert!(
+                diff < SAME_WEIGHTS_TOL,
+                "{preset} {backend} chunked: {diff}"
+            );
 
             // A second sequence reuses the first 30 slots as a cached prefix
             // and runs its rest batched with a decode row of a third one.
             let other = ids(20, vocab, 5);
             let other_slots: Vec<u32> = (500..520).collect();
             one_shot_in(m, &other[..19], &other_slots[..19]);
-            let cached: Vec<u32> = slots[..30].iter().copied().chain(600..600 + (n - 30) as u32).collect();
+            let cached: Vec<u32> = slots[..30]
+                .iter()
+                .copied()
+                .chain(600..600 + (n - 30) as u32)
+                .collect();
             let out = m
                 .forward(&[
                     SeqChunk {
@@ -216,7 +235,10 @@ fn chunks_batches_and_cached_prefixes_match_one_shot_across_windows() {
                 ])
                 .unwrap();
             let diff = max_abs_diff(&whole, &out[1]);
-            assert!(diff < SAME_WEIGHTS_TOL, "{preset} {backend} cached + batched: {diff}");
+            assert!(
+                diff < SAME_WEIGHTS_TOL,
+                "{preset} {backend} cached + batched: {diff}"
+            );
         }
     }
 }
@@ -252,7 +274,10 @@ fn a_sliding_window_hides_tokens_beyond_its_reach() {
             if hidden {
                 assert_eq!(a, b, "{backend}: token 0 seen from {n} tokens on");
             } else {
-                assert!(max_abs_diff(&a, &b) > 0.0, "{backend}: token 0 unseen at {n}");
+                assert!(
+                    max_abs_diff(&a, &b) > 0.0,
+                    "{backend}: token 0 unseen at {n}"
+                );
             }
         }
     }
