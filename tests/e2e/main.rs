@@ -8,6 +8,7 @@
     unreachable_pub
 )]
 
+mod architectures;
 mod clients;
 mod control;
 mod deploy;
