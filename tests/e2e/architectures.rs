@@ -3,7 +3,7 @@
 //! request on the OpenAI HTTP front.
 
 use candle_core::quantized::gguf_file::Content;
-use zinfer_model::synthetic::{Arch, SynthShape, SynthSpec, generate};
+use zinfer_model::synthetic::{Arch, SynthShape, SynthSpec, generate, tiny_presets};
 
 use crate::harness::{exclusive, free_port, http_post, spawn_until};
 
@@ -32,14 +32,7 @@ fn checkpoint(dir: &std::path::Path, preset: &str) -> std::path::PathBuf {
 fn every_architecture_answers_a_chat_request_through_serve() {
     let _guard = exclusive();
     let dir = tempfile::tempdir().unwrap();
-    for preset in [
-        "llama-swa-tiny",
-        "qwen2-tiny",
-        "qwen3-tiny",
-        "phi3-tiny",
-        "gemma2-tiny",
-        "gemma3-tiny",
-    ] {
+    for preset in tiny_presets() {
         let model = checkpoint(dir.path(), preset);
         let port = |_| format!("127.0.0.1:{}", free_port());
         let [clients, workers, control, metrics, http] = [0, 1, 2, 3, 4].map(port);

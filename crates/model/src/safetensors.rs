@@ -66,9 +66,7 @@ struct HfRopeScaling {
 }
 
 impl HfRopeScaling {
-    /// Per-frequency divisors, as Hugging Face's `llama3` rope type scales
-    /// `inv_freq` (and llama.cpp's converter writes `rope_freqs`): high
-    /// frequencies kept, low ones divided by `factor`, a smooth blend between.
+    /// Per-frequency divisors ([`RopeScaling::llama3_freq_factors`]).
     fn freq_factors(&self, theta: f32, head_dim: usize) -> Result<Vec<f32>, ModelError> {
         if self.rope_type != "llama3" {
             return Err(ModelError::UnsupportedArchitecture(format!(
@@ -85,23 +83,14 @@ impl HfRopeScaling {
                 "config.json has an invalid llama3 rope_scaling: {self:?}"
             )));
         }
-        let old = self.original_max_position_embeddings as f64;
-        let (low_wavelen, high_wavelen) = (old / self.low_freq_factor, old / self.high_freq_factor);
-        Ok((0..head_dim / 2)
-            .map(|i| {
-                let freq = 1.0 / f64::from(theta).powf((2 * i) as f64 / head_dim as f64);
-                let wavelen = 2.0 * std::f64::consts::PI / freq;
-                if wavelen < high_wavelen {
-                    1.0
-                } else if wavelen > low_wavelen {
-                    self.factor as f32
-                } else {
-                    let smooth = (old / wavelen - self.low_freq_factor)
-                        / (self.high_freq_factor - self.low_freq_factor);
-                    (1.0 / ((1.0 - smooth) / self.factor + smooth)) as f32
-                }
-            })
-            .collect())
+        Ok(RopeScaling::llama3_freq_factors(
+            theta,
+            head_dim,
+            self.factor,
+            self.low_freq_factor,
+            self.high_freq_factor,
+            self.original_max_position_embeddings,
+        ))
     }
 }
 

@@ -56,6 +56,40 @@ impl Default for RopeScaling {
     }
 }
 
+impl RopeScaling {
+    /// Llama 3's per-frequency divisors, as Hugging Face's `llama3` rope
+    /// type scales `inv_freq` (and llama.cpp's converter writes
+    /// `rope_freqs.weight`): wavelengths shorter than `original_context /
+    /// high_freq_factor` kept, longer than `original_context /
+    /// low_freq_factor` divided by `factor`, a smooth blend between.
+    pub fn llama3_freq_factors(
+        theta: f32,
+        head_dim: usize,
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_context: usize,
+    ) -> Vec<f32> {
+        let old = original_context as f64;
+        let (low_wavelen, high_wavelen) = (old / low_freq_factor, old / high_freq_factor);
+        (0..head_dim / 2)
+            .map(|i| {
+                let freq = 1.0 / f64::from(theta).powf((2 * i) as f64 / head_dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                if wavelen < high_wavelen {
+                    1.0
+                } else if wavelen > low_wavelen {
+                    factor as f32
+                } else {
+                    let smooth =
+                        (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                    (1.0 / ((1.0 - smooth) / factor + smooth)) as f32
+                }
+            })
+            .collect()
+    }
+}
+
 impl RopeSpec {
     /// Plain RoPE of `style` at base `theta`.
     pub fn plain(style: RopeStyle, theta: f32) -> Self {

@@ -14,21 +14,11 @@ use candle_transformers::models::{
     quantized_llama, quantized_phi3, quantized_qwen2, quantized_qwen3,
 };
 use zinfer_fetch::test_model_path;
-use zinfer_model::synthetic::{SynthShape, SynthSpec, generate};
+use zinfer_model::synthetic::{SynthShape, SynthSpec, generate, tiny_presets};
 use zinfer_model::{ForwardModel, LoadOptions, LoadedModel, SeqChunk, load, load_candle};
 
 mod support;
 use support::max_abs_diff;
-
-/// The tiny presets, one per architecture.
-const PRESETS: &[&str] = &[
-    "llama-swa-tiny",
-    "qwen2-tiny",
-    "qwen3-tiny",
-    "phi3-tiny",
-    "gemma2-tiny",
-    "gemma3-tiny",
-];
 
 /// One backend against itself under another batch layout.
 const SAME_WEIGHTS_TOL: f32 = 1e-5;
@@ -180,7 +170,7 @@ fn architectures_match_candle_transformers() {
 /// another sequence: the same last logits every way, on both backends.
 #[test]
 fn chunks_batches_and_cached_prefixes_match_one_shot_across_windows() {
-    for preset in PRESETS {
+    for preset in tiny_presets() {
         let path = f32_file(preset);
         for (backend, mut m) in both_backends(&path) {
             let m = m.model.as_mut();
@@ -287,7 +277,7 @@ fn a_sliding_window_hides_tokens_beyond_its_reach() {
 /// alone, is what each architecture's loaded pool takes.
 #[test]
 fn the_header_estimate_of_kv_bytes_matches_every_architecture() {
-    for preset in PRESETS {
+    for preset in tiny_presets() {
         let path = f32_file(preset);
         let shape = load(&path, &options()).unwrap().model.kv_shape();
         let estimate = zinfer_probe::kv_bytes_per_token(&path, zinfer_model::KvDtype::F32).unwrap();

@@ -17,17 +17,8 @@ use candle_transformers::models::{
 use zinfer_fetch::test_model_path;
 use zinfer_model::synthetic::{
     Arch, Llama3RopeScaling, LongRope, PRESETS, Quant, Summary, SynthShape, SynthSpec, generate,
-    use_more_bits,
+    tiny_presets, use_more_bits,
 };
-
-const TINY: [&str; 6] = [
-    "llama-swa-tiny",
-    "qwen2-tiny",
-    "qwen3-tiny",
-    "phi3-tiny",
-    "gemma2-tiny",
-    "gemma3-tiny",
-];
 
 /// The tokenizer metadata a shape is written with: its llama.cpp vocabulary,
 /// else the default model's. Read once per file for all tests.
@@ -138,7 +129,7 @@ fn assert_sane(logits: &[f32], vocab: usize, what: &str) {
 fn tiny_presets_run_in_candle_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| 300 + 37 * i).collect();
-    for name in TINY.into_iter().filter(|&n| n != "gemma2-tiny") {
+    for name in tiny_presets().filter(|&n| n != "gemma2-tiny") {
         let shape = SynthShape::preset(name).unwrap();
         for quant in ["f32", "q8_0"] {
             let what = format!("{name} {quant}");
@@ -209,7 +200,7 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
 #[test]
 fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
     let dir = tempfile::tempdir().unwrap();
-    for name in TINY {
+    for name in tiny_presets() {
         let shape = SynthShape::preset(name).unwrap();
         let (path, summary, ct) = write_and_read(dir.path(), &shape, "q8_0");
         let shape = SynthShape {
@@ -310,7 +301,7 @@ fn tiny_presets_slide_as_their_architectures_do() {
         4,
         "26 layers: global 5, 11, 17, 23"
     );
-    for name in TINY {
+    for name in tiny_presets() {
         let s = p(name);
         assert!((2..=6).contains(&s.n_layers), "{name}");
         assert!(s.vocab_from_tokenizer, "{name}");

@@ -53,6 +53,12 @@ pub const PRESETS: &[&str] = &[
     "gemma3-tiny",
 ];
 
+/// The tiny presets, one per architecture (with 16-token sliding windows
+/// where the architecture has them), for tests.
+pub fn tiny_presets() -> impl Iterator<Item = &'static str> {
+    PRESETS.iter().copied().filter(|p| p.ends_with("-tiny"))
+}
+
 /// Names [`Quant`] parses from (`"q4_k_m".parse()`).
 pub const QUANTS: &[&str] = &[
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m",

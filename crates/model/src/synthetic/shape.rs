@@ -490,26 +490,14 @@ impl SynthShape {
     /// between. None without scaling.
     pub fn rope_freq_factors(&self) -> Option<Vec<f32>> {
         let s = self.rope_scaling?;
-        let dim = self.head_dim;
-        let old = s.original_context as f64;
-        let low_freq_wavelen = old / s.low_freq_factor;
-        let high_freq_wavelen = old / s.high_freq_factor;
-        let factors = (0..dim / 2)
-            .map(|i| {
-                let freq = 1.0 / f64::from(self.rope_theta).powf((2 * i) as f64 / dim as f64);
-                let wavelen = 2.0 * std::f64::consts::PI / freq;
-                if wavelen < high_freq_wavelen {
-                    1.0
-                } else if wavelen > low_freq_wavelen {
-                    s.factor as f32
-                } else {
-                    let smooth = (old / wavelen - s.low_freq_factor)
-                        / (s.high_freq_factor - s.low_freq_factor);
-                    (1.0 / ((1.0 - smooth) / s.factor + smooth)) as f32
-                }
-            })
-            .collect();
-        Some(factors)
+        Some(crate::RopeScaling::llama3_freq_factors(
+            self.rope_theta,
+            self.head_dim,
+            s.factor,
+            s.low_freq_factor,
+            s.high_freq_factor,
+            s.original_context,
+        ))
     }
 }
 
