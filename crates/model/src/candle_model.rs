@@ -39,8 +39,8 @@ pub struct CandleModel {
     w: CandleWeights,
     /// Per RoPE of the spec, cos and sin tables `[max_positions, head_dim / 2]`.
     ropes: Vec<(Tensor, Tensor)>,
-    /// The distinct windows of the layers (`None`: no window), each with
-    /// the layers' index into a step's masks.
+    /// The layers' distinct windows (`None`: no window); a step builds
+    /// one attention mask per entry and each layer uses its window's.
     windows: Vec<Option<usize>>,
     /// Per layer `[capacity, kv_dim]`.
     k_pool: Vec<Tensor>,
