@@ -1,0 +1,221 @@
+#!/usr/bin/env bash
+# Checks zinfer's logits against llama.cpp's on the same GGUF files.
+#
+#   scripts/llamacpp-reference.sh [--chunk C] FILE.gguf...     # files you have, as they are
+#   scripts/llamacpp-reference.sh --dequantize FILE.gguf...     # quantized ones through an F32 copy
+#   scripts/llamacpp-reference.sh --synthetic [FILE.gguf...]    # + tiny F32 files of SYNTH_PRESETS
+#
+# llama.cpp comes from the PyPI source package llama-cpp-python 0.3.36
+# (checked against its sha256), extracted and built under
+# ${ZINFER_HOME:-~/.cache/zinfer}/reference/, outside the repository; a tree
+# already there is reused when it still matches the package (tar --diff).
+# scripts/llamacpp-reference/dump_logits.cpp runs each file through
+# llama.cpp's C API (f32 K/V cache, flash attention off, the whole prompt in
+# one batch), crates/model/examples/dump_logits.rs through zinfer (f32 K/V
+# pool, one decode step per position, or prefill chunks with --chunk C), on
+# the same random token ids (prompts of LENGTHS tokens, plus one past the
+# sliding window when the file has one). compare.py then prints a markdown
+# table row per file and prompt, also saved as OUT/table.md, and this script
+# exits 1 when a row fails: a greedy (top-1) id differs before the first
+# near-tie (top-2 probability margin < 0.05), or a top-1 logprob is 0.05 nat
+# or more off. The tolerance is meant for F32 files: on quantized ones both
+# engines quantize activations to int8 for the matmuls, each its own way, and
+# differ by more. --dequantize compares such a file through the F32 copy
+# llama.cpp's own quantizer makes of it (OUT/dequantized/), real weights
+# without quantized matmuls.
+#
+# Environment: THREADS (2) for both sides, LENGTHS (8,64,300), SEED (0),
+# SYNTH_PRESETS (below), CARGO_PROFILE (dev: the workspace builds the model
+# crates at opt-level 3 there too; release works as well), OUT
+# ($CARGO_TARGET_DIR/llamacpp-reference, else target/llamacpp-reference).
+# Needs python3, g++, tar and cmake (installed with apt-get when missing).
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+here="$root/scripts/llamacpp-reference"
+
+# The synthetic files of --synthetic: "preset:layers", written in f32 by
+# `synth_model --shape PRESET --layers LAYERS --quant f32`. Add a preset here
+# once synth_model and zinfer's loader know it, e.g.
+#   qwen2-tiny:2 qwen3-tiny:2 phi3-tiny:2 gemma2-tiny:2 gemma3-tiny:2 llama-swa-tiny:2
+SYNTH_PRESETS=${SYNTH_PRESETS:-"smollm2-135m:2 tinyllama-1.1b:2 llama-3.2-1b:2"}
+
+pkg_version=0.3.36
+pkg_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+threads=${THREADS:-2}
+lengths=${LENGTHS:-8,64,300}
+seed=${SEED:-0}
+profile=${CARGO_PROFILE:-dev}
+target_dir=${CARGO_TARGET_DIR:-$root/target}
+out=${OUT:-$target_dir/llamacpp-reference}
+cache="${ZINFER_HOME:-$HOME/.cache/zinfer}/reference"
+
+die() { echo "llamacpp-reference: $*" >&2; exit 2; }
+say() { echo "llamacpp-reference: $*" >&2; }
+usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
+
+synthetic=0
+dequantize=0
+chunk=1
+files=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --synthetic) synthetic=1 ;;
+    --dequantize) dequantize=1 ;;
+    --chunk) [ $# -ge 2 ] || die "--chunk needs a value"; chunk=$2; shift ;;
+    -h | --help) usage; exit 0 ;;
+    -*) die "unknown flag $1 (see --help)" ;;
+    *) [ -f "$1" ] || die "no such file: $1"; files+=("$(cd "$(dirname "$1")" && pwd)/$(basename "$1")") ;;
+  esac
+  shift
+done
+[ "$synthetic" = 1 ] || [ ${#files[@]} -gt 0 ] || { usage >&2; die "give GGUF files, --synthetic, or both"; }
+case "$profile" in dev) profile_dir=debug ;; *) profile_dir=$profile ;; esac
+
+for tool in python3 g++ tar sha256sum; do
+  command -v "$tool" >/dev/null || die "$tool is missing (Debian/Ubuntu: apt-get install python3 g++ tar coreutils)"
+done
+if ! command -v cmake >/dev/null; then
+  say "cmake is missing; installing it with apt-get"
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  { $sudo apt-get update -q && $sudo apt-get install -y -q cmake; } >&2 || die "could not install cmake: install it and run again"
+fi
+
+# --- llama.cpp from the source package -------------------------------------
+mkdir -p "$cache" "$out"
+tarball="$cache/llama_cpp_python-$pkg_version.tar.gz"
+src="$cache/llama_cpp_python-$pkg_version"
+if [ ! -f "$tarball" ]; then
+  say "downloading llama-cpp-python $pkg_version (source package) into $cache"
+  dl=$(mktemp -d "$cache/download.XXXXXX")
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary=llama-cpp-python \
+    "llama-cpp-python==$pkg_version" -d "$dl" >&2 || { rm -rf "$dl"; die "pip could not download llama-cpp-python==$pkg_version"; }
+  mv "$dl/llama_cpp_python-$pkg_version.tar.gz" "$tarball" || die "pip did not leave llama_cpp_python-$pkg_version.tar.gz in $dl"
+  rm -rf "$dl"
+fi
+actual=$(sha256sum "$tarball" | cut -d' ' -f1)
+[ "$actual" = "$pkg_sha256" ] || die "$tarball has sha256 $actual, not $pkg_sha256: delete it to download it again"
+if [ -d "$src" ]; then
+  # Every file of the package must still hold what the package has (extra
+  # files, such as the build directory, are allowed; so are other mtimes).
+  changed=$(cd "$cache" && tar --diff -zf "$tarball" 2>&1 | grep -v ': Mod time differs$' || true)
+  if [ -n "$changed" ]; then
+    die "$src differs from the source package:
+$(echo "$changed" | head -5)
+delete $src to extract (and build) it again"
+  fi
+else
+  say "extracting $tarball"
+  tmp=$(mktemp -d "$cache/extract.XXXXXX")
+  tar -xzf "$tarball" -C "$tmp"
+  mv "$tmp/llama_cpp_python-$pkg_version" "$src"
+  rm -rf "$tmp"
+fi
+
+llama="$src/vendor/llama.cpp"
+cmake_flags=(-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release)
+configured=1
+for flag in "${cmake_flags[@]}"; do
+  # -DNAME=VALUE must appear in the cache as NAME:TYPE=VALUE.
+  name=${flag#-D}
+  grep -q "^${name%%=*}:[A-Z]*=${name#*=}\$" "$llama/build/CMakeCache.txt" 2>/dev/null || configured=0
+done
+if [ "$configured" = 0 ]; then
+  say "configuring llama.cpp: cmake -B build ${cmake_flags[*]}"
+  (cd "$llama" && cmake -B build "${cmake_flags[@]}") >&2 || die "cmake could not configure $llama"
+fi
+# A no-op when the library is up to date.
+(cd "$llama" && cmake --build build --target llama -j "$(nproc)") >"$out/llama-build.log" 2>&1 ||
+  die "building libllama failed; see $out/llama-build.log"
+lib_dir="$llama/build/bin"
+[ -f "$lib_dir/libllama.so" ] || die "the build left no $lib_dir/libllama.so"
+
+g++ -std=c++17 -O2 -Wall -Wextra -I"$llama/include" -I"$llama/ggml/include" \
+  "$here/dump_logits.cpp" -o "$out/dump_logits" -L"$lib_dir" -lllama -Wl,-rpath,"$lib_dir" ||
+  die "compiling dump_logits.cpp against $llama failed"
+g++ -std=c++17 -O2 -Wall -Wextra -I"$llama/include" -I"$llama/ggml/include" \
+  "$here/dequantize.cpp" -o "$out/dequantize" -L"$lib_dir" -lllama -Wl,-rpath,"$lib_dir" ||
+  die "compiling dequantize.cpp against $llama failed"
+reference="$out/dump_logits"
+
+# --- zinfer ----------------------------------------------------------------
+# Both examples in one build, always: zinfer-worker's dev-dependency turns
+# on zinfer-model's `synthetic` feature, and building one without the other
+# would rebuild zinfer-model each time the set changes.
+examples=(-p zinfer-model --example dump_logits -p zinfer-worker --example synth_model)
+say "building ${examples[*]} (profile $profile)"
+(cd "$root" && cargo build --quiet --profile "$profile" "${examples[@]}") >&2 || die "cargo build failed"
+zinfer="$target_dir/$profile_dir/examples/dump_logits"
+synth="$target_dir/$profile_dir/examples/synth_model"
+
+if [ "$synthetic" = 1 ]; then
+  synth_files=()
+  for entry in $SYNTH_PRESETS; do
+    preset=${entry%%:*}
+    layers=${entry#*:}
+    [ "$layers" != "$entry" ] || die "SYNTH_PRESETS entry '$entry' is not preset:layers"
+    file="$out/synthetic/$preset-${layers}l-f32-seed$seed.gguf"
+    mkdir -p "$out/synthetic"
+    say "writing $file"
+    "$synth" --shape "$preset" --layers "$layers" --quant f32 --seed "$seed" --threads "$threads" \
+      --out "$file" >"$file.log" 2>&1 || die "synth_model failed for $preset; see $file.log"
+    synth_files+=("$file")
+  done
+  files=("${synth_files[@]}" "${files[@]}")
+fi
+
+if [ "$dequantize" = 1 ]; then
+  mkdir -p "$out/dequantized"
+  for i in "${!files[@]}"; do
+    weights=$(python3 "$here/gguf_header.py" "${files[$i]}" weights) || die "cannot read ${files[$i]}"
+    [ "$weights" != F32 ] || continue
+    copy="$out/dequantized/$(basename "${files[$i]}" .gguf).f32.gguf"
+    say "dequantizing ${files[$i]} ($weights) with llama.cpp into $copy"
+    "$out/dequantize" "${files[$i]}" "$copy" --threads "$threads" ||
+      die "llama.cpp could not dequantize ${files[$i]}"
+    files[$i]=$copy
+  done
+fi
+
+# --- run both sides, compare ------------------------------------------------
+table="$out/table.md"
+if [ "$chunk" = 1 ]; then mode="one decode step per position"; else mode="prefill chunks within blocks of $chunk"; fi
+rows="$out/rows.md"
+: >"$rows"
+status=0
+for file in "${files[@]}"; do
+  name=$(basename "$file" .gguf)
+  run="$out/runs/$name"
+  mkdir -p "$run"
+  lens=$(python3 "$here/prompts.py" "$file" "$run/prompts.txt" --lengths "$lengths" --seed "$seed") ||
+    die "could not make prompts for $file"
+  say "$name: prompts of $lens tokens"
+  start=$(date +%s.%N)
+  "$reference" "$file" "$run/prompts.txt" --threads "$threads" >"$run/llama.jsonl" 2>"$run/llama.log" ||
+    die "llama.cpp failed on $file; see $run/llama.log"
+  mid=$(date +%s.%N)
+  "$zinfer" "$file" "$run/prompts.txt" --threads "$threads" --chunk "$chunk" >"$run/zinfer.jsonl" 2>"$run/zinfer.log" ||
+    die "zinfer failed on $file; see $run/zinfer.log"
+  end=$(date +%s.%N)
+  say "$name: llama.cpp $(awk "BEGIN { printf \"%.1f\", $mid - $start }") s, zinfer $(awk "BEGIN { printf \"%.1f\", $end - $mid }") s"
+  header=(--no-header)
+  [ -s "$rows" ] || header=()
+  rc=0
+  python3 "$here/compare.py" --model "$file" --reference "$run/llama.jsonl" --zinfer "$run/zinfer.jsonl" \
+    "${header[@]}" >>"$rows" || rc=$?
+  [ "$rc" -le 1 ] || die "could not compare the dumps of $file"
+  [ "$rc" = 0 ] || status=1
+done
+{
+  echo "llama.cpp $pkg_version (llama-cpp-python source package): one batch, f32 K/V, flash attention off;"
+  echo "zinfer: $mode, f32 K/V; $threads thread(s) each; prompt ids seed $seed."
+  echo
+  cat "$rows"
+} >"$table"
+rm -f "$rows"
+echo
+cat "$table"
+echo
+if [ "$status" = 0 ]; then say "all rows pass"; else say "some rows FAIL (table: $table)"; fi
+exit "$status"
