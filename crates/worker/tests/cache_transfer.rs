@@ -264,8 +264,16 @@ fn an_imported_cache_serves_the_same_greedy_output_from_cache_hits() {
         .map(|(i, q)| (i as u64, prompt(q)))
         .collect();
     let on_a = run_all(&a, &requests);
-    let shared = on_a[&1].1.cached_tokens as usize;
-    assert!(shared >= 200, "the system prompt is shared: {shared}");
+    // Whichever request the scheduler prefills first (all three may arrive
+    // in one step, and then the shortest goes first), the other two are
+    // served the system prompt from its cache.
+    let mut cached: Vec<usize> = on_a
+        .values()
+        .map(|(_, u)| u.cached_tokens as usize)
+        .collect();
+    cached.sort_unstable();
+    let shared = cached[1];
+    assert!(shared >= 200, "the system prompt is shared: {cached:?}");
 
     // Two more requests run on A while its cache is exported.
     let during: Vec<(u64, String)> = ["Where is Lima?", "Name a river in Germany."]
