@@ -28,6 +28,10 @@
 # SYNTH_PRESETS (below), CARGO_PROFILE (dev: the workspace builds the model
 # crates at opt-level 3 there too; release works as well), OUT
 # ($CARGO_TARGET_DIR/llamacpp-reference, else target/llamacpp-reference).
+# CARGO_TARGET_DIR must belong to this checkout alone: cargo names a
+# workspace crate's artifacts by its path inside the workspace and judges
+# them fresh by mtimes, so a target directory shared with another checkout
+# can link that checkout's zinfer-model into the binaries compared here.
 # Needs python3, g++, tar and cmake (installed with apt-get when missing).
 set -euo pipefail
 
@@ -70,7 +74,6 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ "$synthetic" = 1 ] || [ ${#files[@]} -gt 0 ] || { usage >&2; die "give GGUF files, --synthetic, or both"; }
-case "$profile" in dev) profile_dir=debug ;; *) profile_dir=$profile ;; esac
 
 for tool in python3 g++ tar sha256sum; do
   command -v "$tool" >/dev/null || die "$tool is missing (Debian/Ubuntu: apt-get install python3 g++ tar coreutils)"
@@ -145,9 +148,18 @@ reference="$out/dump_logits"
 # would rebuild zinfer-model each time the set changes.
 examples=(-p zinfer-model --example dump_logits -p zinfer-worker --example synth_model)
 say "building ${examples[*]} (profile $profile)"
-(cd "$root" && cargo build --quiet --profile "$profile" "${examples[@]}") >&2 || die "cargo build failed"
-zinfer="$target_dir/$profile_dir/examples/dump_logits"
-synth="$target_dir/$profile_dir/examples/synth_model"
+artifacts=$(cd "$root" && cargo build --quiet --profile "$profile" --message-format=json-render-diagnostics \
+  "${examples[@]}") || die "cargo build failed"
+executable() {
+  python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[1] and m.get("executable"):
+        print(m["executable"])' "$1" <<<"$artifacts" | tail -1
+}
+zinfer=$(executable dump_logits)
+synth=$(executable synth_model)
+[ -x "$zinfer" ] && [ -x "$synth" ] || die "cargo build made no dump_logits or synth_model executable"
 
 if [ "$synthetic" = 1 ]; then
   synth_files=()
