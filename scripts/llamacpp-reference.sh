@@ -39,10 +39,11 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 here="$root/scripts/llamacpp-reference"
 
 # The synthetic files of --synthetic: "preset:layers", written in f32 by
-# `synth_model --shape PRESET --layers LAYERS --quant f32`. Add a preset here
-# once synth_model and zinfer's loader know it, e.g.
-#   qwen2-tiny:2 qwen3-tiny:2 phi3-tiny:2 gemma2-tiny:2 gemma3-tiny:2 llama-swa-tiny:2
-SYNTH_PRESETS=${SYNTH_PRESETS:-"smollm2-135m:2 tinyllama-1.1b:2 llama-3.2-1b:2"}
+# `synth_model --shape PRESET --layers LAYERS --quant f32`: one per
+# architecture (gemma3 with its 6th, global layer; llama-swa-tiny differs
+# past its window, which llama.cpp does not apply to llama files), and the
+# llama shapes.
+SYNTH_PRESETS=${SYNTH_PRESETS:-"llama-swa-tiny:2 qwen2-tiny:2 qwen3-tiny:2 phi3-tiny:2 gemma2-tiny:4 gemma3-tiny:6 smollm2-135m:2 tinyllama-1.1b:2 llama-3.2-1b:2"}
 
 pkg_version=0.3.36
 pkg_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
