@@ -7,9 +7,10 @@
 //!
 //! MODE `ids` prints the ids of the whole file; `cases` splits it at
 //! llama.cpp's `__ggml_vocab_test__` separators and prints one line of ids
-//! per case (the format of `.gguf.out`); `lines` prints the ids of each
-//! line; `time` prints the best of REPS runs over the whole file, in tokens
-//! per second.
+//! per case (the format of `.gguf.out`); `decode-cases` prints, per case,
+//! the decoded text of its ids in hex; `lines` prints the ids of each line;
+//! `time` prints the best of REPS runs over the whole file, in tokens per
+//! second.
 
 use std::path::Path;
 use std::time::Instant;
@@ -19,7 +20,7 @@ use zinfer_model::ModelTokenizer;
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [vocab, text, mode, rest @ ..] = args.as_slice() else {
-        return Err("usage: tokenize VOCAB.gguf TEXT ids|cases|lines|time [ADD_SPECIAL] [PARSE_SPECIAL] [REPS]".into());
+        return Err("usage: tokenize VOCAB.gguf TEXT ids|cases|decode-cases|lines|time [ADD_SPECIAL] [PARSE_SPECIAL] [REPS]".into());
     };
     let flag = |i: usize| rest.get(i).is_some_and(|a| a == "1");
     let (add, parse) = (flag(0), flag(1));
@@ -38,6 +39,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .split_once("\n__ggml_vocab_test__\n")
                     .unwrap_or((rest, ""));
                 print(&tok.tokenize(case, add, parse)?);
+                rest = tail;
+            }
+        }
+        "decode-cases" => {
+            let mut rest = text.as_str();
+            while !rest.is_empty() {
+                let (case, tail) = rest
+                    .split_once("\n__ggml_vocab_test__\n")
+                    .unwrap_or((rest, ""));
+                let decoded = tok.decode(&tok.tokenize(case, add, parse)?)?;
+                let hex: String = decoded.bytes().map(|b| format!("{b:02x}")).collect();
+                println!("{hex}");
                 rest = tail;
             }
         }

@@ -187,3 +187,35 @@ fn special_tokens_and_end_of_generation_follow_llama_cpp() {
         assert_eq!(tok.eos_token_ids(), e.eog, "{}", e.name);
     }
 }
+
+/// Decoding inverts tokenizing on every test case, and decoding any prefix
+/// of the ids gives a prefix of the text, with U+FFFD only where a
+/// character is cut between byte tokens: what streaming relies on.
+#[test]
+fn decoding_inverts_tokenizing_and_streams_whole_characters() {
+    let models = models();
+    let mut failures = Vec::new();
+    for name in tested_vocabularies(&models) {
+        if REFUSED.iter().any(|(n, _)| *n == name) {
+            continue;
+        }
+        let tok = load(&models, &name).unwrap();
+        for (i, (input, _)) in cases(&models, &name).into_iter().enumerate() {
+            let ids = tok.tokenize(&input, false, false).unwrap();
+            let full = tok.decode(&ids).unwrap();
+            if full != input {
+                failures.push(format!("{name} #{i}: {input:?} decodes as {full:?}"));
+                continue;
+            }
+            for k in 1..ids.len() {
+                let part = tok.decode(&ids[..k]).unwrap();
+                let whole = part.trim_end_matches('\u{FFFD}');
+                if !full.starts_with(whole) {
+                    failures.push(format!("{name} #{i}: prefix {k} decodes as {part:?}"));
+                    break;
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
