@@ -34,7 +34,7 @@ pub use cpu::CpuModel;
 pub use spec::{
     Activation, BlockLayout, LayerSpec, MAX_POSITIONS, ModelSpec, RopeScaling, RopeSpec, RopeStyle,
 };
-pub use tokenizer::ModelTokenizer;
+pub use tokenizer::{ModelTokenizer, TokenizerError};
 pub use zinfer_kernels::ScoreRule;
 
 /// One sequence's part of a forward step.
@@ -227,7 +227,7 @@ pub enum ModelError {
     Device(#[from] DeviceError),
     /// The tokenizer could not be built or failed on input.
     #[error("tokenizer: {0}")]
-    Tokenizer(String),
+    Tokenizer(#[from] TokenizerError),
     /// The chat template could not be parsed or rendered.
     #[error("chat template: {0}")]
     ChatTemplate(String),

@@ -13,8 +13,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{DType, Device, Tensor};
+use tokenizers::{AddedToken, Tokenizer};
 use zinfer_fetch::test_model_path;
-use zinfer_model::{LoadOptions, LoadedModel, load};
+use zinfer_model::{LoadOptions, load};
 
 mod support;
 use support::one_shot;
@@ -72,8 +73,59 @@ fn keep(name: &str) -> bool {
     }
 }
 
+/// The default model's tokenizer as Hugging Face ships SmolLM2's
+/// `tokenizer.json`: byte-level BPE over its vocabulary and merges, digits
+/// split one by one, control tokens special.
+fn hf_tokenizer(md: &HashMap<String, gguf_file::Value>) -> Tokenizer {
+    use tokenizers::models::bpe::{BPE, Vocab};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::digits::Digits;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+
+    assert_eq!(md["tokenizer.ggml.pre"].to_string().unwrap(), "smollm");
+    let strings = |key: &str| -> Vec<String> {
+        md[key]
+            .to_vec()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_string().unwrap().clone())
+            .collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens");
+    let vocab: Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.clone(), i as u32))
+        .collect();
+    let merges = strings("tokenizer.ggml.merges")
+        .iter()
+        .map(|m| {
+            let (a, b) = m.split_once(' ').unwrap();
+            (a.to_string(), b.to_string())
+        })
+        .collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .unwrap();
+    let mut tokenizer = Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(Sequence::new(vec![
+        Digits::new(true).into(),
+        ByteLevel::new(false, true, true).into(),
+    ])));
+    tokenizer.with_decoder(Some(ByteLevel::new(false, true, true)));
+    let types = md["tokenizer.ggml.token_type"].to_vec().unwrap();
+    let specials = tokens
+        .iter()
+        .zip(types)
+        .filter(|(_, t)| matches!(t.to_i32().unwrap(), 3 | 4))
+        .map(|(tok, _)| AddedToken::from(tok.clone(), true));
+    tokenizer.add_special_tokens(specials).unwrap();
+    tokenizer
+}
+
 /// Writes the truncated model as an F16 GGUF and as a safetensors directory.
-fn convert(src: &Path, tokenizer: &LoadedModel) -> (PathBuf, PathBuf) {
+fn convert(src: &Path) -> (PathBuf, PathBuf) {
     let mut f = std::fs::File::open(src).unwrap();
     let ct = gguf_file::Content::read(&mut f).unwrap();
     let mut names: Vec<String> = ct
@@ -131,9 +183,7 @@ fn convert(src: &Path, tokenizer: &LoadedModel) -> (PathBuf, PathBuf) {
         "tie_word_embeddings": true, "eos_token_id": 2, "bos_token_id": 1,
     });
     std::fs::write(hf_dir.join("config.json"), config.to_string()).unwrap();
-    tokenizer
-        .tokenizer
-        .inner()
+    hf_tokenizer(&ct.metadata)
         .save(hf_dir.join("tokenizer.json"), false)
         .unwrap();
     let template = match ct.metadata.get("tokenizer.chat_template") {
@@ -154,7 +204,7 @@ fn safetensors_directory_matches_the_gguf() {
         ..LoadOptions::default()
     };
     let original = load(&test_model_path().unwrap(), &options).unwrap();
-    let (gguf_path, hf_dir) = convert(&test_model_path().unwrap(), &original);
+    let (gguf_path, hf_dir) = convert(&test_model_path().unwrap());
     let mut from_gguf = load(&gguf_path, &options).unwrap();
     let mut from_hf = load(&hf_dir, &options).unwrap();
     // A chat_template.jinja beside the checkpoint wins over the template of

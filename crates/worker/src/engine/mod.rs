@@ -371,17 +371,25 @@ pub struct EngineStats {
 pub trait TextCodec: Send + Sync {
     /// Token ids of `text`, no special tokens added.
     fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError>;
+    /// Token ids of a prompt, with the BOS/EOS the model asks for (at most
+    /// one BOS when the text already starts with it).
+    fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        self.encode(text)
+    }
     /// Text of `ids`, special tokens skipped.
     fn decode(&self, ids: &[u32]) -> Result<String, ModelError>;
     /// The prompt text for a conversation.
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError>;
-    /// Tokens that end generation.
+    /// Tokens that end generation: every end-of-generation token of the model.
     fn eos_token_ids(&self) -> &[u32];
 }
 
 impl TextCodec for ModelTokenizer {
     fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
         ModelTokenizer::encode(self, text)
+    }
+    fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        ModelTokenizer::encode_prompt(self, text)
     }
     fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
         ModelTokenizer::decode(self, ids)

@@ -345,6 +345,64 @@ fn ignore_eos_generates_past_the_end_of_the_script() {
     assert_eq!(usage.completion_tokens, script_tokens + 5);
 }
 
+/// Bytes with a model's prompt conventions: BOS (0x02) before every
+/// prompt, and several end-of-generation tokens, `!` among them, as
+/// llama.cpp's set holds EOS, EOT and every end-of-turn token.
+struct BytesWithEnds;
+
+impl TextCodec for BytesWithEnds {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        Bytes.encode(text)
+    }
+    fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        Ok([2].into_iter().chain(Bytes.encode(text)?).collect())
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        Bytes.decode(ids)
+    }
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        Bytes.render_chat(messages)
+    }
+    fn eos_token_ids(&self) -> &[u32] {
+        &[b'!' as u32, EOS]
+    }
+}
+
+#[test]
+fn every_end_of_generation_token_stops_unless_eos_is_ignored() {
+    let start = || {
+        let model = FakeModel {
+            mode: Mode::Script,
+            delay: Duration::ZERO,
+            kv: vec![None; 256],
+            max_positions: usize::MAX,
+        };
+        Engine::start_with(
+            "fake".into(),
+            Box::new(model),
+            Arc::new(BytesWithEnds),
+            EngineConfig::default(),
+        )
+    };
+    let handle = start();
+    handle.submit(greedy("hi\n", 100), 1).unwrap();
+    let events = collect(&handle, 1);
+    assert_eq!(streamed_text(&events), "Hello, wörld");
+    let (reason, _, usage) = done(&events);
+    assert_eq!(reason, FinishReason::Stop);
+    assert_eq!(usage.prompt_tokens, 4, "BOS and the prompt");
+
+    let handle = start();
+    let request = GenerateRequest {
+        ignore_eos: true,
+        ..greedy("hi\n", SCRIPT.len() as u32 + 3)
+    };
+    handle.submit(request, 2).unwrap();
+    let events = collect(&handle, 2);
+    assert_eq!(streamed_text(&events), format!("{SCRIPT}He"));
+    assert_eq!(done(&events).0, FinishReason::Length);
+}
+
 #[test]
 fn the_context_length_ends_a_sequence_with_length_and_bounds_prompts() {
     let model = FakeModel {

@@ -87,10 +87,10 @@ fn tokenize(
         tokens.clone()
     } else if let Some(messages) = &request.messages {
         let rendered = text.render_chat(messages).map_err(tokenizer)?;
-        text.encode(&rendered).map_err(tokenizer)?
+        text.encode_prompt(&rendered).map_err(tokenizer)?
     } else {
         let prompt = request.prompt.as_deref().unwrap_or_default();
-        text.encode(prompt).map_err(tokenizer)?
+        text.encode_prompt(prompt).map_err(tokenizer)?
     };
     if prompt.is_empty() {
         return Err(EngineError::BadRequest(

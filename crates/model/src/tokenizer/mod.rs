@@ -1,0 +1,466 @@
+//! The model's tokenizer and chat template.
+//!
+//! A GGUF file is tokenized exactly as llama.cpp tokenizes it (`vocab`:
+//! its SentencePiece and BPE algorithms, the pre-tokenizer each
+//! `tokenizer.ggml.pre` names, special tokens, BOS/EOS and the
+//! end-of-generation set), checked against llama.cpp's own test
+//! vocabularies. A safetensors checkpoint's `tokenizer.json` runs through
+//! Hugging Face `tokenizers`.
+
+mod hash;
+mod split;
+mod unicode;
+mod unicode_data;
+mod vocab;
+
+use std::path::Path;
+
+use candle_core::quantized::gguf_file::Content;
+use tokenizers::Tokenizer;
+use zinfer_protocol::ChatMessage;
+
+use super::ModelError;
+use super::chat::ChatTemplate;
+use vocab::GgufVocab;
+
+/// Tokens that end a turn in common chat formats; each one present in a
+/// `tokenizer.json` vocabulary as a special token also stops generation.
+const END_OF_TURN_TOKENS: [&str; 4] = [
+    "<|im_end|>",
+    "<|eot_id|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+];
+
+/// Why a tokenizer could not be built, or failed on input.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// `tokenizer.ggml.model` names an algorithm zinfer does not run.
+    #[error(
+        "tokenizer model `{0}` (tokenizer.ggml.model) is not supported: zinfer runs llama (SentencePiece), gpt2 and gemma4 (BPE) vocabularies, not bert (WordPiece), t5 (Unigram), rwkv or plamo2 ones"
+    )]
+    UnsupportedModel(String),
+    /// `tokenizer.ggml.pre` names a pre-tokenizer zinfer does not reproduce.
+    #[error(
+        "pre-tokenizer `{0}` (tokenizer.ggml.pre) is not supported: zinfer splits words as llama.cpp does for default, llama3/llama-bpe, qwen2, qwen35, gpt-2, mpt, starcoder, refact, command-r, smollm, falcon, deepseek-llm, deepseek-coder, gemma4 and their aliases"
+    )]
+    UnsupportedPre(String),
+    /// A `tokenizer.*` key is missing or malformed.
+    #[error("GGUF metadata `{key}`: {reason}")]
+    Metadata {
+        /// The key.
+        key: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Text needs a byte the SentencePiece vocabulary has no token for.
+    #[error(
+        "the vocabulary has no token for byte 0x{0:02X} (neither <0x{0:02X}> nor the byte itself)"
+    )]
+    NoByteToken(u8),
+    /// The Hugging Face tokenizer failed.
+    #[error("{0}")]
+    Hf(String),
+    /// The `tokenizer.json` tokenizer cannot do what was asked.
+    #[error("{0}")]
+    Unsupported(&'static str),
+}
+
+#[derive(Debug)]
+enum Backend {
+    Gguf(Box<GgufVocab>),
+    Hf {
+        tokenizer: Box<Tokenizer>,
+        bos: Option<u32>,
+    },
+}
+
+/// Text <-> token ids, and chat messages -> prompt text.
+#[derive(Debug)]
+pub struct ModelTokenizer {
+    backend: Backend,
+    chat: ChatTemplate,
+    eos: Vec<u32>,
+}
+
+impl ModelTokenizer {
+    /// Token ids of `text`, special tokens in it recognised, no BOS/EOS added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        self.tokenize(text, false, true)
+    }
+
+    /// Token ids of a prompt: BOS and EOS added as the model asks (GGUF
+    /// `tokenizer.ggml.add_bos_token`, or the `tokenizer.json` post-processor),
+    /// special tokens recognised, and never two BOS at the start when the
+    /// text (a chat template's output, say) already begins with one.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        let mut ids = self.tokenize(text, true, true)?;
+        if let Some(bos) = self.bos_token_id()
+            && ids.len() >= 2
+            && ids[0] == bos
+            && ids[1] == bos
+        {
+            ids.remove(0);
+        }
+        Ok(ids)
+    }
+
+    /// llama.cpp's `llama_tokenize(text, add_special, parse_special)`:
+    /// `add_special` adds BOS/EOS as the model asks; `parse_special` lets
+    /// control tokens written in the text be recognised (user-defined ones
+    /// always are).
+    pub fn tokenize(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        match &self.backend {
+            Backend::Gguf(vocab) => Ok(vocab.tokenize(text, add_special, parse_special)?),
+            Backend::Hf { tokenizer, .. } => {
+                if !parse_special {
+                    return Err(TokenizerError::Unsupported(
+                        "a tokenizer.json tokenizer always recognises special tokens",
+                    )
+                    .into());
+                }
+                let enc = tokenizer.encode_fast(text, add_special).map_err(hf_err)?;
+                Ok(enc.get_ids().to_vec())
+            }
+        }
+    }
+
+    /// Text of `ids`, leaving out control tokens. Invalid UTF-8 (a
+    /// character split across byte tokens) decodes as U+FFFD, so a stream
+    /// can hold back text that ends in one.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        match &self.backend {
+            Backend::Gguf(vocab) => Ok(vocab.decode(ids)),
+            Backend::Hf { tokenizer, .. } => Ok(tokenizer.decode(ids, true).map_err(hf_err)?),
+        }
+    }
+
+    /// The prompt for a conversation, ending where the assistant's reply starts.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        self.chat.render(messages)
+    }
+
+    /// Tokens that end generation, sorted: for a GGUF file llama.cpp's
+    /// end-of-generation set (EOS, EOT, EOM and every end-of-turn token).
+    pub fn eos_token_ids(&self) -> &[u32] {
+        &self.eos
+    }
+
+    /// The token a prompt starts with, if the model has one.
+    pub fn bos_token_id(&self) -> Option<u32> {
+        match &self.backend {
+            Backend::Gguf(vocab) => vocab.bos,
+            Backend::Hf { bos, .. } => *bos,
+        }
+    }
+
+    /// Number of tokens in the vocabulary.
+    pub fn vocab_size(&self) -> usize {
+        match &self.backend {
+            Backend::Gguf(vocab) => vocab.len(),
+            Backend::Hf { tokenizer, .. } => tokenizer.get_vocab_size(true),
+        }
+    }
+
+    /// Reads the tokenizer and chat template of a GGUF file, weights or
+    /// not (llama.cpp's vocabulary-only files have none).
+    pub fn from_gguf_file(path: &Path) -> Result<Self, ModelError> {
+        let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(|source| {
+            ModelError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?);
+        let content = Content::read(&mut reader).map_err(|e| {
+            ModelError::Format(format!(
+                "{} is not a readable GGUF file: {e}",
+                path.display()
+            ))
+        })?;
+        Self::from_gguf(&content)
+    }
+
+    /// Builds the tokenizer and chat template from a GGUF file's metadata.
+    pub(crate) fn from_gguf(ct: &Content) -> Result<Self, ModelError> {
+        let vocab = GgufVocab::from_metadata(&ct.metadata)?;
+        let text = |id: Option<u32>| {
+            id.and_then(|id| vocab.text(id))
+                .map(String::from)
+                .unwrap_or_default()
+        };
+        let template = ct
+            .metadata
+            .get("tokenizer.chat_template")
+            .and_then(|v| v.to_string().ok())
+            .cloned();
+        let chat = ChatTemplate::new(template, text(vocab.bos), text(vocab.eos));
+        let eos = vocab.eog.clone();
+        Ok(Self {
+            backend: Backend::Gguf(Box::new(vocab)),
+            chat,
+            eos,
+        })
+    }
+
+    /// Loads `tokenizer.json` and the chat template from a Hugging Face checkpoint directory.
+    pub(crate) fn from_hf_dir(dir: &Path, eos_from_config: &[u32]) -> Result<Self, ModelError> {
+        let path = dir.join("tokenizer.json");
+        let tokenizer = Tokenizer::from_file(&path)
+            .map_err(|e| TokenizerError::Hf(format!("{}: {e}", path.display())))?;
+        let config: serde_json::Value = std::fs::read_to_string(dir.join("tokenizer_config.json"))
+            .ok()
+            .and_then(|s| serde_json::from_str(&s).ok())
+            .unwrap_or_default();
+        let token_of = |key: &str| {
+            let text = match &config[key] {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Object(o) => {
+                    o.get("content").and_then(|c| c.as_str()).map(String::from)
+                }
+                _ => None,
+            }?;
+            tokenizer.token_to_id(&text).map(|id| (id, text))
+        };
+        let bos = token_of("bos_token");
+        let eos = token_of("eos_token");
+        // As transformers does: `chat_template.jinja` beside the checkpoint
+        // wins over the `chat_template` of `tokenizer_config.json`.
+        let jinja = dir.join("chat_template.jinja");
+        let template = match std::fs::read_to_string(&jinja) {
+            Ok(source) => Some(source),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match &config["chat_template"] {
+                serde_json::Value::String(s) => Some(s.clone()),
+                serde_json::Value::Array(list) => list
+                    .iter()
+                    .find(|t| t["name"] == "default")
+                    .and_then(|t| t["template"].as_str())
+                    .map(String::from),
+                _ => None,
+            },
+            Err(e) => {
+                return Err(ModelError::ChatTemplate(format!(
+                    "{}: {e}",
+                    jinja.display()
+                )));
+            }
+        };
+        let mut eos_ids: Vec<u32> = eos.iter().map(|(id, _)| *id).collect();
+        for tok in END_OF_TURN_TOKENS {
+            let special = tokenizer.get_added_vocabulary().is_special_token(tok);
+            if let (true, Some(id)) = (special, tokenizer.token_to_id(tok)) {
+                eos_ids.push(id);
+            }
+        }
+        eos_ids.extend_from_slice(eos_from_config);
+        eos_ids.sort_unstable();
+        eos_ids.dedup();
+        let chat = ChatTemplate::new(
+            template,
+            bos.as_ref().map(|(_, t)| t.clone()).unwrap_or_default(),
+            eos.map(|(_, t)| t).unwrap_or_default(),
+        );
+        Ok(Self {
+            backend: Backend::Hf {
+                tokenizer: Box::new(tokenizer),
+                bos: bos.map(|(id, _)| id),
+            },
+            chat,
+            eos: eos_ids,
+        })
+    }
+}
+
+fn hf_err(e: impl std::fmt::Display) -> TokenizerError {
+    TokenizerError::Hf(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
+
+    use super::*;
+
+    fn strings(v: &[&str]) -> Value {
+        Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect())
+    }
+
+    fn content(metadata: HashMap<String, Value>) -> Content {
+        Content {
+            magic: VersionedMagic::GgufV3,
+            metadata,
+            tensor_infos: HashMap::new(),
+            tensor_data_offset: 0,
+        }
+    }
+
+    /// A tiny SentencePiece (llama) vocabulary with byte tokens for `!`.
+    fn spm_metadata() -> HashMap<String, Value> {
+        let tokens = [
+            "<unk>",
+            "<s>",
+            "</s>",
+            "\u{2581}",
+            "h",
+            "e",
+            "l",
+            "o",
+            "\u{2581}h",
+            "el",
+            "lo",
+            "\u{2581}hel",
+            "\u{2581}hello",
+            "<0x21>",
+        ];
+        let scores = [
+            0.0, 0.0, 0.0, -10.0, -11.0, -12.0, -13.0, -14.0, -1.0, -2.0, -3.0, -5.0, -6.0, 0.0,
+        ];
+        let types = [2u32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 6];
+        let mut metadata = HashMap::new();
+        metadata.insert(
+            "tokenizer.ggml.model".to_string(),
+            Value::String("llama".to_string()),
+        );
+        metadata.insert("tokenizer.ggml.tokens".to_string(), strings(&tokens));
+        metadata.insert(
+            "tokenizer.ggml.scores".to_string(),
+            Value::Array(scores.iter().map(|&s| Value::F32(s)).collect()),
+        );
+        metadata.insert(
+            "tokenizer.ggml.token_type".to_string(),
+            Value::Array(types.iter().map(|&t| Value::U32(t)).collect()),
+        );
+        metadata.insert("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1));
+        metadata.insert("tokenizer.ggml.eos_token_id".to_string(), Value::U32(2));
+        metadata
+    }
+
+    /// SentencePiece as llama.cpp runs it: the highest-scoring pair merges
+    /// first, a space is prepended to text after a special token, bytes
+    /// without a token fall back to `<0xXX>`, control tokens are matched
+    /// only when asked, and BOS comes with `add_special`.
+    #[test]
+    fn sentencepiece_merges_by_score_with_a_space_prefix() {
+        let tok = ModelTokenizer::from_gguf(&content(spm_metadata())).unwrap();
+
+        assert_eq!(tok.encode("hello").unwrap(), [12]);
+        assert_eq!(tok.encode("hell").unwrap(), [11, 6]);
+        assert_eq!(tok.encode("hello!").unwrap(), [12, 13]);
+        assert_eq!(tok.encode("<s>hello hello</s>").unwrap(), [1, 12, 12, 2]);
+        // Unparsed, `<s>` is plain text, and `<` has no token, not even a
+        // byte token (llama.cpp throws there).
+        assert!(matches!(
+            tok.tokenize("<s>", false, false),
+            Err(ModelError::Tokenizer(TokenizerError::NoByteToken(b'<')))
+        ));
+        assert_eq!(tok.encode_prompt("hello").unwrap(), [1, 12]);
+        // A prompt that already starts with BOS gets no second one.
+        assert_eq!(tok.encode_prompt("<s>hello").unwrap(), [1, 12]);
+        // llama.cpp drops the prefix space of the first token only.
+        assert_eq!(tok.decode(&[12, 12, 13]).unwrap(), "hello hello!");
+        assert_eq!(tok.decode(&[1, 12, 2]).unwrap(), " hello");
+        assert_eq!(tok.eos_token_ids(), [2]);
+        // No template in the file: ChatML.
+        let chat = tok
+            .apply_chat_template(&[ChatMessage {
+                role: "user".to_string(),
+                content: "hi".to_string(),
+            }])
+            .unwrap();
+        assert_eq!(
+            chat,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn unsupported_tokenizers_are_named() {
+        let mut md = spm_metadata();
+        md.insert(
+            "tokenizer.ggml.model".to_string(),
+            Value::String("bert".to_string()),
+        );
+        let err = ModelTokenizer::from_gguf(&content(md)).unwrap_err();
+        assert!(err.to_string().contains("`bert`"), "{err}");
+
+        let mut md = spm_metadata();
+        md.insert(
+            "tokenizer.ggml.model".to_string(),
+            Value::String("gpt2".to_string()),
+        );
+        md.insert("tokenizer.ggml.merges".to_string(), strings(&["h e"]));
+        md.insert(
+            "tokenizer.ggml.pre".to_string(),
+            Value::String("tekken".to_string()),
+        );
+        let err = ModelTokenizer::from_gguf(&content(md)).unwrap_err();
+        assert!(
+            matches!(&err, ModelError::Tokenizer(TokenizerError::UnsupportedPre(p)) if p == "tekken"),
+            "{err}"
+        );
+    }
+
+    /// A word-level `tokenizer.json` with `<s>` and `</s>` as special tokens.
+    const TINY_TOKENIZER: &str = r#"{"version":"1.0","truncation":null,"padding":null,
+        "added_tokens":[
+          {"id":0,"content":"<s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true},
+          {"id":1,"content":"</s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
+        "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+        "model":{"type":"WordLevel","vocab":{"<s>":0,"</s>":1,"hi":2,"[UNK]":3},"unk_token":"[UNK]"}}"#;
+
+    /// A checkpoint directory with the tiny tokenizer and the given files.
+    fn hf_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), TINY_TOKENIZER).unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        dir
+    }
+
+    fn chat_of(dir: &tempfile::TempDir) -> String {
+        let tok = ModelTokenizer::from_hf_dir(dir.path(), &[]).unwrap();
+        tok.apply_chat_template(&[ChatMessage {
+            role: "user".to_string(),
+            content: "  hi ".to_string(),
+        }])
+        .unwrap()
+    }
+
+    const CONFIG: &str = r#"{"bos_token":"<s>","eos_token":"</s>",
+        "chat_template":"{{ bos_token }}{% for m in messages %}[config {{ m['content'].strip() }}]{% endfor %}"}"#;
+
+    #[test]
+    fn checkpoint_template_comes_from_chat_template_jinja_before_tokenizer_config() {
+        // tokenizer_config.json alone: its template, with its special tokens.
+        let dir = hf_dir(&[("tokenizer_config.json", CONFIG)]);
+        assert_eq!(chat_of(&dir), "<s>[config hi]");
+        assert_eq!(
+            ModelTokenizer::from_hf_dir(dir.path(), &[])
+                .unwrap()
+                .eos_token_ids(),
+            [1]
+        );
+
+        // chat_template.jinja beside it wins, Python methods and all.
+        let jinja = "{% for m in messages %}\n{% if m['content'].strip().startswith('hi') %}\n[jinja {{ m['content'].strip().title() }}]{{ eos_token }}\n{% endif %}\n{% endfor %}";
+        let dir = hf_dir(&[
+            ("tokenizer_config.json", CONFIG),
+            ("chat_template.jinja", jinja),
+        ]);
+        assert_eq!(chat_of(&dir), "[jinja Hi]</s>\n");
+
+        // Neither: ChatML.
+        let dir = hf_dir(&[]);
+        assert_eq!(
+            chat_of(&dir),
+            "<|im_start|>user\n  hi <|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+}
