@@ -7,7 +7,6 @@
 //! vocabularies. A safetensors checkpoint's `tokenizer.json` runs through
 //! Hugging Face `tokenizers`.
 
-mod hash;
 mod split;
 mod unicode;
 mod unicode_data;

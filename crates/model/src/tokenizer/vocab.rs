@@ -13,9 +13,12 @@ use aho_corasick::AhoCorasick;
 use candle_core::quantized::gguf_file::Value;
 
 use super::TokenizerError;
-use super::hash::FxMap;
 use super::split::{Step, Text, split};
 use super::unicode::{byte_to_char, char_to_byte};
+
+/// Token texts and id pairs from the model file are looked up millions of
+/// times per prompt; SipHash's flood resistance buys nothing there.
+type FastMap<K, V> = foldhash::HashMap<K, V>;
 
 /// llama.cpp's `LLAMA_TOKEN_ATTR_*` bits.
 mod attr {
@@ -225,7 +228,7 @@ fn pre_tokenizer(name: &str) -> Option<Pre> {
 struct Bpe {
     pre: Pre,
     /// (left, right) ids packed into a u64 -> (rank, id of the merged text).
-    merges: FxMap<u64, (u32, u32)>,
+    merges: FastMap<u64, (u32, u32)>,
     /// Id of the GPT-2 stand-in character of each byte.
     byte_ids: [u32; 256],
 }
@@ -254,7 +257,7 @@ pub(super) struct GgufVocab {
     attrs: Vec<u16>,
     /// Text -> id of every token; for BPE also of merge parts that are no
     /// token, numbered from `n_tokens` on.
-    ids: FxMap<Box<str>, u32>,
+    ids: FastMap<Box<str>, u32>,
     n_tokens: u32,
     pub(super) bos: Option<u32>,
     pub(super) eos: Option<u32>,
@@ -333,7 +336,7 @@ struct Specials {
 }
 
 /// The token spelled `text` (not a merge part that is no token).
-fn token_id(ids: &FxMap<Box<str>, u32>, texts: &[String], text: &str) -> Option<u32> {
+fn token_id(ids: &FastMap<Box<str>, u32>, texts: &[String], text: &str) -> Option<u32> {
     ids.get(text)
         .copied()
         .filter(|&id| (id as usize) < texts.len())
@@ -445,7 +448,7 @@ impl GgufVocab {
                 })
                 .collect(),
         };
-        let mut ids: FxMap<Box<str>, u32> = FxMap::default();
+        let mut ids: FastMap<Box<str>, u32> = FastMap::default();
         ids.reserve(n);
         for (i, text) in texts.iter().enumerate() {
             ids.insert(text.as_str().into(), i as u32);
@@ -879,7 +882,7 @@ impl GgufVocab {
 /// winner is arbitrary there; here the lowest id wins.
 fn mark_specials_by_text(
     texts: &[String],
-    ids: &FxMap<Box<str>, u32>,
+    ids: &FastMap<Box<str>, u32>,
     attrs: &mut [u16],
     sp: &mut Specials,
 ) {
@@ -919,7 +922,7 @@ fn mark_specials_by_text(
 /// and `</s>` where it is a normal token (Gemma 4).
 fn eog_set(
     texts: &[String],
-    ids: &FxMap<Box<str>, u32>,
+    ids: &FastMap<Box<str>, u32>,
     attrs: &mut [u16],
     sp: &Specials,
 ) -> Vec<u32> {
@@ -972,7 +975,7 @@ fn strip_attributes(
     md: &Metadata,
     pre_name: Option<&str>,
     texts: &[String],
-    ids: &FxMap<Box<str>, u32>,
+    ids: &FastMap<Box<str>, u32>,
     specials: &[u32],
     attrs: &mut [u16],
 ) -> Result<(), TokenizerError> {
@@ -1125,7 +1128,7 @@ impl Bpe {
     fn new(
         pre: Pre,
         merges: &[Value],
-        ids: &mut FxMap<Box<str>, u32>,
+        ids: &mut FastMap<Box<str>, u32>,
         n_tokens: u32,
     ) -> Result<Self, TokenizerError> {
         let mut next_id = n_tokens;
@@ -1138,7 +1141,7 @@ impl Bpe {
             ids.insert(s.into(), id);
             id
         };
-        let mut table: FxMap<u64, (u32, u32)> = FxMap::default();
+        let mut table: FastMap<u64, (u32, u32)> = FastMap::default();
         table.reserve(merges.len());
         let mut joined = String::new();
         for (rank, m) in merges.iter().enumerate() {
