@@ -478,6 +478,11 @@ fn rope_rows(
     positions: &[usize],
 ) {
     let half = d / 2;
+    // Pair i is (stride * i, stride * i + offset).
+    let (stride, offset) = match style {
+        RopeStyle::Interleaved => (2, 1),
+        RopeStyle::Neox => (1, half),
+    };
     let rows = x.chunks_exact_mut(x.len() / positions.len().max(1));
     for (row, &p) in rows.zip(positions) {
         let (cos, sin) = (
@@ -486,10 +491,7 @@ fn rope_rows(
         );
         for h in row.chunks_exact_mut(d) {
             for i in 0..half {
-                let (a, b) = match style {
-                    RopeStyle::Interleaved => (2 * i, 2 * i + 1),
-                    RopeStyle::Neox => (i, i + half),
-                };
+                let (a, b) = (stride * i, stride * i + offset);
                 let (x0, x1) = (h[a], h[b]);
                 h[a] = x0 * cos[i] - x1 * sin[i];
                 h[b] = x0 * sin[i] + x1 * cos[i];
