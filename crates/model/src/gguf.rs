@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
 use candle_core::Device;
@@ -87,9 +87,9 @@ pub(crate) fn open(path: &Path) -> Result<GgufFile, ModelError> {
 }
 
 /// The tensor `name` as f32 values on the host, if the file has it.
-fn opt_vector(
+fn opt_vector<R: Read + Seek>(
     content: &Content,
-    reader: &mut BufReader<File>,
+    reader: &mut R,
     name: &str,
 ) -> Result<Option<Vec<f32>>, ModelError> {
     if !content.tensor_infos.contains_key(name) {
@@ -196,7 +196,7 @@ impl Meta<'_> {
 
 /// The spec of an opened file: the keys every architecture shares, then
 /// the architecture's own.
-fn spec(content: &Content, reader: &mut BufReader<File>) -> Result<ModelSpec, ModelError> {
+fn spec<R: Read + Seek>(content: &Content, reader: &mut R) -> Result<ModelSpec, ModelError> {
     let md = &content.metadata;
     let name = match md.get("general.architecture") {
         Some(Value::String(s)) => s.clone(),
@@ -390,4 +390,130 @@ pub(crate) fn value_usize(v: &Value, key: &str) -> Result<usize, ModelError> {
         }
     };
     usize::try_from(n).map_err(|_| ModelError::Format(format!("`{key}` = {n} is out of range")))
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::quantized::GgmlDType;
+    use candle_core::quantized::gguf_file::{TensorInfo, VersionedMagic};
+
+    use super::*;
+
+    /// A header with `keys` (`{arch}.` added) over a 4-layer model with
+    /// 8 heads of 32 (2 KV heads) and no tensor data but the embedding's info.
+    fn header(arch: &str, keys: &[(&str, Value)]) -> Content {
+        let mut metadata: HashMap<String, Value> = [
+            ("block_count", Value::U32(4)),
+            ("embedding_length", Value::U32(256)),
+            ("feed_forward_length", Value::U32(512)),
+            ("attention.head_count", Value::U32(8)),
+            ("attention.head_count_kv", Value::U32(2)),
+            ("context_length", Value::U32(8192)),
+        ]
+        .into_iter()
+        .chain(keys.iter().cloned())
+        .map(|(k, v)| (format!("{arch}.{k}"), v))
+        .collect();
+        metadata.insert("general.architecture".into(), Value::String(arch.into()));
+        let embd = TensorInfo {
+            ggml_dtype: GgmlDType::F32,
+            shape: (100, 256).into(),
+            offset: 0,
+        };
+        Content {
+            magic: VersionedMagic::GgufV3,
+            metadata,
+            tensor_infos: [("token_embd.weight".to_string(), embd)].into(),
+            tensor_data_offset: 0,
+        }
+    }
+
+    fn read(arch: &str, keys: &[(&str, Value)]) -> Result<ModelSpec, ModelError> {
+        spec(&header(arch, keys), &mut std::io::Cursor::new(Vec::new()))
+    }
+
+    #[test]
+    fn gemma_layers_slide_by_their_pattern_with_a_local_rope() {
+        let g3 = read(
+            "gemma3",
+            &[
+                ("attention.sliding_window", Value::U32(512)),
+                ("rope.freq_base", Value::F32(1e6)),
+            ],
+        )
+        .unwrap();
+        // Four layers of a 5-local : 1-global pattern: all local.
+        assert!(
+            g3.layers
+                .iter()
+                .all(|l| l.window == Some(512) && l.rope == 1)
+        );
+        assert_eq!(g3.ropes[1].theta, 10_000.0);
+        assert_eq!(g3.embed_scale, Some(16.0));
+        let g2 = read("gemma2", &[]).unwrap();
+        let windows: Vec<_> = g2.layers.iter().map(|l| l.window).collect();
+        assert_eq!(windows, [Some(4096), None, Some(4096), None]);
+        assert_eq!(
+            (g2.attn.softcap, g2.final_softcap),
+            (Some(50.0), Some(30.0))
+        );
+        let flags = Value::Array(vec![Value::Bool(false); 4]);
+        let none = read(
+            "gemma3",
+            &[
+                ("attention.sliding_window", Value::U32(512)),
+                ("attention.sliding_window_pattern", flags),
+            ],
+        )
+        .unwrap();
+        assert!(none.layers.iter().all(|l| l.window.is_none()));
+    }
+
+    #[test]
+    fn rope_scaling_is_read_or_refused() {
+        let linear = [
+            ("rope.scaling.type", Value::String("linear".into())),
+            ("rope.scaling.factor", Value::F32(8.0)),
+        ];
+        assert_eq!(
+            read("gemma3", &linear).unwrap().ropes[0].scaling.linear,
+            8.0
+        );
+        let yarn = [("rope.scaling.type", Value::String("yarn".into()))];
+        assert!(matches!(
+            read("qwen2", &yarn),
+            Err(ModelError::UnsupportedArchitecture(m)) if m.contains("yarn")
+        ));
+        let key_length = [("attention.key_length", Value::U32(64))];
+        assert_eq!(read("qwen3", &key_length).unwrap().head_dim, 64);
+        let moe = [("expert_count", Value::U32(8))];
+        assert!(read("qwen3", &moe).is_err());
+    }
+
+    #[test]
+    fn phi3_picks_long_factors_past_the_original_context() {
+        let rope = RopeTensors {
+            long: Some(vec![4.0; 16]),
+            short: Some(vec![1.5; 16]),
+        };
+        for (original, want) in [(4096, 4.0), (8192, 1.5)] {
+            let keys = [
+                ("rope.scaling.original_context_length", Value::U32(original)),
+                ("rope.scaling.attn_factor", Value::F32(1.19)),
+            ];
+            let content = header("phi3", &keys);
+            let mut spec = read("phi3", &keys).unwrap();
+            let meta = Meta {
+                md: &content.metadata,
+                arch: "phi3",
+            };
+            (arch::by_gguf_name("phi3").unwrap().finish)(&mut spec, &meta, &rope).unwrap();
+            assert_eq!(
+                spec.ropes[0].scaling.freq_factors,
+                vec![want; 16],
+                "{original}"
+            );
+            assert_eq!(spec.ropes[0].scaling.attn_factor, 1.19);
+        }
+    }
 }
