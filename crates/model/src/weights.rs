@@ -99,7 +99,9 @@ pub(crate) enum Part {
 pub(crate) enum Naming {
     /// llama.cpp's names (`blk.N.attn_q.weight`).
     Gguf,
-    /// Hugging Face llama names (`model.layers.N.self_attn.q_proj.weight`).
+    /// Hugging Face llama names (`model.layers.N.self_attn.q_proj.weight`);
+    /// only llama directories load, so the other parts' names are unused
+    /// (Gemma's MLP norm, for one, is `pre_feedforward_layernorm` there).
     HuggingFace,
 }
 
