@@ -163,3 +163,58 @@ fn zinfer_environment_variables_set_flags() {
         generate(&[("ZINFER_ROUTER", &dead)], &["--router", &cluster.clients]);
     assert!(ok, "the flag should win:\n{stdout}\n{stderr}");
 }
+
+#[test]
+fn zinfer_generate_notices_a_dropped_router_connection_at_once() {
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    use std::io::Read;
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let mut cluster = Cluster::start("cache_aware", 1);
+    let mut generate = Command::new(zinfer())
+        .args(["generate", "--router", &cluster.clients])
+        .args(["--max-tokens", "4000", "--timeout", "120"])
+        .arg("Tell me a very long story about a lighthouse keeper.")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running zinfer generate");
+    let mut first = [0u8; 1];
+    generate
+        .stdout
+        .take()
+        .expect("piped stdout")
+        .read_exact(&mut first)
+        .expect("generate streamed nothing");
+    // The worker stops mid-answer, so the request is surely in flight when
+    // the router goes; then the router dies without a goodbye.
+    let worker = Pid::from_raw(cluster.workers[0].1.child.id() as i32);
+    kill(worker, Signal::SIGSTOP).expect("stopping the worker");
+    let killed = Instant::now();
+    cluster.restart_router();
+    let status = loop {
+        if let Some(status) = generate.try_wait().expect("waiting for generate") {
+            break Some(status);
+        }
+        if killed.elapsed() > Duration::from_secs(20) {
+            let _ = generate.kill();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = kill(worker, Signal::SIGCONT);
+    let took = killed.elapsed();
+    let mut stderr = String::new();
+    if let Some(mut pipe) = generate.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    let status = status.expect("generate still waiting 20 s after the router died");
+    assert!(!status.success(), "generate succeeded without an answer");
+    assert!(stderr.contains("dropped"), "{stderr}");
+    assert!(
+        took < Duration::from_secs(10),
+        "noticed only after {took:?}"
+    );
+}

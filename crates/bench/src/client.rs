@@ -2,7 +2,10 @@
 //! multiplexing every in-flight request by its id. The socket lives on the
 //! bench's one I/O thread, which stamps each reply as it reads it.
 
+use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
+
+use zinfer_curve::DropWatch;
 
 use zinfer_protocol::{ClientReply, ClientRequest, GenerateRequest, Limits, decode, encode};
 
@@ -35,6 +38,13 @@ pub(crate) struct RequestSettings {
 /// A DEALER connected to a router.
 pub(crate) struct ZmqTransport {
     socket: zmq::Socket,
+    /// Reports a dropped router connection, which ends every request in
+    /// flight at once rather than by timeout.
+    watch: DropWatch,
+    /// Requests sent and not yet ended.
+    in_flight: BTreeSet<u64>,
+    /// The watch saw a drop that [`Transport::poll`] has not reported yet.
+    dropped: bool,
     settings: RequestSettings,
     limits: Limits,
 }
@@ -61,13 +71,17 @@ impl ZmqTransport {
             .set_maxmsgsize(i64::try_from(limits.max_frame_bytes).unwrap_or(i64::MAX))
             .map_err(setup())?;
         zinfer_curve::apply_client(&socket, curve)?;
+        let watch = DropWatch::new(context, &socket).map_err(setup())?;
         socket
             .connect(endpoint)
             .map_err(BenchError::socket(format!(
                 "connecting to the router at {endpoint}"
             )))?;
-        let transport = ZmqTransport {
+        let mut transport = ZmqTransport {
             socket,
+            watch,
+            in_flight: BTreeSet::new(),
+            dropped: false,
             settings,
             limits,
         };
@@ -75,7 +89,7 @@ impl ZmqTransport {
         Ok(transport)
     }
 
-    fn ping(&self, endpoint: &str, wait: Duration) -> Result<(), BenchError> {
+    fn ping(&mut self, endpoint: &str, wait: Duration) -> Result<(), BenchError> {
         let ping = encode(&ClientRequest::Ping {
             id: Some(format!("{ID_PREFIX}ping")),
         })?;
@@ -105,7 +119,7 @@ impl ZmqTransport {
     /// One frame, or `None` once `deadline` passed. Multipart messages are
     /// reduced to their last frame, so a router that adds an empty
     /// delimiter still works.
-    fn recv_frame(&self, deadline: Instant) -> Result<Option<Vec<u8>>, BenchError> {
+    fn recv_frame(&mut self, deadline: Instant) -> Result<Option<Vec<u8>>, BenchError> {
         loop {
             match self.socket.recv_multipart(zmq::DONTWAIT) {
                 Ok(mut frames) => return Ok(frames.pop()),
@@ -113,13 +127,19 @@ impl ZmqTransport {
                 Err(e) => return Err(BenchError::socket("receiving from the router")(e)),
             }
             let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if left.is_zero() || self.dropped {
                 return Ok(None);
             }
             let millis = i64::try_from(left.as_millis().max(1)).unwrap_or(i64::MAX);
-            let mut items = [self.socket.as_poll_item(zmq::POLLIN)];
+            let mut items = [
+                self.socket.as_poll_item(zmq::POLLIN),
+                self.watch.as_poll_item(),
+            ];
             zmq::poll(&mut items, millis)
                 .map_err(BenchError::socket("polling the router socket"))?;
+            if items[1].is_readable() && self.watch.dropped() {
+                self.dropped = true;
+            }
         }
     }
 
@@ -161,6 +181,32 @@ impl ZmqTransport {
         let key = id.strip_prefix(ID_PREFIX)?.parse().ok()?;
         Some(Event { key, at, kind })
     }
+
+    /// The event a frame holds, if any; a request that ended is no longer
+    /// in flight.
+    fn take(&mut self, frame: &[u8], events: &mut Vec<Event>) {
+        if let Some(event) = self.event(frame, Instant::now()) {
+            if !matches!(event.kind, EventKind::Chunk { .. }) {
+                self.in_flight.remove(&event.key);
+            }
+            events.push(event);
+        }
+    }
+
+    /// Ends every request in flight: their replies can no longer arrive.
+    fn end_in_flight(&mut self, events: &mut Vec<Event>) {
+        let at = Instant::now();
+        for key in std::mem::take(&mut self.in_flight) {
+            events.push(Event {
+                key,
+                at,
+                kind: EventKind::Error {
+                    code: "disconnected".into(),
+                    message: "the connection to the router dropped; the request is lost".into(),
+                },
+            });
+        }
+    }
 }
 
 impl Transport for ZmqTransport {
@@ -179,10 +225,13 @@ impl Transport for ZmqTransport {
             .send(frame, zmq::DONTWAIT)
             .map_err(BenchError::socket(
                 "sending to the router (its queue is full or the socket closed)",
-            ))
+            ))?;
+        self.in_flight.insert(key);
+        Ok(())
     }
 
     fn cancel(&mut self, key: u64) {
+        self.in_flight.remove(&key);
         let cancel = ClientRequest::Cancel {
             id: format!("{ID_PREFIX}{key}"),
         };
@@ -195,15 +244,18 @@ impl Transport for ZmqTransport {
 
     fn poll(&mut self, until: Instant, events: &mut Vec<Event>) -> Result<(), BenchError> {
         if let Some(frame) = self.recv_frame(until)? {
-            events.extend(self.event(&frame, Instant::now()));
+            self.take(&frame, events);
             // Bounded, so a steady stream of chunks cannot hold off sends
             // and timeouts.
             for _ in 0..MAX_DRAIN {
                 let Some(frame) = self.recv_frame(Instant::now())? else {
                     break;
                 };
-                events.extend(self.event(&frame, Instant::now()));
+                self.take(&frame, events);
             }
+        }
+        if std::mem::take(&mut self.dropped) {
+            self.end_in_flight(events);
         }
         Ok(())
     }
@@ -289,6 +341,47 @@ mod tests {
             ),
             (Some("smol"), 0.0, true)
         );
+    }
+
+    #[test]
+    fn a_dropped_router_connection_ends_requests_in_flight_at_once() {
+        let context = zmq::Context::new();
+        let router = context.socket(zmq::ROUTER).unwrap();
+        router.set_linger(0).unwrap();
+        router.bind("tcp://127.0.0.1:*").unwrap();
+        let endpoint = router.get_last_endpoint().unwrap().unwrap();
+        let answer_ping = std::thread::spawn(move || {
+            let frames = router.recv_multipart(0).unwrap();
+            let pong = encode(&ClientReply::Pong {
+                id: Some(format!("{ID_PREFIX}ping")),
+            })
+            .unwrap();
+            router.send_multipart([frames[0].clone(), pong], 0).unwrap();
+            router.recv_multipart(0).unwrap();
+            // The request arrived; the router goes away without answering.
+        });
+        let mut transport = ZmqTransport::connect(
+            &context,
+            &endpoint,
+            settings(),
+            Duration::from_secs(5),
+            None,
+        )
+        .unwrap();
+        transport.send(3, &outgoing("one two")).unwrap();
+        answer_ping.join().unwrap();
+        let started = Instant::now();
+        let mut events = Vec::new();
+        while events.is_empty() && started.elapsed() < Duration::from_secs(10) {
+            transport
+                .poll(Instant::now() + Duration::from_millis(50), &mut events)
+                .unwrap();
+        }
+        assert!(
+            matches!(&events[..], [Event { key: 3, kind: EventKind::Error { code, .. }, .. }] if code == "disconnected"),
+            "{events:?}"
+        );
+        assert!(transport.in_flight.is_empty());
     }
 
     #[test]

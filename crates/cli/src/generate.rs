@@ -108,7 +108,7 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let request = args.request();
     let context = zmq::Context::new();
     let curve = args.curve.load()?;
-    let socket = zmq_util::client_socket(&context, &args.router, curve.as_ref())?;
+    let (socket, watch) = zmq_util::watched_client_socket(&context, &args.router, curve.as_ref())?;
     zmq_util::ping(
         &socket,
         &args.router,
@@ -132,7 +132,16 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
                 args.timeout
             );
         }
-        if socket.poll(zmq::POLLIN, remaining.as_millis().max(1) as i64)? == 0 {
+        let mut items = [socket.as_poll_item(zmq::POLLIN), watch.as_poll_item()];
+        zmq::poll(&mut items, remaining.as_millis().max(1) as i64)?;
+        if items[1].is_readable() && watch.dropped() {
+            bail!(
+                "the connection to the router at {} dropped before the answer ended; \
+                 the request is lost (run it again once the router is back)",
+                args.router
+            );
+        }
+        if !items[0].is_readable() {
             continue;
         }
         let frame = socket.recv_bytes(0)?;

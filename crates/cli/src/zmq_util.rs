@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use zinfer_curve::ClientCurve;
+use zinfer_curve::{ClientCurve, DropWatch};
 use zinfer_protocol::{ClientReply, ClientRequest, Limits};
 
 /// CURVE flags of every process that connects to a router (worker,
@@ -47,14 +47,24 @@ pub(crate) fn client_socket(
     endpoint: &str,
     curve: Option<&ClientCurve>,
 ) -> anyhow::Result<zmq::Socket> {
+    Ok(watched_client_socket(context, endpoint, curve)?.0)
+}
+
+/// [`client_socket`] with a watch that reports when its connection drops.
+pub(crate) fn watched_client_socket(
+    context: &zmq::Context,
+    endpoint: &str,
+    curve: Option<&ClientCurve>,
+) -> anyhow::Result<(zmq::Socket, DropWatch)> {
     let socket = context.socket(zmq::DEALER)?;
     socket.set_linger(200)?;
     socket.set_maxmsgsize(zinfer_protocol::Limits::default().max_frame_bytes as i64)?;
     zinfer_curve::apply_client(&socket, curve)?;
+    let watch = DropWatch::new(context, &socket)?;
     socket
         .connect(endpoint)
         .with_context(|| format!("connecting to {endpoint}"))?;
-    Ok(socket)
+    Ok((socket, watch))
 }
 
 /// Sends `ping` and waits up to `timeout` for the `pong`, so a command

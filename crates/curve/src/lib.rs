@@ -21,9 +21,11 @@
 
 mod allow;
 mod keys;
+mod watch;
 
 pub use crate::allow::AllowList;
 pub use crate::keys::{KeyPair, PublicKey, read_public_key};
+pub use crate::watch::DropWatch;
 
 use std::path::{Path, PathBuf};
 
