@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use crate::dispatch;
-use crate::format::{ACT_TILE, Q8Acts, QK, QKind, ROW_TILE, RowTile, TileOut};
+use crate::format::{ACT_TILE, Q8Acts, QK, QK_K, QKind, ROW_TILE, RowTile, TileOut};
 use crate::level::{Level, level};
 use crate::tiled::{TiledMatmul, Tiling};
 
@@ -177,6 +177,12 @@ impl QMatrix {
         let blocks = m * acts.blocks;
         assert!(acts.q.len() >= m * self.cols && out.len() >= m * self.rows);
         assert!(acts.d.len() >= blocks && acts.s.len() >= blocks);
+        if self.tiling == Some(Tiling::Vnni16) && self.kind.block_values() == QK_K {
+            // The K-quant VNNI tiles read the activations' `k*` fields.
+            let sb = m * self.cols / QK_K;
+            assert!(acts.has_k && acts.kq.len() >= m * self.cols && acts.kd.len() >= sb);
+            assert!(acts.ksum16.len() >= 16 * sb && acts.ksum32.len() >= 8 * sb);
+        }
         if let Some(tiling) = self.tiling {
             let ptr = OutPtr(out.as_mut_ptr());
             run_units(
@@ -377,6 +383,27 @@ impl Q8Acts {
         self.s.resize(m * nb, 0.0);
         self.q.resize(m * k, 0);
         dispatch::quantize(&x[..m * k], &mut self.q, &mut self.d, &mut self.s);
+        self.has_k = k.is_multiple_of(QK_K) && Tiling::Vnni16.runs_on(level());
+        if self.has_k {
+            self.quantize_k(x, m, k);
+        }
+    }
+
+    /// Fills the `k*` fields: one step per 256 values.
+    pub(crate) fn quantize_k(&mut self, x: &[f32], m: usize, k: usize) {
+        let sb = m * k / QK_K;
+        self.kd.resize(sb, 0.0);
+        self.kq.resize(m * k, 0);
+        self.ksum16.resize(sb * 16, 0);
+        self.ksum32.resize(sb * 8, 0);
+        dispatch::quantize_k(
+            &x[..m * k],
+            &mut self.kq,
+            &mut self.kd,
+            &mut self.ksum16,
+            &mut self.ksum32,
+        );
+        self.has_k = true;
     }
 }
 

@@ -169,6 +169,18 @@ pub(crate) unsafe fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f
     }
 }
 
+/// [`scalar::quantize_k`] built for AVX2 (the compiler vectorizes its loops).
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn quantize_k(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    sum16: &mut [i16],
+    sum32: &mut [i16],
+) {
+    scalar::quantize_k(x, q, d, sum16, sum32);
+}
+
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
     scalar::silu_mul(gate, up);

@@ -1,5 +1,5 @@
 //! AVX-512 builds: the row-major int8 tile with VNNI, the attention row,
-//! and the matmul over 16-row tiles ([`crate::tiled`]).
+//! and the matmul over 16-row tiles ([`crate::tiled`]; K-quants in `ktiles`).
 
 use std::arch::x86_64::*;
 
@@ -60,15 +60,27 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
                     (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(job, i0, t),
                     (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(job, i0, t),
                     (QKind::Q8_0, _) => tiles::tile_q8_0::<4>(job, i0, t),
-                    (QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K, _) => {
-                        unreachable!("never tiled for VNNI")
-                    }
+                    (QKind::Q4K, 1) => ktiles::tile_k::<ktiles::Q4K, 1>(job, i0, t),
+                    (QKind::Q4K, 2) => ktiles::tile_k::<ktiles::Q4K, 2>(job, i0, t),
+                    (QKind::Q4K, 3) => ktiles::tile_k::<ktiles::Q4K, 3>(job, i0, t),
+                    (QKind::Q4K, _) => ktiles::tile_k::<ktiles::Q4K, 4>(job, i0, t),
+                    (QKind::Q5K, 1) => ktiles::tile_k::<ktiles::Q5K, 1>(job, i0, t),
+                    (QKind::Q5K, 2) => ktiles::tile_k::<ktiles::Q5K, 2>(job, i0, t),
+                    (QKind::Q5K, 3) => ktiles::tile_k::<ktiles::Q5K, 3>(job, i0, t),
+                    (QKind::Q5K, _) => ktiles::tile_k::<ktiles::Q5K, 4>(job, i0, t),
+                    (QKind::Q6K, 1) => ktiles::tile_k::<ktiles::Q6K, 1>(job, i0, t),
+                    (QKind::Q6K, 2) => ktiles::tile_k::<ktiles::Q6K, 2>(job, i0, t),
+                    (QKind::Q6K, 3) => ktiles::tile_k::<ktiles::Q6K, 3>(job, i0, t),
+                    (QKind::Q6K, _) => ktiles::tile_k::<ktiles::Q6K, 4>(job, i0, t),
+                    (QKind::Q5_1, _) => unreachable!("never tiled for VNNI"),
                 }
             }
             i0 += mt;
         }
     }
 }
+
+mod ktiles;
 
 mod tiles {
     use std::arch::x86_64::*;

@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use super::super::high_bits;
 use crate::format::{QK, QK_K, QKind};
-use crate::tiled::{TiledMatmul, Tiling, k_header, k_sub_bytes};
+use crate::tiled::{TiledMatmul, Tiling};
 
 /// Rows per tile.
 const TILE: usize = 8;
@@ -297,7 +297,10 @@ unsafe fn tile_k<K: KTile, const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t:
     let nb = job.cols / QK_K;
     let blocks = job.cols / QK;
     let tb = Tiling::Avx2x8.block_bytes(K::KIND);
-    let (header, sub_bytes) = (k_header(K::KIND), k_sub_bytes(K::KIND));
+    let (header, sub_bytes) = (
+        Tiling::Avx2x8.k_header(K::KIND),
+        Tiling::Avx2x8.k_sub_bytes(K::KIND),
+    );
     // SAFETY (whole body): tile t has nb blocks of tb bytes in `data`, and
     // activation rows i0..i0+MT of `cols` i8 exist (matmul_q8 asserts).
     unsafe {
