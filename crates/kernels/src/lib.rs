@@ -45,7 +45,7 @@ pub use attention::{HeadShape, KvElem, RowJob, ScoreRule};
 pub use blocked::{BK, UnitBuf, UnitFn, UnitJob, first_packed_key};
 pub use dispatch::{attend_row, flash_unit, gelu_mul, silu_mul};
 pub use format::{Q8Acts, QKind};
-pub use matrix::{LayoutError, QMatrix, matmul_dense, q5_0_as_q5_1, run_units};
+pub use matrix::{Layout, LayoutError, QMatrix, matmul_dense, q5_0_as_q5_1, run_units};
 /// The portable build of the blocked attention unit, to check the SIMD
 /// builds against.
 pub use scalar::flash_unit as flash_unit_portable;

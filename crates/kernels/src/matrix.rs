@@ -101,9 +101,36 @@ impl OutPtr {
     }
 }
 
+/// Which kernel layout [`QMatrix::with_layout`] gives a matrix: for
+/// benchmarks that time one kernel against another in the same run.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// What [`QMatrix::new`] picks: the widest tiles this CPU runs.
+    Widest,
+    /// The 8-row AVX2 tiles, on any CPU with AVX2.
+    Avx2Tiles,
+    /// ggml's row-major blocks (the row-major int8 kernels, and
+    /// dequantize + f32 GEMM).
+    RowMajor,
+}
+
 impl QMatrix {
     /// Wraps ggml block bytes, row after row.
     pub fn new(kind: QKind, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, LayoutError> {
+        Self::with_layout(kind, rows, cols, data, Layout::Widest)
+    }
+
+    /// [`QMatrix::new`] with the layout chosen by the caller (falling back to
+    /// row-major where the layout does not fit this CPU or shape).
+    #[doc(hidden)]
+    pub fn with_layout(
+        kind: QKind,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+        layout: Layout,
+    ) -> Result<Self, LayoutError> {
         let block = kind.block_values();
         if !cols.is_multiple_of(block) {
             return Err(LayoutError::Columns { kind, cols, block });
@@ -121,7 +148,12 @@ impl QMatrix {
         // The widest tile layout this CPU's kernels read for this kind (the
         // AVX2 one also serves K-quants on AVX-512 CPUs); only the int8
         // kernels read tiles.
-        let tiling = [Tiling::Vnni16, Tiling::Avx2x8].into_iter().find(|tiling| {
+        let candidates: &[Tiling] = match layout {
+            Layout::Widest => &[Tiling::Vnni16, Tiling::Avx2x8],
+            Layout::Avx2Tiles => &[Tiling::Avx2x8],
+            Layout::RowMajor => &[],
+        };
+        let tiling = candidates.iter().copied().find(|tiling| {
             tiling.runs_on(level()) && tiling.holds(kind) && rows.is_multiple_of(tiling.rows())
         });
         let data = match tiling {
@@ -135,6 +167,22 @@ impl QMatrix {
             tiling,
             data,
         })
+    }
+
+    /// The layout's name, for benchmark reports.
+    #[doc(hidden)]
+    pub fn layout_name(&self) -> &'static str {
+        match self.tiling {
+            Some(Tiling::Vnni16) => "vnni16",
+            Some(Tiling::Avx2x8) => "avx2x8",
+            None => "row-major",
+        }
+    }
+
+    /// Bytes of the weights as stored (what one pass over them reads).
+    #[doc(hidden)]
+    pub fn stored_bytes(&self) -> usize {
+        self.data.len()
     }
 
     /// Whether the int8 kernel beats dequantize + f32 GEMM at every batch size.
