@@ -71,7 +71,7 @@ pub(crate) struct RowTile<'a> {
 
 /// Activations quantized to i8 per block of 32: `x ≈ d * q`, `s = d * sum(q)`.
 ///
-/// Where the K-quant VNNI tiles run (and rows are whole super-blocks), also
+/// Where the K-quant tiles run (and rows are whole super-blocks), also
 /// a second quantization with one step per 256 values (ggml's "Q8_K"):
 /// `x ≈ kd * kq`, with integer sums of `kq` per 16 and per 32 values. One
 /// step per super-block lets the tiles multiply the weights' sub-block

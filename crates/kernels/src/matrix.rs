@@ -225,8 +225,8 @@ impl QMatrix {
         let blocks = m * acts.blocks;
         assert!(acts.q.len() >= m * self.cols && out.len() >= m * self.rows);
         assert!(acts.d.len() >= blocks && acts.s.len() >= blocks);
-        if self.tiling == Some(Tiling::Vnni16) && self.kind.block_values() == QK_K {
-            // The K-quant VNNI tiles read the activations' `k*` fields.
+        if self.tiling.is_some() && self.kind.block_values() == QK_K {
+            // The K-quant tiles read the activations' `k*` fields.
             let sb = m * self.cols / QK_K;
             assert!(acts.has_k && acts.kq.len() >= m * self.cols && acts.kd.len() >= sb);
             assert!(acts.ksum16.len() >= 16 * sb && acts.ksum32.len() >= 8 * sb);
@@ -431,7 +431,8 @@ impl Q8Acts {
         self.s.resize(m * nb, 0.0);
         self.q.resize(m * k, 0);
         dispatch::quantize(&x[..m * k], &mut self.q, &mut self.d, &mut self.s);
-        self.has_k = k.is_multiple_of(QK_K) && Tiling::Vnni16.runs_on(level());
+        // Read by the K-quant tiles, which run wherever any tiles do.
+        self.has_k = k.is_multiple_of(QK_K) && Tiling::Avx2x8.runs_on(level());
         if self.has_k {
             self.quantize_k(x, m, k);
         }

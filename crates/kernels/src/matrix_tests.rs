@@ -85,7 +85,7 @@ fn every_tiling(w: &QMatrix) -> Vec<QMatrix> {
 
 /// Whether `w`'s kernel reads the activations with one step per super-block.
 fn uses_k_acts(w: &QMatrix) -> bool {
-    w.tiling == Some(Tiling::Vnni16) && w.kind.block_values() == QK_K
+    w.tiling.is_some() && w.kind.block_values() == QK_K
 }
 
 const K_KINDS: [QKind; 3] = [QKind::Q4K, QKind::Q5K, QKind::Q6K];

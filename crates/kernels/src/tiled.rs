@@ -25,9 +25,9 @@
 //!   header, then eight 32-value sub-blocks laid out like a Q4_1 block (4
 //!   groups of `4R` bytes, low nibble k = `8g + t`, high nibble `8g + 4 + t`)
 //!   followed by their high bits. Q4_K / Q5_K header: `d[R]`, `dmin[R]` f16,
-//!   the 6-bit scales as bytes `[sub-block][row]`, then the mins, as bytes
-//!   `[sub-block][row]` (AVX2) or `[sub-block / 2][row][sub-block % 2]`
-//!   (VNNI) (unpacked: 2.8% / 2.3% larger than ggml's). Q6_K header: `d[R]`
+//!   the 6-bit scales as bytes `[sub-block][row]`, then the mins as bytes
+//!   `[sub-block / 2][row][sub-block % 2]` (unpacked: 2.8% / 2.3% larger
+//!   than ggml's). Q6_K header: `d[R]`
 //!   f16, the i8 scales `[16-value half][row]` (same size as ggml's). Q5_K's
 //!   fifth bits: one `4R`-byte vector per sub-block, bit `2g` (k = `8g + t`)
 //!   and `2g + 1` (`8g + 4 + t`) of byte `row*4 + t`. Q6_K's top two bits:
@@ -35,7 +35,8 @@
 //!   `row*4 + t` for k = `16v + t`, `16v + 4 + t`, `16v + 8 + t`,
 //!   `16v + 12 + t`. Q6_K's quants are stored +32 (0..=63): AVX2 subtracts
 //!   it back, VNNI multiplies them unsigned and subtracts 32 times the
-//!   activation sums.
+//!   activation sums. Both kernels read activations with one step per
+//!   super-block ([`crate::Q8Acts`]'s `k*` fields).
 
 use crate::format::{Q8Acts, QK, QK_K, QKind};
 use crate::level::Level;
@@ -249,15 +250,12 @@ impl Tiling {
     }
 
     /// Where the min of sub-block `j`, row `rr` of a Q4_K / Q5_K tile block
-    /// sits: `[j][row]` for AVX2; for VNNI `[j / 2][row][j % 2]`, so that
-    /// one zero-extension to i16 gives each row's lane the pair of mins that
-    /// `vpdpwssd` multiplies with a pair of activation sums.
+    /// sits: `[j / 2][row][j % 2]`, so that one zero-extension to i16 gives
+    /// each row's lane the pair of mins that `vpmaddwd` / `vpdpwssd`
+    /// multiplies with a pair of activation sums.
     fn k_min_at(self, j: usize, rr: usize) -> usize {
         let rows = self.rows();
-        match self {
-            Self::Avx2x8 => 12 * rows + j * rows + rr,
-            Self::Vnni16 => 12 * rows + (j / 2) * 2 * rows + 2 * rr + j % 2,
-        }
+        12 * rows + (j / 2) * 2 * rows + 2 * rr + j % 2
     }
 
     /// Writes row `rr` of a ggml K-quant block into the tile block `dst`.
