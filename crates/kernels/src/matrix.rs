@@ -153,9 +153,10 @@ impl QMatrix {
             Layout::Avx2Tiles => &[Tiling::Avx2x8],
             Layout::RowMajor => &[],
         };
-        let tiling = candidates.iter().copied().find(|tiling| {
-            tiling.runs_on(level()) && tiling.holds(kind) && rows.is_multiple_of(tiling.rows())
-        });
+        let tiling = candidates
+            .iter()
+            .copied()
+            .find(|tiling| tiling.runs_on(level()) && rows.is_multiple_of(tiling.rows()));
         let data = match tiling {
             Some(tiling) => tiling.repack(kind, rows, cols, &data),
             None => data,

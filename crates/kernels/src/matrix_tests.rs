@@ -52,6 +52,16 @@ fn matrices() -> Vec<QMatrix> {
     // Q5_1 from candle's quantizer, row-major and tiled.
     out.push(candle_quantized(QKind::Q5_1, 42, 96, 9));
     out.extend(every_tiling(&candle_quantized(QKind::Q5_1, 48, 96, 10)));
+    // Q5_0, which loads as Q5_1.
+    let x = Tensor::from_vec(random(32 * 128, 11, 1.5), (32, 128), &Device::Cpu).unwrap();
+    let q5_0 = QTensor::quantize(&x, GgmlDType::Q5_0).unwrap();
+    out.extend(every_tiling(&QMatrix {
+        kind: QKind::Q5_1,
+        rows: 32,
+        cols: 128,
+        tiling: None,
+        data: q5_0_as_q5_1(&q5_0.data().unwrap()),
+    }));
     // K-quants as candle's quantizer writes them: 1 and 2 super-blocks per
     // row, row-major (42 rows) and in every tile layout this CPU runs (48
     // rows: 16-row VNNI tiles and 8-row AVX2 ones; 40 rows: AVX2 tiles only).
@@ -72,7 +82,7 @@ fn every_tiling(w: &QMatrix) -> Vec<QMatrix> {
     assert!(w.tiling.is_none());
     [Tiling::Vnni16, Tiling::Avx2x8]
         .into_iter()
-        .filter(|t| t.runs_on(level()) && t.holds(w.kind) && w.rows.is_multiple_of(t.rows()))
+        .filter(|t| t.runs_on(level()) && w.rows.is_multiple_of(t.rows()))
         .map(|tiling| QMatrix {
             kind: w.kind,
             rows: w.rows,
@@ -207,15 +217,13 @@ fn tiles_dequantize_like_the_row_major_layout() {
             data: q8_0_blocks(rows, cols),
         },
     ];
+    plain.push(candle_quantized(QKind::Q5_1, rows, cols, 43));
     for kind in K_KINDS {
         plain.push(candle_quantized(kind, rows, 512, 31));
     }
     for w in plain {
         let (kind, cols, data) = (w.kind, w.cols, &w.data);
         for tiling in [Tiling::Vnni16, Tiling::Avx2x8] {
-            if !tiling.holds(kind) {
-                continue;
-            }
             let tiles = tiling.repack(kind, rows, cols, data);
             let growth = tiles.len() as f64 / data.len() as f64;
             match kind {

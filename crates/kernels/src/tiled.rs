@@ -14,8 +14,7 @@
 //! Layout per (tile, block), tiles outermost, `R` rows per tile:
 //! - Q4_1: `d[R]` f16, `m[R]` f16, then 4 groups of `4R` bytes; byte
 //!   `g*4R + row*4 + t` holds k = `8g + t` (low nibble) and `8g + 4 + t` (high).
-//! - Q5_1 (AVX2 only, 8 rows): Q4_1's layout for the low 4 bits, then 32
-//!   bytes of fifth bits: bit `2g` (k = `8g + t`) and `2g + 1` (`8g + 4 + t`)
+//! - Q5_1: Q4_1's layout for the low 4 bits, then `4R` bytes of fifth bits: bit `2g` (k = `8g + t`) and `2g + 1` (`8g + 4 + t`)
 //!   of byte `row*4 + t`.
 //! - Q8_0: `d[R]` f16, then 8 groups of `4R` bytes; byte `g*4R + row*4 + t`
 //!   is `q[4g + t]`, stored `+ 128` (unsigned, as `vpdpbusd` wants, and
@@ -81,11 +80,6 @@ impl Tiling {
             Self::Vnni16 => level == Level::Avx512Vnni,
             Self::Avx2x8 => level != Level::Scalar,
         }
-    }
-
-    /// Whether this layout exists for `kind`.
-    pub(crate) fn holds(self, kind: QKind) -> bool {
-        kind != QKind::Q5_1 || self == Self::Avx2x8
     }
 
     /// Bytes of one block (32 values, or a 256-value K-quant super-block)

@@ -52,10 +52,14 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
             // SAFETY: forwarded from the caller.
             unsafe {
                 match (job.kind, mt) {
-                    (QKind::Q4_1, 1) => tiles::tile_q4_1::<1>(job, i0, t),
-                    (QKind::Q4_1, 2) => tiles::tile_q4_1::<2>(job, i0, t),
-                    (QKind::Q4_1, 3) => tiles::tile_q4_1::<3>(job, i0, t),
-                    (QKind::Q4_1, _) => tiles::tile_q4_1::<4>(job, i0, t),
+                    (QKind::Q4_1, 1) => tiles::tile_q4_1::<1, false>(job, i0, t),
+                    (QKind::Q4_1, 2) => tiles::tile_q4_1::<2, false>(job, i0, t),
+                    (QKind::Q4_1, 3) => tiles::tile_q4_1::<3, false>(job, i0, t),
+                    (QKind::Q4_1, _) => tiles::tile_q4_1::<4, false>(job, i0, t),
+                    (QKind::Q5_1, 1) => tiles::tile_q4_1::<1, true>(job, i0, t),
+                    (QKind::Q5_1, 2) => tiles::tile_q4_1::<2, true>(job, i0, t),
+                    (QKind::Q5_1, 3) => tiles::tile_q4_1::<3, true>(job, i0, t),
+                    (QKind::Q5_1, _) => tiles::tile_q4_1::<4, true>(job, i0, t),
                     (QKind::Q8_0, 1) => tiles::tile_q8_0::<1>(job, i0, t),
                     (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(job, i0, t),
                     (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(job, i0, t),
@@ -72,7 +76,6 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
                     (QKind::Q6K, 2) => ktiles::tile_k::<ktiles::Q6K, 2>(job, i0, t),
                     (QKind::Q6K, 3) => ktiles::tile_k::<ktiles::Q6K, 3>(job, i0, t),
                     (QKind::Q6K, _) => ktiles::tile_k::<ktiles::Q6K, 4>(job, i0, t),
-                    (QKind::Q5_1, _) => unreachable!("never tiled for VNNI"),
                 }
             }
             i0 += mt;
@@ -85,6 +88,7 @@ mod ktiles;
 mod tiles {
     use std::arch::x86_64::*;
 
+    use super::ktiles::high_bits;
     use super::{QK, TiledMatmul};
 
     /// Rows per tile.
@@ -139,8 +143,14 @@ mod tiles {
         }
     }
 
+    /// Q4_1 (`FIFTH` false) and Q5_1 (`FIFTH` true: each block's last 64
+    /// bytes hold the fifth bits): value = d * q + m.
     #[inline(always)]
-    pub(super) unsafe fn tile_q4_1<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+    pub(super) unsafe fn tile_q4_1<const MT: usize, const FIFTH: bool>(
+        job: &TiledMatmul<'_>,
+        i0: usize,
+        t: usize,
+    ) {
         let nb = job.cols / QK;
         let tb = super::Tiling::Vnni16.block_bytes(job.kind);
         // SAFETY (whole body): tile t has nb blocks of tb bytes in `data`, and
@@ -155,8 +165,13 @@ mod tiles {
                 let mut iacc = [_mm512_setzero_si512(); MT];
                 for g in 0..4 {
                     let raw = _mm512_loadu_si512(base.add(64 + g * 64) as *const _);
-                    let lo = _mm512_and_si512(raw, low);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+                    let mut lo = _mm512_and_si512(raw, low);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+                    if FIFTH {
+                        let top = base.add(64 + 4 * 64);
+                        lo = _mm512_or_si512(lo, high_bits(top, 2 * g, 1));
+                        hi = _mm512_or_si512(hi, high_bits(top, 2 * g + 1, 1));
+                    }
                     for (j, acc) in iacc.iter_mut().enumerate() {
                         let ap = job
                             .acts

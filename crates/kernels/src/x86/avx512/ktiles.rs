@@ -54,7 +54,7 @@ unsafe fn nibbles(p: *const u8) -> (__m512i, __m512i) {
 /// bit 4. The 16-bit shift never carries bits across bytes into the
 /// masked result.
 #[inline(always)]
-unsafe fn high_bits(p: *const u8, shift: usize, mask: i8) -> __m512i {
+pub(super) unsafe fn high_bits(p: *const u8, shift: usize, mask: i8) -> __m512i {
     // SAFETY: the caller guarantees 64 readable bytes at p.
     unsafe {
         let bits = _mm512_srl_epi16(
