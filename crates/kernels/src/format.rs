@@ -71,14 +71,17 @@ pub(crate) struct RowTile<'a> {
 
 /// Activations quantized to i8 per block of 32: `x ≈ d * q`, `s = d * sum(q)`.
 ///
-/// Where the K-quant tiles run (and rows are whole super-blocks), also
-/// a second quantization with one step per 256 values (ggml's "Q8_K"):
+/// For the K-quant tiles, instead or as well (`Q8Acts::quantize_for`), a
+/// quantization with one step per 256 values (ggml's "Q8_K"):
 /// `x ≈ kd * kq`, with integer sums of `kq` per 16 and per 32 values. One
 /// step per super-block lets the tiles multiply the weights' sub-block
 /// scales in integers, and turn mins into one integer dot per super-block.
 #[derive(Debug, Default)]
 pub struct Q8Acts {
+    /// Blocks of 32 values per row (of either quantization).
     pub(crate) blocks: usize,
+    /// Whether `d`, `s` and `q` hold the current rows.
+    pub(crate) has_32: bool,
     pub(crate) d: Vec<f32>,
     pub(crate) s: Vec<f32>,
     pub(crate) q: Vec<i8>,

@@ -219,18 +219,28 @@ impl QMatrix {
         dispatch::dequantize_row(Level::Scalar, self.kind, self.row(r), out);
     }
 
-    /// `out[m, rows] = x[m, cols] @ self^T` with int8 activations.
+    /// Whether the int8 kernel reads activations with one step per
+    /// super-block ([`Q8Acts::quantize_for`]) instead of per 32 values.
+    fn reads_k_acts(&self) -> bool {
+        self.tiling.is_some() && self.kind.block_values() == QK_K
+    }
+
+    /// `out[m, rows] = x[m, cols] @ self^T` with int8 activations, quantized
+    /// by [`Q8Acts::quantize_for`] with this matrix among `mats`.
     pub fn matmul_q8(&self, acts: &Q8Acts, m: usize, out: &mut [f32], parallel: bool) {
         assert_eq!(acts.blocks * QK, self.cols);
+        assert!(out.len() >= m * self.rows);
         // The kernels read these with unchecked loads: bound them all here.
-        let blocks = m * acts.blocks;
-        assert!(acts.q.len() >= m * self.cols && out.len() >= m * self.rows);
-        assert!(acts.d.len() >= blocks && acts.s.len() >= blocks);
-        if self.tiling.is_some() && self.kind.block_values() == QK_K {
-            // The K-quant tiles read the activations' `k*` fields.
+        if self.reads_k_acts() {
             let sb = m * self.cols / QK_K;
-            assert!(acts.has_k && acts.kq.len() >= m * self.cols && acts.kd.len() >= sb);
+            assert!(acts.has_k, "activations not quantized per super-block");
+            assert!(acts.kq.len() >= m * self.cols && acts.kd.len() >= sb);
             assert!(acts.ksum16.len() >= 16 * sb && acts.ksum32.len() >= 8 * sb);
+        } else {
+            let blocks = m * acts.blocks;
+            assert!(acts.has_32, "activations not quantized per 32 values");
+            assert!(acts.q.len() >= m * self.cols);
+            assert!(acts.d.len() >= blocks && acts.s.len() >= blocks);
         }
         if let Some(tiling) = self.tiling {
             let ptr = OutPtr(out.as_mut_ptr());
@@ -424,7 +434,8 @@ pub fn matmul_dense(
 }
 
 impl Q8Acts {
-    /// Quantizes `x[m, k]` (k a multiple of 32).
+    /// Quantizes `x[m, k]` (k a multiple of 32) per block of 32 values, for
+    /// every kernel but the K-quant tiles (see [`Q8Acts::quantize_for`]).
     pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
         let nb = k / QK;
         self.blocks = nb;
@@ -432,15 +443,43 @@ impl Q8Acts {
         self.s.resize(m * nb, 0.0);
         self.q.resize(m * k, 0);
         dispatch::quantize(&x[..m * k], &mut self.q, &mut self.d, &mut self.s);
-        // Read by the K-quant tiles, which run wherever any tiles do.
-        self.has_k = k.is_multiple_of(QK_K) && Tiling::Avx2x8.runs_on(level());
-        if self.has_k {
+        self.has_32 = true;
+        self.has_k = false;
+    }
+
+    /// Quantizes `x[m, k]` as the int8 kernels of `mats` (all `k` columns
+    /// wide) read it: per 32 values, per 256 (the K-quant tiles), or both.
+    /// Only what they read is computed, so a model without K-quants pays
+    /// nothing for them.
+    pub fn quantize_for<'a>(
+        &mut self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        mats: impl IntoIterator<Item = &'a QMatrix>,
+    ) {
+        let (mut per_32, mut per_256) = (false, false);
+        for w in mats {
+            if w.reads_k_acts() {
+                per_256 = true;
+            } else {
+                per_32 = true;
+            }
+        }
+        if per_32 {
+            self.quantize(x, m, k);
+        } else {
+            self.has_32 = false;
+        }
+        if per_256 {
             self.quantize_k(x, m, k);
         }
     }
 
-    /// Fills the `k*` fields: one step per 256 values.
+    /// Fills the `k*` fields: one step per 256 values (k a multiple of 256).
     pub(crate) fn quantize_k(&mut self, x: &[f32], m: usize, k: usize) {
+        assert!(k.is_multiple_of(QK_K));
+        self.blocks = k / QK;
         let sb = m * k / QK_K;
         self.kd.resize(sb, 0.0);
         self.kq.resize(m * k, 0);

@@ -284,12 +284,12 @@ fn batched_rows_match_single_rows() {
         let m = 7;
         let x = random(m * w.cols(), 41, 1.0);
         let mut acts = Q8Acts::default();
-        acts.quantize(&x, m, w.cols());
+        acts.quantize_for(&x, m, w.cols(), [&w]);
         let mut batched = vec![0f32; m * w.rows()];
         w.matmul_q8(&acts, m, &mut batched, true);
         for i in 0..m {
             let mut one = Q8Acts::default();
-            one.quantize(&x[i * w.cols()..(i + 1) * w.cols()], 1, w.cols());
+            one.quantize_for(&x[i * w.cols()..(i + 1) * w.cols()], 1, w.cols(), [&w]);
             let mut alone = vec![0f32; w.rows()];
             w.matmul_q8(&one, 1, &mut alone, true);
             assert_eq!(
@@ -368,7 +368,7 @@ fn matmuls_agree_with_dequantized_reference() {
                 w.dequantize_row(r, &mut dense[r * w.cols()..(r + 1) * w.cols()]);
             }
             let mut acts = Q8Acts::default();
-            acts.quantize(&x, m, w.cols());
+            acts.quantize_for(&x, m, w.cols(), [&w]);
             let mut int8 = vec![0f32; m * w.rows()];
             w.matmul_q8(&acts, m, &mut int8, true);
             let mut f32_out = vec![0f32; m * w.rows()];
@@ -424,5 +424,30 @@ fn matmuls_agree_with_dequantized_reference() {
                 }
             }
         }
+    }
+}
+
+/// A matrix refuses activations quantized for another kernel (the one
+/// step per 32 values a K-quant tile does not read, and the reverse)
+/// instead of reading stale values.
+#[test]
+fn activations_must_be_quantized_for_the_kernel() {
+    let plain = candle_quantized(QKind::Q4K, 16, 256, 47);
+    let x = random(256, 53, 1.0);
+    for w in every_tiling(&plain).into_iter().chain([plain]) {
+        let mut acts = Q8Acts::default();
+        let mut out = vec![0f32; 16];
+        acts.quantize_for(&x, 1, 256, [&w]);
+        w.matmul_q8(&acts, 1, &mut out, false);
+        if uses_k_acts(&w) {
+            acts.quantize(&x, 1, 256);
+        } else {
+            acts.quantize_k(&x, 1, 256);
+            acts.has_32 = false;
+        }
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            w.matmul_q8(&acts, 1, &mut out, false)
+        }));
+        assert!(refused.is_err(), "{:?}", w.tiling);
     }
 }
