@@ -6,9 +6,10 @@
 //! `cargo bench -p zinfer-kernels --bench kquant`; `KQ_THREADS` sets the
 //! kernels' pool (default 1: steadier on a shared machine), `KQ_REPEATS`
 //! the repeats (default 9), `KQ_KINDS` / `KQ_SHAPES` / `KQ_M` narrow the
-//! run (e.g. `q4k,q6k`, `2048x2048,8192x2048` and `1,64,128`). Each repeat runs every variant
-//! once, interleaved, so load from other processes falls on all of them;
-//! the figures are medians. One-row (decode) runs cycle through copies of
+//! run (e.g. `q4k,q6k`, `2048x2048,8192x2048` and `1,64,128`). Each
+//! repeat runs every variant once, interleaved and starting at another
+//! each time, so load from other processes falls on all of them; the
+//! figures are medians. One-row (decode) runs cycle through copies of
 //! the matrix totalling at least `KQ_STREAM_MB` (default 96), so the
 //! weights come from memory, not the 32 MB L3 (0: one copy, hot in cache,
 //! to time the kernels' own work); chunk (prefill) runs reuse one copy.
@@ -120,7 +121,12 @@ fn bench_matrix(
         let mut times = vec![Vec::new(); variants.len()];
         // One untimed round to warm caches, the pool and the scratch.
         for rep in 0..=repeats {
-            for (v, t) in variants.iter().zip(&mut times) {
+            // Each repeat starts at another variant, so none always runs
+            // first (after another variant's pass evicted the caches).
+            let n = variants.len();
+            for k in 0..n {
+                let at = (rep + k) % n;
+                let (v, t) = (&variants[at], &mut times[at]);
                 let start = Instant::now();
                 for w in &v.mats {
                     if v.f32_gemm {
