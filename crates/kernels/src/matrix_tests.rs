@@ -281,7 +281,7 @@ fn k_quantizers_agree() {
 #[test]
 fn batched_rows_match_single_rows() {
     for w in matrices().into_iter().filter(|w| w.tiling.is_some()) {
-        let m = 7;
+        let m = 11;
         let x = random(m * w.cols(), 41, 1.0);
         let mut acts = Q8Acts::default();
         acts.quantize_for(&x, m, w.cols(), [&w]);
@@ -361,7 +361,7 @@ fn matmuls_agree_with_dequantized_reference() {
         level() != Level::Scalar
     );
     for w in all {
-        for m in [1, 2, 3, 4, 5, 7] {
+        for m in [1, 2, 3, 4, 5, 7, 8, 11] {
             let x = random(m * w.cols(), 11 + m as u32, 1.0);
             let mut dense = vec![0f32; w.rows() * w.cols()];
             for r in 0..w.rows() {

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use super::{Dot, tile_any};
 use crate::attention::{KvElem, RowJob};
-use crate::format::{QK, QKind, RowTile, TileOut};
+use crate::format::{QK, QK_K, QKind, RowTile, TileOut};
 use crate::scalar;
 use crate::tiled::{TiledMatmul, Tiling};
 
@@ -36,6 +36,8 @@ pub(crate) unsafe fn attend_row<T: KvElem>(
 
 /// Most activation rows per pass over a weight tile.
 const ACT_TILE: usize = 4;
+/// Activation rows per pass over a K-quant weight tile, where there are as many.
+const K_ACT_TILE: usize = 8;
 
 /// `out[i, 16t..16t+16]` for every activation row `i < m` and tile `t` in `tiles`.
 ///
@@ -48,7 +50,13 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
     for t in tiles {
         let mut i0 = 0;
         while i0 < job.m {
-            let mt = ACT_TILE.min(job.m - i0);
+            let left = job.m - i0;
+            // K-quant tiles unpack more per weight byte: shared by 8 rows.
+            let mt = if job.kind.block_values() == QK_K && left >= K_ACT_TILE {
+                K_ACT_TILE
+            } else {
+                ACT_TILE.min(left)
+            };
             // SAFETY: forwarded from the caller.
             unsafe {
                 match (job.kind, mt) {
@@ -67,14 +75,23 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
                     (QKind::Q4K, 1) => ktiles::tile_k::<ktiles::Q4K, 1>(job, i0, t),
                     (QKind::Q4K, 2) => ktiles::tile_k::<ktiles::Q4K, 2>(job, i0, t),
                     (QKind::Q4K, 3) => ktiles::tile_k::<ktiles::Q4K, 3>(job, i0, t),
+                    (QKind::Q4K, K_ACT_TILE) => {
+                        ktiles::tile_k::<ktiles::Q4K, K_ACT_TILE>(job, i0, t)
+                    }
                     (QKind::Q4K, _) => ktiles::tile_k::<ktiles::Q4K, 4>(job, i0, t),
                     (QKind::Q5K, 1) => ktiles::tile_k::<ktiles::Q5K, 1>(job, i0, t),
                     (QKind::Q5K, 2) => ktiles::tile_k::<ktiles::Q5K, 2>(job, i0, t),
                     (QKind::Q5K, 3) => ktiles::tile_k::<ktiles::Q5K, 3>(job, i0, t),
+                    (QKind::Q5K, K_ACT_TILE) => {
+                        ktiles::tile_k::<ktiles::Q5K, K_ACT_TILE>(job, i0, t)
+                    }
                     (QKind::Q5K, _) => ktiles::tile_k::<ktiles::Q5K, 4>(job, i0, t),
                     (QKind::Q6K, 1) => ktiles::tile_k::<ktiles::Q6K, 1>(job, i0, t),
                     (QKind::Q6K, 2) => ktiles::tile_k::<ktiles::Q6K, 2>(job, i0, t),
                     (QKind::Q6K, 3) => ktiles::tile_k::<ktiles::Q6K, 3>(job, i0, t),
+                    (QKind::Q6K, K_ACT_TILE) => {
+                        ktiles::tile_k::<ktiles::Q6K, K_ACT_TILE>(job, i0, t)
+                    }
                     (QKind::Q6K, _) => ktiles::tile_k::<ktiles::Q6K, 4>(job, i0, t),
                 }
             }
