@@ -59,7 +59,7 @@ pub fn flash_unit() -> UnitFn {
     scalar::flash_unit
 }
 
-/// Quantizes activations to i8 blocks ([`Q8Acts`]).
+/// Quantizes activations to i8 blocks ([`crate::Q8Acts`]).
 pub(super) fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if level() != Level::Scalar {
@@ -68,6 +68,23 @@ pub(super) fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
         return;
     }
     scalar::quantize(x, q, d, s);
+}
+
+/// Quantizes activations to i8 with one step per 256 values ([`crate::Q8Acts`]'s `k*` fields).
+pub(super) fn quantize_k(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    sum16: &mut [i16],
+    sum32: &mut [i16],
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        // SAFETY: AVX2/FMA were detected at run time.
+        unsafe { avx2::quantize_k(x, q, d, sum16, sum32) };
+        return;
+    }
+    scalar::quantize_k(x, q, d, sum16, sum32);
 }
 
 /// One ggml-layout weight row as f32, built for `lvl` (at most [`level`]).

@@ -70,10 +70,28 @@ pub(crate) struct RowTile<'a> {
 }
 
 /// Activations quantized to i8 per block of 32: `x ≈ d * q`, `s = d * sum(q)`.
+///
+/// For the K-quant tiles, instead or as well (`Q8Acts::quantize_for`), a
+/// quantization with one step per 256 values (ggml's "Q8_K"):
+/// `x ≈ kd * kq`, with integer sums of `kq` per 16 and per 32 values. One
+/// step per super-block lets the tiles multiply the weights' sub-block
+/// scales in integers, and turn mins into one integer dot per super-block.
 #[derive(Debug, Default)]
 pub struct Q8Acts {
+    /// Blocks of 32 values per row (of either quantization).
     pub(crate) blocks: usize,
+    /// Whether `d`, `s` and `q` hold the current rows.
+    pub(crate) has_32: bool,
     pub(crate) d: Vec<f32>,
     pub(crate) s: Vec<f32>,
     pub(crate) q: Vec<i8>,
+    /// Whether `kd`, `kq`, `ksum16` and `ksum32` hold the current rows.
+    pub(crate) has_k: bool,
+    /// One step per 256 values.
+    pub(crate) kd: Vec<f32>,
+    pub(crate) kq: Vec<i8>,
+    /// `sum(kq)` per 16 values (at most 16 * 127).
+    pub(crate) ksum16: Vec<i16>,
+    /// `sum(kq)` per 32 values (at most 32 * 127).
+    pub(crate) ksum32: Vec<i16>,
 }

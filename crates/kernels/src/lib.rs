@@ -17,10 +17,12 @@
 //!   picks each kernel's build.
 //!
 //! The int8 path follows ggml: activations are quantized per block of 32 to
-//! i8 with an f32 scale, weight nibbles (Q4_1) or bytes (Q8_0) are multiplied
-//! with `maddubs` (AVX2) or `vpdpbusd` (AVX-512 VNNI), and each weight row is
-//! reused for up to four activation rows while it sits in L1, so a batch of
-//! decode tokens reads the weights once.
+//! i8 with an f32 scale (per 256 for K-quant weights, with integer sums per
+//! 16 and 32, so sub-block scales and mins apply in integers), weight
+//! nibbles or bytes are multiplied with `maddubs` (AVX2) or `vpdpbusd`
+//! (AVX-512 VNNI), and each weight tile is reused for up to four (K-quants:
+//! eight) activation rows while it sits in L1, so a batch of decode tokens
+//! or a prefill chunk reads the weights once.
 //!
 //! This is the one crate that uses `unsafe`: SIMD intrinsics behind
 //! runtime feature checks, and raw output pointers whose disjointness is
@@ -45,7 +47,7 @@ pub use attention::{HeadShape, KvElem, RowJob, ScoreRule};
 pub use blocked::{BK, UnitBuf, UnitFn, UnitJob, first_packed_key};
 pub use dispatch::{attend_row, flash_unit, gelu_mul, silu_mul};
 pub use format::{Q8Acts, QKind};
-pub use matrix::{LayoutError, QMatrix, matmul_dense, q5_0_as_q5_1, run_units};
+pub use matrix::{Layout, LayoutError, QMatrix, matmul_dense, q5_0_as_q5_1, run_units};
 /// The portable build of the blocked attention unit, to check the SIMD
 /// builds against.
 pub use scalar::flash_unit as flash_unit_portable;

@@ -6,7 +6,7 @@
 use std::ops::Range;
 
 use crate::dispatch;
-use crate::format::{ACT_TILE, Q8Acts, QK, QKind, ROW_TILE, RowTile, TileOut};
+use crate::format::{ACT_TILE, Q8Acts, QK, QK_K, QKind, ROW_TILE, RowTile, TileOut};
 use crate::level::{Level, level};
 use crate::tiled::{TiledMatmul, Tiling};
 
@@ -101,9 +101,36 @@ impl OutPtr {
     }
 }
 
+/// Which kernel layout [`QMatrix::with_layout`] gives a matrix: for
+/// benchmarks that time one kernel against another in the same run.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// What [`QMatrix::new`] picks: the widest tiles this CPU runs.
+    Widest,
+    /// The 8-row AVX2 tiles, on any CPU with AVX2.
+    Avx2Tiles,
+    /// ggml's row-major blocks (the row-major int8 kernels, and
+    /// dequantize + f32 GEMM).
+    RowMajor,
+}
+
 impl QMatrix {
     /// Wraps ggml block bytes, row after row.
     pub fn new(kind: QKind, rows: usize, cols: usize, data: Vec<u8>) -> Result<Self, LayoutError> {
+        Self::with_layout(kind, rows, cols, data, Layout::Widest)
+    }
+
+    /// [`QMatrix::new`] with the layout chosen by the caller (falling back to
+    /// row-major where the layout does not fit this CPU or shape).
+    #[doc(hidden)]
+    pub fn with_layout(
+        kind: QKind,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+        layout: Layout,
+    ) -> Result<Self, LayoutError> {
         let block = kind.block_values();
         if !cols.is_multiple_of(block) {
             return Err(LayoutError::Columns { kind, cols, block });
@@ -121,9 +148,15 @@ impl QMatrix {
         // The widest tile layout this CPU's kernels read for this kind (the
         // AVX2 one also serves K-quants on AVX-512 CPUs); only the int8
         // kernels read tiles.
-        let tiling = [Tiling::Vnni16, Tiling::Avx2x8].into_iter().find(|tiling| {
-            tiling.runs_on(level()) && tiling.holds(kind) && rows.is_multiple_of(tiling.rows())
-        });
+        let candidates: &[Tiling] = match layout {
+            Layout::Widest => &[Tiling::Vnni16, Tiling::Avx2x8],
+            Layout::Avx2Tiles => &[Tiling::Avx2x8],
+            Layout::RowMajor => &[],
+        };
+        let tiling = candidates
+            .iter()
+            .copied()
+            .find(|tiling| tiling.runs_on(level()) && rows.is_multiple_of(tiling.rows()));
         let data = match tiling {
             Some(tiling) => tiling.repack(kind, rows, cols, &data),
             None => data,
@@ -135,6 +168,22 @@ impl QMatrix {
             tiling,
             data,
         })
+    }
+
+    /// The layout's name, for benchmark reports.
+    #[doc(hidden)]
+    pub fn layout_name(&self) -> &'static str {
+        match self.tiling {
+            Some(Tiling::Vnni16) => "vnni16",
+            Some(Tiling::Avx2x8) => "avx2x8",
+            None => "row-major",
+        }
+    }
+
+    /// Bytes of the weights as stored (what one pass over them reads).
+    #[doc(hidden)]
+    pub fn stored_bytes(&self) -> usize {
+        self.data.len()
     }
 
     /// Whether the int8 kernel beats dequantize + f32 GEMM at every batch size.
@@ -170,13 +219,29 @@ impl QMatrix {
         dispatch::dequantize_row(Level::Scalar, self.kind, self.row(r), out);
     }
 
-    /// `out[m, rows] = x[m, cols] @ self^T` with int8 activations.
+    /// Whether the int8 kernel reads activations with one step per
+    /// super-block ([`Q8Acts::quantize_for`]) instead of per 32 values.
+    fn reads_k_acts(&self) -> bool {
+        self.tiling.is_some() && self.kind.block_values() == QK_K
+    }
+
+    /// `out[m, rows] = x[m, cols] @ self^T` with int8 activations, quantized
+    /// by [`Q8Acts::quantize_for`] with this matrix among `mats`.
     pub fn matmul_q8(&self, acts: &Q8Acts, m: usize, out: &mut [f32], parallel: bool) {
         assert_eq!(acts.blocks * QK, self.cols);
+        assert!(out.len() >= m * self.rows);
         // The kernels read these with unchecked loads: bound them all here.
-        let blocks = m * acts.blocks;
-        assert!(acts.q.len() >= m * self.cols && out.len() >= m * self.rows);
-        assert!(acts.d.len() >= blocks && acts.s.len() >= blocks);
+        if self.reads_k_acts() {
+            let sb = m * self.cols / QK_K;
+            assert!(acts.has_k, "activations not quantized per super-block");
+            assert!(acts.kq.len() >= m * self.cols && acts.kd.len() >= sb);
+            assert!(acts.ksum16.len() >= 16 * sb && acts.ksum32.len() >= 8 * sb);
+        } else {
+            let blocks = m * acts.blocks;
+            assert!(acts.has_32, "activations not quantized per 32 values");
+            assert!(acts.q.len() >= m * self.cols);
+            assert!(acts.d.len() >= blocks && acts.s.len() >= blocks);
+        }
         if let Some(tiling) = self.tiling {
             let ptr = OutPtr(out.as_mut_ptr());
             run_units(
@@ -369,7 +434,8 @@ pub fn matmul_dense(
 }
 
 impl Q8Acts {
-    /// Quantizes `x[m, k]` (k a multiple of 32).
+    /// Quantizes `x[m, k]` (k a multiple of 32) per block of 32 values, for
+    /// every kernel but the K-quant tiles (see [`Q8Acts::quantize_for`]).
     pub fn quantize(&mut self, x: &[f32], m: usize, k: usize) {
         let nb = k / QK;
         self.blocks = nb;
@@ -377,6 +443,56 @@ impl Q8Acts {
         self.s.resize(m * nb, 0.0);
         self.q.resize(m * k, 0);
         dispatch::quantize(&x[..m * k], &mut self.q, &mut self.d, &mut self.s);
+        self.has_32 = true;
+        self.has_k = false;
+    }
+
+    /// Quantizes `x[m, k]` as the int8 kernels of `mats` (all `k` columns
+    /// wide) read it: per 32 values, per 256 (the K-quant tiles), or both.
+    /// Only what they read is computed, so a model without K-quants pays
+    /// nothing for them.
+    pub fn quantize_for<'a>(
+        &mut self,
+        x: &[f32],
+        m: usize,
+        k: usize,
+        mats: impl IntoIterator<Item = &'a QMatrix>,
+    ) {
+        let (mut per_32, mut per_256) = (false, false);
+        for w in mats {
+            if w.reads_k_acts() {
+                per_256 = true;
+            } else {
+                per_32 = true;
+            }
+        }
+        if per_32 {
+            self.quantize(x, m, k);
+        } else {
+            self.has_32 = false;
+        }
+        if per_256 {
+            self.quantize_k(x, m, k);
+        }
+    }
+
+    /// Fills the `k*` fields: one step per 256 values (k a multiple of 256).
+    pub(crate) fn quantize_k(&mut self, x: &[f32], m: usize, k: usize) {
+        assert!(k.is_multiple_of(QK_K));
+        self.blocks = k / QK;
+        let sb = m * k / QK_K;
+        self.kd.resize(sb, 0.0);
+        self.kq.resize(m * k, 0);
+        self.ksum16.resize(sb * 16, 0);
+        self.ksum32.resize(sb * 8, 0);
+        dispatch::quantize_k(
+            &x[..m * k],
+            &mut self.kq,
+            &mut self.kd,
+            &mut self.ksum16,
+            &mut self.ksum32,
+        );
+        self.has_k = true;
     }
 }
 

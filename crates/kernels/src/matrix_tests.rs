@@ -51,14 +51,51 @@ fn matrices() -> Vec<QMatrix> {
     }
     // Q5_1 from candle's quantizer, row-major and tiled.
     out.push(candle_quantized(QKind::Q5_1, 42, 96, 9));
-    out.push(candle_quantized(QKind::Q5_1, 48, 96, 10));
-    // K-quants as candle's quantizer writes them: 2 super-blocks per row,
-    // row-major (42 rows) and tiled where this CPU has a kernel (48 rows).
+    out.extend(every_tiling(&candle_quantized(QKind::Q5_1, 48, 96, 10)));
+    // Q5_0, which loads as Q5_1.
+    let x = Tensor::from_vec(random(32 * 128, 11, 1.5), (32, 128), &Device::Cpu).unwrap();
+    let q5_0 = QTensor::quantize(&x, GgmlDType::Q5_0).unwrap();
+    out.extend(every_tiling(&QMatrix {
+        kind: QKind::Q5_1,
+        rows: 32,
+        cols: 128,
+        tiling: None,
+        data: q5_0_as_q5_1(&q5_0.data().unwrap()),
+    }));
+    // K-quants as candle's quantizer writes them: 1 and 2 super-blocks per
+    // row, row-major (42 rows) and in every tile layout this CPU runs (48
+    // rows: 16-row VNNI tiles and 8-row AVX2 ones; 40 rows: AVX2 tiles only).
     for kind in K_KINDS {
         out.push(candle_quantized(kind, 42, 512, 13));
-        out.push(candle_quantized(kind, 48, 512, 17));
+        for (rows, cols, seed) in [(48, 512, 17), (48, 256, 19), (40, 768, 29)] {
+            let plain = candle_quantized(kind, rows, cols, seed);
+            out.extend(every_tiling(&plain));
+        }
     }
     out
+}
+
+/// Row-major `w` repacked into each tile layout this CPU runs that fits
+/// its rows: [`QMatrix::new`] keeps only the widest, so this is how the
+/// narrower kernels are tested on wider CPUs.
+fn every_tiling(w: &QMatrix) -> Vec<QMatrix> {
+    assert!(w.tiling.is_none());
+    [Tiling::Vnni16, Tiling::Avx2x8]
+        .into_iter()
+        .filter(|t| t.runs_on(level()) && w.rows.is_multiple_of(t.rows()))
+        .map(|tiling| QMatrix {
+            kind: w.kind,
+            rows: w.rows,
+            cols: w.cols,
+            tiling: Some(tiling),
+            data: tiling.repack(w.kind, w.rows, w.cols, &w.data),
+        })
+        .collect()
+}
+
+/// Whether `w`'s kernel reads the activations with one step per super-block.
+fn uses_k_acts(w: &QMatrix) -> bool {
+    w.tiling.is_some() && w.kind.block_values() == QK_K
 }
 
 const K_KINDS: [QKind; 3] = [QKind::Q4K, QKind::Q5K, QKind::Q6K];
@@ -79,7 +116,13 @@ fn ggml_dtype(kind: QKind) -> GgmlDType {
 fn candle_quantized(kind: QKind, rows: usize, cols: usize, seed: u32) -> QMatrix {
     let x = Tensor::from_vec(random(rows * cols, seed, 1.5), (rows, cols), &Device::Cpu).unwrap();
     let qt = QTensor::quantize(&x, ggml_dtype(kind)).unwrap();
-    QMatrix::new(kind, rows, cols, qt.data().unwrap().into_owned()).unwrap()
+    QMatrix {
+        kind,
+        rows,
+        cols,
+        tiling: None,
+        data: qt.data().unwrap().into_owned(),
+    }
 }
 
 /// Block for block, our dequantization of K-quants (scalar and SIMD)
@@ -152,31 +195,110 @@ fn q5_blocks_dequantize_like_candle() {
     }
 }
 
-/// Both tile layouts (whichever this CPU runs) hold exactly the values of
-/// the row-major blocks they were repacked from.
+/// Both tile layouts hold exactly the values of the row-major blocks they
+/// were repacked from (repacking runs on any CPU); Q4_1 and Q8_0 tiles keep
+/// the size, K-quant ones grow only by their unpacked scales.
 #[test]
 fn tiles_dequantize_like_the_row_major_layout() {
     let (rows, cols) = (48, 96);
-    for (kind, data) in [
-        (QKind::Q4_1, q4_1_blocks(rows, cols)),
-        (QKind::Q8_0, q8_0_blocks(rows, cols)),
-    ] {
-        let plain = QMatrix {
-            kind,
+    let mut plain = vec![
+        QMatrix {
+            kind: QKind::Q4_1,
             rows,
             cols,
             tiling: None,
-            data: data.clone(),
-        };
+            data: q4_1_blocks(rows, cols),
+        },
+        QMatrix {
+            kind: QKind::Q8_0,
+            rows,
+            cols,
+            tiling: None,
+            data: q8_0_blocks(rows, cols),
+        },
+    ];
+    plain.push(candle_quantized(QKind::Q5_1, rows, cols, 43));
+    for kind in K_KINDS {
+        plain.push(candle_quantized(kind, rows, 512, 31));
+    }
+    for w in plain {
+        let (kind, cols, data) = (w.kind, w.cols, &w.data);
         for tiling in [Tiling::Vnni16, Tiling::Avx2x8] {
-            let tiles = tiling.repack(kind, rows, cols, &data);
-            assert_eq!(tiles.len(), data.len(), "{tiling:?} keeps the size");
+            let tiles = tiling.repack(kind, rows, cols, data);
+            let growth = tiles.len() as f64 / data.len() as f64;
+            match kind {
+                QKind::Q4K => assert!((growth - 148.0 / 144.0).abs() < 1e-9, "{growth}"),
+                QKind::Q5K => assert!((growth - 180.0 / 176.0).abs() < 1e-9, "{growth}"),
+                _ => assert_eq!(
+                    tiles.len(),
+                    data.len(),
+                    "{kind:?} {tiling:?} keeps the size"
+                ),
+            }
             let (mut want, mut got) = (vec![0f32; cols], vec![0f32; cols]);
             for r in 0..rows {
-                plain.dequantize_row(r, &mut want);
+                w.dequantize_row(r, &mut want);
                 tiling.dequantize_row(kind, cols, &tiles, r, &mut got);
                 assert_eq!(got, want, "{kind:?} {tiling:?} row {r}");
             }
+        }
+    }
+}
+
+/// The one-step-per-super-block quantizer (the build this CPU runs and the
+/// portable one) gives the same bytes, steps and sums, and the sums are
+/// those of the bytes.
+#[test]
+fn k_quantizers_agree() {
+    let (m, k) = (3, 512);
+    let mut x = random(m * k, 37, 3.0);
+    x[256..512].fill(0.0);
+    let mut acts = Q8Acts::default();
+    acts.quantize_k(&x, m, k);
+    let sb = m * k / QK_K;
+    let (mut q, mut d) = (vec![0i8; m * k], vec![0f32; sb]);
+    let (mut s16, mut s32) = (vec![0i16; 16 * sb], vec![0i16; 8 * sb]);
+    scalar::quantize_k(&x, &mut q, &mut d, &mut s16, &mut s32);
+    assert_eq!((&acts.kq, &acts.kd), (&q, &d));
+    assert_eq!((&acts.ksum16, &acts.ksum32), (&s16, &s32));
+    assert_eq!(d[1], 0.0);
+    for (chunk, &sum) in q.chunks_exact(16).zip(&s16) {
+        assert_eq!(
+            chunk.iter().map(|&v| i32::from(v)).sum::<i32>(),
+            i32::from(sum)
+        );
+    }
+    for (i, &v) in x.iter().enumerate() {
+        let step = d[i / QK_K];
+        assert!((f32::from(q[i]) * step - v).abs() <= 0.5 * step * 1.0001);
+    }
+}
+
+/// In the tiled kernels a row's result does not depend on its batch mates:
+/// each activation row of a batch gives, to the bit, what it gives alone.
+/// (The row-major K-quant kernels have a one-row build that sums in
+/// another order, so they agree only to rounding.)
+#[test]
+fn batched_rows_match_single_rows() {
+    for w in matrices().into_iter().filter(|w| w.tiling.is_some()) {
+        let m = 11;
+        let x = random(m * w.cols(), 41, 1.0);
+        let mut acts = Q8Acts::default();
+        acts.quantize_for(&x, m, w.cols(), [&w]);
+        let mut batched = vec![0f32; m * w.rows()];
+        w.matmul_q8(&acts, m, &mut batched, true);
+        for i in 0..m {
+            let mut one = Q8Acts::default();
+            one.quantize_for(&x[i * w.cols()..(i + 1) * w.cols()], 1, w.cols(), [&w]);
+            let mut alone = vec![0f32; w.rows()];
+            w.matmul_q8(&one, 1, &mut alone, true);
+            assert_eq!(
+                alone,
+                batched[i * w.rows()..(i + 1) * w.rows()],
+                "{:?} {:?} row {i}",
+                w.kind,
+                w.tiling
+            );
         }
     }
 }
@@ -239,14 +361,14 @@ fn matmuls_agree_with_dequantized_reference() {
         level() != Level::Scalar
     );
     for w in all {
-        for m in [1, 2, 3, 4, 5, 7] {
+        for m in [1, 2, 3, 4, 5, 7, 8, 11] {
             let x = random(m * w.cols(), 11 + m as u32, 1.0);
             let mut dense = vec![0f32; w.rows() * w.cols()];
             for r in 0..w.rows() {
                 w.dequantize_row(r, &mut dense[r * w.cols()..(r + 1) * w.cols()]);
             }
             let mut acts = Q8Acts::default();
-            acts.quantize(&x, m, w.cols());
+            acts.quantize_for(&x, m, w.cols(), [&w]);
             let mut int8 = vec![0f32; m * w.rows()];
             w.matmul_q8(&acts, m, &mut int8, true);
             let mut f32_out = vec![0f32; m * w.rows()];
@@ -263,7 +385,11 @@ fn matmuls_agree_with_dequantized_reference() {
                     // standard deviations of the sum.
                     let var: f64 = (0..w.cols())
                         .map(|c| {
-                            let d = acts.d[i * acts.blocks + c / QK];
+                            let d = if uses_k_acts(&w) {
+                                acts.kd[(i * w.cols() + c) / QK_K]
+                            } else {
+                                acts.d[i * acts.blocks + c / QK]
+                            };
                             (f64::from(dense[r * w.cols() + c]) * f64::from(d)).powi(2) / 12.0
                         })
                         .sum();
@@ -298,5 +424,30 @@ fn matmuls_agree_with_dequantized_reference() {
                 }
             }
         }
+    }
+}
+
+/// A matrix refuses activations quantized for another kernel (the one
+/// step per 32 values a K-quant tile does not read, and the reverse)
+/// instead of reading stale values.
+#[test]
+fn activations_must_be_quantized_for_the_kernel() {
+    let plain = candle_quantized(QKind::Q4K, 16, 256, 47);
+    let x = random(256, 53, 1.0);
+    for w in every_tiling(&plain).into_iter().chain([plain]) {
+        let mut acts = Q8Acts::default();
+        let mut out = vec![0f32; 16];
+        acts.quantize_for(&x, 1, 256, [&w]);
+        w.matmul_q8(&acts, 1, &mut out, false);
+        if uses_k_acts(&w) {
+            acts.quantize(&x, 1, 256);
+        } else {
+            acts.quantize_k(&x, 1, 256);
+            acts.has_32 = false;
+        }
+        let refused = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            w.matmul_q8(&acts, 1, &mut out, false)
+        }));
+        assert!(refused.is_err(), "{:?}", w.tiling);
     }
 }

@@ -32,6 +32,52 @@ pub(super) fn quantize(x: &[f32], q: &mut [i8], d: &mut [f32], s: &mut [f32]) {
     }
 }
 
+/// Quantizes `x` to i8 with one step per 256 values (the K-quant tiles'
+/// activations, [`Q8Acts`]'s `k*` fields), the per-32 quantizer's rounding.
+#[inline(always)]
+pub(super) fn quantize_k(
+    x: &[f32],
+    q: &mut [i8],
+    d: &mut [f32],
+    sum16: &mut [i16],
+    sum32: &mut [i16],
+) {
+    let chunks = x
+        .chunks_exact(QK_K)
+        .zip(q.chunks_exact_mut(QK_K))
+        .zip(d)
+        .zip(sum16.chunks_exact_mut(16))
+        .zip(sum32.chunks_exact_mut(8));
+    for ((((xs, qs), d), s16), s32) in chunks {
+        let mut amax = [0f32; 8];
+        for c in xs.chunks_exact(8) {
+            for (a, v) in amax.iter_mut().zip(c) {
+                *a = a.max(v.abs());
+            }
+        }
+        let scale = amax.iter().fold(0f32, |a, &v| a.max(v)) / 127.0;
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        for ((qc, xc), s) in qs
+            .chunks_exact_mut(16)
+            .zip(xs.chunks_exact(16))
+            .zip(s16.iter_mut())
+        {
+            let mut sum = 0i32;
+            for (qv, &v) in qc.iter_mut().zip(xc) {
+                let r = (v * inv).round_ties_even() as i32;
+                *qv = r as i8;
+                sum += r;
+            }
+            // |sum| <= 16 * 127.
+            *s = sum as i16;
+        }
+        for (s, pair) in s32.iter_mut().zip(s16.chunks_exact(2)) {
+            *s = pair[0] + pair[1];
+        }
+        *d = scale;
+    }
+}
+
 pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
 }

@@ -14,25 +14,28 @@
 //! Layout per (tile, block), tiles outermost, `R` rows per tile:
 //! - Q4_1: `d[R]` f16, `m[R]` f16, then 4 groups of `4R` bytes; byte
 //!   `g*4R + row*4 + t` holds k = `8g + t` (low nibble) and `8g + 4 + t` (high).
-//! - Q5_1 (AVX2 only, 8 rows): Q4_1's layout for the low 4 bits, then 32
-//!   bytes of fifth bits: bit `2g` (k = `8g + t`) and `2g + 1` (`8g + 4 + t`)
+//! - Q5_1: Q4_1's layout for the low 4 bits, then `4R` bytes of fifth bits: bit `2g` (k = `8g + t`) and `2g + 1` (`8g + 4 + t`)
 //!   of byte `row*4 + t`.
 //! - Q8_0: `d[R]` f16, then 8 groups of `4R` bytes; byte `g*4R + row*4 + t`
 //!   is `q[4g + t]`, stored `+ 128` (unsigned, as `vpdpbusd` wants, and
 //!   corrected with the activation block sums) for VNNI and signed for AVX2
 //!   (whose `maddubs` would saturate on unsigned bytes; it uses the sign trick).
-//! - K-quants (AVX2 only, 8 rows): per 256-value super-block a header, then
-//!   eight 32-value sub-blocks laid out like a Q4_1 block (4 groups of 32
-//!   bytes, low nibble k = `8g + t`, high nibble `8g + 4 + t`) followed by
-//!   their high bits. Q4_K / Q5_K header: `d[8]`, `dmin[8]` f16, the 6-bit
-//!   scales and mins as bytes `[sub-block][row]` (unpacked: 2.8% / 2.3%
-//!   larger than ggml's). Q6_K header: `d[8]` f16, the i8 scales
-//!   `[16-value half][row]` (same size as ggml's). Q5_K's fifth bits: one
-//!   32-byte vector per sub-block, bit `2g` (k = `8g + t`) and `2g + 1`
-//!   (`8g + 4 + t`) of byte `row*4 + t`. Q6_K's top two bits: two 32-byte
-//!   vectors `v` per sub-block, bit pairs `0, 2, 4, 6` of byte `row*4 + t`
-//!   for k = `16v + t`, `16v + 4 + t`, `16v + 8 + t`, `16v + 12 + t`. Q6_K's
-//!   quants are stored +32 (0..=63) and the kernel subtracts it back.
+//! - K-quants (`R` = 8 for AVX2, 16 for VNNI): per 256-value super-block a
+//!   header, then eight 32-value sub-blocks laid out like a Q4_1 block (4
+//!   groups of `4R` bytes, low nibble k = `8g + t`, high nibble `8g + 4 + t`)
+//!   followed by their high bits. Q4_K / Q5_K header: `d[R]`, `dmin[R]` f16,
+//!   the 6-bit scales as bytes `[sub-block][row]`, then the mins as bytes
+//!   `[sub-block / 2][row][sub-block % 2]` (unpacked: 2.8% / 2.3% larger
+//!   than ggml's). Q6_K header: `d[R]`
+//!   f16, the i8 scales `[16-value half][row]` (same size as ggml's). Q5_K's
+//!   fifth bits: one `4R`-byte vector per sub-block, bit `2g` (k = `8g + t`)
+//!   and `2g + 1` (`8g + 4 + t`) of byte `row*4 + t`. Q6_K's top two bits:
+//!   two `4R`-byte vectors `v` per sub-block, bit pairs `0, 2, 4, 6` of byte
+//!   `row*4 + t` for k = `16v + t`, `16v + 4 + t`, `16v + 8 + t`,
+//!   `16v + 12 + t`. Q6_K's quants are stored +32 (0..=63): AVX2 subtracts
+//!   it back, VNNI multiplies them unsigned and subtracts 32 times the
+//!   activation sums. Both kernels read activations with one step per
+//!   super-block ([`crate::Q8Acts`]'s `k*` fields).
 
 use crate::format::{Q8Acts, QK, QK_K, QKind};
 use crate::level::Level;
@@ -79,11 +82,6 @@ impl Tiling {
         }
     }
 
-    /// Whether this layout exists for `kind`.
-    pub(crate) fn holds(self, kind: QKind) -> bool {
-        matches!(kind, QKind::Q4_1 | QKind::Q8_0) || self == Self::Avx2x8
-    }
-
     /// Bytes of one block (32 values, or a 256-value K-quant super-block)
     /// of a whole tile.
     pub(super) fn block_bytes(self, kind: QKind) -> usize {
@@ -92,7 +90,9 @@ impl Tiling {
             QKind::Q4_1 => 4 * rows + 16 * rows,
             QKind::Q5_1 => 4 * rows + 16 * rows + 4 * rows,
             QKind::Q8_0 => 2 * rows + 32 * rows,
-            QKind::Q4K | QKind::Q5K | QKind::Q6K => k_header(kind) + 8 * k_sub_bytes(kind),
+            QKind::Q4K | QKind::Q5K | QKind::Q6K => {
+                self.k_header(kind) + 8 * self.k_sub_bytes(kind)
+            }
         }
     }
 
@@ -117,7 +117,7 @@ impl Tiling {
                 for rr in 0..tr {
                     let blk = &data[((t * tr + rr) * nb + b) * bb..][..bb];
                     if kind.block_values() == QK_K {
-                        repack_k(kind, blk, rr, dst);
+                        self.repack_k(kind, blk, rr, dst);
                         continue;
                     }
                     dst[2 * rr..2 * rr + 2].copy_from_slice(&blk[..2]);
@@ -181,7 +181,7 @@ impl Tiling {
         for (b, o) in out.chunks_exact_mut(block_values).take(nb).enumerate() {
             let blk = &data[(t * nb + b) * tb..(t * nb + b + 1) * tb];
             if block_values == QK_K {
-                dequantize_k(kind, blk, rr, o);
+                self.dequantize_k(kind, blk, rr, o);
                 continue;
             }
             let d = f16(blk, 2 * rr);
@@ -219,117 +219,139 @@ impl Tiling {
     }
 }
 
-/// Bytes before the first sub-block of a K-quant tile block.
-pub(super) fn k_header(kind: QKind) -> usize {
-    match kind {
-        QKind::Q4K | QKind::Q5K => 32 + 64 + 64,
-        QKind::Q6K => 16 + 128,
-        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
-    }
-}
-
-/// Bytes of one sub-block (32 values of 8 rows) of a K-quant tile block.
-pub(super) fn k_sub_bytes(kind: QKind) -> usize {
-    match kind {
-        QKind::Q4K => 128,
-        QKind::Q5K => 128 + 32,
-        QKind::Q6K => 128 + 64,
-        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
-    }
-}
-
-/// Writes row `rr` of a ggml K-quant block into the 8-row tile block `dst`.
-fn repack_k(kind: QKind, blk: &[u8], rr: usize, dst: &mut [u8]) {
-    let header = k_header(kind);
-    let sub = k_sub_bytes(kind);
-    match kind {
-        QKind::Q4K | QKind::Q5K => {
-            dst[2 * rr..2 * rr + 2].copy_from_slice(&blk[0..2]);
-            dst[16 + 2 * rr..18 + 2 * rr].copy_from_slice(&blk[2..4]);
-            for j in 0..8 {
-                let (sc, mn) = scalar::scale_min_k4(j, &blk[4..16]);
-                dst[32 + j * 8 + rr] = sc;
-                dst[96 + j * 8 + rr] = mn;
-            }
-        }
-        QKind::Q6K => {
-            dst[2 * rr..2 * rr + 2].copy_from_slice(&blk[208..210]);
-            for h in 0..16 {
-                dst[16 + h * 8 + rr] = blk[192 + h];
-            }
-        }
-        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
-    }
-    for j in 0..8 {
-        // Unsigned quants: Q6_K's -32..=31 stored +32.
-        let q = scalar::k_quants(kind, blk, j).map(|q| {
-            if kind == QKind::Q6K {
-                (q + 32) as u8
-            } else {
-                q as u8
-            }
-        });
-        let base = &mut dst[header + j * sub..][..sub];
-        for g in 0..4 {
-            for t in 0..4 {
-                let (a, b) = (q[8 * g + t], q[8 * g + 4 + t]);
-                let at = rr * 4 + t;
-                base[g * 32 + at] = (a & 15) | ((b & 15) << 4);
-                match kind {
-                    QKind::Q5K => {
-                        base[128 + at] |= ((a >> 4) << (2 * g)) | ((b >> 4) << (2 * g + 1))
-                    }
-                    QKind::Q6K => {
-                        let (v, pair) = (g / 2, g % 2);
-                        base[128 + v * 32 + at] |=
-                            ((a >> 4) << (4 * pair)) | ((b >> 4) << (4 * pair + 2));
-                    }
-                    _ => {}
-                }
-            }
+impl Tiling {
+    /// Bytes before the first sub-block of a K-quant tile block.
+    pub(crate) fn k_header(self, kind: QKind) -> usize {
+        let rows = self.rows();
+        match kind {
+            // d, dmin (f16), scales and mins (bytes).
+            QKind::Q4K | QKind::Q5K => 20 * rows,
+            // d (f16), 16 scales (bytes).
+            QKind::Q6K => 18 * rows,
+            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
         }
     }
-}
 
-/// Row `rr` of an 8-row K-quant tile block as f32, in ggml's order of
-/// operations (so the values equal candle's to the bit).
-fn dequantize_k(kind: QKind, blk: &[u8], rr: usize, out: &mut [f32]) {
-    let header = k_header(kind);
-    let sub = k_sub_bytes(kind);
-    for (j, o) in out.chunks_exact_mut(QK).enumerate() {
-        let base = &blk[header + j * sub..][..sub];
-        let q = |k: usize| -> u8 {
-            let (g, high, t) = (k / 8, k % 8 >= 4, k % 4);
-            let at = rr * 4 + t;
-            let byte = base[g * 32 + at];
-            let low4 = if high { byte >> 4 } else { byte & 15 };
-            let top = match kind {
-                QKind::Q5K => (base[128 + at] >> (2 * g + usize::from(high))) & 1,
-                QKind::Q6K => {
-                    (base[128 + g / 2 * 32 + at] >> (4 * (g % 2) + 2 * usize::from(high))) & 3
-                }
-                _ => 0,
-            };
-            low4 | (top << 4)
-        };
+    /// Bytes of one sub-block (32 values of a tile's rows) of a K-quant tile block.
+    pub(crate) fn k_sub_bytes(self, kind: QKind) -> usize {
+        let rows = self.rows();
+        match kind {
+            QKind::Q4K => 16 * rows,
+            QKind::Q5K => 20 * rows,
+            QKind::Q6K => 24 * rows,
+            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        }
+    }
+
+    /// Where the min of sub-block `j`, row `rr` of a Q4_K / Q5_K tile block
+    /// sits: `[j / 2][row][j % 2]`, so that one zero-extension to i16 gives
+    /// each row's lane the pair of mins that `vpmaddwd` / `vpdpwssd`
+    /// multiplies with a pair of activation sums.
+    fn k_min_at(self, j: usize, rr: usize) -> usize {
+        let rows = self.rows();
+        12 * rows + (j / 2) * 2 * rows + 2 * rr + j % 2
+    }
+
+    /// Writes row `rr` of a ggml K-quant block into the tile block `dst`.
+    fn repack_k(self, kind: QKind, blk: &[u8], rr: usize, dst: &mut [u8]) {
+        let rows = self.rows();
+        let header = self.k_header(kind);
+        let sub = self.k_sub_bytes(kind);
         match kind {
             QKind::Q4K | QKind::Q5K => {
-                let d = scalar::f16_at(blk, 2 * rr);
-                let dmin = scalar::f16_at(blk, 16 + 2 * rr);
-                let scale = d * f32::from(blk[32 + j * 8 + rr]);
-                let min = dmin * f32::from(blk[96 + j * 8 + rr]);
-                for (k, y) in o.iter_mut().enumerate() {
-                    *y = scale * f32::from(q(k)) - min;
+                dst[2 * rr..2 * rr + 2].copy_from_slice(&blk[0..2]);
+                dst[2 * rows + 2 * rr..2 * rows + 2 * rr + 2].copy_from_slice(&blk[2..4]);
+                for j in 0..8 {
+                    let (sc, mn) = scalar::scale_min_k4(j, &blk[4..16]);
+                    dst[4 * rows + j * rows + rr] = sc;
+                    dst[self.k_min_at(j, rr)] = mn;
                 }
             }
             QKind::Q6K => {
-                let d = scalar::f16_at(blk, 2 * rr);
-                for (k, y) in o.iter_mut().enumerate() {
-                    let scale = d * f32::from(blk[16 + (2 * j + k / 16) * 8 + rr] as i8);
-                    *y = scale * f32::from(q(k) as i8 - 32);
+                dst[2 * rr..2 * rr + 2].copy_from_slice(&blk[208..210]);
+                for h in 0..16 {
+                    dst[2 * rows + h * rows + rr] = blk[192 + h];
                 }
             }
             QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        }
+        let group = 4 * rows;
+        for j in 0..8 {
+            // Unsigned quants: Q6_K's -32..=31 stored +32.
+            let q = scalar::k_quants(kind, blk, j).map(|q| {
+                if kind == QKind::Q6K {
+                    (q + 32) as u8
+                } else {
+                    q as u8
+                }
+            });
+            let base = &mut dst[header + j * sub..][..sub];
+            for g in 0..4 {
+                for t in 0..4 {
+                    let (a, b) = (q[8 * g + t], q[8 * g + 4 + t]);
+                    let at = rr * 4 + t;
+                    base[g * group + at] = (a & 15) | ((b & 15) << 4);
+                    match kind {
+                        QKind::Q5K => {
+                            base[4 * group + at] |=
+                                ((a >> 4) << (2 * g)) | ((b >> 4) << (2 * g + 1))
+                        }
+                        QKind::Q6K => {
+                            let (v, pair) = (g / 2, g % 2);
+                            base[4 * group + v * group + at] |=
+                                ((a >> 4) << (4 * pair)) | ((b >> 4) << (4 * pair + 2));
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Row `rr` of a K-quant tile block as f32, in ggml's order of
+    /// operations (so the values equal candle's to the bit).
+    fn dequantize_k(self, kind: QKind, blk: &[u8], rr: usize, out: &mut [f32]) {
+        let rows = self.rows();
+        let header = self.k_header(kind);
+        let sub = self.k_sub_bytes(kind);
+        let group = 4 * rows;
+        for (j, o) in out.chunks_exact_mut(QK).enumerate() {
+            let base = &blk[header + j * sub..][..sub];
+            let q = |k: usize| -> u8 {
+                let (g, high, t) = (k / 8, k % 8 >= 4, k % 4);
+                let at = rr * 4 + t;
+                let byte = base[g * group + at];
+                let low4 = if high { byte >> 4 } else { byte & 15 };
+                let top = match kind {
+                    QKind::Q5K => (base[4 * group + at] >> (2 * g + usize::from(high))) & 1,
+                    QKind::Q6K => {
+                        let v = base[4 * group + g / 2 * group + at];
+                        (v >> (4 * (g % 2) + 2 * usize::from(high))) & 3
+                    }
+                    _ => 0,
+                };
+                low4 | (top << 4)
+            };
+            match kind {
+                QKind::Q4K | QKind::Q5K => {
+                    let d = scalar::f16_at(blk, 2 * rr);
+                    let dmin = scalar::f16_at(blk, 2 * rows + 2 * rr);
+                    let scale = d * f32::from(blk[4 * rows + j * rows + rr]);
+                    let min = dmin * f32::from(blk[self.k_min_at(j, rr)]);
+                    for (k, y) in o.iter_mut().enumerate() {
+                        *y = scale * f32::from(q(k)) - min;
+                    }
+                }
+                QKind::Q6K => {
+                    let d = scalar::f16_at(blk, 2 * rr);
+                    for (k, y) in o.iter_mut().enumerate() {
+                        let sc = blk[2 * rows + (2 * j + k / 16) * rows + rr] as i8;
+                        let scale = d * f32::from(sc);
+                        *y = scale * f32::from(q(k) as i8 - 32);
+                    }
+                }
+                QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+            }
         }
     }
 }

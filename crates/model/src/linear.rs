@@ -146,7 +146,12 @@ impl Linear {
             match lin {
                 Self::Quant(q) if q.int8_always() || m < GEMM_MIN_ROWS => {
                     if !quantized {
-                        ws.acts.quantize(x, m, q.cols());
+                        // As every matrix sharing this input reads it.
+                        let mats = lins.iter().filter_map(|lin| match lin {
+                            Self::Quant(q) => Some(&**q),
+                            _ => None,
+                        });
+                        ws.acts.quantize_for(x, m, q.cols(), mats);
                         quantized = true;
                     }
                     q.matmul_q8(&ws.acts, m, out, ws.parallel);
@@ -170,7 +175,7 @@ impl Linear {
                 q.matmul_f32(x, m, out, &mut ws.scratch, ws.parallel)
             }
             Self::Quant(q) => {
-                ws.acts.quantize(x, m, q.cols());
+                ws.acts.quantize_for(x, m, q.cols(), [&**q]);
                 q.matmul_q8(&ws.acts, m, out, ws.parallel);
             }
             Self::Candle { m: mm, rows, cols } => {

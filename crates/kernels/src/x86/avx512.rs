@@ -1,5 +1,5 @@
 //! AVX-512 builds: the row-major int8 tile with VNNI, the attention row,
-//! and the matmul over 16-row tiles ([`crate::tiled`]).
+//! and the matmul over 16-row tiles ([`crate::tiled`]; K-quants in `ktiles`).
 
 use std::arch::x86_64::*;
 
@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use super::{Dot, tile_any};
 use crate::attention::{KvElem, RowJob};
-use crate::format::{QK, QKind, RowTile, TileOut};
+use crate::format::{QK, QK_K, QKind, RowTile, TileOut};
 use crate::scalar;
 use crate::tiled::{TiledMatmul, Tiling};
 
@@ -36,6 +36,8 @@ pub(crate) unsafe fn attend_row<T: KvElem>(
 
 /// Most activation rows per pass over a weight tile.
 const ACT_TILE: usize = 4;
+/// Activation rows per pass over a K-quant weight tile, where there are as many.
+const K_ACT_TILE: usize = 8;
 
 /// `out[i, 16t..16t+16]` for every activation row `i < m` and tile `t` in `tiles`.
 ///
@@ -48,21 +50,49 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
     for t in tiles {
         let mut i0 = 0;
         while i0 < job.m {
-            let mt = ACT_TILE.min(job.m - i0);
+            let left = job.m - i0;
+            // K-quant tiles unpack more per weight byte: shared by 8 rows.
+            let mt = if job.kind.block_values() == QK_K && left >= K_ACT_TILE {
+                K_ACT_TILE
+            } else {
+                ACT_TILE.min(left)
+            };
             // SAFETY: forwarded from the caller.
             unsafe {
                 match (job.kind, mt) {
-                    (QKind::Q4_1, 1) => tiles::tile_q4_1::<1>(job, i0, t),
-                    (QKind::Q4_1, 2) => tiles::tile_q4_1::<2>(job, i0, t),
-                    (QKind::Q4_1, 3) => tiles::tile_q4_1::<3>(job, i0, t),
-                    (QKind::Q4_1, _) => tiles::tile_q4_1::<4>(job, i0, t),
+                    (QKind::Q4_1, 1) => tiles::tile_q4_1::<1, false>(job, i0, t),
+                    (QKind::Q4_1, 2) => tiles::tile_q4_1::<2, false>(job, i0, t),
+                    (QKind::Q4_1, 3) => tiles::tile_q4_1::<3, false>(job, i0, t),
+                    (QKind::Q4_1, _) => tiles::tile_q4_1::<4, false>(job, i0, t),
+                    (QKind::Q5_1, 1) => tiles::tile_q4_1::<1, true>(job, i0, t),
+                    (QKind::Q5_1, 2) => tiles::tile_q4_1::<2, true>(job, i0, t),
+                    (QKind::Q5_1, 3) => tiles::tile_q4_1::<3, true>(job, i0, t),
+                    (QKind::Q5_1, _) => tiles::tile_q4_1::<4, true>(job, i0, t),
                     (QKind::Q8_0, 1) => tiles::tile_q8_0::<1>(job, i0, t),
                     (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(job, i0, t),
                     (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(job, i0, t),
                     (QKind::Q8_0, _) => tiles::tile_q8_0::<4>(job, i0, t),
-                    (QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K, _) => {
-                        unreachable!("never tiled for VNNI")
+                    (QKind::Q4K, 1) => ktiles::tile_k::<ktiles::Q4K, 1>(job, i0, t),
+                    (QKind::Q4K, 2) => ktiles::tile_k::<ktiles::Q4K, 2>(job, i0, t),
+                    (QKind::Q4K, 3) => ktiles::tile_k::<ktiles::Q4K, 3>(job, i0, t),
+                    (QKind::Q4K, K_ACT_TILE) => {
+                        ktiles::tile_k::<ktiles::Q4K, K_ACT_TILE>(job, i0, t)
                     }
+                    (QKind::Q4K, _) => ktiles::tile_k::<ktiles::Q4K, 4>(job, i0, t),
+                    (QKind::Q5K, 1) => ktiles::tile_k::<ktiles::Q5K, 1>(job, i0, t),
+                    (QKind::Q5K, 2) => ktiles::tile_k::<ktiles::Q5K, 2>(job, i0, t),
+                    (QKind::Q5K, 3) => ktiles::tile_k::<ktiles::Q5K, 3>(job, i0, t),
+                    (QKind::Q5K, K_ACT_TILE) => {
+                        ktiles::tile_k::<ktiles::Q5K, K_ACT_TILE>(job, i0, t)
+                    }
+                    (QKind::Q5K, _) => ktiles::tile_k::<ktiles::Q5K, 4>(job, i0, t),
+                    (QKind::Q6K, 1) => ktiles::tile_k::<ktiles::Q6K, 1>(job, i0, t),
+                    (QKind::Q6K, 2) => ktiles::tile_k::<ktiles::Q6K, 2>(job, i0, t),
+                    (QKind::Q6K, 3) => ktiles::tile_k::<ktiles::Q6K, 3>(job, i0, t),
+                    (QKind::Q6K, K_ACT_TILE) => {
+                        ktiles::tile_k::<ktiles::Q6K, K_ACT_TILE>(job, i0, t)
+                    }
+                    (QKind::Q6K, _) => ktiles::tile_k::<ktiles::Q6K, 4>(job, i0, t),
                 }
             }
             i0 += mt;
@@ -70,9 +100,12 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
     }
 }
 
+mod ktiles;
+
 mod tiles {
     use std::arch::x86_64::*;
 
+    use super::ktiles::high_bits;
     use super::{QK, TiledMatmul};
 
     /// Rows per tile.
@@ -127,8 +160,14 @@ mod tiles {
         }
     }
 
+    /// Q4_1 (`FIFTH` false) and Q5_1 (`FIFTH` true: each block's last 64
+    /// bytes hold the fifth bits): value = d * q + m.
     #[inline(always)]
-    pub(super) unsafe fn tile_q4_1<const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
+    pub(super) unsafe fn tile_q4_1<const MT: usize, const FIFTH: bool>(
+        job: &TiledMatmul<'_>,
+        i0: usize,
+        t: usize,
+    ) {
         let nb = job.cols / QK;
         let tb = super::Tiling::Vnni16.block_bytes(job.kind);
         // SAFETY (whole body): tile t has nb blocks of tb bytes in `data`, and
@@ -143,8 +182,13 @@ mod tiles {
                 let mut iacc = [_mm512_setzero_si512(); MT];
                 for g in 0..4 {
                     let raw = _mm512_loadu_si512(base.add(64 + g * 64) as *const _);
-                    let lo = _mm512_and_si512(raw, low);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+                    let mut lo = _mm512_and_si512(raw, low);
+                    let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
+                    if FIFTH {
+                        let top = base.add(64 + 4 * 64);
+                        lo = _mm512_or_si512(lo, high_bits(top, 2 * g, 1));
+                        hi = _mm512_or_si512(hi, high_bits(top, 2 * g + 1, 1));
+                    }
                     for (j, acc) in iacc.iter_mut().enumerate() {
                         let ap = job
                             .acts

@@ -1,15 +1,15 @@
 //! The AVX2 matmul over 8-row tiles ([`Tiling::Avx2x8`]): each 32-bit lane
 //! is one weight row, `maddubs` + `madd` stand in for VNNI's `vpdpbusd`.
 //! K-quant sub-block scales multiply in integers (the `madd` against the
-//! rows' scales), then one FMA per sub-block applies the row and activation
-//! steps.
+//! rows' scales) and add up over a super-block, then one FMA per
+//! super-block applies the row and activation steps.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::super::high_bits;
 use crate::format::{QK, QK_K, QKind};
-use crate::tiled::{TiledMatmul, Tiling, k_header, k_sub_bytes};
+use crate::tiled::{TiledMatmul, Tiling};
 
 /// Rows per tile.
 const TILE: usize = 8;
@@ -292,37 +292,51 @@ unsafe fn row_scales<const SIGNED: bool>(p: *const u8) -> __m256i {
     }
 }
 
+/// K-quant tiles against activations with one step per super-block
+/// ([`crate::Q8Acts`]'s `k*` fields): the scaled sub-block sums add up in
+/// i32 over the whole super-block, mins are one `madd` per pair of
+/// sub-blocks against the activations' per-32 sums, then one FMA (two with
+/// mins) per super-block applies `d` (and `dmin`) and the activation step.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `job.data` must hold tile `t`
+/// laid out by [`Tiling::Avx2x8`] for `K::KIND`; `job.acts` must hold the
+/// `k*` fields of rows `i0..i0 + MT` and `job.out` `job.m * job.n_rows`
+/// floats, with `i0 + MT <= job.m`.
 #[inline(always)]
+// Indexes spell out which register each step reads and writes.
+#[allow(clippy::needless_range_loop)]
 unsafe fn tile_k<K: KTile, const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t: usize) {
-    let nb = job.cols / QK_K;
-    let blocks = job.cols / QK;
-    let tb = Tiling::Avx2x8.block_bytes(K::KIND);
-    let (header, sub_bytes) = (k_header(K::KIND), k_sub_bytes(K::KIND));
-    // SAFETY (whole body): tile t has nb blocks of tb bytes in `data`, and
-    // activation rows i0..i0+MT of `cols` i8 exist (matmul_q8 asserts).
+    let nsb = job.cols / QK_K;
+    let tiling = Tiling::Avx2x8;
+    let tb = tiling.block_bytes(K::KIND);
+    let (header, sub_bytes) = (tiling.k_header(K::KIND), tiling.k_sub_bytes(K::KIND));
+    let acts = job.acts;
+    // SAFETY (whole body): tile t has nsb super-blocks of tb bytes in
+    // `data`, every offset below stays within one (the layout in
+    // `crate::tiled`); activation rows i0..i0 + MT have cols quants, nsb
+    // steps and 8 * nsb per-32 sums (matmul_q8 asserts).
     unsafe {
         let offset = _mm256_set1_epi8(32);
         let mut facc = [_mm256_setzero_ps(); MT];
-        for b in 0..nb {
-            let base = job.data.as_ptr().add((t * nb + b) * tb);
+        for b in 0..nsb {
+            let base = job.data.as_ptr().add((t * nsb + b) * tb);
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(base as *const __m128i));
-            // Subtracted: value = scale * q - min (Q6_K has no mins).
-            let dmin = _mm256_cvtph_ps(_mm_loadu_si128(base.add(16) as *const __m128i));
-            let neg_dmin = _mm256_mul_ps(dmin, _mm256_set1_ps(-1.0));
+            // Per group a pair of products is at most 2 * 31 * 127 (2 * 32 *
+            // 128 signed): two fit i16 before the madd; scaled, a super-block's
+            // sums stay below 2^28 in i32.
+            let mut iacc = [_mm256_setzero_si256(); MT];
             for sb in 0..8 {
                 let sub = base.add(header + sb * sub_bytes);
                 let (scale_lo, scale_hi) = if K::SIGNED {
                     (
-                        row_scales::<true>(base.add(16 + 16 * sb)),
-                        row_scales::<true>(base.add(24 + 16 * sb)),
+                        row_scales::<true>(base.add(2 * TILE + 2 * TILE * sb)),
+                        row_scales::<true>(base.add(3 * TILE + 2 * TILE * sb)),
                     )
                 } else {
-                    let scale = row_scales::<false>(base.add(32 + 8 * sb));
+                    let scale = row_scales::<false>(base.add(4 * TILE + TILE * sb));
                     (scale, scale)
                 };
-                // Per group, a pair of products is at most 2 * 31 * 128
-                // (2 * 32 * 128 signed): two fit i16 before the madd.
-                let mut iacc = [_mm256_setzero_si256(); MT];
                 for g in 0..4 {
                     let (mut lo, mut hi) = K::quants(sub, g);
                     let scale = if g < 2 { scale_lo } else { scale_hi };
@@ -334,11 +348,10 @@ unsafe fn tile_k<K: KTile, const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t:
                         hi_abs = _mm256_sign_epi8(hi, hi);
                     }
                     for (j, acc) in iacc.iter_mut().enumerate() {
-                        let ap = job
-                            .acts
-                            .q
+                        let ap = acts
+                            .kq
                             .as_ptr()
-                            .add((i0 + j) * job.cols + (8 * b + sb) * QK + g * 8);
+                            .add((i0 + j) * job.cols + b * QK_K + sb * QK + g * 8);
                         let (mut a0, mut a1) = (bcast4(ap), bcast4(ap.add(4)));
                         if K::SIGNED {
                             a0 = _mm256_sign_epi8(a0, lo);
@@ -351,22 +364,32 @@ unsafe fn tile_k<K: KTile, const MT: usize>(job: &TiledMatmul<'_>, i0: usize, t:
                         *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(p, scale));
                     }
                 }
-                let at = 8 * b + sb;
-                let mins = if K::SIGNED {
-                    None
-                } else {
-                    let raw = _mm_loadl_epi64(base.add(96 + 8 * sb) as *const __m128i);
-                    let mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(raw));
-                    Some(_mm256_mul_ps(mins, neg_dmin))
-                };
-                for j in 0..MT {
-                    let a = (i0 + j) * blocks + at;
-                    let scale = _mm256_mul_ps(dv, _mm256_set1_ps(*job.acts.d.get_unchecked(a)));
-                    facc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j]), scale, facc[j]);
-                    if let Some(mins) = mins {
-                        let s = _mm256_set1_ps(*job.acts.s.get_unchecked(a));
-                        facc[j] = _mm256_fmadd_ps(mins, s, facc[j]);
+            }
+            let mut macc = [_mm256_setzero_si256(); MT];
+            if !K::SIGNED {
+                for p in 0..4 {
+                    // Lane r: (min[2p], min[2p + 1]) of row r, as i16.
+                    let at = base.add(12 * TILE + p * 2 * TILE);
+                    let mins = _mm256_cvtepu8_epi16(_mm_loadu_si128(at as *const __m128i));
+                    for j in 0..MT {
+                        let sums = acts.ksum32.as_ptr().add(((i0 + j) * nsb + b) * 8 + 2 * p);
+                        let prod = _mm256_madd_epi16(mins, bcast4(sums as *const i8));
+                        macc[j] = _mm256_add_epi32(macc[j], prod);
                     }
+                }
+            }
+            let dmin = if K::SIGNED {
+                _mm256_setzero_ps()
+            } else {
+                _mm256_cvtph_ps(_mm_loadu_si128(base.add(2 * TILE) as *const __m128i))
+            };
+            for j in 0..MT {
+                let da = _mm256_set1_ps(*acts.kd.get_unchecked((i0 + j) * nsb + b));
+                let s = _mm256_mul_ps(dv, da);
+                facc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[j]), s, facc[j]);
+                if !K::SIGNED {
+                    let m = _mm256_mul_ps(dmin, da);
+                    facc[j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(macc[j]), m, facc[j]);
                 }
             }
         }
