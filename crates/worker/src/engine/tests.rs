@@ -32,7 +32,13 @@ impl TextCodec for Bytes {
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         Ok(messages
             .iter()
-            .map(|m| format!("{}: {}\n", m.role, m.content))
+            .map(|m| {
+                format!(
+                    "{}: {}\n",
+                    m.role,
+                    m.content.as_ref().map(|c| c.text()).unwrap_or_default()
+                )
+            })
             .collect())
     }
     fn eos_token_ids(&self) -> &[u32] {
@@ -314,10 +320,7 @@ fn stop_token_ids_and_chat_messages_work() {
     let handle = engine(Mode::Script, 256, 0, EngineConfig::default());
     let request = GenerateRequest {
         prompt: None,
-        messages: Some(vec![ChatMessage {
-            role: "user".into(),
-            content: "hey".into(),
-        }]),
+        messages: Some(vec![ChatMessage::new("user", "hey")]),
         stop_token_ids: vec![u32::from(b'!')],
         ..greedy("", 100)
     };
