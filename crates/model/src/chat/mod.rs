@@ -16,9 +16,12 @@
 mod clock;
 mod python;
 
+use std::borrow::Cow;
+use std::sync::Arc;
 use std::time::SystemTime;
 
-use minijinja::{Environment, Error, ErrorKind, Value};
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Rest, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, State, Value};
 use zinfer_protocol::{ChatMessage, MessageContent};
 
 use super::ModelError;
@@ -162,6 +165,71 @@ fn environment() -> Environment<'static> {
     });
     env.add_filter("string", |value: Value| python::str_of(&value));
     env.add_filter("tojson", python::tojson);
+    // Jinja2's `map`, `select`, `reject`, `selectattr`, `rejectattr` and
+    // `unique` give generators: always true, without a length, refused by
+    // `tojson`; minijinja's give lists.
+    env.add_filter("map", |state: &State, value: Value, args: Rest<Value>| {
+        minijinja::filters::map(state, value, args).map(Generator::value)
+    });
+    env.add_filter(
+        "select",
+        |state: &State, value: Value, test: Option<Cow<'_, str>>, args: Rest<Value>| {
+            minijinja::filters::select(state, value, test, args).map(Generator::value)
+        },
+    );
+    env.add_filter(
+        "reject",
+        |state: &State, value: Value, test: Option<Cow<'_, str>>, args: Rest<Value>| {
+            minijinja::filters::reject(state, value, test, args).map(Generator::value)
+        },
+    );
+    env.add_filter(
+        "selectattr",
+        |state: &State,
+         value: Value,
+         attr: Cow<'_, str>,
+         test: Option<Cow<'_, str>>,
+         args: Rest<Value>| {
+            minijinja::filters::selectattr(state, value, attr, test, args).map(Generator::value)
+        },
+    );
+    env.add_filter(
+        "rejectattr",
+        |state: &State,
+         value: Value,
+         attr: Cow<'_, str>,
+         test: Option<Cow<'_, str>>,
+         args: Rest<Value>| {
+            minijinja::filters::rejectattr(state, value, attr, test, args).map(Generator::value)
+        },
+    );
+    env.add_filter("unique", |state: &State, value: Value, kwargs: Kwargs| {
+        let unique = minijinja::filters::unique(state, value, kwargs)?;
+        Ok::<_, Error>(Generator::value(unique.try_iter()?.collect()))
+    });
+    // Jinja2's tests ask Python: `none` is not iterable (minijinja iterates
+    // it as empty), and strings and dicts are sequences.
+    env.add_test("iterable", |value: Value| {
+        matches!(
+            value.kind(),
+            ValueKind::Undefined
+                | ValueKind::String
+                | ValueKind::Seq
+                | ValueKind::Map
+                | ValueKind::Iterable
+                | ValueKind::Bytes
+        )
+    });
+    env.add_test("sequence", |value: Value| {
+        matches!(
+            value.kind(),
+            ValueKind::Undefined
+                | ValueKind::String
+                | ValueKind::Seq
+                | ValueKind::Map
+                | ValueKind::Bytes
+        )
+    });
     env.add_function(
         "raise_exception",
         |message: Value| -> Result<Value, Error> {
@@ -172,6 +240,34 @@ fn environment() -> Environment<'static> {
         },
     );
     env
+}
+
+/// The items of a Jinja2 generator, computed at once.
+#[derive(Debug)]
+struct Generator(Vec<Value>);
+
+impl Generator {
+    fn value(items: Vec<Value>) -> Value {
+        Value::from_object(Generator(items))
+    }
+}
+
+impl Object for Generator {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Iterable
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Values(self.0.clone())
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        None
+    }
+
+    fn is_true(self: &Arc<Self>) -> bool {
+        true
+    }
 }
 
 /// A message as the template sees it: the fields that are set, in

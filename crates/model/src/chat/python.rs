@@ -271,7 +271,15 @@ fn write_json(
         ValueKind::String => {
             write_json_str(out, value.as_str().unwrap_or_default(), style.ensure_ascii)
         }
-        ValueKind::Seq | ValueKind::Iterable => {
+        // Jinja2's `map`, `select` and the like give generators, which
+        // `json.dumps` refuses; minijinja's lazy iterables stand for them.
+        ValueKind::Iterable => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                "Object of type generator is not JSON serializable",
+            ));
+        }
+        ValueKind::Seq => {
             let items: Vec<Value> = value.try_iter()?.collect();
             if items.is_empty() {
                 out.push_str("[]");
