@@ -4,7 +4,8 @@
     chat-template-reference.py TEMPLATES_DIR CASES_JSON > rendered.json
 
 Every `*.jinja` file of TEMPLATES_DIR is rendered with every case of
-CASES_JSON (see crates/model/tests/data/chat-template-cases.json). The output
+CASES_JSON (see crates/model/tests/data/chat-template-cases.json), and
+each of its `snippets` (named `snippet:NAME`) with its first case. The output
 is a JSON list of {"template", "case", "rendered"} or {"template", "case",
 "error"}. crates/model/tests/chat_templates.rs runs it in a venv holding only
 jinja2 and compares zinfer's rendering with it byte for byte.
@@ -152,6 +153,14 @@ def main():
             except Exception as e:  # every failure is an expected outcome to compare
                 entry["error"] = f"{type(e).__name__}: {e}"
             results.append(entry)
+    for name, source in cases.get("snippets", {}).items():
+        case = cases["cases"][0]
+        entry = {"template": f"snippet:{name}", "case": case["name"]}
+        try:
+            entry["rendered"] = render(env, source, case, specials)
+        except Exception as e:
+            entry["error"] = f"{type(e).__name__}: {e}"
+        results.append(entry)
     json.dump(results, sys.stdout, ensure_ascii=False, indent=1)
     sys.stdout.write("\n")
 

@@ -157,7 +157,14 @@ fn environment() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(|state, value, method, args| {
+        if let Some(s) = value.as_str() {
+            if let Some(result) = python::str_method(s, method, args)? {
+                return Ok(result);
+            }
+        }
+        minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+    });
     // `{{ x }}` and `|string` print what Python's `str(x)` prints.
     env.set_formatter(|out, _state, value| {
         out.write_str(&python::str_of(value))
@@ -165,6 +172,20 @@ fn environment() -> Environment<'static> {
     });
     env.add_filter("string", |value: Value| python::str_of(&value));
     env.add_filter("tojson", python::tojson);
+    env.add_filter("round", python::round);
+    env.add_filter("center", |s: Cow<'_, str>, width: Option<usize>| {
+        python::justify(&s, width.unwrap_or(80), ' ', "center")
+    });
+    env.add_filter("dictsort", |value: Value, kwargs: Kwargs| {
+        let pairs = minijinja::filters::dictsort(&value, kwargs)?;
+        let tuples: Result<Vec<Value>, Error> = pairs
+            .try_iter()?
+            .map(|pair| Ok(python::Tuple::value(pair.try_iter()?.collect())))
+            .collect();
+        Ok::<_, Error>(Value::from(tuples?))
+    });
+    env.add_filter("wordcount", |s: Cow<'_, str>| python::wordcount(&s));
+    env.add_test("callable", |value: Value| value.kind() == ValueKind::Plain);
     // Jinja2's `map`, `select`, `reject`, `selectattr`, `rejectattr` and
     // `unique` give generators: always true, without a length, refused by
     // `tojson`; minijinja's give lists.

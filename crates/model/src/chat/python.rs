@@ -6,7 +6,9 @@
 
 use std::fmt::Write;
 
-use minijinja::value::{Kwargs, ObjectRepr, ValueKind};
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, ValueKind};
 use minijinja::{Error, ErrorKind, Value};
 
 /// `str(value)` as Python prints it.
@@ -20,6 +22,31 @@ pub(super) fn str_of(value: &Value) -> String {
     out
 }
 
+/// A Python tuple, for what Jinja2 gives as one (`dictsort`'s pairs,
+/// `partition`): a sequence that prints in parentheses.
+#[derive(Debug)]
+pub(super) struct Tuple(Vec<Value>);
+
+impl Tuple {
+    pub(super) fn value(items: Vec<Value>) -> Value {
+        Value::from_object(Tuple(items))
+    }
+}
+
+impl Object for Tuple {
+    fn repr(self: &Arc<Self>) -> ObjectRepr {
+        ObjectRepr::Seq
+    }
+
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.0.get(key.as_usize()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Seq(self.0.len())
+    }
+}
+
 /// `repr(value)`: strings quoted, containers with their items' reprs.
 fn write_repr(out: &mut String, value: &Value) {
     match value.kind() {
@@ -28,6 +55,20 @@ fn write_repr(out: &mut String, value: &Value) {
         ValueKind::Bool => out.push_str(if value.is_true() { "True" } else { "False" }),
         ValueKind::Number => write_number(out, value, "inf", "nan"),
         ValueKind::String => write_str_repr(out, value.as_str().unwrap_or_default()),
+        ValueKind::Seq if value.downcast_object_ref::<Tuple>().is_some() => {
+            out.push('(');
+            let items: Vec<Value> = value.try_iter().into_iter().flatten().collect();
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_repr(out, item);
+            }
+            if items.len() == 1 {
+                out.push(',');
+            }
+            out.push(')');
+        }
         ValueKind::Seq
             if value
                 .as_object()
@@ -364,6 +405,177 @@ fn write_json_str(out: &mut String, s: &str, ensure_ascii: bool) {
         }
     }
     out.push('"');
+}
+
+/// Python string methods that minijinja-contrib's pycompat lacks; `None`
+/// when `method` is not one of them.
+pub(super) fn str_method(s: &str, method: &str, args: &[Value]) -> Result<Option<Value>, Error> {
+    use minijinja::value::from_args;
+    let value = match method {
+        "rsplit" => {
+            let (sep, maxsplit): (Option<Value>, Option<i64>) = from_args(args)?;
+            let sep = sep.filter(|v| !v.is_none());
+            let maxsplit = maxsplit.filter(|n| *n >= 0).map(|n| n as usize);
+            let parts = match (&sep, sep.as_ref().and_then(|v| v.as_str())) {
+                (Some(_), Some("")) => return Err(bad_arg("empty separator".into())),
+                (Some(_), Some(sep)) => rsplit_on(s, sep, maxsplit),
+                (Some(v), None) => {
+                    return Err(bad_arg(format!("must be str or None, not {}", v.kind())));
+                }
+                (None, _) => rsplit_whitespace(s, maxsplit),
+            };
+            Value::from(parts)
+        }
+        "removeprefix" => {
+            let (prefix,): (&str,) = from_args(args)?;
+            Value::from(s.strip_prefix(prefix).unwrap_or(s))
+        }
+        "removesuffix" => {
+            let (suffix,): (&str,) = from_args(args)?;
+            Value::from(s.strip_suffix(suffix).unwrap_or(s))
+        }
+        "partition" | "rpartition" => {
+            let (sep,): (&str,) = from_args(args)?;
+            if sep.is_empty() {
+                return Err(bad_arg("empty separator".into()));
+            }
+            let found = if method == "partition" {
+                s.find(sep)
+            } else {
+                s.rfind(sep)
+            };
+            let (head, mid, tail) = match found {
+                Some(i) => (&s[..i], sep, &s[i + sep.len()..]),
+                None if method == "partition" => (s, "", ""),
+                None => ("", "", s),
+            };
+            Tuple::value([head, mid, tail].into_iter().map(Value::from).collect())
+        }
+        "ljust" | "rjust" | "center" => {
+            let (width, fill): (usize, Option<&str>) = from_args(args)?;
+            let mut fill_chars = fill.unwrap_or(" ").chars();
+            let (Some(fill), None) = (fill_chars.next(), fill_chars.next()) else {
+                return Err(bad_arg(
+                    "the fill character must be exactly one character long".into(),
+                ));
+            };
+            Value::from(justify(s, width, fill, method))
+        }
+        "zfill" => {
+            let (width,): (usize,) = from_args(args)?;
+            let len = s.chars().count();
+            let (sign, digits) = match s.strip_prefix(['+', '-']) {
+                Some(rest) => (&s[..1], rest),
+                None => ("", s),
+            };
+            let zeros = width.saturating_sub(len);
+            Value::from(format!("{sign}{}{digits}", "0".repeat(zeros)))
+        }
+        _ => return Ok(None),
+    };
+    Ok(Some(value))
+}
+
+/// `s.rsplit(sep, maxsplit)` with a separator.
+fn rsplit_on(s: &str, sep: &str, maxsplit: Option<usize>) -> Vec<String> {
+    let mut parts: Vec<String> = match maxsplit {
+        Some(n) => s.rsplitn(n + 1, sep).map(str::to_string).collect(),
+        None => s.rsplit(sep).map(str::to_string).collect(),
+    };
+    parts.reverse();
+    parts
+}
+
+/// `s.rsplit(None, maxsplit)`: runs of whitespace separate, ends trimmed,
+/// the leftover head kept whole (less its trailing whitespace).
+fn rsplit_whitespace(s: &str, maxsplit: Option<usize>) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut rest = s.trim_end();
+    while !rest.is_empty() {
+        if maxsplit.is_some_and(|n| parts.len() == n) {
+            parts.push(rest.to_string());
+            break;
+        }
+        match rest.rfind(char::is_whitespace) {
+            Some(i) => {
+                let ws_len = rest[i..].chars().next().map_or(1, char::len_utf8);
+                parts.push(rest[i + ws_len..].to_string());
+                rest = rest[..i].trim_end();
+            }
+            None => {
+                parts.push(rest.to_string());
+                rest = "";
+            }
+        }
+    }
+    parts.reverse();
+    parts
+}
+
+/// Jinja2's `round(value, precision=0, method='common')`: Python's
+/// `round` (half to even, on the exact binary value), or `ceil`/`floor`.
+pub(super) fn round(
+    value: Value,
+    precision: Option<i32>,
+    method: Option<String>,
+    kwargs: Kwargs,
+) -> Result<Value, Error> {
+    let precision = kwargs
+        .get::<Option<i32>>("precision")?
+        .or(precision)
+        .unwrap_or(0);
+    let method = kwargs.get::<Option<String>>("method")?.or(method);
+    kwargs.assert_all_used()?;
+    let method = method.as_deref().unwrap_or("common");
+    if value.is_integer() && method == "common" {
+        return Ok(value);
+    }
+    let x = f64::try_from(value.clone())
+        .map_err(|_| bad_arg(format!("cannot round value ({})", value.kind())))?;
+    let scale = 10f64.powi(precision);
+    let rounded = match method {
+        "common" if precision >= 0 => {
+            // Rust's fixed-precision formatting rounds the exact binary
+            // value half to even, as Python's `round` does.
+            let text = format!("{x:.*}", precision as usize);
+            text.parse::<f64>().unwrap_or(x)
+        }
+        "common" => (x * scale).round_ties_even() / scale,
+        "ceil" => (x * scale).ceil() / scale,
+        "floor" => (x * scale).floor() / scale,
+        _ => return Err(bad_arg("method must be common, ceil or floor".into())),
+    };
+    Ok(Value::from(rounded))
+}
+
+/// Python's `s.ljust`, `s.rjust` or `s.center(width, fill)` (`how`).
+pub(super) fn justify(s: &str, width: usize, fill: char, how: &str) -> String {
+    let pad = width.saturating_sub(s.chars().count());
+    let left = match how {
+        "ljust" => 0,
+        "rjust" => pad,
+        // CPython's rule for where an odd padding character goes.
+        _ => pad / 2 + (pad & width & 1),
+    };
+    let mut out = String::with_capacity(s.len() + pad);
+    out.extend(std::iter::repeat_n(fill, left));
+    out.push_str(s);
+    out.extend(std::iter::repeat_n(fill, pad - left));
+    out
+}
+
+/// Jinja2's `wordcount`: runs of word characters (`\w+`).
+pub(super) fn wordcount(s: &str) -> usize {
+    let mut count = 0;
+    let mut in_word = false;
+    for c in s.chars() {
+        let word = c.is_alphanumeric() || c == '_';
+        if word && !in_word {
+            count += 1;
+        }
+        in_word = word;
+    }
+    count
 }
 
 #[cfg(test)]
