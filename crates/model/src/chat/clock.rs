@@ -140,7 +140,7 @@ impl DateTime {
             'l' => write!(out, "{hour12:>2}"),
             'm' => write!(out, "{:02}", self.month),
             'M' => write!(out, "{:02}", self.minute),
-            'n' => write!(out, "\n"),
+            'n' => writeln!(out),
             'p' => write!(out, "{}", if self.hour < 12 { "AM" } else { "PM" }),
             'P' => write!(out, "{}", if self.hour < 12 { "am" } else { "pm" }),
             'R' => write!(out, "{:02}:{:02}", self.hour, self.minute),

@@ -29,6 +29,9 @@ use super::ModelError;
 /// ChatML, used when a checkpoint carries no template.
 pub(crate) const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/// Variables that extra template variables may not set.
+const RESERVED: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+
 /// The template's name inside its environment.
 const NAME: &str = "chat";
 
@@ -141,6 +144,13 @@ impl ChatTemplate {
             ),
         ];
         for (name, value) in input.variables.into_iter().flatten() {
+            // transformers passes these as arguments of their own; a second
+            // value is a `TypeError` there.
+            if RESERVED.contains(&name.as_str()) {
+                return Err(ModelError::ChatTemplate(format!(
+                    "template variable {name:?} comes from the request itself"
+                )));
+            }
             vars.push((name.clone(), Value::from_serialize(value)));
         }
         // Later entries win, so extra variables override the defaults.
@@ -158,10 +168,10 @@ fn environment() -> Environment<'static> {
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(|state, value, method, args| {
-        if let Some(s) = value.as_str() {
-            if let Some(result) = python::str_method(s, method, args)? {
-                return Ok(result);
-            }
+        if let Some(s) = value.as_str()
+            && let Some(result) = python::str_method(s, method, args)?
+        {
+            return Ok(result);
         }
         minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
     });

@@ -146,6 +146,13 @@ fn tools_generation_prompt_and_extra_variables_are_template_variables() {
         t.render(&input).unwrap(),
         "False|True|False|False|<s><end>|f"
     );
+    let variables = json!({"messages": []});
+    let input = TemplateInput {
+        variables: variables.as_object(),
+        ..TemplateInput::new(&messages)
+    };
+    let err = t.render(&input).unwrap_err().to_string();
+    assert!(err.contains("\"messages\" comes from the request"), "{err}");
 }
 
 #[test]
