@@ -30,6 +30,10 @@ impl TextCodec for Bytes {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        // As a template's `raise_exception` refuses a conversation.
+        if messages.iter().any(|m| m.role == "refused") {
+            return Err(ModelError::ChatTemplate("roles must alternate".into()));
+        }
         Ok(messages
             .iter()
             .map(|m| {
@@ -492,6 +496,19 @@ fn refusals_come_from_submit_with_their_codes() {
         ..greedy("a", 4)
     };
     assert_eq!(code(handle.submit(both, 1)), ErrorCode::BadRequest);
+    // A chat template that refuses the conversation: the client's to fix,
+    // and told why.
+    let refused = GenerateRequest {
+        prompt: None,
+        messages: Some(vec![ChatMessage::new("refused", "x")]),
+        ..greedy("", 4)
+    };
+    let error = handle.submit(refused, 1).unwrap_err();
+    assert_eq!(error.code(), ErrorCode::BadRequest);
+    assert!(
+        error.to_string().contains("roles must alternate"),
+        "{error}"
+    );
     assert!(handle.events().is_empty(), "refusals send no events");
 }
 
