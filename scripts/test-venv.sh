@@ -5,17 +5,19 @@
 #   scripts/test-venv.sh openai [DIR]   # the official `openai` package (HTTP front test, README example)
 #   scripts/test-venv.sh k8s [DIR]      # `kubernetes-validate` (offline Kubernetes schemas) and PyYAML (deploy test)
 #   scripts/test-venv.sh client [DIR]   # pyzmq and msgpack (clients/python/zinfer_client.py test)
+#   scripts/test-venv.sh jinja2 [DIR]   # Jinja2 (chat templates rendered as transformers does, model crate test)
 #
 # DIR defaults to $CARGO_TARGET_DIR/NAME-venv (target/NAME-venv).
 # Exits non-zero, saying why, when the environment cannot be made.
 set -euo pipefail
 
-name=${1:?usage: scripts/test-venv.sh openai|k8s|client [DIR]}
+name=${1:?usage: scripts/test-venv.sh openai|k8s|client|jinja2 [DIR]}
 case "$name" in
   openai) spec='openai>=1.40,<3' check='import openai' ;;
   k8s) spec='kubernetes-validate>=1.28,<2' check='import kubernetes_validate, yaml' ;;
   client) spec='pyzmq>=25 msgpack>=1' check='import zmq, msgpack' ;;
-  *) echo "test-venv: unknown environment '$name': use openai, k8s or client" >&2; exit 2 ;;
+  jinja2) spec='jinja2>=3.1,<4' check='import jinja2' ;;
+  *) echo "test-venv: unknown environment '$name': use openai, k8s, client or jinja2" >&2; exit 2 ;;
 esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 dir=${2:-${CARGO_TARGET_DIR:-$root/target}/$name-venv}

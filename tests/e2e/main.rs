@@ -82,14 +82,8 @@ fn ignore_eos_generates_exactly_max_tokens() {
     let mut request = greedy("e1", "", 64);
     request.prompt = None;
     request.messages = Some(vec![
-        zinfer_protocol::ChatMessage {
-            role: "system".into(),
-            content: "Answer in one short sentence.".into(),
-        },
-        zinfer_protocol::ChatMessage {
-            role: "user".into(),
-            content: "What is the capital of France?".into(),
-        },
+        zinfer_protocol::ChatMessage::new("system", "Answer in one short sentence."),
+        zinfer_protocol::ChatMessage::new("user", "What is the capital of France?"),
     ]);
     let natural = client.generate(request.clone());
     let Some(ClientReply::Done { usage, .. }) = natural.terminal else {

@@ -77,15 +77,9 @@ impl GenerateArgs {
             request.prompt = None;
             let mut messages = Vec::new();
             if let Some(system) = &self.system {
-                messages.push(ChatMessage {
-                    role: "system".into(),
-                    content: system.clone(),
-                });
+                messages.push(ChatMessage::new("system", system.clone()));
             }
-            messages.push(ChatMessage {
-                role: "user".into(),
-                content: self.prompt.clone(),
-            });
+            messages.push(ChatMessage::new("user", self.prompt.clone()));
             request.messages = Some(messages);
         }
         request.model = self.model.clone();

@@ -18,8 +18,8 @@ use sha2::{Digest, Sha256};
 
 mod reference;
 pub use reference::{
-    LLAMA_CPP_PYTHON_SHA256, LLAMA_CPP_PYTHON_VERSION, llama_cpp_reference, llama_cpp_reference_in,
-    reference_location, vocab_file, vocab_file_in,
+    LLAMA_CPP_PYTHON_SHA256, LLAMA_CPP_PYTHON_VERSION, chat_templates_dir, llama_cpp_reference,
+    llama_cpp_reference_in, reference_location, vocab_file, vocab_file_in,
 };
 
 /// File name of the default model inside `$ZINFER_HOME/models`.

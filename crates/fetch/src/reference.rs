@@ -85,6 +85,13 @@ pub fn llama_cpp_reference_in(reference_dir: &Path, progress: bool) -> Result<Pa
     Ok(dest)
 }
 
+/// The directory of llama.cpp's reference chat templates
+/// (`models/templates/*.jinja`, as Hugging Face checkpoints ship them),
+/// fetched first when missing.
+pub fn chat_templates_dir() -> Result<PathBuf, FetchError> {
+    Ok(llama_cpp_reference()?.join("models").join("templates"))
+}
+
 /// The path of llama.cpp's test vocabulary `ggml-vocab-{name}.gguf` (e.g.
 /// `qwen2`, `phi-3`, `llama-bpe`, `llama-spm`), fetched first when missing.
 pub fn vocab_file(name: &str) -> Result<PathBuf, FetchError> {

@@ -10,7 +10,9 @@
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
-use zinfer_protocol::{ChatMessage, DecodeError, GenerateRequest, Limits};
+use zinfer_protocol::{
+    ChatMessage, ContentPart, DecodeError, GenerateRequest, Limits, MessageContent, ToolCall,
+};
 
 use crate::error::ApiError;
 
@@ -332,30 +334,35 @@ fn token_ids(items: &[Value]) -> Result<Vec<u32>, ApiError> {
         .collect()
 }
 
-/// One chat turn: `role`, and `content` as a string or text parts.
+/// One chat turn, with OpenAI's message fields mapped to the protocol's:
+/// `content` as a string, text parts or null (an assistant turn with
+/// `tool_calls`), `name`, `tool_calls`, `tool_call_id` and
+/// `reasoning_content`. The template sees them as given.
 fn chat_message(i: usize, value: &Value) -> Result<ChatMessage, ApiError> {
     let param = format!("messages[{i}]");
     let Value::Object(map) = value else {
         return Err(ApiError::invalid(param, "each message must be an object"));
     };
-    if let Some(key) = map
-        .keys()
-        .find(|k| !["role", "content", "name"].contains(&k.as_str()))
+    // Fields an SDK echoes back from a response (`refusal`, `audio`, ...)
+    // are harmless while null.
+    if let Some((key, _)) = map
+        .iter()
+        .find(|(k, v)| !MESSAGE_FIELDS.contains(&k.as_str()) && !v.is_null())
     {
         return Err(ApiError::unsupported(
             &format!("{param}.{key}"),
-            format!("message field {key:?} is not supported (no tool calling)"),
+            format!("message field {key:?} is not supported"),
         ));
     }
     let role = match map.get("role").and_then(Value::as_str) {
-        Some(role @ ("system" | "user" | "assistant")) => role.to_string(),
+        Some(role @ ("system" | "user" | "assistant" | "tool")) => role.to_string(),
         // OpenAI's newer name for the system turn.
         Some("developer") => "system".to_string(),
         Some(other) => {
             return Err(ApiError::unsupported(
                 &format!("{param}.role"),
                 format!(
-                    "role {other:?} is not supported; use system, developer, user or assistant"
+                    "role {other:?} is not supported; use system, developer, user, assistant or tool"
                 ),
             ));
         }
@@ -367,13 +374,16 @@ fn chat_message(i: usize, value: &Value) -> Result<ChatMessage, ApiError> {
         }
     };
     let content = match map.get("content") {
-        Some(Value::String(text)) => text.clone(),
-        None | Some(Value::Null) if role == "assistant" => String::new(),
+        Some(Value::String(text)) => Some(MessageContent::Text(text.clone())),
+        None | Some(Value::Null) if role == "assistant" => None,
         Some(Value::Array(parts)) => {
             let mut texts = Vec::with_capacity(parts.len());
             for part in parts {
                 match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                    (Some("text"), Some(Value::String(text))) => texts.push(text.as_str()),
+                    (Some("text"), Some(Value::String(text))) => texts.push(ContentPart {
+                        kind: "text".into(),
+                        text: Some(text.clone()),
+                    }),
                     _ => {
                         return Err(ApiError::unsupported(
                             &format!("{param}.content"),
@@ -382,17 +392,57 @@ fn chat_message(i: usize, value: &Value) -> Result<ChatMessage, ApiError> {
                     }
                 }
             }
-            texts.join("\n")
+            Some(MessageContent::Parts(texts))
         }
         _ => {
             return Err(ApiError::invalid(
                 format!("{param}.content"),
-                "\"content\" must be a string or an array of text parts",
+                "\"content\" must be a string or an array of text parts (null only for an assistant turn)",
             ));
         }
     };
-    Ok(ChatMessage { role, content })
+    let text = |key: &str| -> Result<Option<String>, ApiError> {
+        match map.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(ApiError::invalid(
+                format!("{param}.{key}"),
+                format!("\"{key}\" must be a string"),
+            )),
+        }
+    };
+    let tool_calls = match map.get("tool_calls") {
+        None | Some(Value::Null) => None,
+        Some(calls) => Some(
+            serde_json::from_value::<Vec<ToolCall>>(calls.clone()).map_err(|e| {
+                ApiError::invalid(
+                    format!("{param}.tool_calls"),
+                    format!(
+                        "tool calls are [{{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}]: {e}"
+                    ),
+                )
+            })?,
+        ),
+    };
+    Ok(ChatMessage {
+        role,
+        content,
+        name: text("name")?,
+        tool_calls,
+        tool_call_id: text("tool_call_id")?,
+        reasoning_content: text("reasoning_content")?,
+    })
 }
+
+/// The message fields [`chat_message`] maps.
+const MESSAGE_FIELDS: [&str; 6] = [
+    "role",
+    "content",
+    "name",
+    "tool_calls",
+    "tool_call_id",
+    "reasoning_content",
+];
 
 fn decode_error(error: DecodeError) -> ApiError {
     let message = error.to_string();
@@ -474,7 +524,7 @@ mod tests {
         assert_eq!(t.model, "m");
         let messages = r.messages.as_ref().unwrap();
         assert_eq!(messages[0].role, "user");
-        assert_eq!(messages[0].content, "Hi");
+        assert_eq!(messages[0], ChatMessage::new("user", "Hi"));
     }
 
     #[test]
@@ -497,8 +547,39 @@ mod tests {
         assert!(!t.stream && !t.include_usage);
         let m = r.messages.as_ref().unwrap();
         assert_eq!(m[0].role, "system");
-        assert_eq!(m[1].content, "a\nb");
-        assert_eq!(m[2].content, "");
+        assert_eq!(m[1].content.as_ref().unwrap().text(), "a\nb");
+        assert_eq!(m[2].content, None);
+    }
+
+    #[test]
+    fn tool_calls_tool_results_and_reasoning_pass_through() {
+        let t = chat_ok(serde_json::json!({
+            "messages": [
+                {"role": "user", "name": "alice", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": null, "refusal": null, "reasoning_content": "look it up",
+                 "tool_calls": [{"id": "c1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "21 C"},
+            ],
+        }));
+        let m = t.request.messages.unwrap();
+        assert_eq!(m[0].name.as_deref(), Some("alice"));
+        assert_eq!(m[1].content, None);
+        assert_eq!(m[1].reasoning_content.as_deref(), Some("look it up"));
+        let calls = m[1].tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0].id.as_deref(), Some("c1"));
+        assert_eq!(calls[0].function.name, "get_weather");
+        assert_eq!(
+            calls[0].function.arguments,
+            serde_json::json!("{\"city\": \"Paris\"}")
+        );
+        assert_eq!(m[2].role, "tool");
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("c1"));
+        // Arguments that are neither a string nor a map are refused by the
+        // protocol's validation, which names the turn.
+        let error = chat_err(serde_json::json!({"messages": [
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": 1}}]}]}));
+        assert!(error.to_string().contains("messages[0]"), "{error}");
     }
 
     #[test]
@@ -560,12 +641,18 @@ mod tests {
         assert_eq!(param(&error).as_deref(), Some("messages"));
         let error = chat_err(serde_json::json!({"model": "m"}));
         assert_eq!(param(&error).as_deref(), Some("messages"));
-        let error = chat_err(serde_json::json!({"messages": [{"role": "tool", "content": "x"}]}));
+        let error = chat_err(serde_json::json!({"messages": [{"role": "robot", "content": "x"}]}));
         assert_eq!(param(&error).as_deref(), Some("messages[0].role"));
         let error = chat_err(
-            serde_json::json!({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}),
+            serde_json::json!({"messages": [{"role": "user", "content": "x", "tool_calls": [{"id": 1}]}]}),
         );
         assert_eq!(param(&error).as_deref(), Some("messages[0].tool_calls"));
+        let error = chat_err(
+            serde_json::json!({"messages": [{"role": "user", "content": "x", "audio": {"id": "a"}}]}),
+        );
+        assert_eq!(param(&error).as_deref(), Some("messages[0].audio"));
+        let error = chat_err(serde_json::json!({"messages": [{"role": "tool", "content": null}]}));
+        assert_eq!(param(&error).as_deref(), Some("messages[0].content"));
         let error = chat_err(
             serde_json::json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
         );

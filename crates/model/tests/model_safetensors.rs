@@ -216,19 +216,19 @@ fn safetensors_directory_matches_the_gguf() {
     .unwrap();
     let with_jinja = load(&hf_dir, &options).unwrap();
     let _ = std::fs::remove_dir_all(gguf_path.parent().unwrap());
-    let padded = [zinfer_protocol::ChatMessage {
-        role: "user".into(),
-        content: "  Name three colours. ".into(),
-    }];
+    let padded = [zinfer_protocol::ChatMessage::new(
+        "user",
+        "  Name three colours. ",
+    )];
     assert_eq!(
         with_jinja.tokenizer.apply_chat_template(&padded).unwrap(),
         "<user>NAME THREE COLOURS.\n"
     );
 
-    let messages = [zinfer_protocol::ChatMessage {
-        role: "user".into(),
-        content: "Name three colours.".into(),
-    }];
+    let messages = [zinfer_protocol::ChatMessage::new(
+        "user",
+        "Name three colours.",
+    )];
     let prompt = from_hf.tokenizer.apply_chat_template(&messages).unwrap();
     assert_eq!(
         prompt,

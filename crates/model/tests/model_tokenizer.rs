@@ -19,10 +19,7 @@ fn model() -> LoadedModel {
 }
 
 fn msg(role: &str, content: &str) -> ChatMessage {
-    ChatMessage {
-        role: role.to_string(),
-        content: content.to_string(),
-    }
+    ChatMessage::new(role.to_string(), content.to_string())
 }
 
 #[test]

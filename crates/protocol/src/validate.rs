@@ -1,9 +1,9 @@
 //! Field limits and value domains, checked after a frame has decoded.
 
 use crate::{
-    AdminReply, AdminRequest, CacheTransfer, ClientReply, ClientRequest, DecodeError,
-    GenerateRequest, Limits, RouterToSupervisor, RouterToWorker, SupervisorToRouter, TokenLogprob,
-    WireMessage, WorkerToRouter,
+    AdminReply, AdminRequest, CacheTransfer, ChatMessage, ClientReply, ClientRequest, DecodeError,
+    GenerateRequest, Limits, MessageContent, RouterToSupervisor, RouterToWorker,
+    SupervisorToRouter, TokenLogprob, WireMessage, WorkerToRouter,
 };
 
 fn over(field: &'static str, size: usize, max: usize) -> Result<(), DecodeError> {
@@ -18,6 +18,51 @@ fn over(field: &'static str, size: usize, max: usize) -> Result<(), DecodeError>
 
 fn name(field: &'static str, value: &str, limits: &Limits) -> Result<(), DecodeError> {
     over(field, value.len(), limits.max_name_bytes)
+}
+
+impl ChatMessage {
+    /// The value domains of a turn's fields: content is a string or text
+    /// parts, and absent only for an assistant turn; tool calls are
+    /// functions whose arguments are a JSON string or a map.
+    fn check(&self) -> Result<(), String> {
+        match &self.content {
+            None if self.role != "assistant" => {
+                return Err(format!(
+                    "\"content\" is required for a {:?} turn (only an assistant turn may leave it out)",
+                    self.role
+                ));
+            }
+            Some(MessageContent::Parts(parts)) => {
+                for part in parts {
+                    if part.kind != "text" {
+                        return Err(format!(
+                            "content part type {:?} is not supported: only \"text\" parts are",
+                            part.kind
+                        ));
+                    }
+                    if part.text.is_none() {
+                        return Err("a \"text\" content part needs \"text\"".into());
+                    }
+                }
+            }
+            _ => {}
+        }
+        for call in self.tool_calls.iter().flatten() {
+            if call.kind.as_deref().is_some_and(|kind| kind != "function") {
+                return Err(format!(
+                    "tool call type {:?} is not supported: only \"function\" is",
+                    call.kind.as_deref().unwrap_or_default()
+                ));
+            }
+            if !(call.function.arguments.is_string() || call.function.arguments.is_object()) {
+                return Err(format!(
+                    "the arguments of tool call {:?} must be a JSON string or a map",
+                    call.function.name
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl GenerateRequest {
@@ -41,16 +86,19 @@ impl GenerateRequest {
         }
         if let Some(messages) = &self.messages {
             over("messages", messages.len(), limits.max_prompt_items)?;
-            let bytes: usize = messages
-                .iter()
-                .map(|m| m.content.len() + m.role.len())
-                .sum();
+            let bytes: usize = messages.iter().map(ChatMessage::text_bytes).sum();
             over("messages", bytes, limits.max_prompt_bytes)?;
             if messages.is_empty() {
                 return Err(DecodeError::Invalid {
                     field: "messages",
                     detail: "must hold at least one message".into(),
                 });
+            }
+            for (i, message) in messages.iter().enumerate() {
+                message.check().map_err(|detail| DecodeError::Invalid {
+                    field: "messages",
+                    detail: format!("messages[{i}]: {detail}"),
+                })?;
             }
         }
         if let Some(tokens) = &self.tokens {

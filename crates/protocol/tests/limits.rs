@@ -130,13 +130,7 @@ fn prompt_bytes() {
 }
 
 fn chat(n: usize, content: &str) -> Option<Vec<ChatMessage>> {
-    Some(vec![
-        ChatMessage {
-            role: "user".into(),
-            content: content.into(),
-        };
-        n
-    ])
+    Some(vec![ChatMessage::new("user", content); n])
 }
 
 #[test]

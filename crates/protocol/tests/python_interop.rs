@@ -55,14 +55,8 @@ fn python_msgpack_reads_and_writes_protocol_frames() {
     assert_eq!(
         request.messages,
         Some(vec![
-            ChatMessage {
-                role: "system".into(),
-                content: "Be brief.".into()
-            },
-            ChatMessage {
-                role: "user".into(),
-                content: "Grüße aus Python".into()
-            },
+            ChatMessage::new("system", "Be brief."),
+            ChatMessage::new("user", "Grüße aus Python"),
         ])
     );
     assert_eq!(request.max_tokens, 16);

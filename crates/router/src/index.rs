@@ -60,7 +60,9 @@ pub(crate) fn prefix_key(request: &GenerateRequest) -> Vec<u8> {
         for message in messages {
             key.extend_from_slice(message.role.as_bytes());
             key.push(0x1f);
-            key.extend_from_slice(message.content.as_bytes());
+            if let Some(content) = &message.content {
+                key.extend_from_slice(content.text().as_bytes());
+            }
             key.push(0x1e);
         }
         return key;

@@ -200,10 +200,7 @@ fn the_capital_of_france_is_paris() {
     // Through `messages` and the chat template. With the template's default
     // system message the first token is a near-tie ("The" vs "L"), so the
     // conversation brings its own.
-    let message = |role: &str, content: &str| zinfer_protocol::ChatMessage {
-        role: role.into(),
-        content: content.into(),
-    };
+    let message = |role: &str, content: &str| zinfer_protocol::ChatMessage::new(role, content);
     let via_messages = GenerateRequest {
         prompt: None,
         messages: Some(vec![

@@ -19,7 +19,7 @@ use tokenizers::Tokenizer;
 use zinfer_protocol::ChatMessage;
 
 use super::ModelError;
-use super::chat::ChatTemplate;
+use super::chat::{ChatTemplate, TemplateInput};
 use vocab::GgufVocab;
 
 /// Tokens that end a turn in common chat formats; each one present in a
@@ -141,7 +141,13 @@ impl ModelTokenizer {
 
     /// The prompt for a conversation, ending where the assistant's reply starts.
     pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
-        self.chat.render(messages)
+        self.chat.render_messages(messages)
+    }
+
+    /// The prompt for a conversation with tools, extra template variables
+    /// or a fixed clock, as transformers' `apply_chat_template` renders it.
+    pub fn render_chat(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+        self.chat.render(input)
     }
 
     /// Tokens that end generation, sorted: for a GGUF file llama.cpp's
@@ -367,10 +373,7 @@ mod tests {
         assert_eq!(tok.eos_token_ids(), [2]);
         // No template in the file: ChatML.
         let chat = tok
-            .apply_chat_template(&[ChatMessage {
-                role: "user".to_string(),
-                content: "hi".to_string(),
-            }])
+            .apply_chat_template(&[ChatMessage::new("user".to_string(), "hi".to_string())])
             .unwrap();
         assert_eq!(
             chat,
@@ -425,11 +428,8 @@ mod tests {
 
     fn chat_of(dir: &tempfile::TempDir) -> String {
         let tok = ModelTokenizer::from_hf_dir(dir.path(), &[]).unwrap();
-        tok.apply_chat_template(&[ChatMessage {
-            role: "user".to_string(),
-            content: "  hi ".to_string(),
-        }])
-        .unwrap()
+        tok.apply_chat_template(&[ChatMessage::new("user".to_string(), "  hi ".to_string())])
+            .unwrap()
     }
 
     const CONFIG: &str = r#"{"bos_token":"<s>","eos_token":"</s>",

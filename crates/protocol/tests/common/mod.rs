@@ -87,14 +87,8 @@ pub fn chat_generate() -> GenerateRequest {
     let mut request = GenerateRequest::from_prompt("req-2", "");
     request.prompt = None;
     request.messages = Some(vec![
-        ChatMessage {
-            role: "system".into(),
-            content: "Be brief.".into(),
-        },
-        ChatMessage {
-            role: "user".into(),
-            content: "What is the capital of France?".into(),
-        },
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "What is the capital of France?"),
     ]);
     request.temperature = 0.0;
     request

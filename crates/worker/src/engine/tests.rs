@@ -30,9 +30,19 @@ impl TextCodec for Bytes {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        // As a template's `raise_exception` refuses a conversation.
+        if messages.iter().any(|m| m.role == "refused") {
+            return Err(ModelError::ChatTemplate("roles must alternate".into()));
+        }
         Ok(messages
             .iter()
-            .map(|m| format!("{}: {}\n", m.role, m.content))
+            .map(|m| {
+                format!(
+                    "{}: {}\n",
+                    m.role,
+                    m.content.as_ref().map(|c| c.text()).unwrap_or_default()
+                )
+            })
             .collect())
     }
     fn eos_token_ids(&self) -> &[u32] {
@@ -314,10 +324,7 @@ fn stop_token_ids_and_chat_messages_work() {
     let handle = engine(Mode::Script, 256, 0, EngineConfig::default());
     let request = GenerateRequest {
         prompt: None,
-        messages: Some(vec![ChatMessage {
-            role: "user".into(),
-            content: "hey".into(),
-        }]),
+        messages: Some(vec![ChatMessage::new("user", "hey")]),
         stop_token_ids: vec![u32::from(b'!')],
         ..greedy("", 100)
     };
@@ -489,6 +496,19 @@ fn refusals_come_from_submit_with_their_codes() {
         ..greedy("a", 4)
     };
     assert_eq!(code(handle.submit(both, 1)), ErrorCode::BadRequest);
+    // A chat template that refuses the conversation: the client's to fix,
+    // and told why.
+    let refused = GenerateRequest {
+        prompt: None,
+        messages: Some(vec![ChatMessage::new("refused", "x")]),
+        ..greedy("", 4)
+    };
+    let error = handle.submit(refused, 1).unwrap_err();
+    assert_eq!(error.code(), ErrorCode::BadRequest);
+    assert!(
+        error.to_string().contains("roles must alternate"),
+        "{error}"
+    );
     assert!(handle.events().is_empty(), "refusals send no events");
 }
 

@@ -86,7 +86,12 @@ fn tokenize(
         }
         tokens.clone()
     } else if let Some(messages) = &request.messages {
-        let rendered = text.render_chat(messages).map_err(tokenizer)?;
+        // A template refusing a conversation (`raise_exception`, roles out
+        // of order, a null it cannot print) is the client's to fix.
+        let rendered = text.render_chat(messages).map_err(|error| match error {
+            zinfer_model::ModelError::ChatTemplate(_) => EngineError::BadRequest(error.to_string()),
+            other => tokenizer(other),
+        })?;
         text.encode_prompt(&rendered).map_err(tokenizer)?
     } else {
         let prompt = request.prompt.as_deref().unwrap_or_default();

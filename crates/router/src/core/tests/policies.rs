@@ -73,14 +73,11 @@ fn cache_aware_matches_chat_messages_and_separates_namespaces() {
         request.prompt = None;
         request.namespace = namespace.map(str::to_string);
         request.messages = Some(vec![
-            ChatMessage {
-                role: "system".into(),
-                content: "A long shared system prompt that dominates the key.".into(),
-            },
-            ChatMessage {
-                role: "user".into(),
-                content: question.into(),
-            },
+            ChatMessage::new(
+                "system",
+                "A long shared system prompt that dominates the key.",
+            ),
+            ChatMessage::new("user", question),
         ]);
         request
     };
