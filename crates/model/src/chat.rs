@@ -89,6 +89,41 @@ impl ChatTemplate {
     }
 }
 
+/// Kept apart from [`ChatTemplate::render`] so that it can change on its
+/// own: once `render` takes `add_generation_prompt`, this becomes a call
+/// of it.
+impl ChatTemplate {
+    /// Renders `messages`, with the assistant turn's opening only when
+    /// `add_generation_prompt` (`apply_template` on the wire).
+    pub(crate) fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        if add_generation_prompt {
+            return self.render(messages);
+        }
+        if let Some(why) = &self.broken {
+            return Err(ModelError::ChatTemplate(why.clone()));
+        }
+        let messages: Vec<_> = messages
+            .iter()
+            .map(|m| context! { role => m.role.as_str(), content => m.content.as_str() })
+            .collect();
+        self.env
+            .get_template(NAME)
+            .and_then(|t| {
+                t.render(context! {
+                    messages => messages,
+                    add_generation_prompt => false,
+                    bos_token => self.bos_token.as_str(),
+                    eos_token => self.eos_token.as_str(),
+                })
+            })
+            .map_err(|e| ModelError::ChatTemplate(e.to_string()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +141,17 @@ mod tests {
         assert_eq!(
             t.render(&[msg("user", "hi")]).unwrap(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
+    }
+
+    #[test]
+    fn generation_prompt_is_optional() {
+        let t = ChatTemplate::new(None, String::new(), String::new());
+        let with = t.render_with(&[msg("user", "hi")], true).unwrap();
+        assert_eq!(with, t.render(&[msg("user", "hi")]).unwrap());
+        assert_eq!(
+            t.render_with(&[msg("user", "hi")], false).unwrap(),
+            "<|im_start|>user\nhi<|im_end|>\n"
         );
     }
 
