@@ -215,6 +215,17 @@ impl ModelTokenizer {
         }
     }
 
+    /// The tokenizer and chat template of a model on disk, without its
+    /// weights: a GGUF file's metadata (llama.cpp's vocabulary-only files
+    /// included), or a Hugging Face directory's `tokenizer.json`.
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        if path.is_dir() {
+            Self::from_hf_dir(path, &[])
+        } else {
+            Self::from_gguf_file(path)
+        }
+    }
+
     /// Reads the tokenizer and chat template of a GGUF file, weights or
     /// not (llama.cpp's vocabulary-only files have none).
     pub fn from_gguf_file(path: &Path) -> Result<Self, ModelError> {
