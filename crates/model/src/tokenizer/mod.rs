@@ -182,6 +182,15 @@ impl ModelTokenizer {
     /// tokens written out, nothing stripped, invalid UTF-8 as U+FFFD. An id
     /// outside the vocabulary is an error naming it.
     pub fn detokenize(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        let vocab_size = self.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(TokenizerError::UnknownId { id, vocab_size });
+        }
+        if let Backend::Hf { tokenizer, .. } = &self.backend {
+            // Byte-level pieces decode only together (one alone may be
+            // part of a character).
+            return tokenizer.decode(ids, false).map_err(hf_err);
+        }
         let mut bytes = Vec::new();
         for &id in ids {
             let piece = self.token_to_piece(id).ok_or(TokenizerError::UnknownId {
