@@ -279,3 +279,50 @@ fn text_endpoints_over_serve_http() {
     let (status, body) = post("/tokenize", json!({"content": ["x"]}));
     assert_eq!(status, 400, "{body}");
 }
+
+/// A tokenize of a text at the 512 KiB limit runs beside a streaming
+/// request without ending it, and a reply too large for one frame is an
+/// error, not a dropped worker connection.
+#[test]
+fn a_huge_tokenize_beside_a_stream() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let client = cluster.client();
+    client.start_stream("s", "Once upon a time", 48);
+    let huge: String = TEXT.repeat(512 * 1024 / TEXT.len());
+    client.send(&tokenize("big", &huge, true, false));
+    client.send(&tokenize("bigger", &huge, true, true));
+    let (mut big, mut bigger, mut done) = (None, None, None);
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while (big.is_none() || bigger.is_none() || done.is_none())
+        && std::time::Instant::now() < deadline
+    {
+        let Some(reply) = client.recv(Duration::from_secs(60)) else {
+            break;
+        };
+        match &reply {
+            ClientReply::Tokenized { id, tokens, .. } if id == "big" => big = Some(tokens.len()),
+            ClientReply::Tokenized { id, .. } | ClientReply::Error { id: Some(id), .. }
+                if id == "bigger" =>
+            {
+                bigger = Some(reply.clone());
+            }
+            ClientReply::Done { id, usage, .. } if id == "s" => {
+                done = Some(usage.completion_tokens);
+            }
+            ClientReply::Chunk { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(big.is_some_and(|n| n > 10_000), "{big:?}");
+    assert_eq!(done, Some(48), "the stream ran to its end");
+    match bigger {
+        Some(ClientReply::Error { code, message, .. }) => {
+            assert_eq!(code, ErrorCode::BadRequest);
+            assert!(message.contains("frame limit"), "{message}");
+        }
+        Some(ClientReply::Tokenized { .. }) => {}
+        other => panic!("no answer to the tokenize with pieces: {other:?}"),
+    }
+    // The worker kept its connection and still answers.
+    assert_eq!(detokenize(&client, tokens(&client, TEXT, true)), TEXT);
+}
