@@ -18,6 +18,7 @@ mod multihost;
 mod reliability;
 mod security;
 mod soak;
+mod text;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -176,7 +176,12 @@ impl ZmqTransport {
                 tracing::warn!("the router could not read a request: {message}");
                 return None;
             }
-            ClientReply::Models { .. } | ClientReply::Pong { .. } => return None,
+            // The bench sends none of these.
+            ClientReply::Models { .. }
+            | ClientReply::Pong { .. }
+            | ClientReply::Tokenized { .. }
+            | ClientReply::Detokenized { .. }
+            | ClientReply::AppliedTemplate { .. } => return None,
         };
         let key = id.strip_prefix(ID_PREFIX)?.parse().ok()?;
         Some(Event { key, at, kind })

@@ -167,7 +167,11 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
                 let hint = if retryable { " (retryable)" } else { "" };
                 bail!("router answered {code}{hint}: {message}");
             }
-            ClientReply::Models { .. } | ClientReply::Pong { .. } => {}
+            ClientReply::Models { .. }
+            | ClientReply::Pong { .. }
+            | ClientReply::Tokenized { .. }
+            | ClientReply::Detokenized { .. }
+            | ClientReply::AppliedTemplate { .. } => {}
         }
     }
 }

@@ -10,6 +10,7 @@ mod keys;
 mod router_cmd;
 mod serve;
 mod supervisor_cmd;
+mod tokenize_cmd;
 mod worker_cmd;
 mod zmq_util;
 
@@ -88,6 +89,10 @@ enum ModelCommand {
     /// shapes, parameters, quantization, memory, tokenizer) and whether this
     /// build can load it; reads headers only.
     Inspect(inspect::InspectArgs),
+    /// Print the token ids of each TEXT under a model's tokenizer (GGUF
+    /// metadata alone, no weights), one JSON array per line, as
+    /// llama-tokenize does: the model's BOS/EOS added, special tokens parsed.
+    Tokenize(tokenize_cmd::TokenizeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -111,6 +116,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Model(ModelCommand::Inspect(args)) => inspect::run(args),
+        Command::Model(ModelCommand::Tokenize(args)) => tokenize_cmd::run(args),
     }
 }
 

@@ -19,7 +19,9 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc as tmpsc, oneshot};
-use zinfer_protocol::{ClientReply, ClientRequest, ErrorCode, GenerateRequest, Limits, ModelInfo};
+use zinfer_protocol::{
+    ClientReply, ClientRequest, ErrorCode, GenerateRequest, Limits, ModelInfo, TextRequest,
+};
 
 use crate::error::ApiError;
 
@@ -38,6 +40,11 @@ const CONNECTION_LOST: &str = "the connection to the router dropped (router rest
 enum Command {
     Generate {
         request: Box<GenerateRequest>,
+        replies: tmpsc::Sender<ClientReply>,
+    },
+    /// `tokenize`, `detokenize` or `apply_template`: one reply.
+    Text {
+        request: Box<TextRequest>,
         replies: tmpsc::Sender<ClientReply>,
     },
     Cancel {
@@ -195,6 +202,35 @@ impl RouterClient {
         })
     }
 
+    /// Sends a text request (its id from [`RouterClient::next_id`]) and
+    /// waits up to `timeout` for its one reply: its answer, or the
+    /// router's `error` as an [`ApiError`].
+    pub async fn text(
+        &self,
+        request: TextRequest,
+        timeout: Duration,
+    ) -> Result<ClientReply, ApiError> {
+        let model = request.model().map(str::to_string);
+        let (replies, receiver) = tmpsc::channel(1);
+        let id = request.id().to_string();
+        self.send(Command::Text {
+            request: Box::new(request),
+            replies,
+        })?;
+        let mut pending = Pending {
+            id,
+            replies: receiver,
+            client: self.clone(),
+            finished: false,
+        };
+        match pending.next(timeout).await? {
+            ClientReply::Error { code, message, .. } => {
+                Err(ApiError::from_router(code, message, model.as_deref()))
+            }
+            reply => Ok(reply),
+        }
+    }
+
     /// The models the router serves, with their ready worker counts.
     pub async fn models(&self, timeout: Duration) -> Result<Vec<ModelInfo>, ApiError> {
         let (reply, receiver) = oneshot::channel();
@@ -233,7 +269,7 @@ impl Pending {
     pub async fn next(&mut self, timeout: Duration) -> Result<ClientReply, ApiError> {
         match tokio::time::timeout(timeout, self.replies.recv()).await {
             Ok(Some(reply)) => {
-                if matches!(reply, ClientReply::Done { .. } | ClientReply::Error { .. }) {
+                if reply.is_terminal() {
                     self.finished = true;
                 }
                 Ok(reply)
@@ -282,6 +318,7 @@ struct IoThread {
 /// its router does not refuse its first requests while the DEALER connects.
 enum Unsent {
     Generate(Box<GenerateRequest>, tmpsc::Sender<ClientReply>),
+    Text(Box<TextRequest>, tmpsc::Sender<ClientReply>),
     Models(String, oneshot::Sender<Vec<ModelInfo>>),
 }
 
@@ -383,6 +420,9 @@ impl IoThread {
             Command::Generate { request, replies } => {
                 self.try_send(Instant::now(), Unsent::Generate(request, replies));
             }
+            Command::Text { request, replies } => {
+                self.try_send(Instant::now(), Unsent::Text(request, replies));
+            }
             Command::Cancel { id } => {
                 if self.requests.remove(&id).is_some()
                     && let Err(error) = self.send(&ClientRequest::Cancel { id })
@@ -402,9 +442,12 @@ impl IoThread {
     /// asker went away is dropped.
     fn try_send(&mut self, arrived: Instant, unsent: Unsent) {
         let request = match &unsent {
-            Unsent::Generate(_, replies) if replies.is_closed() => return,
+            Unsent::Generate(_, replies) | Unsent::Text(_, replies) if replies.is_closed() => {
+                return;
+            }
             Unsent::Models(_, reply) if reply.is_closed() => return,
             Unsent::Generate(request, _) => ClientRequest::Generate((**request).clone()),
+            Unsent::Text(request, _) => client_request(request),
             Unsent::Models(id, _) => ClientRequest::Models {
                 id: Some(id.clone()),
             },
@@ -428,12 +471,18 @@ impl IoThread {
             (Ok(()), Unsent::Generate(request, replies)) => {
                 self.requests.insert(request.id.clone(), replies);
             }
+            (Ok(()), Unsent::Text(request, replies)) => {
+                self.requests.insert(request.id().to_string(), replies);
+            }
             (Ok(()), Unsent::Models(id, reply)) => {
                 self.models.insert(id, (Instant::now(), reply));
             }
             (Err(None), unsent) => self.unsent.push((arrived, unsent)),
             (Err(Some((code, message))), Unsent::Generate(request, replies)) => {
                 let _ = replies.try_send(unavailable(request.id.clone(), code, message));
+            }
+            (Err(Some((code, message))), Unsent::Text(request, replies)) => {
+                let _ = replies.try_send(unavailable(request.id().to_string(), code, message));
             }
             // `reply` drops: the caller sees the router as unreachable.
             (Err(Some(_)), Unsent::Models(..)) => {}
@@ -461,7 +510,11 @@ impl IoThread {
                     let _ = self.send(&ClientRequest::Cancel { id });
                 }
             }
-            ClientReply::Done { id, .. } | ClientReply::Error { id: Some(id), .. } => {
+            ClientReply::Done { id, .. }
+            | ClientReply::Error { id: Some(id), .. }
+            | ClientReply::Tokenized { id, .. }
+            | ClientReply::Detokenized { id, .. }
+            | ClientReply::AppliedTemplate { id, .. } => {
                 if let Some(replies) = self.requests.remove(id) {
                     let _ = replies.try_send(reply);
                 }
@@ -481,6 +534,15 @@ impl IoThread {
             }
             ClientReply::Models { id: None, .. } | ClientReply::Pong { .. } => {}
         }
+    }
+}
+
+/// The client message of a text request.
+fn client_request(request: &TextRequest) -> ClientRequest {
+    match request.clone() {
+        TextRequest::Tokenize(r) => ClientRequest::Tokenize(r),
+        TextRequest::Detokenize(r) => ClientRequest::Detokenize(r),
+        TextRequest::ApplyTemplate(r) => ClientRequest::ApplyTemplate(r),
     }
 }
 

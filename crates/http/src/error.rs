@@ -34,7 +34,10 @@ pub enum ApiError {
     #[error("the model {0:?} does not exist; GET /v1/models lists the models served")]
     ModelNotFound(String),
     /// No such path.
-    #[error("no route for {0}; the API is under /v1 (completions, chat/completions, models)")]
+    #[error(
+        "no route for {0}; the API is under /v1 (completions, chat/completions, models), \
+         plus /tokenize, /detokenize and /apply-template"
+    )]
     NoRoute(String),
     /// `--api-key` is set and the request did not carry it.
     #[error("missing or incorrect API key; send it as \"Authorization: Bearer KEY\"")]

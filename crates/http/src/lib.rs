@@ -12,12 +12,14 @@
 //! | [`respond`] | protocol replies to OpenAI bodies and SSE events (pure) |
 //! | [`error`] | one error enum, OpenAI-shaped bodies and statuses |
 //! | [`backend`] | the I/O thread owning the DEALER, requests multiplexed by id |
+//! | [`text`] | llama-server's `/tokenize`, `/detokenize`, `/apply-template` bodies to and from protocol text requests (pure) |
 //! | [`server`] | routes, API key, handlers |
 
 pub mod backend;
 pub mod error;
 pub mod respond;
 pub mod server;
+pub mod text;
 pub mod translate;
 
 use std::future::Future;

@@ -279,7 +279,11 @@ impl StreamEncoder {
                 out.push(DONE.to_string());
                 self.finished = true;
             }
-            ClientReply::Models { .. } | ClientReply::Pong { .. } => {}
+            ClientReply::Models { .. }
+            | ClientReply::Pong { .. }
+            | ClientReply::Tokenized { .. }
+            | ClientReply::Detokenized { .. }
+            | ClientReply::AppliedTemplate { .. } => {}
         }
         out
     }

@@ -1,5 +1,6 @@
 //! The axum application: routes, the API-key check, and the handlers that
-//! join translation, the router connection and the response encoders.
+//! join translation, the router connection and the response encoders
+//! (llama-server's `/tokenize`, `/detokenize` and `/apply-template` too).
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -15,11 +16,12 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
-use zinfer_protocol::{ClientReply, Limits};
+use zinfer_protocol::{ClientReply, Limits, TextRequest};
 
 use crate::backend::{Pending, RouterClient};
 use crate::error::ApiError;
 use crate::respond::{Endpoint, Meta, StreamEncoder, full_response};
+use crate::text;
 use crate::translate::{self, Context};
 
 /// How long `/v1/models` and `/ready` wait for the router.
@@ -47,6 +49,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/apply-template", post(apply_template))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_key));
     Router::new()
         .merge(v1)
@@ -132,6 +137,40 @@ async fn chat_completions(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     generate(state, Endpoint::Chat, body).await
+}
+
+/// llama-server's `/tokenize`.
+async fn tokenize(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let id = state.client.next_id();
+    let request = text::tokenize(&body, text_context(&state, &id))?;
+    answer_text(&state, TextRequest::Tokenize(request)).await
+}
+
+/// llama-server's `/detokenize`.
+async fn detokenize(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let id = state.client.next_id();
+    let request = text::detokenize(&body, text_context(&state, &id))?;
+    answer_text(&state, TextRequest::Detokenize(request)).await
+}
+
+/// llama-server's `/apply-template`.
+async fn apply_template(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let id = state.client.next_id();
+    let request = text::apply_template(&body, text_context(&state, &id))?;
+    answer_text(&state, TextRequest::ApplyTemplate(request)).await
+}
+
+fn text_context<'a>(state: &'a AppState, id: &'a str) -> Context<'a> {
+    Context {
+        id,
+        alias: state.alias.as_deref(),
+        limits: &state.limits,
+    }
+}
+
+async fn answer_text(state: &AppState, request: TextRequest) -> Result<Response, ApiError> {
+    let reply = state.client.text(request, state.reply_timeout).await?;
+    Ok(axum::Json(text::response(&reply)?).into_response())
 }
 
 fn now_unix() -> u64 {
@@ -239,7 +278,11 @@ async fn whole(
             ClientReply::Error { code, message, .. } => {
                 return Err(ApiError::from_router(code, message, model));
             }
-            ClientReply::Models { .. } | ClientReply::Pong { .. } => {}
+            ClientReply::Models { .. }
+            | ClientReply::Pong { .. }
+            | ClientReply::Tokenized { .. }
+            | ClientReply::Detokenized { .. }
+            | ClientReply::AppliedTemplate { .. } => {}
         }
         reply = pending.next(timeout).await?;
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use zinfer_http::{HttpConfig, HttpServer};
 use zinfer_protocol::{
-    ClientReply, ClientRequest, ErrorCode, FinishReason, Limits, ModelInfo, Timings, Usage,
+    ClientReply, ClientRequest, ErrorCode, FinishReason, Limits, ModelInfo, Piece, Timings, Usage,
 };
 
 /// Answers `models`, and `generate` with "Hel" + "lo" then `done`; the
@@ -99,6 +99,61 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                     let _ = cancels.send(id);
                 }
                 ClientRequest::Ping { id } => send(ClientReply::Pong { id }),
+                // Byte-level text: id = byte; a model "nope" is unknown.
+                ClientRequest::Tokenize(request) if request.model.as_deref() == Some("nope") => {
+                    send(ClientReply::Error {
+                        id: Some(request.id),
+                        code: ErrorCode::UnknownModel,
+                        message: "no worker serves \"nope\"".into(),
+                        retryable: false,
+                    });
+                }
+                ClientRequest::Tokenize(request) => {
+                    let bytes = request.content.as_bytes();
+                    let mut tokens: Vec<u32> = bytes.iter().map(|&b| u32::from(b)).collect();
+                    if request.add_special {
+                        tokens.insert(0, 256);
+                    }
+                    let pieces = request.with_pieces.then(|| {
+                        tokens
+                            .iter()
+                            .map(|&t| match u8::try_from(t) {
+                                Ok(b) => Piece::from_bytes(vec![b]),
+                                Err(_) => Piece::Text("<s>".into()),
+                            })
+                            .collect()
+                    });
+                    send(ClientReply::Tokenized {
+                        id: request.id,
+                        tokens,
+                        pieces,
+                    });
+                }
+                ClientRequest::Detokenize(request) => {
+                    let bytes: Vec<u8> = request
+                        .tokens
+                        .iter()
+                        .filter_map(|&t| u8::try_from(t).ok())
+                        .collect();
+                    send(ClientReply::Detokenized {
+                        id: request.id,
+                        content: String::from_utf8_lossy(&bytes).into_owned(),
+                    });
+                }
+                ClientRequest::ApplyTemplate(request) => {
+                    let mut prompt: String = request
+                        .messages
+                        .iter()
+                        .map(|m| format!("{}: {}\n", m.role, m.content))
+                        .collect();
+                    if request.add_generation_prompt {
+                        prompt.push_str("assistant:");
+                    }
+                    send(ClientReply::AppliedTemplate {
+                        id: request.id,
+                        prompt,
+                    });
+                }
             }
         }
     });
@@ -368,4 +423,86 @@ fn a_client_that_goes_away_cancels_its_request() {
             .unwrap_or_else(|_| panic!("no cancel reached the router (stream: {stream})"));
         assert!(id.starts_with("h-"), "{id}");
     }
+}
+
+#[test]
+fn tokenize_detokenize_and_apply_template_in_llama_servers_shapes() {
+    let (addr, _) = start_front(Some("k"));
+    let key = Some("k");
+    let (status, body) = call(
+        addr,
+        "POST",
+        "/tokenize",
+        Some(&serde_json::json!({"content": "h\u{e9}"})),
+        key,
+    );
+    assert_eq!(status, 200, "{body}");
+    // llama-server's default: no BOS.
+    assert_eq!(json(&body), serde_json::json!({"tokens": [104, 195, 169]}));
+    let (status, body) = call(
+        addr,
+        "POST",
+        "/tokenize",
+        Some(&serde_json::json!({"content": "h\u{e9}", "add_special": true, "with_pieces": true})),
+        key,
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        json(&body),
+        serde_json::json!({"tokens": [
+            {"id": 256, "piece": "<s>"},
+            {"id": 104, "piece": "h"},
+            {"id": 195, "piece": [195]},
+            {"id": 169, "piece": [169]},
+        ]})
+    );
+    let (status, body) = call(
+        addr,
+        "POST",
+        "/detokenize",
+        Some(&serde_json::json!({"tokens": [104, 105]})),
+        key,
+    );
+    assert_eq!(
+        (status, json(&body)),
+        (200, serde_json::json!({"content": "hi"}))
+    );
+    let (status, body) = call(
+        addr,
+        "POST",
+        "/apply-template",
+        Some(&serde_json::json!({"messages": [{"role": "user", "content": "Hi"}]})),
+        key,
+    );
+    assert_eq!(
+        (status, json(&body)),
+        (200, serde_json::json!({"prompt": "user: Hi\nassistant:"}))
+    );
+    // Errors in the OpenAI shape: a router error, a bad body, the API key.
+    let (status, body) = call(
+        addr,
+        "POST",
+        "/tokenize",
+        Some(&serde_json::json!({"content": "x", "model": "nope"})),
+        key,
+    );
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(json(&body)["error"]["code"], "model_not_found");
+    let (status, body) = call(
+        addr,
+        "POST",
+        "/tokenize",
+        Some(&serde_json::json!({"content": 5})),
+        key,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(json(&body)["error"]["type"], "invalid_request_error");
+    let (status, _) = call(
+        addr,
+        "POST",
+        "/tokenize",
+        Some(&serde_json::json!({"content": "x"})),
+        None,
+    );
+    assert_eq!(status, 401);
 }

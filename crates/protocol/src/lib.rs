@@ -23,11 +23,13 @@ mod codec;
 mod limits;
 mod messages;
 mod scan;
+mod text;
 mod validate;
 
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
 pub use limits::Limits;
 pub use messages::*;
+pub use text::*;
 
 /// The protocol version this build speaks. Messages may carry it as `"v"`;
 /// a message without `"v"` is taken to be version 1.

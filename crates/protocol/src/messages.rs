@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::text::{ApplyTemplateRequest, DetokenizeRequest, Piece, TokenizeRequest};
+
 /// A client's name for one of its requests. Unique per client connection
 /// while the request is in flight; the router keys its table on
 /// (client identity, id).
@@ -422,6 +424,12 @@ pub enum ClientRequest {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<RequestId>,
     },
+    /// Token ids of a text; answered with `tokenized`.
+    Tokenize(TokenizeRequest),
+    /// Text of token ids; answered with `detokenized`.
+    Detokenize(DetokenizeRequest),
+    /// Prompt text of chat turns; answered with `applied_template`.
+    ApplyTemplate(ApplyTemplateRequest),
 }
 
 /// Why a generation ended.
@@ -631,6 +639,30 @@ pub enum ClientReply {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<RequestId>,
     },
+    /// Reply to `tokenize`; terminal.
+    Tokenized {
+        /// Client request id.
+        id: RequestId,
+        /// Token ids.
+        tokens: Vec<u32>,
+        /// One piece per entry of `tokens`, when `with_pieces` was set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pieces: Option<Vec<Piece>>,
+    },
+    /// Reply to `detokenize`; terminal.
+    Detokenized {
+        /// Client request id.
+        id: RequestId,
+        /// The text.
+        content: String,
+    },
+    /// Reply to `apply_template`; terminal.
+    AppliedTemplate {
+        /// Client request id.
+        id: RequestId,
+        /// The rendered prompt.
+        prompt: String,
+    },
 }
 
 /// A worker's load, reported in `load` and shown by `zinfer ctl workers`.
@@ -720,6 +752,28 @@ pub enum RouterToWorker {
         /// Only this namespace, when set.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         namespace: Option<String>,
+    },
+    /// Tokenize; answer with `tokenized` or `error` carrying `rid`.
+    Tokenize {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// The client's request, `model` filled in.
+        request: TokenizeRequest,
+    },
+    /// Detokenize; answer with `detokenized` or `error` carrying `rid`.
+    Detokenize {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// The client's request, `model` filled in.
+        request: DetokenizeRequest,
+    },
+    /// Render the chat template; answer with `applied_template` or `error`
+    /// carrying `rid`.
+    ApplyTemplate {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// The client's request, `model` filled in.
+        request: ApplyTemplateRequest,
     },
 }
 
@@ -819,6 +873,30 @@ pub enum WorkerToRouter {
         ok: bool,
         /// Details, for a person.
         message: String,
+    },
+    /// Answer to `tokenize` `rid`.
+    Tokenized {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// Token ids.
+        tokens: Vec<u32>,
+        /// One piece per entry of `tokens`, when asked for.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pieces: Option<Vec<Piece>>,
+    },
+    /// Answer to `detokenize` `rid`.
+    Detokenized {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// The text.
+        content: String,
+    },
+    /// Answer to `apply_template` `rid`.
+    AppliedTemplate {
+        /// Router-internal request id.
+        rid: RouterRequestId,
+        /// The rendered prompt.
+        prompt: String,
     },
 }
 

@@ -1,9 +1,10 @@
 //! Field limits and value domains, checked after a frame has decoded.
 
 use crate::{
-    AdminReply, AdminRequest, CacheTransfer, ChatMessage, ClientReply, ClientRequest, DecodeError,
-    GenerateRequest, Limits, MessageContent, RouterToSupervisor, RouterToWorker,
-    SupervisorToRouter, TokenLogprob, WireMessage, WorkerToRouter,
+    AdminReply, AdminRequest, ApplyTemplateRequest, CacheTransfer, ChatMessage, ClientReply,
+    ClientRequest, DecodeError, DetokenizeRequest, GenerateRequest, Limits, MessageContent, Piece,
+    RouterToSupervisor, RouterToWorker, SupervisorToRouter, TextRequest, TokenLogprob,
+    TokenizeRequest, WireMessage, WorkerToRouter,
 };
 
 fn over(field: &'static str, size: usize, max: usize) -> Result<(), DecodeError> {
@@ -85,21 +86,7 @@ impl GenerateRequest {
             over("prompt", prompt.len(), limits.max_prompt_bytes)?;
         }
         if let Some(messages) = &self.messages {
-            over("messages", messages.len(), limits.max_prompt_items)?;
-            let bytes: usize = messages.iter().map(ChatMessage::text_bytes).sum();
-            over("messages", bytes, limits.max_prompt_bytes)?;
-            if messages.is_empty() {
-                return Err(DecodeError::Invalid {
-                    field: "messages",
-                    detail: "must hold at least one message".into(),
-                });
-            }
-            for (i, message) in messages.iter().enumerate() {
-                message.check().map_err(|detail| DecodeError::Invalid {
-                    field: "messages",
-                    detail: format!("messages[{i}]: {detail}"),
-                })?;
-            }
+            chat_messages(messages, limits)?;
         }
         if let Some(tokens) = &self.tokens {
             over("tokens", tokens.len(), limits.max_prompt_items)?;
@@ -189,12 +176,96 @@ impl GenerateRequest {
     }
 }
 
+impl TextRequest {
+    /// Checks limits and value domains, as [`GenerateRequest::validate`]
+    /// does for its fields of the same names.
+    pub fn validate(&self, limits: &Limits) -> Result<(), DecodeError> {
+        match self {
+            TextRequest::Tokenize(request) => request.validate(limits),
+            TextRequest::Detokenize(request) => request.validate(limits),
+            TextRequest::ApplyTemplate(request) => request.validate(limits),
+        }
+    }
+}
+
+fn id_and_model(id: &str, model: Option<&str>, limits: &Limits) -> Result<(), DecodeError> {
+    name("id", id, limits)?;
+    name("model", model.unwrap_or_default(), limits)
+}
+
+impl TokenizeRequest {
+    /// Checks limits: `content` is held to the prompt limit.
+    pub fn validate(&self, limits: &Limits) -> Result<(), DecodeError> {
+        id_and_model(&self.id, self.model.as_deref(), limits)?;
+        over("content", self.content.len(), limits.max_prompt_bytes)
+    }
+}
+
+impl DetokenizeRequest {
+    /// Checks limits: `tokens` is held to the prompt-items limit.
+    pub fn validate(&self, limits: &Limits) -> Result<(), DecodeError> {
+        id_and_model(&self.id, self.model.as_deref(), limits)?;
+        over("tokens", self.tokens.len(), limits.max_prompt_items)
+    }
+}
+
+impl ApplyTemplateRequest {
+    /// Checks limits: `messages` as in `generate`.
+    pub fn validate(&self, limits: &Limits) -> Result<(), DecodeError> {
+        id_and_model(&self.id, self.model.as_deref(), limits)?;
+        chat_messages(&self.messages, limits)
+    }
+}
+
+/// A conversation: at least one turn, within the prompt limits, each turn
+/// well formed.
+fn chat_messages(messages: &[ChatMessage], limits: &Limits) -> Result<(), DecodeError> {
+    over("messages", messages.len(), limits.max_prompt_items)?;
+    let bytes: usize = messages.iter().map(ChatMessage::text_bytes).sum();
+    over("messages", bytes, limits.max_prompt_bytes)?;
+    if messages.is_empty() {
+        return Err(DecodeError::Invalid {
+            field: "messages",
+            detail: "must hold at least one message".into(),
+        });
+    }
+    for (i, message) in messages.iter().enumerate() {
+        message.check().map_err(|detail| DecodeError::Invalid {
+            field: "messages",
+            detail: format!("messages[{i}]: {detail}"),
+        })?;
+    }
+    Ok(())
+}
+
+/// `pieces`, when present, has one entry per token.
+fn pieces(pieces: Option<&[Piece]>, tokens: usize) -> Result<(), DecodeError> {
+    match pieces {
+        Some(pieces) if pieces.len() != tokens => Err(DecodeError::Invalid {
+            field: "pieces",
+            detail: format!("{} pieces for {tokens} tokens", pieces.len()),
+        }),
+        _ => Ok(()),
+    }
+}
+
 impl WireMessage for ClientRequest {
-    const TYPES: &'static [&'static str] = &["generate", "cancel", "models", "ping"];
+    const TYPES: &'static [&'static str] = &[
+        "generate",
+        "cancel",
+        "models",
+        "ping",
+        "tokenize",
+        "detokenize",
+        "apply_template",
+    ];
 
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
         match self {
             ClientRequest::Generate(request) => request.validate(limits),
+            ClientRequest::Tokenize(request) => request.validate(limits),
+            ClientRequest::Detokenize(request) => request.validate(limits),
+            ClientRequest::ApplyTemplate(request) => request.validate(limits),
             ClientRequest::Cancel { id } => over("id", id.len(), limits.max_name_bytes),
             ClientRequest::Models { id } | ClientRequest::Ping { id } => over(
                 "id",
@@ -234,10 +305,24 @@ fn logprobs(
 }
 
 impl WireMessage for ClientReply {
-    const TYPES: &'static [&'static str] = &["chunk", "done", "error", "models", "pong"];
+    const TYPES: &'static [&'static str] = &[
+        "chunk",
+        "done",
+        "error",
+        "models",
+        "pong",
+        "tokenized",
+        "detokenized",
+        "applied_template",
+    ];
 
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
         match self {
+            ClientReply::Tokenized {
+                tokens,
+                pieces: entries,
+                ..
+            } => pieces(entries.as_deref(), tokens.len()),
             ClientReply::Chunk {
                 tokens,
                 logprobs: entries,
@@ -262,11 +347,17 @@ impl WireMessage for RouterToWorker {
         "export_cache",
         "shutdown",
         "flush_cache",
+        "tokenize",
+        "detokenize",
+        "apply_template",
     ];
 
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
         match self {
             RouterToWorker::Generate { request, .. } => request.validate(limits),
+            RouterToWorker::Tokenize { request, .. } => request.validate(limits),
+            RouterToWorker::Detokenize { request, .. } => request.validate(limits),
+            RouterToWorker::ApplyTemplate { request, .. } => request.validate(limits),
             RouterToWorker::ExportCache { endpoint, .. } => name("endpoint", endpoint, limits),
             RouterToWorker::FlushCache {
                 namespace: Some(namespace),
@@ -286,10 +377,18 @@ impl WireMessage for WorkerToRouter {
         "error",
         "cache_imported",
         "control_reply",
+        "tokenized",
+        "detokenized",
+        "applied_template",
     ];
 
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
         match self {
+            WorkerToRouter::Tokenized {
+                tokens,
+                pieces: entries,
+                ..
+            } => pieces(entries.as_deref(), tokens.len()),
             WorkerToRouter::Ready {
                 worker_id,
                 models,

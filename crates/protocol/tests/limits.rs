@@ -516,7 +516,15 @@ fn unknown_type_names_the_type_and_the_valid_ones() {
         err,
         DecodeError::UnknownType {
             found: "frobnicate".into(),
-            expected: &["generate", "cancel", "models", "ping"],
+            expected: &[
+                "generate",
+                "cancel",
+                "models",
+                "ping",
+                "tokenize",
+                "detokenize",
+                "apply_template",
+            ],
         }
     );
     assert!(err.to_string().contains("\"frobnicate\""), "{err}");
@@ -820,4 +828,139 @@ fn recover_id_reads_only_a_named_str_id() {
     );
     let long = map(vec![("id", "x".repeat(257).into())]);
     assert_eq!(zinfer_protocol::recover_id(&long, &l), None);
+}
+
+#[test]
+fn text_requests_are_held_to_the_prompt_limits() {
+    let limits = Limits::default();
+    let long = "x".repeat(limits.max_prompt_bytes + 1);
+    let frame = map(vec![
+        ("type", "tokenize".into()),
+        ("id", "t".into()),
+        ("content", long.as_str().into()),
+    ]);
+    let err = decode_request(&frame, &limits).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DecodeError::OverLimit {
+                field: "content",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let frame = map(vec![
+        ("type", "apply_template".into()),
+        ("id", "a".into()),
+        ("messages", rmpv::Value::Array(Vec::new())),
+    ]);
+    let err = decode_request(&frame, &limits).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DecodeError::Invalid {
+                field: "messages",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let ids = vec![rmpv::Value::from(1); limits.max_prompt_items + 1];
+    let frame = map(vec![
+        ("type", "detokenize".into()),
+        ("id", "d".into()),
+        ("tokens", rmpv::Value::Array(ids)),
+    ]);
+    let err = decode_request(&frame, &limits).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DecodeError::OverLimit {
+                field: "tokens",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // A text request needs its id, and its content: nothing to answer otherwise.
+    let frame = map(vec![("type", "tokenize".into()), ("content", "x".into())]);
+    assert!(decode_request(&frame, &limits).is_err());
+}
+
+#[test]
+fn text_defaults_and_nil_fields() {
+    let frame = map(vec![
+        ("type", "tokenize".into()),
+        ("id", "t".into()),
+        ("content", "hi".into()),
+        ("add_special", rmpv::Value::Nil),
+        ("with_pieces", rmpv::Value::Nil),
+    ]);
+    let ClientRequest::Tokenize(request) = decode_request(&frame, &Limits::default()).unwrap()
+    else {
+        panic!("not a tokenize")
+    };
+    assert!(request.add_special && request.parse_special && !request.with_pieces);
+    let frame = map(vec![
+        ("type", "apply_template".into()),
+        ("id", "a".into()),
+        (
+            "messages",
+            rmpv::Value::Array(vec![rmpv::Value::Map(vec![
+                ("role".into(), "user".into()),
+                ("content".into(), "hi".into()),
+            ])]),
+        ),
+    ]);
+    let ClientRequest::ApplyTemplate(request) = decode_request(&frame, &Limits::default()).unwrap()
+    else {
+        panic!("not an apply_template")
+    };
+    assert!(request.add_generation_prompt);
+}
+
+#[test]
+fn pieces_must_match_tokens_and_bytes_are_no_bin() {
+    use zinfer_protocol::Piece;
+    let reply = ClientReply::Tokenized {
+        id: "t".into(),
+        tokens: vec![1, 2],
+        pieces: Some(vec![Piece::Text("a".into())]),
+    };
+    let frame = encode(&reply).unwrap();
+    let err = decode::<ClientReply>(&frame, &Limits::default()).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            DecodeError::Invalid {
+                field: "pieces",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    // Byte pieces travel as arrays of integers, which the v1 rules allow.
+    let reply = ClientReply::Tokenized {
+        id: "t".into(),
+        tokens: vec![1],
+        pieces: Some(vec![Piece::Bytes(vec![0xe3])]),
+    };
+    let frame = encode(&reply).unwrap();
+    assert_eq!(
+        decode::<ClientReply>(&frame, &Limits::default()).unwrap(),
+        reply
+    );
+    let value = rmpv::decode::read_value(&mut &frame[..]).unwrap();
+    let pieces = value
+        .as_map()
+        .unwrap()
+        .iter()
+        .find(|(k, _)| k.as_str() == Some("pieces"));
+    assert_eq!(
+        pieces.map(|(_, v)| v.clone()),
+        Some(rmpv::Value::Array(vec![rmpv::Value::Array(vec![
+            0xe3.into()
+        ])]))
+    );
 }

@@ -13,6 +13,7 @@ pub mod migration;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod text;
 
 pub use engine::CacheBlock;
 pub use zinfer_model::KvShape;

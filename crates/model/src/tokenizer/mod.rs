@@ -63,6 +63,14 @@ pub enum TokenizerError {
     /// The `tokenizer.json` tokenizer cannot do what was asked.
     #[error("{0}")]
     Unsupported(&'static str),
+    /// A token id at or past the end of the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab_size} tokens")]
+    UnknownId {
+        /// The id.
+        id: u32,
+        /// Valid ids are below this.
+        vocab_size: usize,
+    },
 }
 
 #[derive(Debug)]
@@ -150,6 +158,59 @@ impl ModelTokenizer {
         self.chat.render(input)
     }
 
+    /// The prompt for a conversation; with `add_generation_prompt` it is
+    /// [`Self::apply_chat_template`]'s, without it the template stops
+    /// after the last message.
+    pub fn apply_chat_template_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        self.chat.render(&TemplateInput {
+            add_generation_prompt,
+            ..TemplateInput::new(messages)
+        })
+    }
+
+    /// llama.cpp's `token_to_piece(id, special = true)`: the token's bytes,
+    /// special tokens written out; `None` for an id outside the vocabulary.
+    /// A piece need not be UTF-8 (a byte token holds part of a character).
+    pub fn token_to_piece(&self, id: u32) -> Option<Vec<u8>> {
+        if id as usize >= self.vocab_size() {
+            return None;
+        }
+        match &self.backend {
+            Backend::Gguf(vocab) => vocab.piece_special(id).map(<[u8]>::to_vec),
+            Backend::Hf { tokenizer, .. } => {
+                tokenizer.decode(&[id], false).ok().map(String::into_bytes)
+            }
+        }
+    }
+
+    /// The pieces of `ids` joined (llama-server's `/detokenize`): special
+    /// tokens written out, nothing stripped, invalid UTF-8 as U+FFFD. An id
+    /// outside the vocabulary is an error naming it.
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        let vocab_size = self.vocab_size();
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(TokenizerError::UnknownId { id, vocab_size });
+        }
+        if let Backend::Hf { tokenizer, .. } = &self.backend {
+            // Byte-level pieces decode only together (one alone may be
+            // part of a character).
+            return tokenizer.decode(ids, false).map_err(hf_err);
+        }
+        let mut bytes = Vec::new();
+        for &id in ids {
+            let piece = self.token_to_piece(id).ok_or(TokenizerError::UnknownId {
+                id,
+                vocab_size: self.vocab_size(),
+            })?;
+            bytes.extend_from_slice(&piece);
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     /// Tokens that end generation, sorted: for a GGUF file llama.cpp's
     /// end-of-generation set (EOS, EOT, EOM and every end-of-turn token).
     pub fn eos_token_ids(&self) -> &[u32] {
@@ -169,6 +230,17 @@ impl ModelTokenizer {
         match &self.backend {
             Backend::Gguf(vocab) => vocab.len(),
             Backend::Hf { tokenizer, .. } => tokenizer.get_vocab_size(true),
+        }
+    }
+
+    /// The tokenizer and chat template of a model on disk, without its
+    /// weights: a GGUF file's metadata (llama.cpp's vocabulary-only files
+    /// included), or a Hugging Face directory's `tokenizer.json`.
+    pub fn open(path: &Path) -> Result<Self, ModelError> {
+        if path.is_dir() {
+            Self::from_hf_dir(path, &[])
+        } else {
+            Self::from_gguf_file(path)
         }
     }
 
@@ -344,6 +416,23 @@ mod tests {
         metadata.insert("tokenizer.ggml.bos_token_id".to_string(), Value::U32(1));
         metadata.insert("tokenizer.ggml.eos_token_id".to_string(), Value::U32(2));
         metadata
+    }
+
+    /// Pieces as llama-server's `/tokenize` `with_pieces` and
+    /// `/detokenize` give them: control tokens written out, byte tokens as
+    /// their byte, nothing stripped.
+    #[test]
+    fn pieces_write_special_tokens_and_bytes() {
+        let tok = ModelTokenizer::from_gguf(&content(spm_metadata())).unwrap();
+        assert_eq!(tok.token_to_piece(1).unwrap(), b"<s>");
+        assert_eq!(tok.token_to_piece(12).unwrap(), b" hello");
+        assert_eq!(tok.token_to_piece(13).unwrap(), b"!");
+        assert_eq!(tok.token_to_piece(14), None);
+        assert_eq!(tok.detokenize(&[1, 12, 13, 2]).unwrap(), "<s> hello!</s>");
+        assert!(matches!(
+            tok.detokenize(&[1, 99]),
+            Err(TokenizerError::UnknownId { id: 99, .. })
+        ));
     }
 
     /// SentencePiece as llama.cpp runs it: the highest-scoring pair merges

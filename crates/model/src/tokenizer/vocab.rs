@@ -860,6 +860,15 @@ impl GgufVocab {
         String::from_utf8_lossy(&bytes).into_owned()
     }
 
+    /// `token_to_piece(id, special = true)`: every token's text as
+    /// llama.cpp renders it, control tokens included; `None` past the end.
+    pub(super) fn piece_special(&self, id: u32) -> Option<&[u8]> {
+        let i = id as usize;
+        let end = *self.piece_ends.get(i)? as usize;
+        let start = i.checked_sub(1).map_or(0, |p| self.piece_ends[p] as usize);
+        self.pieces.get(start..end)
+    }
+
     /// `token_to_piece(id, special = false)`: control and unknown tokens
     /// (and ids past the vocabulary) have no text.
     fn piece(&self, id: u32) -> &[u8] {

@@ -5,10 +5,11 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use zinfer_protocol::{
-    AdminReply, AdminRequest, CacheTransfer, ChatMessage, ClientReply, ClientRequest, ControlOp,
-    DecodeError, ErrorCode, FinishReason, GenerateRequest, Limits, LoadReport, ModelInfo,
-    ModelOffer, RouterToSupervisor, RouterToWorker, SupervisorToRouter, Timings, TokenLogprob,
-    TopLogprob, Usage, WireMessage, WorkerInfo, WorkerState, WorkerToRouter, decode, encode,
+    AdminReply, AdminRequest, ApplyTemplateRequest, CacheTransfer, ChatMessage, ClientReply,
+    ClientRequest, ControlOp, DecodeError, DetokenizeRequest, ErrorCode, FinishReason,
+    GenerateRequest, Limits, LoadReport, ModelInfo, ModelOffer, Piece, RouterToSupervisor,
+    RouterToWorker, SupervisorToRouter, Timings, TokenLogprob, TokenizeRequest, TopLogprob, Usage,
+    WireMessage, WorkerInfo, WorkerState, WorkerToRouter, decode, encode,
 };
 
 /// A sample message with its golden name, `<direction>.<case>`.
@@ -130,6 +131,46 @@ fn load() -> LoadReport {
     }
 }
 
+/// A tokenize with every field away from its default.
+pub fn tokenize_request() -> TokenizeRequest {
+    TokenizeRequest {
+        id: "t1".into(),
+        model: Some("smollm2-135m".into()),
+        content: "<s>\u{e3}\u{84}".into(),
+        add_special: false,
+        parse_special: false,
+        with_pieces: true,
+    }
+}
+
+pub fn detokenize_request() -> DetokenizeRequest {
+    DetokenizeRequest {
+        id: "d1".into(),
+        model: None,
+        tokens: vec![1, 15043, 3186],
+    }
+}
+
+pub fn apply_template_request() -> ApplyTemplateRequest {
+    ApplyTemplateRequest {
+        id: "a1".into(),
+        model: Some("smollm2-135m".into()),
+        messages: vec![ChatMessage::new("user", "Hi")],
+        add_generation_prompt: false,
+    }
+}
+
+/// Pieces of a BOS, a space and the two bytes of a character split
+/// between byte tokens (not UTF-8 on their own).
+pub fn pieces() -> Vec<Piece> {
+    vec![
+        Piece::Text("<s>".into()),
+        Piece::Text(" ".into()),
+        Piece::Bytes(vec![0xe3]),
+        Piece::Bytes(vec![0x84]),
+    ]
+}
+
 pub fn client_requests() -> Vec<Sample<ClientRequest>> {
     vec![
         sample(
@@ -163,6 +204,29 @@ pub fn client_requests() -> Vec<Sample<ClientRequest>> {
             },
         ),
         sample("client_request.ping", ClientRequest::Ping { id: None }),
+        sample(
+            "client_request.tokenize",
+            ClientRequest::Tokenize(tokenize_request()),
+        ),
+        sample(
+            "client_request.tokenize_minimal",
+            ClientRequest::Tokenize(TokenizeRequest {
+                id: "t2".into(),
+                model: None,
+                content: "Hi".into(),
+                add_special: true,
+                parse_special: true,
+                with_pieces: false,
+            }),
+        ),
+        sample(
+            "client_request.detokenize",
+            ClientRequest::Detokenize(detokenize_request()),
+        ),
+        sample(
+            "client_request.apply_template",
+            ClientRequest::ApplyTemplate(apply_template_request()),
+        ),
     ]
 }
 
@@ -272,6 +336,36 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 id: Some("p".into()),
             },
         ),
+        sample(
+            "client_reply.tokenized",
+            ClientReply::Tokenized {
+                id: "t1".into(),
+                tokens: vec![1, 28705, 227, 132],
+                pieces: None,
+            },
+        ),
+        sample(
+            "client_reply.tokenized_pieces",
+            ClientReply::Tokenized {
+                id: "t1".into(),
+                tokens: vec![1, 28705, 227, 132],
+                pieces: Some(pieces()),
+            },
+        ),
+        sample(
+            "client_reply.detokenized",
+            ClientReply::Detokenized {
+                id: "d1".into(),
+                content: "<s> Hello world".into(),
+            },
+        ),
+        sample(
+            "client_reply.applied_template",
+            ClientReply::AppliedTemplate {
+                id: "a1".into(),
+                prompt: "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n".into(),
+            },
+        ),
     ]
 }
 
@@ -290,6 +384,27 @@ pub fn router_to_worker() -> Vec<Sample<RouterToWorker>> {
             "router_to_worker.disconnect",
             RouterToWorker::Disconnect {
                 reason: "unknown worker".into(),
+            },
+        ),
+        sample(
+            "router_to_worker.tokenize",
+            RouterToWorker::Tokenize {
+                rid: 9,
+                request: tokenize_request(),
+            },
+        ),
+        sample(
+            "router_to_worker.detokenize",
+            RouterToWorker::Detokenize {
+                rid: 10,
+                request: detokenize_request(),
+            },
+        ),
+        sample(
+            "router_to_worker.apply_template",
+            RouterToWorker::ApplyTemplate {
+                rid: 11,
+                request: apply_template_request(),
             },
         ),
         sample("router_to_worker.drain", RouterToWorker::Drain {}),
@@ -411,6 +526,28 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 op: ControlOp::FlushCache,
                 ok: true,
                 message: "dropped 4096 cached tokens".into(),
+            },
+        ),
+        sample(
+            "worker_to_router.tokenized",
+            WorkerToRouter::Tokenized {
+                rid: 9,
+                tokens: vec![1, 28705, 227, 132],
+                pieces: Some(pieces()),
+            },
+        ),
+        sample(
+            "worker_to_router.detokenized",
+            WorkerToRouter::Detokenized {
+                rid: 10,
+                content: "<s> Hello world".into(),
+            },
+        ),
+        sample(
+            "worker_to_router.applied_template",
+            WorkerToRouter::AppliedTemplate {
+                rid: 11,
+                prompt: "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n".into(),
             },
         ),
     ]

@@ -1,10 +1,11 @@
-//! Frames from clients: `generate`, `cancel`, `models`, `ping`.
+//! Frames from clients: `generate`, `cancel`, `models`, `ping` (and the
+//! text requests, handed to `text`).
 
 use std::time::Instant;
 
 use zinfer_protocol::{
     ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, ModelInfo,
-    RouterToWorker, Timings, Usage, decode, recover_id,
+    RouterToWorker, TextRequest, Timings, Usage, decode, recover_id,
 };
 
 use super::{Addr, Core, Peer, Progress, Request, Stage, millis, seconds};
@@ -43,6 +44,15 @@ impl Core {
             }
             Ok(ClientRequest::Ping { id }) => {
                 self.send(Peer::Client(from.clone()), &ClientReply::Pong { id });
+            }
+            Ok(ClientRequest::Tokenize(request)) => {
+                self.accept_text(from, TextRequest::Tokenize(request));
+            }
+            Ok(ClientRequest::Detokenize(request)) => {
+                self.accept_text(from, TextRequest::Detokenize(request));
+            }
+            Ok(ClientRequest::ApplyTemplate(request)) => {
+                self.accept_text(from, TextRequest::ApplyTemplate(request));
             }
             Err(err) => {
                 let id = recover_id(frame, &self.config.limits);
@@ -214,6 +224,7 @@ impl Core {
 
     /// A client is no longer connected: stop its work.
     pub(super) fn client_gone(&mut self, now: Instant, client: &Addr) {
+        self.forget_texts_of(client);
         let rids: Vec<u64> = self
             .by_client
             .iter()
@@ -246,7 +257,7 @@ impl Core {
 
     /// The model a request runs on, or why it cannot run. Without `model`,
     /// the model served by the most workers (ties: the first by name).
-    fn resolve_model(&self, model: Option<&str>) -> Result<String, (ErrorCode, String)> {
+    pub(super) fn resolve_model(&self, model: Option<&str>) -> Result<String, (ErrorCode, String)> {
         let served = self.known_models();
         if served.is_empty() {
             return Err((

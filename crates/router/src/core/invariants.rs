@@ -92,6 +92,9 @@ impl Ledger {
                         ClientReply::Done { id, .. } => (Some(id.clone()), true),
                         ClientReply::Error { id, .. } => (id.clone(), true),
                         ClientReply::Models { .. } | ClientReply::Pong { .. } => (None, false),
+                        ClientReply::Tokenized { id, .. }
+                        | ClientReply::Detokenized { id, .. }
+                        | ClientReply::AppliedTemplate { id, .. } => (Some(id.clone()), true),
                     };
                     let Some(id) = id else { continue };
                     let key = (addr.identity, id.clone());

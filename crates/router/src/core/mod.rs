@@ -15,6 +15,7 @@ mod client;
 mod control;
 mod quota;
 mod routing;
+mod text;
 mod workers;
 
 #[cfg(test)]
@@ -208,6 +209,10 @@ pub struct Core {
     quotas: HashMap<Vec<u8>, quota::ClientQuota>,
     /// Supervisors, scaling, drains and migrations.
     control: control::ControlPlane,
+    /// Text requests (`tokenize`, ...) on workers, by rid.
+    texts: HashMap<u64, text::TextOp>,
+    /// The same, by (client identity, client id).
+    text_ids: HashMap<(Vec<u8>, String), u64>,
 }
 
 impl Core {
@@ -234,6 +239,8 @@ impl Core {
             refused: HashMap::new(),
             quotas: HashMap::new(),
             control: control::ControlPlane::default(),
+            texts: HashMap::new(),
+            text_ids: HashMap::new(),
         }
     }
 

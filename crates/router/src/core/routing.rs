@@ -86,7 +86,7 @@ impl Core {
         }
     }
 
-    fn load_of(&self, identity: &[u8]) -> u64 {
+    pub(super) fn load_of(&self, identity: &[u8]) -> u64 {
         self.workers.get(identity).map_or(u64::MAX, |w| w.load())
     }
 

@@ -8,7 +8,7 @@ use std::{
 
 use zinfer_protocol::{
     ClientReply, ControlOp, ErrorCode, FinishReason, LoadReport, PROTOCOL_VERSION, RouterToWorker,
-    Timings, TokenLogprob, Usage, WorkerInfo, WorkerState, WorkerToRouter, decode,
+    TextResult, Timings, TokenLogprob, Usage, WorkerInfo, WorkerState, WorkerToRouter, decode,
 };
 
 use super::{Addr, Core, Peer, Progress, Stage, seconds};
@@ -175,7 +175,22 @@ impl Core {
                 },
             ),
             WorkerToRouter::Error { rid, code, message } => {
-                self.relay_error(now, from, rid, code, message)
+                if self.texts.contains_key(&rid) {
+                    self.text_failed(from, rid, code, message);
+                } else {
+                    self.relay_error(now, from, rid, code, message);
+                }
+            }
+            WorkerToRouter::Tokenized {
+                rid,
+                tokens,
+                pieces,
+            } => self.text_answered(from, rid, TextResult::Tokenized { tokens, pieces }),
+            WorkerToRouter::Detokenized { rid, content } => {
+                self.text_answered(from, rid, TextResult::Detokenized { content });
+            }
+            WorkerToRouter::AppliedTemplate { rid, prompt } => {
+                self.text_answered(from, rid, TextResult::AppliedTemplate { prompt });
             }
         }
     }
@@ -317,6 +332,7 @@ impl Core {
     /// Marks a worker lost. Its requests that showed the client nothing
     /// are re-sent once elsewhere; the others end with `worker_lost`.
     fn mark_lost(&mut self, now: Instant, identity: &[u8], reason: &str) {
+        self.fail_texts_on(identity, reason);
         let Some(worker) = self.workers.get_mut(identity) else {
             return;
         };

@@ -281,6 +281,12 @@ impl EngineHandle {
         stats
     }
 
+    /// The model's tokenizer and chat template, for work beside the engine
+    /// (`tokenize`, `detokenize`, `apply_template`).
+    pub fn text_codec(&self) -> Arc<dyn TextCodec> {
+        Arc::clone(&self.text)
+    }
+
     /// Model name, as given at load.
     pub fn model_name(&self) -> &str {
         &self.info.name

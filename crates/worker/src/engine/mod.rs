@@ -20,7 +20,7 @@ mod valid;
 use std::sync::Arc;
 
 use zinfer_cache::CacheConfig;
-use zinfer_model::{ForwardModel, LoadedModel, ModelError, ModelTokenizer};
+use zinfer_model::{ForwardModel, LoadedModel, ModelError, ModelTokenizer, TokenizerError};
 use zinfer_protocol::{
     ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, Usage, WorkerToRouter,
 };
@@ -382,6 +382,47 @@ pub trait TextCodec: Send + Sync {
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError>;
     /// Tokens that end generation: every end-of-generation token of the model.
     fn eos_token_ids(&self) -> &[u32];
+    /// llama.cpp's `llama_tokenize(text, add_special, parse_special)`; with
+    /// both set, exactly [`Self::encode_prompt`] (what `generate` feeds the
+    /// model).
+    fn tokenize_text(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        match (add_special, parse_special) {
+            (true, true) => self.encode_prompt(text),
+            (false, true) => self.encode(text),
+            (_, false) => Err(TokenizerError::Unsupported(
+                "this tokenizer always recognises special tokens",
+            )
+            .into()),
+        }
+    }
+    /// The bytes of one token, special tokens written out.
+    fn token_piece(&self, id: u32) -> Result<Vec<u8>, ModelError> {
+        Ok(self.decode(&[id])?.into_bytes())
+    }
+    /// The text of `ids` with special tokens written out (`detokenize`).
+    fn detokenize_text(&self, ids: &[u32]) -> Result<String, ModelError> {
+        self.decode(ids)
+    }
+    /// The prompt text for a conversation, with or without the opening of
+    /// the assistant's turn.
+    fn render_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        if add_generation_prompt {
+            self.render_chat(messages)
+        } else {
+            Err(ModelError::ChatTemplate(
+                "this model renders only with the generation prompt".into(),
+            ))
+        }
+    }
 }
 
 impl TextCodec for ModelTokenizer {
@@ -399,6 +440,38 @@ impl TextCodec for ModelTokenizer {
     }
     fn eos_token_ids(&self) -> &[u32] {
         ModelTokenizer::eos_token_ids(self)
+    }
+    fn tokenize_text(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, ModelError> {
+        if add_special && parse_special {
+            // The double-BOS guard of `generate`'s prompts included.
+            ModelTokenizer::encode_prompt(self, text)
+        } else {
+            self.tokenize(text, add_special, parse_special)
+        }
+    }
+    fn token_piece(&self, id: u32) -> Result<Vec<u8>, ModelError> {
+        self.token_to_piece(id).ok_or_else(|| {
+            TokenizerError::UnknownId {
+                id,
+                vocab_size: self.vocab_size(),
+            }
+            .into()
+        })
+    }
+    fn detokenize_text(&self, ids: &[u32]) -> Result<String, ModelError> {
+        Ok(self.detokenize(ids)?)
+    }
+    fn render_chat_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, ModelError> {
+        self.apply_chat_template_with(messages, add_generation_prompt)
     }
 }
 

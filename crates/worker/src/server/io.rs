@@ -11,6 +11,7 @@ use super::{ServerConfig, ServerError, connect};
 use crate::engine::{CacheBlock, EngineError, EngineHandle};
 use crate::metrics::WorkerMetrics;
 use crate::migration::{self, ExportOutcome};
+use crate::text::{TextJob, TextThread};
 
 pub(super) struct Io {
     pub(super) context: zmq::Context,
@@ -27,6 +28,8 @@ pub(super) struct Io {
     /// Sends are failing (no router connection): logged once, not per
     /// message, until one gets through.
     pub(super) sends_failing: bool,
+    /// Answers text requests beside the engine.
+    pub(super) text: TextThread,
 }
 
 /// Progress of taking a predecessor's cache.
@@ -82,6 +85,7 @@ impl Io {
     pub(super) fn serve(
         &mut self,
         relay: &zmq::Socket,
+        text_replies: &zmq::Socket,
         shutdown: &Receiver<()>,
     ) -> Result<(), ServerError> {
         loop {
@@ -109,20 +113,22 @@ impl Io {
                 .import
                 .as_ref()
                 .filter(|_| self.import_state.pending.is_none());
-            let (dealer_ready, relay_ready, import_ready) = {
+            let (dealer_ready, relay_ready, text_ready, import_ready) = {
                 let mut items = vec![
                     self.dealer.as_poll_item(zmq::POLLIN),
                     relay.as_poll_item(zmq::POLLIN),
+                    text_replies.as_poll_item(zmq::POLLIN),
                 ];
                 items.extend(import.map(|socket| socket.as_poll_item(zmq::POLLIN)));
                 match zmq::poll(&mut items, timeout_ms) {
                     Ok(_) => (
                         items[0].is_readable(),
                         items[1].is_readable(),
-                        items.get(2).is_some_and(zmq::PollItem::is_readable),
+                        items[2].is_readable(),
+                        items.get(3).is_some_and(zmq::PollItem::is_readable),
                     ),
                     // A signal (Ctrl-C) interrupted the wait; the loop checks for it.
-                    Err(zmq::Error::EINTR) => (false, false, false),
+                    Err(zmq::Error::EINTR) => (false, false, false, false),
                     Err(source) => {
                         return Err(ServerError::Socket {
                             context: "polling sockets",
@@ -138,6 +144,9 @@ impl Io {
             }
             if relay_ready {
                 self.flush_relay(relay);
+            }
+            if text_ready {
+                self.flush_relay(text_replies);
             }
             if import_ready {
                 self.read_import();
@@ -176,6 +185,11 @@ impl Io {
                         tracing::warn!(%error, "engine refused the request");
                         self.link
                             .handle_refused(rid, error.code(), error.client_message());
+                    }
+                }
+                Action::Text { rid, request } => {
+                    if let Err(error) = self.text.submit(TextJob { rid, request }) {
+                        self.link.handle_refused(rid, error.code, error.message);
                     }
                 }
                 Action::Cancel(rid) => self.engine.cancel(rid),

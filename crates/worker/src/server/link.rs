@@ -13,7 +13,8 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use zinfer_protocol::{
-    ControlOp, ErrorCode, GenerateRequest, Limits, LoadReport, RouterToWorker, WorkerToRouter,
+    ControlOp, ErrorCode, GenerateRequest, Limits, LoadReport, RouterToWorker, TextRequest,
+    WorkerToRouter,
 };
 
 /// How soon an unregistered link tries `ready` again (the connection is
@@ -54,6 +55,14 @@ pub enum Action {
         rid: u64,
         /// The request as the router sent it.
         request: GenerateRequest,
+    },
+    /// Answer a text request beside the engine (`tokenize`, `detokenize`,
+    /// `apply_template`); it never enters the engine's queue.
+    Text {
+        /// Router request id.
+        rid: u64,
+        /// The request.
+        request: TextRequest,
     },
     /// Cancel one request in the engine.
     Cancel(u64),
@@ -179,6 +188,18 @@ impl RouterLink {
                 } else {
                     self.actions.push_back(Action::Submit { rid, request });
                 }
+            }
+            RouterToWorker::Tokenize { rid, request } => {
+                let request = TextRequest::Tokenize(request);
+                self.actions.push_back(Action::Text { rid, request });
+            }
+            RouterToWorker::Detokenize { rid, request } => {
+                let request = TextRequest::Detokenize(request);
+                self.actions.push_back(Action::Text { rid, request });
+            }
+            RouterToWorker::ApplyTemplate { rid, request } => {
+                let request = TextRequest::ApplyTemplate(request);
+                self.actions.push_back(Action::Text { rid, request });
             }
             RouterToWorker::Cancel { rid } => self.actions.push_back(Action::Cancel(rid)),
             RouterToWorker::Heartbeat {} => {}

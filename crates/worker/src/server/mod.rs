@@ -22,6 +22,7 @@ use zinfer_protocol::{Limits, PROTOCOL_VERSION, WorkerToRouter};
 use crate::engine::EngineHandle;
 use crate::metrics::WorkerMetrics;
 use crate::migration;
+use crate::text::TextThread;
 use io::{ImportState, Io};
 use link::{LinkConfig, RouterLink};
 use relay::relay_events;
@@ -184,6 +185,27 @@ pub fn run(
         }
         None => None,
     };
+    // Text requests are answered on a thread of their own (see `text`),
+    // whose replies come back like the relay's.
+    let text_endpoint = format!("{relay_endpoint}-text");
+    let text_in = context
+        .socket(zmq::PAIR)
+        .map_err(sock("creating the text socket"))?;
+    text_in
+        .bind(&text_endpoint)
+        .map_err(sock("binding the text socket"))?;
+    let text_out = context
+        .socket(zmq::PAIR)
+        .map_err(sock("creating the text socket"))?;
+    text_out
+        .connect(&text_endpoint)
+        .map_err(sock("connecting the text socket"))?;
+    let text = TextThread::start(
+        engine.text_codec(),
+        engine.vocab_size(),
+        config.limits.clone(),
+        text_out,
+    )?;
     let events = engine.events().clone();
     let relay_metrics = metrics.clone();
     let relay = std::thread::Builder::new()
@@ -202,13 +224,19 @@ pub fn run(
         import_state: ImportState::default(),
         export: None,
         sends_failing: false,
+        text,
     };
-    let result = io.serve(&relay_in, &shutdown);
+    let result = io.serve(&relay_in, &text_in, &shutdown);
     // Stopping the engine fails what is still running; those errors still
     // reach the router before the socket closes.
     drop(io.engine);
     let _ = relay.join();
     while let Ok(frame) = relay_in.recv_bytes(zmq::DONTWAIT) {
+        let _ = io.dealer.send(frame, zmq::DONTWAIT);
+    }
+    // Answers the text requests still queued, then ends.
+    drop(io.text);
+    while let Ok(frame) = text_in.recv_bytes(zmq::DONTWAIT) {
         let _ = io.dealer.send(frame, zmq::DONTWAIT);
     }
     result

@@ -21,6 +21,7 @@ mod policies;
 mod quota;
 mod requests;
 mod tenancy;
+mod text;
 mod timers;
 mod workers;
 
