@@ -20,11 +20,13 @@
 //! one place and never panics.
 
 mod codec;
+mod constraint;
 mod limits;
 mod messages;
 mod scan;
 mod validate;
 
+pub use constraint::{Constraint, ConstraintKind};
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
 pub use limits::Limits;
 pub use messages::*;
