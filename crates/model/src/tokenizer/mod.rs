@@ -65,6 +65,17 @@ pub enum TokenizerError {
     Unsupported(&'static str),
 }
 
+/// What one token adds to the output, for constrained decoding: bytes of
+/// text, or a special token that is no text (named by its own text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenBytes {
+    /// Text bytes (possibly part of a UTF-8 character; empty for a token
+    /// that never shows, such as an unused one).
+    Text(Vec<u8>),
+    /// A control token: decoding leaves it out of the text.
+    Special(String),
+}
+
 #[derive(Debug)]
 enum Backend {
     Gguf(Box<GgufVocab>),
@@ -155,6 +166,15 @@ impl ModelTokenizer {
         match &self.backend {
             Backend::Gguf(vocab) => vocab.bos,
             Backend::Hf { bos, .. } => *bos,
+        }
+    }
+
+    /// Every token's bytes, by id, as generated text holds them; special
+    /// tokens flagged. Built once per model for constrained decoding.
+    pub fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+        match &self.backend {
+            Backend::Gguf(vocab) => Ok(vocab.token_bytes()),
+            Backend::Hf { tokenizer, .. } => hf_token_bytes(tokenizer),
         }
     }
 
@@ -272,6 +292,67 @@ impl ModelTokenizer {
             eos: eos_ids,
         })
     }
+}
+
+/// Token bytes of a `tokenizer.json` vocabulary: byte-level (GPT-2's
+/// stand-in characters) or SentencePiece-style (`▁` for a space, `<0xAB>`
+/// byte fallback), told apart by its decoder; added special tokens are
+/// special.
+fn hf_token_bytes(tokenizer: &Tokenizer) -> Result<Vec<TokenBytes>, ModelError> {
+    let decoder = serde_json::to_value(tokenizer.get_decoder()).map_err(hf_err)?;
+    let kinds = |d: &serde_json::Value| -> Vec<String> {
+        match d["type"].as_str() {
+            Some("Sequence") => d["decoders"]
+                .as_array()
+                .map(|list| {
+                    list.iter()
+                        .filter_map(|d| d["type"].as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Some(kind) => vec![kind.to_string()],
+            None => Vec::new(),
+        }
+    };
+    let kinds = kinds(&decoder);
+    let byte_level = kinds.iter().any(|k| k == "ByteLevel");
+    let byte_fallback = kinds.iter().any(|k| k == "ByteFallback");
+    if !byte_level && !byte_fallback {
+        return Err(TokenizerError::Unsupported(
+            "constrained decoding needs a byte-level or byte-fallback tokenizer.json decoder",
+        )
+        .into());
+    }
+    let n = tokenizer.get_vocab_size(true);
+    let added = tokenizer.get_added_vocabulary();
+    let mut out = Vec::with_capacity(n);
+    for id in 0..n as u32 {
+        let Some(text) = tokenizer.id_to_token(id) else {
+            out.push(TokenBytes::Text(Vec::new()));
+            continue;
+        };
+        if added.is_special_token(&text) {
+            out.push(TokenBytes::Special(text));
+            continue;
+        }
+        let bytes = if byte_level {
+            text.chars()
+                .map(|c| unicode::char_to_byte(c))
+                .collect::<Option<Vec<u8>>>()
+                .unwrap_or_else(|| text.as_bytes().to_vec())
+        } else if let Some(byte) = text
+            .strip_prefix("<0x")
+            .and_then(|t| t.strip_suffix('>'))
+            .filter(|hex| hex.len() == 2)
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
+            vec![byte]
+        } else {
+            text.replace('\u{2581}', " ").into_bytes()
+        };
+        out.push(TokenBytes::Text(bytes));
+    }
+    Ok(out)
 }
 
 fn hf_err(e: impl std::fmt::Display) -> TokenizerError {
