@@ -167,8 +167,14 @@ mod tests {
     fn refusals_name_the_problem() {
         let message = |value| decode(value).kind().unwrap_err().to_string();
         assert!(message(serde_json::json!({})).contains("exactly one"));
-        assert!(message(serde_json::json!({"regex": "a", "lark": "start: \"a\""})).contains("exactly one"));
-        assert!(message(serde_json::json!({"gbnf": "root ::= \"a\""})).contains("GBNF is not supported; use lark"));
+        assert!(
+            message(serde_json::json!({"regex": "a", "lark": "start: \"a\""}))
+                .contains("exactly one")
+        );
+        assert!(
+            message(serde_json::json!({"gbnf": "root ::= \"a\""}))
+                .contains("GBNF is not supported; use lark")
+        );
         assert!(message(serde_json::json!({"json_object": false})).contains("must be true"));
         assert!(message(serde_json::json!({"json_schema": "object"})).contains("must be a map"));
         assert!(message(serde_json::json!({"lark": " "})).contains("must not be empty"));

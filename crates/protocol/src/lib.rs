@@ -26,8 +26,8 @@ mod messages;
 mod scan;
 mod validate;
 
-pub use constraint::{Constraint, ConstraintKind};
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
+pub use constraint::{Constraint, ConstraintKind};
 pub use limits::Limits;
 pub use messages::*;
 

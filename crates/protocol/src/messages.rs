@@ -148,9 +148,9 @@ pub struct GenerateRequest {
     )]
     pub top_logprobs: u32,
     /// Constrains the output to a JSON schema, any JSON object, a regex or
-    /// a Lark grammar; absent: unconstrained.
+    /// a Lark grammar; absent: unconstrained. Boxed: rare, and large.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub constraint: Option<crate::Constraint>,
+    pub constraint: Option<Box<crate::Constraint>>,
 }
 
 impl GenerateRequest {

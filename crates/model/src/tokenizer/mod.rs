@@ -337,7 +337,7 @@ fn hf_token_bytes(tokenizer: &Tokenizer) -> Result<Vec<TokenBytes>, ModelError> 
         }
         let bytes = if byte_level {
             text.chars()
-                .map(|c| unicode::char_to_byte(c))
+                .map(unicode::char_to_byte)
                 .collect::<Option<Vec<u8>>>()
                 .unwrap_or_else(|| text.as_bytes().to_vec())
         } else if let Some(byte) = text

@@ -65,7 +65,7 @@ pub fn logprobs_generate() -> GenerateRequest {
 pub fn constraint_generate() -> GenerateRequest {
     let mut request = GenerateRequest::from_prompt("req-5", "The year:");
     request.max_tokens = 8;
-    request.constraint = Some(zinfer_protocol::Constraint::regex("[0-9]{4}"));
+    request.constraint = Some(Box::new(zinfer_protocol::Constraint::regex("[0-9]{4}")));
     request
 }
 
