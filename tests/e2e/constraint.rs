@@ -259,3 +259,87 @@ NUMBER: /[0-9]{1,3}/
         "{result}"
     );
 }
+
+/// OpenAI's `response_format` through `zinfer http`, driven by the
+/// official `openai` package: `json_schema` (strict) output validates,
+/// `json_object` output is an object, a schema that does not compile is a
+/// 400.
+const OPENAI_CHECK: &str = r#"
+import json, sys
+import openai
+
+client = openai.OpenAI(base_url=sys.argv[1], api_key="unused", max_retries=0, timeout=120)
+schema = json.loads(sys.argv[2])
+ask = [{"role": "user", "content": "Describe a person as JSON."}]
+out = {}
+reply = client.chat.completions.create(
+    model="smol", messages=ask, max_tokens=150, temperature=0,
+    response_format={"type": "json_schema",
+                     "json_schema": {"name": "person", "strict": True, "schema": schema}})
+out["schema_text"] = reply.choices[0].message.content
+out["schema_finish"] = reply.choices[0].finish_reason
+stream = client.chat.completions.create(
+    model="smol", messages=[{"role": "user", "content": "A JSON object about dogs."}],
+    max_tokens=80, temperature=0, stream=True, response_format={"type": "json_object"})
+out["object_text"] = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+try:
+    client.chat.completions.create(
+        model="smol", messages=ask, max_tokens=5,
+        response_format={"type": "json_schema",
+                         "json_schema": {"name": "bad", "schema": {"type": "nope"}}})
+    out["bad"] = None
+except openai.BadRequestError as e:
+    out["bad"] = [e.status_code, str(e)]
+print(json.dumps(out))
+"#;
+
+#[test]
+fn openai_response_format_through_the_http_front() {
+    let python = venv_python("openai");
+    let cluster = Cluster::start("cache_aware", 1);
+    let listen = format!("127.0.0.1:{}", crate::harness::free_port());
+    let _front = crate::harness::spawn_until(
+        "listening on",
+        &[
+            "http",
+            "--router",
+            &cluster.clients,
+            "--listen",
+            &listen,
+            "--served-model-name",
+            "smol",
+        ],
+    );
+    let output = Command::new(&python)
+        .args([
+            "-c",
+            OPENAI_CHECK,
+            &format!("http://{listen}/v1"),
+            &person_schema().to_string(),
+        ])
+        .output()
+        .expect("running the openai venv's python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("openai: {stdout}");
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: serde_json::Value = serde_json::from_str(stdout.trim()).expect("JSON line");
+    assert_eq!(result["schema_finish"], "stop", "{result}");
+    let text = result["schema_text"].as_str().expect("text");
+    assert_person(&serde_json::from_str(text).expect("JSON"));
+    let text = result["object_text"].as_str().expect("text");
+    assert!(text.starts_with('{'), "{result}");
+    if let Ok(value) = serde_json::from_str::<serde_json::Value>(text) {
+        assert!(value.is_object(), "{result}");
+    }
+    assert_eq!(result["bad"][0], 400, "{result}");
+    assert!(
+        result["bad"][1]
+            .as_str()
+            .is_some_and(|m| m.contains("does not compile")),
+        "{result}"
+    );
+}
