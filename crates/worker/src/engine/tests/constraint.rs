@@ -236,3 +236,70 @@ proptest! {
         }
     }
 }
+
+/// Bytes, except that no token spells `b`: a grammar that needs one
+/// reaches a state no token extends.
+struct NoB;
+
+impl TextCodec for NoB {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        Bytes.encode(text)
+    }
+    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+        Bytes.decode(ids)
+    }
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        Bytes.render_chat(messages)
+    }
+    fn eos_token_ids(&self) -> &[u32] {
+        &[EOS]
+    }
+    fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+        let mut tokens = Bytes.token_bytes()?;
+        tokens[usize::from(b'b')] = TokenBytes::Text(Vec::new());
+        Ok(tokens)
+    }
+}
+
+#[test]
+fn a_matcher_that_fails_mid_stream_ends_its_request_with_a_clear_error() {
+    let model = FakeModel {
+        mode: Mode::Script,
+        delay: Duration::ZERO,
+        kv: vec![None; 256],
+        max_positions: usize::MAX,
+    };
+    let handle = Engine::start_with(
+        "fake".into(),
+        Box::new(model),
+        Arc::new(NoB),
+        EngineConfig::default(),
+    );
+    handle
+        .submit(constrained("x\n", Constraint::regex("aab"), 10), 1)
+        .unwrap();
+    let events = collect(&handle, 1);
+    match events.last() {
+        Some(EngineEvent::Error { code, message, .. }) => {
+            assert_eq!(*code, ErrorCode::Internal);
+            assert!(
+                message.contains("the constraint failed while generating"),
+                "{message}"
+            );
+        }
+        other => panic!("expected an error, got {other:?}"),
+    }
+    assert_eq!(
+        tokens(&events),
+        [u32::from(b'a'); 2],
+        "the tokens before it"
+    );
+    // The engine goes on serving.
+    handle.submit(greedy("x\n", 3), 2).unwrap();
+    assert_eq!(streamed_text(&collect(&handle, 2)), "Hel");
+    let stats = wait_idle(&handle);
+    assert_eq!(
+        (stats.kv_used - stats.kv_cached, stats.requests_failed),
+        (0, 1)
+    );
+}
