@@ -494,6 +494,30 @@ mod tests {
         "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
         "model":{"type":"WordLevel","vocab":{"<s>":0,"</s>":1,"hi":2,"[UNK]":3},"unk_token":"[UNK]"}}"#;
 
+    #[test]
+    fn tokenizer_json_token_bytes_follow_the_decoder() {
+        // No byte-level or byte-fallback decoder: refused by name.
+        let dir = hf_dir(&[]);
+        let tok = ModelTokenizer::from_hf_dir(dir.path(), &[]).unwrap();
+        assert!(tok.token_bytes().is_err());
+        // SentencePiece style: `▁` is a space, `<0x0A>` its byte, `<s>` special.
+        let json = TINY_TOKENIZER
+            .replace(
+                r#""decoder":null"#,
+                r#""decoder":{"type":"Sequence","decoders":[
+                    {"type":"Replace","pattern":{"String":"▁"},"content":" "},
+                    {"type":"ByteFallback"}]}"#,
+            )
+            .replace(r#""hi":2"#, r#""▁hi":2,"<0x0A>":4"#);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+        let tok = ModelTokenizer::from_hf_dir(dir.path(), &[]).unwrap();
+        let bytes = tok.token_bytes().unwrap();
+        assert_eq!(bytes[0], TokenBytes::Special("<s>".into()));
+        assert_eq!(bytes[2], TokenBytes::Text(b" hi".to_vec()));
+        assert_eq!(bytes[4], TokenBytes::Text(b"\n".to_vec()));
+    }
+
     /// A checkpoint directory with the tiny tokenizer and the given files.
     fn hf_dir(files: &[(&str, &str)]) -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
