@@ -346,6 +346,20 @@ mod tests {
     }
 
     #[test]
+    fn json_is_compact_unless_the_schema_says_otherwise() {
+        let grammars = Grammars::new(Ok(bytes_vocab()), &[256]);
+        let allows_space = |constraint: Constraint| {
+            let mut matcher = grammars.compile(&constraint).unwrap();
+            matcher.consume_token(u32::from(b'{')).unwrap();
+            matcher.compute_mask().unwrap().is_allowed(u32::from(b' '))
+        };
+        assert!(!allows_space(Constraint::json_object()));
+        let flexible = serde_json::json!({"type": "object",
+            "x-guidance": {"whitespace_flexible": true}});
+        assert!(allows_space(Constraint::json_schema(flexible)));
+    }
+
+    #[test]
     fn compile_errors_and_bad_vocabularies_are_errors() {
         let grammars = Grammars::new(Ok(bytes_vocab()), &[256]);
         let Err(error) = grammars.compile(&Constraint::lark("start: foo")) else {
