@@ -10,6 +10,7 @@
 
 mod architectures;
 mod clients;
+mod constraint;
 mod control;
 mod deploy;
 mod harness;

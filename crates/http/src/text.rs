@@ -238,7 +238,10 @@ mod tests {
         .unwrap();
         assert_eq!(request.messages.len(), 2);
         assert_eq!(request.messages[0].role, "system");
-        assert_eq!(request.messages[0].content, "Be brief");
+        assert_eq!(
+            request.messages[0],
+            zinfer_protocol::ChatMessage::new("system", "Be brief")
+        );
         assert!(!request.add_generation_prompt);
         assert_eq!(request.model.as_deref(), Some("m"));
     }

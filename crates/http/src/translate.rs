@@ -247,12 +247,57 @@ pub fn chat(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
     body.only_default::<Value>("tool_choice", |c| c == "none", "no tool calling")?;
     body.only_default::<Value>("function_call", |c| c == "none", "no function calling")?;
     body.get::<bool>("parallel_tool_calls")?;
-    body.only_default::<Value>(
-        "response_format",
-        |f| f.get("type").and_then(Value::as_str) == Some("text"),
-        "only {\"type\": \"text\"} is served",
-    )?;
+    request.constraint = response_format(body.get::<Value>("response_format")?)?.map(Box::new);
     finish(body, request, ctx)
+}
+
+/// OpenAI's `response_format` as a protocol `constraint`: `text` is none,
+/// `json_object` any JSON object, `json_schema` its `schema` (any JSON
+/// when left out). The worker enforces every schema whether `strict` is
+/// true or not: being stricter than asked never breaks a client.
+fn response_format(format: Option<Value>) -> Result<Option<zinfer_protocol::Constraint>, ApiError> {
+    use zinfer_protocol::Constraint;
+    let param = "response_format";
+    let Some(format) = format else {
+        return Ok(None);
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::json_object())),
+        Some("json_schema") => {
+            let Some(spec) = format.get("json_schema").and_then(Value::as_object) else {
+                return Err(ApiError::invalid(
+                    param,
+                    "\"response_format\" of type \"json_schema\" needs a \"json_schema\" object",
+                ));
+            };
+            if let Some(strict) = spec.get("strict")
+                && !strict.is_boolean()
+                && !strict.is_null()
+            {
+                return Err(ApiError::invalid(
+                    param,
+                    "\"response_format.json_schema.strict\" must be a boolean",
+                ));
+            }
+            match spec.get("schema") {
+                None | Some(Value::Null) => {
+                    Ok(Some(Constraint::json_schema(Value::Object(Map::new()))))
+                }
+                Some(schema @ Value::Object(_)) => {
+                    Ok(Some(Constraint::json_schema(schema.clone())))
+                }
+                Some(_) => Err(ApiError::invalid(
+                    param,
+                    "\"response_format.json_schema.schema\" must be a JSON schema object",
+                )),
+            }
+        }
+        _ => Err(ApiError::unsupported(
+            param,
+            "\"response_format\" must have \"type\" \"text\", \"json_object\" or \"json_schema\"",
+        )),
+    }
 }
 
 /// The sampling fields both endpoints share, the model, and the final check.
@@ -600,10 +645,7 @@ mod tests {
             ("tool_choice", serde_json::json!("auto")),
             ("presence_penalty", serde_json::json!(0.5)),
             ("logit_bias", serde_json::json!({"1": 5})),
-            (
-                "response_format",
-                serde_json::json!({"type": "json_object"}),
-            ),
+            ("response_format", serde_json::json!({"type": "xml"})),
             ("frobnicate", serde_json::json!(1)),
         ] {
             let mut body = serde_json::json!({"messages": user});
@@ -622,6 +664,45 @@ mod tests {
             "frequency_penalty": 0.0, "logit_bias": {},
             "response_format": {"type": "text"}, "parallel_tool_calls": true}),
         );
+    }
+
+    #[test]
+    fn response_format_becomes_a_constraint() {
+        use zinfer_protocol::Constraint;
+        let user = serde_json::json!([{"role": "user", "content": "x"}]);
+        let schema =
+            serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        for (format, expected) in [
+            (serde_json::json!({"type": "text"}), None),
+            (
+                serde_json::json!({"type": "json_object"}),
+                Some(Constraint::json_object()),
+            ),
+            (
+                serde_json::json!({"type": "json_schema",
+                    "json_schema": {"name": "a", "strict": true, "schema": schema}}),
+                Some(Constraint::json_schema(schema.clone())),
+            ),
+            (
+                serde_json::json!({"type": "json_schema", "json_schema": {"name": "any"}}),
+                Some(Constraint::json_schema(serde_json::json!({}))),
+            ),
+        ] {
+            let t = chat_ok(serde_json::json!({"messages": user, "response_format": format}));
+            assert_eq!(t.request.constraint.map(|c| *c), expected, "{format}");
+        }
+        for format in [
+            serde_json::json!({"type": "json_schema"}),
+            serde_json::json!({"type": "json_schema", "json_schema": {"schema": "object"}}),
+            serde_json::json!({"type": "json_schema", "json_schema": {"strict": "yes"}}),
+        ] {
+            let error = chat_err(serde_json::json!({"messages": user, "response_format": format}));
+            assert_eq!(
+                param(&error).as_deref(),
+                Some("response_format"),
+                "{format}"
+            );
+        }
     }
 
     #[test]

@@ -144,7 +144,13 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                     let mut prompt: String = request
                         .messages
                         .iter()
-                        .map(|m| format!("{}: {}\n", m.role, m.content))
+                        .map(|m| {
+                            format!(
+                                "{}: {}\n",
+                                m.role,
+                                m.content.as_ref().map(|c| c.text()).unwrap_or_default()
+                            )
+                        })
                         .collect();
                     if request.add_generation_prompt {
                         prompt.push_str("assistant:");

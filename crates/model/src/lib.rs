@@ -35,7 +35,7 @@ pub use cpu::CpuModel;
 pub use spec::{
     Activation, BlockLayout, LayerSpec, MAX_POSITIONS, ModelSpec, RopeScaling, RopeSpec, RopeStyle,
 };
-pub use tokenizer::{ModelTokenizer, TokenizerError};
+pub use tokenizer::{ModelTokenizer, TokenBytes, TokenizerError};
 pub use zinfer_kernels::ScoreRule;
 
 /// One sequence's part of a forward step.

@@ -20,6 +20,7 @@
 //! one place and never panics.
 
 mod codec;
+mod constraint;
 mod limits;
 mod messages;
 mod scan;
@@ -27,6 +28,7 @@ mod text;
 mod validate;
 
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
+pub use constraint::{Constraint, ConstraintKind};
 pub use limits::Limits;
 pub use messages::*;
 pub use text::*;

@@ -330,6 +330,10 @@ pub struct GenerateRequest {
         skip_serializing_if = "is_default"
     )]
     pub top_logprobs: u32,
+    /// Constrains the output to a JSON schema, any JSON object, a regex or
+    /// a Lark grammar; absent: unconstrained. Boxed: rare, and large.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<Box<crate::Constraint>>,
 }
 
 impl GenerateRequest {
@@ -357,6 +361,7 @@ impl GenerateRequest {
             deadline_ms: None,
             logprobs: false,
             top_logprobs: 0,
+            constraint: None,
         }
     }
 }

@@ -143,6 +143,9 @@ impl GenerateRequest {
                 detail: "must be greater than 0".into(),
             });
         }
+        if let Some(constraint) = &self.constraint {
+            constraint.kind()?;
+        }
         self.validate_logprobs(limits)
     }
 

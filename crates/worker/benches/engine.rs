@@ -18,6 +18,11 @@
 //! `llama-batched-bench -npp 128`).
 //! ZINFER_BENCH_MODEL runs another GGUF file instead of the default model,
 //! e.g. a synthetic checkpoint from `examples/synth_model.rs`.
+//!
+//! `constrained` (not run by default): inter-token latency with every
+//! stream constrained by a nested JSON schema against the same streams
+//! unconstrained (stream counts from `ZINFER_BENCH_STREAMS`, default 1,16),
+//! and the time to compile a 2 KB schema, cold and cached.
 #![allow(clippy::unwrap_used)] // a benchmark may unwrap (team rules)
 
 use std::collections::HashMap;
@@ -25,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use zinfer_fetch::test_model_path;
 use zinfer_model::{LoadOptions, load};
-use zinfer_protocol::{GenerateRequest, Timings, Usage};
+use zinfer_protocol::{Constraint, GenerateRequest, Timings, Usage};
+use zinfer_worker::constraint::Grammars;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use zinfer_worker::sampling::{Sampler, SamplingParams};
 
@@ -92,6 +98,49 @@ fn tokens_request(tokens: &[u32], max_tokens: u32) -> GenerateRequest {
         ignore_eos: true,
         ..GenerateRequest::from_prompt("bench", "")
     }
+}
+
+/// A nested schema whose output cannot end within the decode figures'
+/// 64 tokens (at least 64 items), so every stream runs all its tokens.
+fn long_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "title": {"type": "string", "maxLength": 40},
+            "items": {"type": "array", "minItems": 64, "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer", "minimum": 0},
+                    "name": {"type": "string", "maxLength": 16},
+                    "kind": {"enum": ["river", "bridge", "clock", "garden"]},
+                    "tags": {"type": "array", "items": {"type": "string", "maxLength": 8},
+                             "maxItems": 3}
+                },
+                "required": ["id", "name", "kind"],
+                "additionalProperties": false
+            }}
+        },
+        "required": ["title", "items"],
+        "additionalProperties": false
+    })
+}
+
+/// A schema of about 2 KB: 24 typed properties, some nested; `salt`
+/// makes each one new to the cache.
+fn wide_schema(salt: &str) -> serde_json::Value {
+    let mut properties = serde_json::Map::new();
+    for i in 0..24 {
+        let property = match i % 4 {
+            0 => serde_json::json!({"type": "string", "maxLength": 32}),
+            1 => serde_json::json!({"type": "integer", "minimum": 0, "maximum": 1000}),
+            2 => serde_json::json!({"enum": ["alpha", "beta", "gamma", "delta"]}),
+            _ => serde_json::json!({"type": "object", "properties": {
+                "x": {"type": "number"}, "y": {"type": "boolean"}}, "required": ["x"]}),
+        };
+        properties.insert(format!("{salt}_field_{i}"), property);
+    }
+    serde_json::json!({"type": "object", "properties": properties,
+                       "required": [format!("{salt}_field_0")]})
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -198,6 +247,14 @@ fn main() {
     // Room for the 64-stream figure.
     config.scheduler.max_batch = 64;
     let max_positions = loaded.model.max_positions();
+    let trie_start = Instant::now();
+    let grammars = selected("constrained").then(|| {
+        Grammars::new(
+            loaded.tokenizer.token_bytes().map_err(|e| e.to_string()),
+            loaded.tokenizer.eos_token_ids(),
+        )
+    });
+    let trie_s = trie_start.elapsed().as_secs_f64();
     let handle = Engine::start(loaded, config);
     let threads = match threads {
         Some(1) => "1 (engine thread only)".to_string(),
@@ -270,6 +327,96 @@ fn main() {
                 median(per_stream)
             ),
         ));
+    }
+
+    if let Some(grammars) = &grammars {
+        rows.push((
+            "constrained: token trie and parser factory, once per model".into(),
+            format!("{:.1} ms", trie_s * 1e3),
+        ));
+        // Compiling a 2 KB schema: a new one each time, then the same again.
+        let mut cold = Vec::new();
+        let mut warm = Vec::new();
+        for i in 0..5 {
+            let schema = wide_schema(&format!("run{i}"));
+            let started = Instant::now();
+            let mut matcher = grammars
+                .compile(&Constraint::json_schema(schema.clone()))
+                .unwrap();
+            // The first mask builds lexer states lazily; it belongs to the first token too.
+            matcher.compute_mask().unwrap();
+            cold.push(started.elapsed().as_secs_f64());
+            let started = Instant::now();
+            let mut matcher = grammars.compile(&Constraint::json_schema(schema)).unwrap();
+            matcher.compute_mask().unwrap();
+            warm.push(started.elapsed().as_secs_f64());
+        }
+        rows.push((
+            format!(
+                "constrained: compile + first mask, {}-byte schema, new",
+                wide_schema("run0").to_string().len()
+            ),
+            format!("{:.2} ms", median(cold) * 1e3),
+        ));
+        rows.push((
+            "constrained: the same schema again (cached)".into(),
+            format!("{:.3} ms", median(warm) * 1e3),
+        ));
+        let streams: Vec<usize> = std::env::var("ZINFER_BENCH_STREAMS")
+            .ok()
+            .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+            .unwrap_or_else(|| vec![1, 16]);
+        for &n in &streams {
+            let mut itl = [Vec::new(), Vec::new()];
+            let mut mask_wait = 0.0;
+            let mut mask_busy = 0.0;
+            // Alternate the two so drift from the shared machine hits both.
+            for _ in 0..REPEATS {
+                for (which, constrained) in [false, true].into_iter().enumerate() {
+                    handle.flush_cache(None);
+                    let before = handle.stats();
+                    let requests = (0..n)
+                        .map(|s| {
+                            let at = (s * 16) % (corpus.len() - 128);
+                            let mut request = tokens_request(&corpus[at..at + 128], DECODE_TOKENS);
+                            if constrained {
+                                request.constraint =
+                                    Some(Box::new(Constraint::json_schema(long_schema())));
+                            }
+                            request
+                        })
+                        .collect();
+                    let done = run(&handle, requests, rid);
+                    rid += n as u64;
+                    for f in &done {
+                        assert_eq!(f.usage.completion_tokens, DECODE_TOKENS);
+                    }
+                    let per_token: Vec<f64> = done
+                        .iter()
+                        .map(|f| f.timings.decode_s / f64::from(DECODE_TOKENS - 1))
+                        .collect();
+                    itl[which].push(per_token.iter().sum::<f64>() / per_token.len() as f64);
+                    if constrained {
+                        let after = handle.stats();
+                        mask_wait += after.mask_wait_s - before.mask_wait_s;
+                        mask_busy += after.mask_s - before.mask_s;
+                    }
+                }
+            }
+            let (plain, masked) = (median(itl[0].clone()), median(itl[1].clone()));
+            let steps = (REPEATS * (DECODE_TOKENS as usize)) as f64;
+            rows.push((
+                format!("inter-token latency, {n} stream(s): unconstrained / JSON schema"),
+                format!(
+                    "{:.2} / {:.2} ms ({:+.1}%); masks {:.2} ms per step, of which the step waited {:.2} ms",
+                    plain * 1e3,
+                    masked * 1e3,
+                    (masked / plain - 1.0) * 100.0,
+                    mask_busy / steps * 1e3,
+                    mask_wait / steps * 1e3
+                ),
+            ));
+        }
     }
 
     // TTFT of a 1,000-token prompt: cold, then with its first 950 cached.

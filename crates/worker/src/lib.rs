@@ -4,8 +4,11 @@
 //!
 //! Threads: one I/O thread owns the DEALER socket ([`server`]); one engine
 //! thread owns the model, the pool and the cache ([`engine`]). They talk over
-//! bounded channels, so no lock is ever held during a forward pass.
+//! bounded channels, so no lock is ever held during a forward pass. A third
+//! thread computes the token masks of constrained requests ([`constraint`])
+//! while the forward pass runs.
 
+pub mod constraint;
 pub mod detokenize;
 pub mod engine;
 pub mod metrics;

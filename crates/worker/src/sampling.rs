@@ -1,5 +1,9 @@
 //! Token sampling: turns one step's logits into the next token id.
 //!
+//! A constrained request's row arrives already masked (forbidden tokens at
+//! -inf, see `crate::constraint`), so everything below, logprobs included,
+//! sees only the tokens its constraint allows.
+//!
 //! Greedy when the temperature is 0. Otherwise, in order: repetition
 //! penalty, temperature, top-k, min-p, top-p, then one draw from a
 //! per-request RNG seeded from the request's seed, so the same seed,

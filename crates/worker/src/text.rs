@@ -287,7 +287,13 @@ mod tests {
         fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
             Ok(messages
                 .iter()
-                .map(|m| format!("{}: {}\n", m.role, m.content))
+                .map(|m| {
+                    format!(
+                        "{}: {}\n",
+                        m.role,
+                        m.content.as_ref().map(|c| c.text()).unwrap_or_default()
+                    )
+                })
                 .collect())
         }
         fn eos_token_ids(&self) -> &[u32] {
@@ -364,10 +370,7 @@ mod tests {
 
     #[test]
     fn the_template_is_the_chat_path_and_its_errors_are_the_clients() {
-        let messages = vec![ChatMessage {
-            role: "user".into(),
-            content: "hi".into(),
-        }];
+        let messages = vec![ChatMessage::new("user", "hi")];
         let mut request = ApplyTemplateRequest {
             id: "a".into(),
             model: None,

@@ -73,6 +73,17 @@ pub enum TokenizerError {
     },
 }
 
+/// What one token adds to the output, for constrained decoding: bytes of
+/// text, or a special token that is no text (named by its own text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenBytes {
+    /// Text bytes (possibly part of a UTF-8 character; empty for a token
+    /// that never shows, such as an unused one).
+    Text(Vec<u8>),
+    /// A control token: decoding leaves it out of the text.
+    Special(String),
+}
+
 #[derive(Debug)]
 enum Backend {
     Gguf(Box<GgufVocab>),
@@ -225,6 +236,15 @@ impl ModelTokenizer {
         }
     }
 
+    /// Every token's bytes, by id, as generated text holds them; special
+    /// tokens flagged. Built once per model for constrained decoding.
+    pub fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+        match &self.backend {
+            Backend::Gguf(vocab) => Ok(vocab.token_bytes()),
+            Backend::Hf { tokenizer, .. } => hf_token_bytes(tokenizer),
+        }
+    }
+
     /// Number of tokens in the vocabulary.
     pub fn vocab_size(&self) -> usize {
         match &self.backend {
@@ -350,6 +370,67 @@ impl ModelTokenizer {
             eos: eos_ids,
         })
     }
+}
+
+/// Token bytes of a `tokenizer.json` vocabulary: byte-level (GPT-2's
+/// stand-in characters) or SentencePiece-style (`▁` for a space, `<0xAB>`
+/// byte fallback), told apart by its decoder; added special tokens are
+/// special.
+fn hf_token_bytes(tokenizer: &Tokenizer) -> Result<Vec<TokenBytes>, ModelError> {
+    let decoder = serde_json::to_value(tokenizer.get_decoder()).map_err(hf_err)?;
+    let kinds = |d: &serde_json::Value| -> Vec<String> {
+        match d["type"].as_str() {
+            Some("Sequence") => d["decoders"]
+                .as_array()
+                .map(|list| {
+                    list.iter()
+                        .filter_map(|d| d["type"].as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Some(kind) => vec![kind.to_string()],
+            None => Vec::new(),
+        }
+    };
+    let kinds = kinds(&decoder);
+    let byte_level = kinds.iter().any(|k| k == "ByteLevel");
+    let byte_fallback = kinds.iter().any(|k| k == "ByteFallback");
+    if !byte_level && !byte_fallback {
+        return Err(TokenizerError::Unsupported(
+            "constrained decoding needs a byte-level or byte-fallback tokenizer.json decoder",
+        )
+        .into());
+    }
+    let n = tokenizer.get_vocab_size(true);
+    let added = tokenizer.get_added_vocabulary();
+    let mut out = Vec::with_capacity(n);
+    for id in 0..n as u32 {
+        let Some(text) = tokenizer.id_to_token(id) else {
+            out.push(TokenBytes::Text(Vec::new()));
+            continue;
+        };
+        if added.is_special_token(&text) {
+            out.push(TokenBytes::Special(text));
+            continue;
+        }
+        let bytes = if byte_level {
+            text.chars()
+                .map(unicode::char_to_byte)
+                .collect::<Option<Vec<u8>>>()
+                .unwrap_or_else(|| text.as_bytes().to_vec())
+        } else if let Some(byte) = text
+            .strip_prefix("<0x")
+            .and_then(|t| t.strip_suffix('>'))
+            .filter(|hex| hex.len() == 2)
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
+            vec![byte]
+        } else {
+            text.replace('\u{2581}', " ").into_bytes()
+        };
+        out.push(TokenBytes::Text(bytes));
+    }
+    Ok(out)
 }
 
 fn hf_err(e: impl std::fmt::Display) -> TokenizerError {
@@ -504,6 +585,30 @@ mod tests {
           {"id":1,"content":"</s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}],
         "normalizer":null,"pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
         "model":{"type":"WordLevel","vocab":{"<s>":0,"</s>":1,"hi":2,"[UNK]":3},"unk_token":"[UNK]"}}"#;
+
+    #[test]
+    fn tokenizer_json_token_bytes_follow_the_decoder() {
+        // No byte-level or byte-fallback decoder: refused by name.
+        let dir = hf_dir(&[]);
+        let tok = ModelTokenizer::from_hf_dir(dir.path(), &[]).unwrap();
+        assert!(tok.token_bytes().is_err());
+        // SentencePiece style: `▁` is a space, `<0x0A>` its byte, `<s>` special.
+        let json = TINY_TOKENIZER
+            .replace(
+                r#""decoder":null"#,
+                r#""decoder":{"type":"Sequence","decoders":[
+                    {"type":"Replace","pattern":{"String":"▁"},"content":" "},
+                    {"type":"ByteFallback"}]}"#,
+            )
+            .replace(r#""hi":2"#, r#""▁hi":2,"<0x0A>":4"#);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("tokenizer.json"), json).unwrap();
+        let tok = ModelTokenizer::from_hf_dir(dir.path(), &[]).unwrap();
+        let bytes = tok.token_bytes().unwrap();
+        assert_eq!(bytes[0], TokenBytes::Special("<s>".into()));
+        assert_eq!(bytes[2], TokenBytes::Text(b" hi".to_vec()));
+        assert_eq!(bytes[4], TokenBytes::Text(b"\n".to_vec()));
+    }
 
     /// A checkpoint directory with the tiny tokenizer and the given files.
     fn hf_dir(files: &[(&str, &str)]) -> tempfile::TempDir {

@@ -869,6 +869,27 @@ impl GgufVocab {
         self.pieces.get(start..end)
     }
 
+    /// Every token's bytes as generated output holds them, for grammars:
+    /// control and unknown tokens are special (never text); user-defined
+    /// ones are their text, as decoding shows it; unused ones are empty.
+    pub(super) fn token_bytes(&self) -> Vec<super::TokenBytes> {
+        (0..self.texts.len())
+            .map(|i| {
+                let a = self.attrs.get(i).copied().unwrap_or(0);
+                let start = i.checked_sub(1).map_or(0, |p| self.piece_ends[p] as usize);
+                let piece = self
+                    .pieces
+                    .get(start..self.piece_ends[i] as usize)
+                    .unwrap_or_default();
+                if a & (attr::CONTROL | attr::UNKNOWN) != 0 {
+                    super::TokenBytes::Special(self.texts[i].clone())
+                } else {
+                    super::TokenBytes::Text(piece.to_vec())
+                }
+            })
+            .collect()
+    }
+
     /// `token_to_piece(id, special = false)`: control and unknown tokens
     /// (and ids past the vocabulary) have no text.
     fn piece(&self, id: u32) -> &[u8] {

@@ -48,6 +48,7 @@ pub fn full_generate() -> GenerateRequest {
         deadline_ms: Some(30_000),
         logprobs: false,
         top_logprobs: 0,
+        constraint: None,
     }
 }
 
@@ -58,6 +59,14 @@ pub fn logprobs_generate() -> GenerateRequest {
     request.max_tokens = 16;
     request.logprobs = true;
     request.top_logprobs = 2;
+    request
+}
+
+/// A generate whose output must match a regex.
+pub fn constraint_generate() -> GenerateRequest {
+    let mut request = GenerateRequest::from_prompt("req-5", "The year:");
+    request.max_tokens = 8;
+    request.constraint = Some(Box::new(zinfer_protocol::Constraint::regex("[0-9]{4}")));
     request
 }
 
@@ -192,6 +201,10 @@ pub fn client_requests() -> Vec<Sample<ClientRequest>> {
         sample(
             "client_request.generate_logprobs",
             ClientRequest::Generate(logprobs_generate()),
+        ),
+        sample(
+            "client_request.generate_constraint",
+            ClientRequest::Generate(constraint_generate()),
         ),
         sample(
             "client_request.cancel",

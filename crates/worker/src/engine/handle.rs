@@ -106,6 +106,8 @@ pub struct EngineHandle {
     pub(super) events: Receiver<EngineEvent>,
     pub(super) shared: Arc<Shared>,
     pub(super) text: Arc<dyn TextCodec>,
+    /// Compiles requests' constraints (cached), on the caller's thread.
+    pub(super) grammars: Arc<crate::constraint::Grammars>,
     pub(super) info: ModelInfo,
     pub(super) config: EngineConfig,
     pub(super) thread: Option<JoinHandle<()>>,
@@ -122,6 +124,7 @@ impl EngineHandle {
             &self.config.limits,
             self.text.as_ref(),
             &self.info,
+            &self.grammars,
         )
     }
 

@@ -20,11 +20,14 @@ mod valid;
 use std::sync::Arc;
 
 use zinfer_cache::CacheConfig;
-use zinfer_model::{ForwardModel, LoadedModel, ModelError, ModelTokenizer, TokenizerError};
+use zinfer_model::{
+    ForwardModel, LoadedModel, ModelError, ModelTokenizer, TokenBytes, TokenizerError,
+};
 use zinfer_protocol::{
     ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, Usage, WorkerToRouter,
 };
 
+use crate::constraint::Grammars;
 use crate::detokenize::{DetokenizeError, TokenDecoder};
 use crate::sampling::SamplingError;
 use crate::scheduler::{SchedulerConfig, SchedulerError};
@@ -346,6 +349,12 @@ pub struct EngineStats {
     /// Time spent in whole steps (scheduling, forward, sampling, text,
     /// events), seconds; minus `forward_s` it is the engine's overhead.
     pub step_s: f64,
+    /// Time the mask thread spent computing constrained requests' token
+    /// masks, seconds (mostly hidden behind forward passes).
+    pub mask_s: f64,
+    /// Time the step loop waited for masks after its forward pass, seconds:
+    /// what constrained decoding added to the steps.
+    pub mask_wait_s: f64,
     /// Submission to admission.
     pub queue_time: LatencySummary,
     /// Admission to first token.
@@ -423,6 +432,13 @@ pub trait TextCodec: Send + Sync {
             ))
         }
     }
+    /// Every token's bytes by id, for constrained decoding; a codec that
+    /// cannot tell refuses constrained requests with this error.
+    fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+        Err(ModelError::Format(
+            "this tokenizer does not expose its token bytes".into(),
+        ))
+    }
 }
 
 impl TextCodec for ModelTokenizer {
@@ -473,6 +489,9 @@ impl TextCodec for ModelTokenizer {
     ) -> Result<String, ModelError> {
         self.apply_chat_template_with(messages, add_generation_prompt)
     }
+    fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+        ModelTokenizer::token_bytes(self)
+    }
 }
 
 /// Lets the detokenizer decode through any [`TextCodec`].
@@ -511,6 +530,11 @@ impl Engine {
         let (command_tx, command_rx) = crossbeam_channel::bounded(config.queue_capacity.max(1));
         let (event_tx, event_rx) = crossbeam_channel::bounded(config.event_capacity.max(1));
         let shared = Arc::new(handle::Shared::default());
+        // Once per model: the token trie and llguidance's parser factory.
+        let grammars = Arc::new(Grammars::new(
+            text.token_bytes().map_err(|error| error.to_string()),
+            text.eos_token_ids(),
+        ));
         let info = handle::ModelInfo {
             name,
             vocab_size: model.vocab_size(),
@@ -536,6 +560,7 @@ impl Engine {
             events: event_rx,
             shared,
             text,
+            grammars,
             info,
             config,
             thread,

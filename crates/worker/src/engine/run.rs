@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, SendTimeoutError, Sender};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use toktrie::SimpleVob;
 use zinfer_cache::{RadixCache, TokenPool};
 use zinfer_model::ForwardModel;
 use zinfer_protocol::{ErrorCode, FinishReason, Timings, TokenLogprob, TopLogprob, Usage};
@@ -18,6 +19,7 @@ use super::{
     Clock, Decode, EngineConfig, EngineEvent, EngineStats, INTERNAL_MESSAGE, InternalError,
     TextCodec,
 };
+use crate::constraint::{ConstraintError, MaskThread, apply_mask};
 use crate::detokenize::Detokenizer;
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens};
 use crate::scheduler::{NewSequence, Scheduler, StepPlan};
@@ -60,6 +62,11 @@ struct Request {
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// Whether the request has a constraint: its `matcher` is then always
+    /// here, except while the mask thread holds it during a step.
+    constrained: bool,
+    /// The constraint's state after the tokens generated so far.
+    matcher: Option<Box<llguidance::Matcher>>,
 }
 
 /// The engine thread's state.
@@ -78,6 +85,9 @@ pub(super) struct EngineLoop {
     clock: Clock,
     /// Draws the sampling seed of each request that names none.
     seeds: StdRng,
+    /// Computes constrained requests' token masks during forward passes;
+    /// started with the first constrained request.
+    mask_thread: Option<MaskThread>,
 }
 
 impl EngineLoop {
@@ -111,6 +121,7 @@ impl EngineLoop {
             shutting_down: false,
             clock: config.clock.clone(),
             seeds: StdRng::seed_from_u64(config.seed.unwrap_or_else(rand::random)),
+            mask_thread: None,
         }
     }
 
@@ -217,7 +228,7 @@ impl EngineLoop {
 
     fn admit(&mut self, submission: Submission) {
         let Submission { rid, request } = submission;
-        let (request, prompt, arrival) = request.into_parts();
+        let (request, prompt, arrival, constraint) = request.into_parts();
         self.stats.requests_accepted += 1;
         let params = SamplingParams::from_request(&request, self.seeds.random());
         let request_state = Request {
@@ -247,6 +258,8 @@ impl EngineLoop {
             admitted: None,
             first_token: None,
             last_token: None,
+            constrained: constraint.is_some(),
+            matcher: constraint.map(|compiled| Box::new(compiled.0)),
         };
         self.requests.insert(rid, request_state);
         if request.max_tokens == 0 {
@@ -295,7 +308,11 @@ impl EngineLoop {
             }
             return;
         }
-        let logits = match self.forward(&plan) {
+        // Masks are computed on the mask thread while the forward pass runs.
+        self.start_masks(&plan);
+        let logits = self.forward(&plan);
+        let mut masks = self.finish_masks(&plan);
+        let logits = match logits {
             Ok(logits) => logits,
             Err(error) => {
                 for item in &plan.items {
@@ -305,13 +322,34 @@ impl EngineLoop {
             }
         };
         let mut sampled = vec![None; plan.items.len()];
-        for ((item, mut row), slot) in plan.items.iter().zip(logits).zip(&mut sampled) {
+        for (((item, mut row), slot), mask) in plan
+            .items
+            .iter()
+            .zip(logits)
+            .zip(&mut sampled)
+            .zip(&mut masks)
+        {
             if item.prefill {
                 self.stats.prefill_tokens += item.len as u64;
             }
             let Some(request) = self.requests.get_mut(&item.id).filter(|_| item.sample) else {
                 continue;
             };
+            // The mask comes first: penalty, temperature, the cuts and the
+            // draw (or argmax) all see the masked row.
+            match mask.take() {
+                Some(Ok(mask)) => apply_mask(&mask, &mut row),
+                Some(Err(error)) => {
+                    self.fail_constraint(item.id, &error);
+                    continue;
+                }
+                None if request.constrained => {
+                    let error = ConstraintError::Matcher("the mask thread stopped".into());
+                    self.fail_constraint(item.id, &error);
+                    continue;
+                }
+                None => {}
+            }
             match request.sampler.sample(&mut row) {
                 Ok(token) => *slot = Some(token),
                 Err(error) => self.fail_internal(item.id, &error.into()),
@@ -324,6 +362,87 @@ impl EngineLoop {
                 self.on_token(item.id, token, now);
             }
         }
+    }
+
+    /// Hands the matcher of every constrained sequence that samples this
+    /// step to the mask thread (started on first use).
+    fn start_masks(&mut self, plan: &StepPlan) {
+        for (slot, item) in plan.items.iter().enumerate() {
+            let Some(request) = self.requests.get_mut(&item.id).filter(|_| item.sample) else {
+                continue;
+            };
+            let Some(matcher) = request.matcher.take() else {
+                continue;
+            };
+            if self.mask_thread.is_none() {
+                self.mask_thread = MaskThread::start();
+            }
+            let Some(thread) = &self.mask_thread else {
+                // No thread: `finish_masks` computes it here.
+                request.matcher = Some(matcher);
+                continue;
+            };
+            if let Err(matcher) = thread.submit(slot, matcher) {
+                request.matcher = Some(matcher);
+            }
+        }
+    }
+
+    /// Each plan item's mask, for the constrained ones that sample: waits
+    /// for the mask thread, gives the matchers back to their requests,
+    /// and computes here any mask the thread could not take.
+    fn finish_masks(&mut self, plan: &StepPlan) -> Vec<Option<Result<SimpleVob, ConstraintError>>> {
+        let mut masks: Vec<Option<Result<SimpleVob, ConstraintError>>> =
+            (0..plan.items.len()).map(|_| None).collect();
+        let away: Vec<usize> = plan
+            .items
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| {
+                item.sample
+                    && self
+                        .requests
+                        .get(&item.id)
+                        .is_some_and(|r| r.constrained && r.matcher.is_none())
+            })
+            .map(|(slot, _)| slot)
+            .collect();
+        let started = self.clock.now();
+        if let Some(thread) = &self.mask_thread {
+            for _ in 0..away.len() {
+                let Some(done) = thread.next() else {
+                    break;
+                };
+                if let Some(request) = plan
+                    .items
+                    .get(done.slot)
+                    .and_then(|item| self.requests.get_mut(&item.id))
+                {
+                    request.matcher = Some(done.matcher);
+                }
+                if let Some(mask) = masks.get_mut(done.slot) {
+                    *mask = Some(done.mask);
+                }
+            }
+            self.stats.mask_s = thread.busy_s();
+        }
+        self.stats.mask_wait_s += seconds_since(started, self.clock.now());
+        for (item, mask) in plan.items.iter().zip(&mut masks) {
+            if mask.is_none()
+                && item.sample
+                && let Some(matcher) = self
+                    .requests
+                    .get_mut(&item.id)
+                    .and_then(|r| r.matcher.as_mut())
+            {
+                *mask = Some(
+                    matcher
+                        .compute_mask()
+                        .map_err(|e| ConstraintError::Matcher(e.to_string())),
+                );
+            }
+        }
+        masks
     }
 
     fn forward(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, InternalError> {
@@ -370,6 +489,19 @@ impl EngineLoop {
         request.last_token = Some(now);
         let logprobs = request.sampler.take_logprobs();
         let mut reason = request.stop.check(token, request.generated);
+        if let Some(matcher) = request.matcher.as_mut()
+            && !request.stop.is_stop_token(token)
+        {
+            if let Err(error) = matcher.consume_token(token) {
+                let error = ConstraintError::Matcher(error.to_string());
+                self.fail_constraint(rid, &error);
+                return;
+            }
+            // Complete, and nothing may follow: only EOS is left.
+            if matcher.is_stopped() {
+                reason = Some(FinishReason::Stop);
+            }
+        }
         if !request.stop.is_stop_token(token) {
             request.unsent.push(token);
             if request.logprobs {
@@ -470,6 +602,12 @@ impl EngineLoop {
             code,
             message: message.to_string(),
         });
+    }
+
+    /// Ends a request whose constraint failed while generating, with the
+    /// matcher's reason (it is the constraint's, not a secret of ours).
+    fn fail_constraint(&mut self, rid: u64, error: &ConstraintError) {
+        self.fail(rid, ErrorCode::Internal, &error.to_string());
     }
 
     /// Ends a request on a fault of the worker: the detail goes to the

@@ -12,6 +12,7 @@ use zinfer_protocol::GenerateRequest;
 use super::*;
 use crate::scheduler::SchedulerConfig;
 
+mod constraint;
 mod transfer;
 
 const EOS: u32 = 256;
@@ -47,6 +48,11 @@ impl TextCodec for Bytes {
     }
     fn eos_token_ids(&self) -> &[u32] {
         &[EOS]
+    }
+    fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+        let mut tokens: Vec<TokenBytes> = (0..=255u8).map(|b| TokenBytes::Text(vec![b])).collect();
+        tokens.push(TokenBytes::Special("<eos>".into()));
+        Ok(tokens)
     }
 }
 

@@ -7,6 +7,7 @@ use zinfer_protocol::{GenerateRequest, Limits};
 
 use super::handle::ModelInfo;
 use super::{EngineError, TextCodec};
+use crate::constraint::{CompiledConstraint, Grammars};
 
 /// A request valid under the engine's limits, tokenized, fitting the KV
 /// pool and the context length, its output bounded by the context.
@@ -16,6 +17,7 @@ pub struct ValidRequest {
     request: GenerateRequest,
     prompt: Vec<u32>,
     arrival: Instant,
+    constraint: Option<CompiledConstraint>,
 }
 
 impl ValidRequest {
@@ -26,6 +28,7 @@ impl ValidRequest {
         limits: &Limits,
         text: &dyn TextCodec,
         info: &ModelInfo,
+        grammars: &Grammars,
     ) -> Result<Self, EngineError> {
         request
             .validate(limits)
@@ -41,10 +44,20 @@ impl ValidRequest {
         // Output stops at the context length with `length`.
         let room = u32::try_from(info.max_positions - prompt.len()).unwrap_or(u32::MAX);
         request.max_tokens = request.max_tokens.min(room);
+        // Compiled here, on the caller's thread, never in the step loop.
+        let constraint = match &request.constraint {
+            Some(constraint) => {
+                Some(CompiledConstraint(grammars.compile(constraint).map_err(
+                    |error| EngineError::BadRequest(error.to_string()),
+                )?))
+            }
+            None => None,
+        };
         Ok(ValidRequest {
             request,
             prompt,
             arrival,
+            constraint,
         })
     }
 
@@ -65,8 +78,15 @@ impl ValidRequest {
     }
 
     /// The parts, for the engine thread.
-    pub(super) fn into_parts(self) -> (GenerateRequest, Vec<u32>, Instant) {
-        (self.request, self.prompt, self.arrival)
+    pub(super) fn into_parts(
+        self,
+    ) -> (
+        GenerateRequest,
+        Vec<u32>,
+        Instant,
+        Option<CompiledConstraint>,
+    ) {
+        (self.request, self.prompt, self.arrival, self.constraint)
     }
 }
 
