@@ -30,10 +30,10 @@ pub(crate) struct TokenizeArgs {
     file: PathBuf,
     /// Treat special-token text as plain text (llama-tokenize's
     /// --no-parse-special).
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_NO_PARSE_SPECIAL")]
     no_parse_special: bool,
     /// Do not add the model's BOS/EOS (llama-tokenize's --no-bos).
-    #[arg(long)]
+    #[arg(long, env = "ZINFER_NO_ADD_SPECIAL")]
     no_add_special: bool,
     /// The texts to tokenize, each as is.
     #[arg(required = true, value_name = "TEXT")]
