@@ -17,8 +17,8 @@ pub struct UnitJob<'a> {
     /// `[block][d][BK]`: this KV head's keys, transposed per block; key `j`
     /// of block `b` is at position `first_key + b * BK + j`.
     pub kt: &'a [f32],
-    /// `[block * BK + j][d]`: this KV head's values.
-    pub v: &'a [f32],
+    /// This KV head's values.
+    pub v: Values<'a>,
     /// The attention's head layout.
     pub shape: HeadShape,
     /// The KV head whose keys and values these are.
@@ -35,6 +35,55 @@ pub struct UnitJob<'a> {
     pub window: Option<usize>,
     /// How scores are made.
     pub rule: ScoreRule,
+}
+
+/// Where a unit reads its values: V rows need no transpose, so an f32
+/// pool is read in place through the slot list instead of being copied.
+#[derive(Clone, Copy, Debug)]
+pub enum Values<'a> {
+    /// `[block * BK + j][d]`: packed rows, in the blocks of [`UnitJob::kt`].
+    Packed(&'a [f32]),
+    /// Rows of a `[slot][stride]` pool: key position `first_key + i` is at
+    /// `pool[slots[i] * stride + offset..][..d]`.
+    Pool {
+        /// The V pool, `[slot][stride]`.
+        pool: &'a [f32],
+        /// Slots of key positions `first_key..`.
+        slots: &'a [u32],
+        /// Floats per slot (every KV head).
+        stride: usize,
+        /// This KV head's first column.
+        offset: usize,
+    },
+}
+
+impl<'a> Values<'a> {
+    /// The rows of block `b` that hold keys (at most `keys` of them) into
+    /// `rows`; the rest are left empty, as `pv` never reads them.
+    #[inline(always)]
+    fn block_rows(&self, b: usize, keys: usize, d: usize, rows: &mut [&'a [f32]; BK]) {
+        let n = keys.min(BK);
+        match *self {
+            Values::Packed(v) => {
+                let block = &v[b * BK * d..(b + 1) * BK * d];
+                for (r, row) in rows.iter_mut().zip(block.chunks_exact(d)).take(n) {
+                    *r = row;
+                }
+            }
+            Values::Pool {
+                pool,
+                slots,
+                stride,
+                offset,
+            } => {
+                for (r, &slot) in rows.iter_mut().zip(&slots[b * BK..]).take(n) {
+                    let at = slot as usize * stride + offset;
+                    *r = &pool[at..at + d];
+                }
+            }
+        }
+        rows[n..].fill(&[]);
+    }
 }
 
 impl UnitJob<'_> {
@@ -74,13 +123,14 @@ pub(crate) trait Micro {
     /// The CPU must have the instructions the implementation uses.
     unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]);
 
-    /// `acc[r] += sum_j p[r][j] * v_j` over the first `n` keys of a block `v` `[BK][d]`.
+    /// `acc[r] += sum_j p[r][j] * v[j]` over the first `n` value rows of a
+    /// block (each at least `d` long).
     ///
     /// # Safety
     /// As for [`Micro::qk`].
     unsafe fn pv<const R: usize>(
         p: &[[f32; BK]; R],
-        v: &[f32],
+        v: &[&[f32]; BK],
         d: usize,
         n: usize,
         acc: &mut [f32],
@@ -116,12 +166,14 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
     let block_len = BK * d;
     let last_pos = job.first_pos + job.rows - 1;
     let blocks = (last_pos - job.first_key) / BK + 1;
-    assert!(job.kt.len() >= blocks * block_len && job.v.len() >= blocks * block_len);
+    assert!(job.kt.len() >= blocks * block_len);
     let mut p = [[0f32; BK]; R];
+    let mut v: [&[f32]; BK] = [&[]; BK];
     for b in 0..blocks {
         let kt = &job.kt[b * block_len..(b + 1) * block_len];
-        let v = &job.v[b * block_len..(b + 1) * block_len];
         let first_key = job.first_key + b * BK;
+        job.v.block_rows(b, last_pos + 1 - first_key, d, &mut v);
+        let v = &v;
         let mut i = 0;
         while i < nq {
             let take = R.min(nq - i);

@@ -478,16 +478,16 @@ impl Micro for Portable {
     #[inline(always)]
     unsafe fn pv<const R: usize>(
         p: &[[f32; BK]; R],
-        v: &[f32],
+        v: &[&[f32]; BK],
         d: usize,
         n: usize,
         acc: &mut [f32],
     ) {
-        assert!(n <= BK && v.len() >= n * d && acc.len() >= R * d);
+        assert!(n <= BK && acc.len() >= R * d);
         for (r, pr) in p.iter().enumerate() {
             let out = &mut acc[r * d..(r + 1) * d];
-            for (j, &pj) in pr.iter().enumerate().take(n) {
-                for (o, &x) in out.iter_mut().zip(&v[j * d..(j + 1) * d]) {
+            for (&pj, row) in pr.iter().zip(v).take(n) {
+                for (o, &x) in out.iter_mut().zip(&row[..d]) {
                     *o += pj * x;
                 }
             }

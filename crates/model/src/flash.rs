@@ -10,6 +10,9 @@
 //! walks the blocks with an online softmax: a running max and sum per query
 //! vector, the accumulated V rescaled when the max grows. Scores never
 //! outlive one block, so the working set stays in cache at any length.
+//! Values need no transpose: from an f32 pool the unit reads them in place
+//! through the slot list ([`Values::Pool`]), so a decode step copies only
+//! its keys; an f16 pool's values are packed (converted) with the keys.
 //!
 //! This module packs and schedules; the unit's loops are in
 //! [`super::kernels`] (AVX2 where the CPU has it, plain Rust otherwise).
@@ -18,7 +21,7 @@ use std::cell::RefCell;
 use std::sync::Mutex;
 
 use zinfer_kernels::{
-    BK, HeadShape, KvElem, ScoreRule, UnitBuf, UnitFn, UnitJob, first_packed_key,
+    BK, HeadShape, KvElem, ScoreRule, UnitBuf, UnitFn, UnitJob, Values, first_packed_key,
 };
 /// Query rows (each with all heads of one KV group) per unit of work.
 const BR: usize = 32;
@@ -54,7 +57,8 @@ pub(crate) struct Keys {
 pub(crate) struct FlashScratch {
     /// `[kv_head][block][d][BK]`: K transposed per block, zero past the last key.
     kt: Vec<f32>,
-    /// `[kv_head][block * BK + j][d]`: V rows, zero past the last key.
+    /// `[kv_head][block * BK + j][d]`: V rows, zero past the last key; only
+    /// for pools that are not f32 (those are read in place).
     v: Vec<f32>,
 }
 
@@ -89,14 +93,22 @@ pub(crate) fn attend_chunk<T: KvElem>(
     let blocks = (n_keys - first_key).div_ceil(BK);
     let block_len = BK * d;
     scratch.kt.resize(n_kv * blocks * block_len, 0.0);
-    scratch.v.resize(n_kv * blocks * block_len, 0.0);
+    let v_len = if T::as_f32(v_pool).is_some() {
+        0
+    } else {
+        block_len
+    };
+    scratch.v.resize(n_kv * blocks * v_len, 0.0);
 
     // Pack: one unit per (KV head, key block).
     {
         let kt_parts: Vec<Mutex<&mut [f32]>> =
             scratch.kt.chunks_mut(block_len).map(Mutex::new).collect();
-        let v_parts: Vec<Mutex<&mut [f32]>> =
-            scratch.v.chunks_mut(block_len).map(Mutex::new).collect();
+        let mut v_parts: Vec<Mutex<&mut [f32]>> = match v_len {
+            0 => Vec::new(),
+            len => scratch.v.chunks_mut(len).map(Mutex::new).collect(),
+        };
+        v_parts.resize_with(n_kv * blocks, || Mutex::new(&mut []));
         let copies = n_kv * n_keys * d * 2;
         zinfer_kernels::run_units(n_kv * blocks, copies * 8, parallel, |range| {
             let mut row = vec![0f32; d];
@@ -140,10 +152,11 @@ pub(crate) fn attend_chunk<T: KvElem>(
             let (rb, g) = (row_blocks - 1 - u / n_kv, u % n_kv);
             let rows = rb * br..chunk.len.min((rb + 1) * br);
             let head_blocks = g * blocks * block_len..(g + 1) * blocks * block_len;
+            let head_v = &v[g * blocks * v_len..(g + 1) * blocks * v_len];
             let job = UnitJob {
                 q: &q[(chunk.first_row + rows.start) * q_len..(chunk.first_row + rows.end) * q_len],
-                kt: &kt[head_blocks.clone()],
-                v: &v[head_blocks],
+                kt: &kt[head_blocks],
+                v: values(v_pool, chunk.slots, first_key, g, shape, head_v),
                 shape,
                 kv_head: g,
                 rows: rows.len(),
@@ -205,9 +218,17 @@ pub(crate) fn attend_rows<T: KvElem>(
                 let n_keys = chunk.start_pos + 1;
                 let first_key = first_packed_key(chunk.start_pos, keys.window);
                 let blocks = (n_keys - first_key).div_ceil(BK);
+                let v_len = if T::as_f32(v_pool).is_some() {
+                    0
+                } else {
+                    BK * d
+                };
                 kt.resize(blocks * BK * d, 0.0);
-                v.resize(blocks * BK * d, 0.0);
-                let packed = kt.chunks_mut(BK * d).zip(v.chunks_mut(BK * d));
+                v.resize(blocks * v_len, 0.0);
+                let v_parts = v
+                    .chunks_mut(v_len.max(1))
+                    .chain(std::iter::repeat_with(|| &mut [][..]));
+                let packed = kt.chunks_mut(BK * d).zip(v_parts);
                 for (b, (kt, v)) in packed.take(blocks).enumerate() {
                     let from = first_key + b * BK;
                     let slots = &chunk.slots[from..n_keys.min(from + BK)];
@@ -216,7 +237,14 @@ pub(crate) fn attend_rows<T: KvElem>(
                 let job = UnitJob {
                     q: &q[chunk.first_row * q_len..(chunk.first_row + 1) * q_len],
                     kt: &kt[..blocks * BK * d],
-                    v: &v[..blocks * BK * d],
+                    v: values(
+                        v_pool,
+                        chunk.slots,
+                        first_key,
+                        g,
+                        shape,
+                        &v[..blocks * v_len],
+                    ),
                     shape,
                     kv_head: g,
                     rows: 1,
@@ -237,8 +265,9 @@ pub(crate) fn attend_rows<T: KvElem>(
 }
 
 /// Packs the keys at `slots` (at most [`BK`]) of the KV head at column
-/// `offset`: K transposed into `kt` (`[d][BK]`), V rows into `v`
-/// (`[BK][d]`), zeros past the last key.
+/// `offset`: K transposed into `kt` (`[d][BK]`) and, unless the values are
+/// read in place from an f32 pool ([`values`]), V rows into `v` (`[BK][d]`);
+/// zeros past the last key.
 #[allow(clippy::too_many_arguments)]
 fn pack_block<T: KvElem>(
     k_pool: &[T],
@@ -253,17 +282,49 @@ fn pack_block<T: KvElem>(
     let d = row.len();
     for (j, &slot) in slots.iter().enumerate() {
         let at = slot as usize * kv_dim + offset;
-        T::load(&k_pool[at..at + d], row);
-        for (c, &x) in row.iter().enumerate() {
+        let k = match T::as_f32(&k_pool[at..at + d]) {
+            Some(k) => k,
+            None => {
+                T::load(&k_pool[at..at + d], row);
+                &*row
+            }
+        };
+        for (c, &x) in k.iter().enumerate() {
             kt[c * BK + j] = x;
         }
-        T::load(&v_pool[at..at + d], &mut v[j * d..(j + 1) * d]);
+        if T::as_f32(v_pool).is_none() {
+            T::load(&v_pool[at..at + d], &mut v[j * d..(j + 1) * d]);
+        }
     }
     for j in slots.len()..BK {
         for c in 0..d {
             kt[c * BK + j] = 0.0;
         }
-        v[j * d..(j + 1) * d].fill(0.0);
+    }
+    if T::as_f32(v_pool).is_none() {
+        v[slots.len() * d..BK * d].fill(0.0);
+    }
+}
+
+/// The values of KV head `g` for keys `first_key..` at `slots` (the
+/// sequence's whole slot list): read in place from an f32 pool, else the
+/// rows packed into `packed`.
+fn values<'a, T: KvElem>(
+    v_pool: &'a [T],
+    slots: &'a [u32],
+    first_key: usize,
+    g: usize,
+    shape: HeadShape,
+    packed: &'a [f32],
+) -> Values<'a> {
+    match T::as_f32(v_pool) {
+        Some(pool) => Values::Pool {
+            pool,
+            slots: &slots[first_key..],
+            stride: shape.n_kv_heads * shape.head_dim,
+            offset: g * shape.head_dim,
+        },
+        None => Values::Packed(packed),
     }
 }
 
@@ -610,6 +671,64 @@ mod tests {
             let q_row = &q[p * qd..(p + 1) * qd];
             attend_rows(q_row, &k, &v, &rows, shape, keys, &mut one, false, unit);
             assert_eq!(one, whole[p * qd..(p + 1) * qd], "position {p}");
+        }
+    }
+
+    /// An f16 pool (values packed, not read in place): a decode row on
+    /// [`attend_rows`] gets the bits of the same row in a long chunk.
+    #[test]
+    fn f16_rows_are_independent_of_chunking() {
+        let shape = HeadShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 32,
+        };
+        let (qd, kvd) = (4 * 32, 2 * 32);
+        let n = 140;
+        let to16 = |x: Vec<f32>| -> Vec<f16> { x.into_iter().map(f16::from_f32).collect() };
+        let (k, v) = (
+            to16(random(n * kvd, 11, 2.0)),
+            to16(random(n * kvd, 12, 2.0)),
+        );
+        let q = random(n * qd, 10, 2.0);
+        let slots: Vec<u32> = (0..n as u32).rev().collect();
+        let keys = all_keys(shape);
+        for unit in [
+            zinfer_kernels::flash_unit_portable,
+            zinfer_kernels::flash_unit(),
+        ] {
+            let mut whole = vec![0f32; n * qd];
+            let chunk = ChunkRows {
+                first_row: 0,
+                len: n,
+                start_pos: 0,
+                slots: &slots,
+            };
+            let mut scratch = FlashScratch::default();
+            attend_chunk(
+                &q,
+                &k,
+                &v,
+                chunk,
+                shape,
+                keys,
+                &mut whole,
+                &mut scratch,
+                true,
+                unit,
+            );
+            for p in [0, 63, 64, 139] {
+                let rows = [ChunkRows {
+                    first_row: 0,
+                    len: 1,
+                    start_pos: p,
+                    slots: &slots[..=p],
+                }];
+                let mut one = vec![0f32; qd];
+                let q_row = &q[p * qd..(p + 1) * qd];
+                attend_rows(q_row, &k, &v, &rows, shape, keys, &mut one, false, unit);
+                assert_eq!(one, whole[p * qd..(p + 1) * qd], "position {p}");
+            }
         }
     }
 

@@ -322,7 +322,7 @@ impl Micro for Avx2Micro {
     #[inline(always)]
     unsafe fn pv<const R: usize>(
         p: &[[f32; BK]; R],
-        v: &[f32],
+        v: &[&[f32]; BK],
         d: usize,
         n: usize,
         acc: &mut [f32],
@@ -344,23 +344,24 @@ impl Micro for Avx2Micro {
 #[allow(clippy::needless_range_loop)]
 unsafe fn pv_cols<const R: usize, const CV: usize>(
     p: &[[f32; BK]; R],
-    v: &[f32],
+    v: &[&[f32]; BK],
     d: usize,
     n: usize,
     acc: &mut [f32],
 ) {
-    assert!(n <= BK && v.len() >= n * d && acc.len() >= R * d && d.is_multiple_of(8 * CV));
-    // SAFETY: loads stay within v[..n * d], loads and stores within
+    assert!(n <= BK && acc.len() >= R * d && d.is_multiple_of(8 * CV));
+    assert!(v[..n].iter().all(|row| row.len() >= d));
+    // SAFETY: loads stay within v[j][..d] for j < n, loads and stores within
     // acc[..R * d] (asserted); the caller vouches for AVX2 and FMA.
     unsafe {
-        let (vp, ap) = (v.as_ptr(), acc.as_mut_ptr());
+        let ap = acc.as_mut_ptr();
         for c0 in (0..d).step_by(8 * CV) {
             let mut a: [[__m256; CV]; R] = std::array::from_fn(|r| {
                 std::array::from_fn(|x| _mm256_loadu_ps(ap.add(r * d + c0 + 8 * x)))
             });
             for j in 0..n {
                 // R broadcasts, then one value vector at a time: R + 1 + R * CV registers.
-                let row = vp.add(j * d + c0);
+                let row = v[j].as_ptr().add(c0);
                 let pj: [__m256; R] = std::array::from_fn(|r| _mm256_set1_ps(p[r][j]));
                 for x in 0..CV {
                     let vv = _mm256_loadu_ps(row.add(8 * x));
