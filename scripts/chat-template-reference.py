@@ -22,7 +22,8 @@ is Python's json.dumps (no HTML escaping), and the `raise_exception` and
 The inputs are shaped as zinfer hands them to its templates, so that the
 comparison is of the renderers alone: a message's keys come in the order of
 zinfer's ChatMessage fields, and every other mapping (tools, arguments given
-as a mapping, extra variables) has its keys sorted, as serde_json keeps them.
+as a mapping, extra variables) keeps the order the client gave, as zinfer's
+serde_json (with `preserve_order`) and transformers both keep it.
 """
 
 import datetime
@@ -80,15 +81,6 @@ def make_environment(now):
     return env
 
 
-def sorted_keys(value):
-    """`value` with every mapping's keys sorted, as serde_json keeps them."""
-    if isinstance(value, dict):
-        return {k: sorted_keys(value[k]) for k in sorted(value)}
-    if isinstance(value, list):
-        return [sorted_keys(v) for v in value]
-    return value
-
-
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content")
 
 
@@ -109,7 +101,7 @@ def zinfer_message(message):
                 function = call["function"]
                 shaped["function"] = {
                     "name": function["name"],
-                    "arguments": sorted_keys(function["arguments"]),
+                    "arguments": function["arguments"],
                 }
                 calls.append(shaped)
             out[key] = calls
@@ -121,11 +113,11 @@ def zinfer_message(message):
 def render(env, source, case, specials):
     template = env.from_string(source)
     variables = dict(specials)
-    variables.update(sorted_keys(case.get("kwargs", {})))
+    variables.update(case.get("kwargs", {}))
     tools = case.get("tools")
     return template.render(
         messages=[zinfer_message(m) for m in case["messages"]],
-        tools=sorted_keys(tools) if tools is not None else None,
+        tools=tools,
         documents=None,
         add_generation_prompt=case.get("add_generation_prompt", True),
         **variables,

@@ -173,25 +173,26 @@ fn zinfer_generate_notices_a_dropped_router_connection_at_once() {
     use std::time::{Duration, Instant};
 
     let mut cluster = Cluster::start("cache_aware", 1);
+    // The worker is stopped, so the request surely stays in flight (no
+    // early end of sequence) until the router dies without a goodbye.
+    let worker = Pid::from_raw(cluster.workers[0].1.child.id() as i32);
+    kill(worker, Signal::SIGSTOP).expect("stopping the worker");
     let mut generate = Command::new(zinfer())
         .args(["generate", "--router", &cluster.clients])
-        .args(["--max-tokens", "4000", "--timeout", "120"])
-        .arg("Tell me a very long story about a lighthouse keeper.")
-        .stdout(Stdio::piped())
+        .args(["--max-tokens", "64", "--timeout", "120"])
+        .arg(PROMPT)
+        .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .expect("running zinfer generate");
-    let mut first = [0u8; 1];
-    generate
-        .stdout
-        .take()
-        .expect("piped stdout")
-        .read_exact(&mut first)
-        .expect("generate streamed nothing");
-    // The worker stops mid-answer, so the request is surely in flight when
-    // the router goes; then the router dies without a goodbye.
-    let worker = Pid::from_raw(cluster.workers[0].1.child.id() as i32);
-    kill(worker, Signal::SIGSTOP).expect("stopping the worker");
+    let dispatched = Instant::now();
+    while cluster.worker_info("w0").is_none_or(|w| w.inflight == 0) {
+        assert!(
+            dispatched.elapsed() < Duration::from_secs(10),
+            "the request never reached the worker"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let killed = Instant::now();
     cluster.restart_router();
     let status = loop {

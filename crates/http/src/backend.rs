@@ -19,6 +19,7 @@ use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc as tmpsc, oneshot};
+use zinfer_curve::DropWatch;
 use zinfer_protocol::{
     ClientReply, ClientRequest, ErrorCode, GenerateRequest, Limits, ModelInfo, TextRequest,
 };
@@ -124,15 +125,7 @@ impl RouterClient {
             endpoint: endpoint.to_string(),
             source,
         })?;
-        let watch = format!(
-            "inproc://http-router-monitor-{}",
-            MONITORS.fetch_add(1, Ordering::Relaxed)
-        );
-        socket
-            .monitor(&watch, zmq::SocketEvent::DISCONNECTED as i32)
-            .map_err(zmq_error)?;
-        let monitor = context.socket(zmq::PAIR).map_err(zmq_error)?;
-        monitor.connect(&watch).map_err(zmq_error)?;
+        let watch = DropWatch::new(&context, &socket).map_err(zmq_error)?;
         socket.connect(endpoint).map_err(zmq_error)?;
         let (wake_tx, wake_rx) = UnixStream::pair()?;
         wake_tx.set_nonblocking(true)?;
@@ -144,7 +137,7 @@ impl RouterClient {
                 let _context = context;
                 IoThread {
                     socket,
-                    monitor,
+                    watch,
                     wake: wake_rx,
                     commands: receiver,
                     limits,
@@ -297,13 +290,10 @@ impl Drop for Pending {
     }
 }
 
-/// Names each connection's monitor endpoint uniquely within the process.
-static MONITORS: AtomicU64 = AtomicU64::new(0);
-
 struct IoThread {
     socket: zmq::Socket,
     /// The DEALER's `disconnected` events.
-    monitor: zmq::Socket,
+    watch: DropWatch,
     wake: UnixStream,
     commands: mpsc::Receiver<Command>,
     limits: Limits,
@@ -328,14 +318,14 @@ impl IoThread {
             let mut items = [
                 self.socket.as_poll_item(zmq::POLLIN),
                 zmq::PollItem::from_fd(self.wake.as_raw_fd(), zmq::POLLIN),
-                self.monitor.as_poll_item(zmq::POLLIN),
+                self.watch.as_poll_item(),
             ];
             let wait = if self.unsent.is_empty() { 1000 } else { 20 };
             if let Err(error) = zmq::poll(&mut items, wait) {
                 tracing::error!(%error, "polling the router socket");
                 std::thread::sleep(Duration::from_millis(100));
             }
-            let monitor_event = items[2].is_readable();
+            let dropped = items[2].is_readable();
             let mut buf = [0u8; 256];
             while matches!(self.wake.read(&mut buf), Ok(n) if n > 0) {}
             loop {
@@ -355,7 +345,7 @@ impl IoThread {
                     }
                 }
             }
-            if monitor_event && self.connection_dropped() {
+            if dropped && self.watch.dropped() {
                 self.end_in_flight();
             }
             for (arrived, unsent) in std::mem::take(&mut self.unsent) {
@@ -365,20 +355,6 @@ impl IoThread {
             self.models
                 .retain(|_, (asked, _)| now.duration_since(*asked) < MODELS_EXPIRY);
         }
-    }
-
-    /// Whether the monitor reported a dropped connection since last asked
-    /// (reading every event it has queued).
-    fn connection_dropped(&self) -> bool {
-        let mut dropped = false;
-        while let Ok(frames) = self.monitor.recv_multipart(zmq::DONTWAIT) {
-            let event = frames
-                .first()
-                .and_then(|f| f.get(..2))
-                .map(|b| u16::from_ne_bytes([b[0], b[1]]));
-            dropped |= event == Some(zmq::SocketEvent::DISCONNECTED as u16);
-        }
-        dropped
     }
 
     /// Ends every request sent on the dropped connection; replies to them

@@ -16,10 +16,10 @@
 //! Known differences, none of which a reference template meets where
 //! Jinja2 renders it: minijinja iterates `none` as empty (Jinja2 raises),
 //! has no `'%s' % x`, does not HTML-escape what is added to a `|safe`
-//! string, and `~` writes floats of 1e16 and more in full. JSON maps reach
-//! templates with their keys sorted (serde_json keeps no order), where
-//! transformers keeps the client's order; a turn's `content` left out
-//! reaches them as `none`.
+//! string, and `~` writes floats of 1e16 and more in full. A turn's
+//! `content` left out reaches them as `none`. JSON maps (tools, arguments)
+//! keep the client's key order, as transformers does: the workspace builds
+//! serde_json with `preserve_order`.
 
 mod clock;
 mod python;
