@@ -239,8 +239,12 @@ mod tests {
         assert_eq!(request.messages.len(), 2);
         assert_eq!(request.messages[0].role, "system");
         assert_eq!(
-            request.messages[0],
-            zinfer_protocol::ChatMessage::new("system", "Be brief")
+            request.messages[0]
+                .content
+                .as_ref()
+                .map(|c| c.text())
+                .as_deref(),
+            Some("Be brief")
         );
         assert!(!request.add_generation_prompt);
         assert_eq!(request.model.as_deref(), Some("m"));
