@@ -258,17 +258,7 @@ fn gpt2(t: &Text, chunk: Chunk, out: &mut Vec<Chunk>) {
             continue;
         }
         let spaces = count_spaces(t, pos, chunk);
-        if spaces > 1 && t.cp_at(pos + spaces, chunk).is_some() {
-            pos += spaces - 1;
-            w.add(pos);
-            continue;
-        }
-        if spaces > 0 {
-            pos += spaces;
-            w.add(pos);
-            continue;
-        }
-        pos += 1;
+        pos = whitespace_or_one_end(t, pos, spaces, chunk);
         w.add(pos);
     }
 }
@@ -281,6 +271,20 @@ fn is_other(f: Flags) -> bool {
 /// `[^\s\p{L}\p{M}\p{N}]` inside the chunk (Qwen 3.5).
 fn is_other_or_mark(f: Flags) -> bool {
     is_other(f) && !f.is_accent_mark()
+}
+
+/// The end of the last alternatives both GPT-2-style patterns share,
+/// `\s+(?!\S)|\s+|.`, at `pos` with `spaces` whitespace code points there:
+/// a run of whitespace followed by more text leaves its last one to the
+/// next word.
+fn whitespace_or_one_end(t: &Text, pos: usize, spaces: usize, chunk: Chunk) -> usize {
+    if spaces > 1 && t.cp_at(pos + spaces, chunk).is_some() {
+        pos + spaces - 1
+    } else if spaces > 0 {
+        pos + spaces
+    } else {
+        pos + 1
+    }
 }
 
 fn count_spaces(t: &Text, pos: usize, chunk: Chunk) -> usize {
@@ -388,17 +392,7 @@ fn llama3_like(t: &Text, chunk: Chunk, digits: Digits, marks: bool, out: &mut Ve
             w.add(pos);
             continue;
         }
-        if spaces > 1 && t.cp_at(pos + spaces, chunk).is_some() {
-            pos += spaces - 1;
-            w.add(pos);
-            continue;
-        }
-        if spaces > 0 {
-            pos += spaces;
-            w.add(pos);
-            continue;
-        }
-        pos += 1;
+        pos = whitespace_or_one_end(t, pos, spaces, chunk);
         w.add(pos);
     }
 }
