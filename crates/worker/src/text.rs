@@ -269,37 +269,7 @@ mod tests {
     use zinfer_protocol::{DetokenizeRequest, TokenizeRequest, decode};
 
     use super::*;
-
-    /// Byte-level text: token id = byte.
-    struct Bytes;
-
-    impl TextCodec for Bytes {
-        fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
-            Ok(text.bytes().map(u32::from).collect())
-        }
-        fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
-            let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
-            Ok(String::from_utf8_lossy(&bytes).into_owned())
-        }
-        fn token_piece(&self, id: u32) -> Result<Vec<u8>, ModelError> {
-            Ok(u8::try_from(id).map(|b| vec![b]).unwrap_or_default())
-        }
-        fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
-            Ok(messages
-                .iter()
-                .map(|m| {
-                    format!(
-                        "{}: {}\n",
-                        m.role,
-                        m.content.as_ref().map(|c| c.text()).unwrap_or_default()
-                    )
-                })
-                .collect())
-        }
-        fn eos_token_ids(&self) -> &[u32] {
-            &[]
-        }
-    }
+    use crate::engine::tests::Bytes;
 
     fn tokenize(content: &str, with_pieces: bool) -> TextRequest {
         TextRequest::Tokenize(TokenizeRequest {

@@ -13,7 +13,7 @@ mod clock;
 mod handle;
 mod run;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod transfer;
 mod valid;
 

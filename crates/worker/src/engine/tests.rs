@@ -20,7 +20,8 @@ const VOCAB: usize = 257;
 const SCRIPT: &str = "Hello, wörld! 🎉 STOP here.";
 
 /// Byte-level text: token id = byte; 256 is EOS (skipped on decode).
-struct Bytes;
+/// The text thread's tests use it too.
+pub(crate) struct Bytes;
 
 impl TextCodec for Bytes {
     fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
@@ -29,6 +30,9 @@ impl TextCodec for Bytes {
     fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
         let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
         Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+    fn token_piece(&self, id: u32) -> Result<Vec<u8>, ModelError> {
+        Ok(u8::try_from(id).map(|b| vec![b]).unwrap_or_default())
     }
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         // As a template's `raise_exception` refuses a conversation.
