@@ -20,6 +20,7 @@ mod reliability;
 mod security;
 mod soak;
 mod text;
+mod tools;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

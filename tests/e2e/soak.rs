@@ -498,10 +498,5 @@ fn a_soak_with_chaos_ends_every_request_exactly_once() {
 }
 
 fn finish_label(reason: FinishReason) -> &'static str {
-    match reason {
-        FinishReason::Stop => "stop",
-        FinishReason::Length => "length",
-        FinishReason::Cancelled => "cancelled",
-        FinishReason::Deadline => "deadline",
-    }
+    reason.as_str()
 }

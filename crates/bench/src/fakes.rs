@@ -94,6 +94,8 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
             text: text.into(),
             tokens: vec![index as u32 + 10],
             logprobs: None,
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         });
     }
     let prompt_tokens = prompt.split_whitespace().count() as u32;
@@ -108,6 +110,8 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
         },
         timings: Timings::default(),
         worker: "fake".into(),
+        reasoning: None,
+        tool_calls: None,
         logprobs: None,
     });
 }
@@ -171,6 +175,8 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
                         text,
                         tokens,
                         logprobs: None,
+                        reasoning: String::new(),
+                        tool_calls: Vec::new(),
                     },
                     ClientReply::Done {
                         finish_reason,
@@ -185,6 +191,8 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
                         usage,
                         timings,
                         logprobs: None,
+                        reasoning: None,
+                        tool_calls: None,
                     },
                     ClientReply::Error { code, message, .. } => {
                         WorkerToRouter::Error { rid, code, message }

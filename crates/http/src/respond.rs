@@ -2,7 +2,7 @@
 //! the caller supplies the response id, the time and the replies.
 
 use serde_json::{Value, json};
-use zinfer_protocol::{ClientReply, FinishReason, TokenLogprob, Usage};
+use zinfer_protocol::{ClientReply, FinishReason, TokenLogprob, ToolCall, Usage};
 
 use crate::error::ApiError;
 
@@ -55,6 +55,54 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
     match reason {
         FinishReason::Stop | FinishReason::Cancelled => "stop",
         FinishReason::Length | FinishReason::Deadline => "length",
+        FinishReason::ToolCalls => "tool_calls",
+    }
+}
+
+/// OpenAI's `tool_calls` entry; `index` only in stream deltas. The
+/// arguments are a JSON string, as OpenAI sends them.
+fn tool_call(call: &ToolCall, index: Option<usize>) -> Value {
+    let arguments = match &call.function.arguments {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    let mut value = json!({
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": arguments},
+    });
+    if let Some(index) = index {
+        value["index"] = json!(index);
+    }
+    value
+}
+
+/// A non-streamed request's output, gathered from the router's replies.
+#[derive(Debug, Default)]
+pub struct Collected {
+    /// The answer text.
+    pub text: String,
+    /// The reasoning text.
+    pub reasoning: String,
+    /// The tool calls, in order.
+    pub tool_calls: Vec<ToolCall>,
+    /// Every token's log probabilities, when asked for.
+    pub entries: Vec<TokenLogprob>,
+}
+
+impl Collected {
+    /// Adds a `chunk`'s or a `done`'s output.
+    pub fn add(
+        &mut self,
+        text: &str,
+        reasoning: &str,
+        tool_calls: Vec<ToolCall>,
+        entries: Option<Vec<TokenLogprob>>,
+    ) {
+        self.text.push_str(text);
+        self.reasoning.push_str(reasoning);
+        self.tool_calls.extend(tool_calls);
+        self.entries.extend(entries.unwrap_or_default());
     }
 }
 
@@ -132,27 +180,33 @@ pub fn completion_logprobs(entries: &[TokenLogprob], offset: &mut usize) -> Valu
     })
 }
 
-/// The whole (non-streaming) response; `entries` are every token's
-/// log probabilities, used when the request asked for them.
-pub fn full_response(
-    meta: &Meta,
-    text: &str,
-    reason: FinishReason,
-    used: &Usage,
-    entries: &[TokenLogprob],
-) -> Value {
+/// The whole (non-streaming) response. A chat message that holds only
+/// tool calls has `content: null`, as OpenAI's does.
+pub fn full_response(meta: &Meta, out: &Collected, reason: FinishReason, used: &Usage) -> Value {
     let choice = match meta.endpoint {
         Endpoint::Completions => json!({
-            "index": 0, "text": text,
-            "logprobs": meta.logprobs.then(|| completion_logprobs(entries, &mut 0)),
+            "index": 0, "text": out.text,
+            "logprobs": meta.logprobs.then(|| completion_logprobs(&out.entries, &mut 0)),
             "finish_reason": finish_reason(reason),
         }),
-        Endpoint::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": meta.logprobs.then(|| chat_logprobs(entries)),
-            "finish_reason": finish_reason(reason),
-        }),
+        Endpoint::Chat => {
+            let mut message = json!({"role": "assistant", "content": out.text});
+            if !out.tool_calls.is_empty() {
+                if out.text.trim().is_empty() {
+                    message["content"] = Value::Null;
+                }
+                message["tool_calls"] = out.tool_calls.iter().map(|c| tool_call(c, None)).collect();
+            }
+            if !out.reasoning.is_empty() {
+                message["reasoning_content"] = json!(out.reasoning);
+            }
+            json!({
+                "index": 0,
+                "message": message,
+                "logprobs": meta.logprobs.then(|| chat_logprobs(&out.entries)),
+                "finish_reason": finish_reason(reason),
+            })
+        }
     };
     let mut body = meta.envelope(false, json!([choice]));
     body["usage"] = usage(used);
@@ -170,6 +224,21 @@ pub struct StreamEncoder {
     finished: bool,
     /// Characters of output so far, for completions' `text_offset`.
     text_offset: usize,
+    /// Tool calls streamed so far: the next one's `index`.
+    tool_calls: usize,
+}
+
+/// One reply's output as a stream delta shows it.
+struct Streamed<'a> {
+    text: &'a str,
+    reasoning: &'a str,
+    calls: &'a [ToolCall],
+}
+
+impl Streamed<'_> {
+    fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.reasoning.is_empty() && self.calls.is_empty()
+    }
 }
 
 /// The payload that ends every stream.
@@ -184,6 +253,7 @@ impl StreamEncoder {
             sent_role: false,
             finished: false,
             text_offset: 0,
+            tool_calls: 0,
         }
     }
 
@@ -196,11 +266,12 @@ impl StreamEncoder {
     /// when the request asked for them and this is not the finishing chunk.
     fn chunk(
         &mut self,
-        delta_text: Option<&str>,
+        output: Option<Streamed<'_>>,
         role: bool,
         reason: Option<FinishReason>,
         entries: &[TokenLogprob],
     ) -> Value {
+        let delta_text = output.as_ref().map(|d| d.text);
         let with_logprobs = self.meta.logprobs && reason.is_none();
         let reason = reason.map(finish_reason);
         let choice = match self.meta.endpoint {
@@ -214,8 +285,23 @@ impl StreamEncoder {
                 if role {
                     delta["role"] = json!("assistant");
                 }
-                if let Some(text) = delta_text {
-                    delta["content"] = json!(text);
+                if let Some(out) = &output {
+                    if !out.text.is_empty() || (out.reasoning.is_empty() && out.calls.is_empty()) {
+                        delta["content"] = json!(out.text);
+                    }
+                    if !out.reasoning.is_empty() {
+                        delta["reasoning_content"] = json!(out.reasoning);
+                    }
+                    if !out.calls.is_empty() {
+                        let calls: Vec<Value> = out
+                            .calls
+                            .iter()
+                            .enumerate()
+                            .map(|(i, c)| tool_call(c, Some(self.tool_calls + i)))
+                            .collect();
+                        self.tool_calls += calls.len();
+                        delta["tool_calls"] = Value::Array(calls);
+                    }
                 }
                 let logprobs = with_logprobs.then(|| chat_logprobs(entries));
                 json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
@@ -236,11 +322,22 @@ impl StreamEncoder {
         }
         let mut out = Vec::new();
         match reply {
-            ClientReply::Chunk { text, logprobs, .. } => {
+            ClientReply::Chunk {
+                text,
+                logprobs,
+                reasoning,
+                tool_calls,
+                ..
+            } => {
                 let role = self.meta.endpoint == Endpoint::Chat && !self.sent_role;
                 let entries = logprobs.unwrap_or_default();
-                if role || !text.is_empty() || !entries.is_empty() {
-                    out.push(self.chunk(Some(&text), role, None, &entries).to_string());
+                let delta = Streamed {
+                    text: &text,
+                    reasoning: &reasoning,
+                    calls: &tool_calls,
+                };
+                if role || !delta.is_empty() || !entries.is_empty() {
+                    out.push(self.chunk(Some(delta), role, None, &entries).to_string());
                     self.sent_role = true;
                 }
             }
@@ -249,14 +346,21 @@ impl StreamEncoder {
                 usage: used,
                 text,
                 logprobs,
+                reasoning,
+                tool_calls,
                 ..
             } => {
                 let role = self.meta.endpoint == Endpoint::Chat && !self.sent_role;
-                let text = text.filter(|t| !t.is_empty());
                 let entries = logprobs.unwrap_or_default();
-                if role || text.is_some() || !entries.is_empty() {
-                    let text = text.as_deref().unwrap_or("");
-                    out.push(self.chunk(Some(text), role, None, &entries).to_string());
+                let (text, reasoning) = (text.unwrap_or_default(), reasoning.unwrap_or_default());
+                let calls = tool_calls.unwrap_or_default();
+                let delta = Streamed {
+                    text: &text,
+                    reasoning: &reasoning,
+                    calls: &calls,
+                };
+                if role || !delta.is_empty() || !entries.is_empty() {
+                    out.push(self.chunk(Some(delta), role, None, &entries).to_string());
                 }
                 out.push(
                     self.chunk(None, false, Some(finish_reason), &[])
@@ -343,6 +447,16 @@ mod tests {
             text: text.into(),
             tokens: entries.iter().map(|e| e.token).collect(),
             logprobs: Some(entries),
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
+        }
+    }
+
+    fn collected(text: &str, entries: Vec<TokenLogprob>) -> Collected {
+        Collected {
+            text: text.into(),
+            entries,
+            ..Collected::default()
         }
     }
 
@@ -353,6 +467,8 @@ mod tests {
             text: text.into(),
             tokens: vec![1],
             logprobs: None,
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         }
     }
 
@@ -369,6 +485,8 @@ mod tests {
             timings: Timings::default(),
             worker: "w0".into(),
             logprobs: None,
+            reasoning: None,
+            tool_calls: None,
         }
     }
 
@@ -407,6 +525,103 @@ mod tests {
             4
         );
         assert!(encoder.on_reply(chunk(3, "late")).is_empty());
+    }
+
+    fn call(id: &str, name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            id: Some(id.into()),
+            kind: Some("function".into()),
+            function: zinfer_protocol::FunctionCall {
+                name: name.into(),
+                arguments: json!(arguments),
+            },
+        }
+    }
+
+    #[test]
+    fn tool_calls_and_reasoning_stream_as_openai_deltas() {
+        let mut encoder = StreamEncoder::new(meta(Endpoint::Chat), false);
+        let ClientReply::Chunk { id, tokens, .. } = chunk(0, "") else {
+            unreachable!()
+        };
+        let mut payloads = encoder.on_reply(ClientReply::Chunk {
+            id: id.clone(),
+            index: 0,
+            text: String::new(),
+            tokens: tokens.clone(),
+            logprobs: None,
+            reasoning: "Paris?".into(),
+            tool_calls: Vec::new(),
+        });
+        for (index, c) in [call("a", "f", "{\"x\":1}"), call("b", "g", "{}")]
+            .into_iter()
+            .enumerate()
+        {
+            payloads.extend(encoder.on_reply(ClientReply::Chunk {
+                id: id.clone(),
+                index: index as u32 + 1,
+                text: String::new(),
+                tokens: tokens.clone(),
+                logprobs: None,
+                reasoning: String::new(),
+                tool_calls: vec![c],
+            }));
+        }
+        let ClientReply::Done {
+            id,
+            usage,
+            timings,
+            worker,
+            ..
+        } = done()
+        else {
+            unreachable!()
+        };
+        payloads.extend(encoder.on_reply(ClientReply::Done {
+            id,
+            finish_reason: FinishReason::ToolCalls,
+            text: None,
+            usage,
+            timings,
+            worker,
+            logprobs: None,
+            reasoning: None,
+            tool_calls: None,
+        }));
+        let events = parse(&payloads);
+        assert_eq!(events.len(), 4, "{events:?}");
+        let delta = |i: usize| &events[i]["choices"][0]["delta"];
+        assert_eq!(delta(0)["reasoning_content"], "Paris?");
+        assert!(delta(0).get("content").is_none(), "{}", delta(0));
+        assert_eq!(
+            delta(1)["tool_calls"],
+            json!([{"index": 0, "id": "a", "type": "function",
+                    "function": {"name": "f", "arguments": "{\"x\":1}"}}])
+        );
+        assert_eq!(delta(2)["tool_calls"][0]["index"], 1);
+        assert_eq!(events[3]["choices"][0]["finish_reason"], "tool_calls");
+    }
+
+    #[test]
+    fn a_message_of_tool_calls_has_null_content() {
+        let out = Collected {
+            text: "\n".into(),
+            reasoning: "think".into(),
+            tool_calls: vec![call("a", "f", "{}")],
+            entries: Vec::new(),
+        };
+        let body = full_response(
+            &meta(Endpoint::Chat),
+            &out,
+            FinishReason::ToolCalls,
+            &Usage::default(),
+        );
+        let message = &body["choices"][0]["message"];
+        assert!(message["content"].is_null(), "{message}");
+        assert_eq!(message["reasoning_content"], "think");
+        assert_eq!(message["tool_calls"][0]["function"]["name"], "f");
+        assert!(message["tool_calls"][0].get("index").is_none());
+        assert_eq!(body["choices"][0]["finish_reason"], "tool_calls");
     }
 
     #[test]
@@ -448,10 +663,9 @@ mod tests {
         };
         let body = full_response(
             &meta(Endpoint::Chat),
-            "Paris",
+            &collected("Paris", Vec::new()),
             FinishReason::Stop,
             &used,
-            &[],
         );
         assert!(body["choices"][0]["logprobs"].is_null());
         assert_eq!(body["object"], "chat.completion");
@@ -461,10 +675,9 @@ mod tests {
         assert_eq!(body["usage"]["total_tokens"], 4);
         let body = full_response(
             &meta(Endpoint::Completions),
-            "x",
+            &collected("x", Vec::new()),
             FinishReason::Length,
             &used,
-            &[],
         );
         assert!(body["choices"][0]["logprobs"].is_null());
         assert_eq!(body["object"], "text_completion");
@@ -481,10 +694,9 @@ mod tests {
         ];
         let body = full_response(
             &with_logprobs(Endpoint::Chat),
-            "Par\u{e9}",
+            &collected("Par\u{e9}", entries.clone()),
             FinishReason::Stop,
             &used,
-            &entries,
         );
         let content = &body["choices"][0]["logprobs"]["content"];
         assert_eq!(content.as_array().map(Vec::len), Some(2), "{body}");
@@ -539,10 +751,9 @@ mod tests {
         ];
         let body = full_response(
             &with_logprobs(Endpoint::Completions),
-            " red, green",
+            &collected(" red, green", entries.clone()),
             FinishReason::Length,
             &used,
-            &entries,
         );
         let logprobs = &body["choices"][0]["logprobs"];
         assert_eq!(logprobs["tokens"], json!([" red", ",", " green"]));

@@ -20,7 +20,7 @@ use zinfer_protocol::{ClientReply, Limits, TextRequest};
 
 use crate::backend::{Pending, RouterClient};
 use crate::error::ApiError;
-use crate::respond::{Endpoint, Meta, StreamEncoder, full_response};
+use crate::respond::{Collected, Endpoint, Meta, StreamEncoder, full_response};
 use crate::text;
 use crate::translate::{self, Context};
 
@@ -248,31 +248,33 @@ async fn whole(
     timeout: Duration,
     model: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
-    let mut entries = Vec::new();
+    let mut out = Collected::default();
     let mut reply = first;
     loop {
         match reply {
             ClientReply::Chunk {
-                text: delta,
+                text,
                 logprobs,
+                reasoning,
+                tool_calls,
                 ..
-            } => {
-                text.push_str(&delta);
-                entries.extend(logprobs.unwrap_or_default());
-            }
+            } => out.add(&text, &reasoning, tool_calls, logprobs),
             ClientReply::Done {
                 finish_reason,
                 usage,
-                text: whole,
+                text,
                 logprobs,
+                reasoning,
+                tool_calls,
                 ..
             } => {
-                if let Some(whole) = whole {
-                    text.push_str(&whole);
-                }
-                entries.extend(logprobs.unwrap_or_default());
-                let body = full_response(meta, &text, finish_reason, &usage, &entries);
+                out.add(
+                    &text.unwrap_or_default(),
+                    &reasoning.unwrap_or_default(),
+                    tool_calls.unwrap_or_default(),
+                    logprobs,
+                );
+                let body = full_response(meta, &out, finish_reason, &usage);
                 return Ok(axum::Json(body).into_response());
             }
             ClientReply::Error { code, message, .. } => {

@@ -73,6 +73,8 @@ const CHAT_FIELDS: &[&str] = &[
     "response_format",
     "functions",
     "function_call",
+    "chat_template_kwargs",
+    "reasoning_effort",
 ];
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
@@ -242,11 +244,37 @@ pub fn chat(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
     // protocol's validation below, which names the field.
     request.logprobs = body.get::<bool>("logprobs")?.unwrap_or(false);
     request.top_logprobs = body.get::<u32>("top_logprobs")?.unwrap_or(0);
-    body.only_default::<Vec<Value>>("tools", Vec::is_empty, "no tool calling")?;
-    body.only_default::<Vec<Value>>("functions", Vec::is_empty, "no function calling")?;
-    body.only_default::<Value>("tool_choice", |c| c == "none", "no tool calling")?;
-    body.only_default::<Value>("function_call", |c| c == "none", "no function calling")?;
-    body.get::<bool>("parallel_tool_calls")?;
+    body.only_default::<Vec<Value>>(
+        "functions",
+        Vec::is_empty,
+        "the legacy functions API is not served; send \"tools\"",
+    )?;
+    body.only_default::<Value>(
+        "function_call",
+        |c| c == "none",
+        "the legacy functions API is not served; send \"tool_choice\"",
+    )?;
+    request.tools = body.get("tools")?.unwrap_or_default();
+    request.tool_choice = body.get("tool_choice")?.unwrap_or_default();
+    request.parallel_tool_calls = body.get("parallel_tool_calls")?.unwrap_or(true);
+    request.chat_template_kwargs = body.get("chat_template_kwargs")?;
+    // OpenAI's reasoning control: "none" turns thinking off in templates
+    // that read `enable_thinking` (Qwen3); any other effort leaves it on.
+    if let Some(effort) = body.get::<String>("reasoning_effort")? {
+        if !["none", "minimal", "low", "medium", "high"].contains(&effort.as_str()) {
+            return Err(ApiError::invalid(
+                "reasoning_effort",
+                "\"reasoning_effort\" must be none, minimal, low, medium or high",
+            ));
+        }
+        if effort == "none" {
+            request
+                .chat_template_kwargs
+                .get_or_insert_with(Box::default)
+                .entry("enable_thinking")
+                .or_insert(Value::Bool(false));
+        }
+    }
     request.constraint = response_format(body.get::<Value>("response_format")?)?.map(Box::new);
     finish(body, request, ctx)
 }
@@ -642,7 +670,9 @@ mod tests {
         for (field, value) in [
             ("n", serde_json::json!(2)),
             ("tools", serde_json::json!([{"type": "function"}])),
-            ("tool_choice", serde_json::json!("auto")),
+            ("tool_choice", serde_json::json!("required")),
+            ("functions", serde_json::json!([{"name": "f"}])),
+            ("reasoning_effort", serde_json::json!("extreme")),
             ("presence_penalty", serde_json::json!(0.5)),
             ("logit_bias", serde_json::json!({"1": 5})),
             ("response_format", serde_json::json!({"type": "xml"})),
@@ -664,6 +694,57 @@ mod tests {
             "frequency_penalty": 0.0, "logit_bias": {},
             "response_format": {"type": "text"}, "parallel_tool_calls": true}),
         );
+    }
+
+    #[test]
+    fn tools_and_their_choice_reach_the_protocol() {
+        use zinfer_protocol::{Tool, ToolChoice};
+        let user = serde_json::json!([{"role": "user", "content": "Weather in Paris?"}]);
+        let params =
+            serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}});
+        let tools = serde_json::json!([{"type": "function", "function": {
+            "name": "get_weather", "description": "Current weather", "parameters": params}}]);
+        let t = chat_ok(serde_json::json!({"messages": user, "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+            "parallel_tool_calls": false, "chat_template_kwargs": {"enable_thinking": false}}));
+        let r = &t.request;
+        let mut expected = Tool::function("get_weather", params.clone());
+        expected.function.description = Some("Current weather".into());
+        assert_eq!(r.tools, vec![expected]);
+        assert_eq!(r.tool_choice, ToolChoice::Function("get_weather".into()));
+        assert!(!r.parallel_tool_calls);
+        assert_eq!(
+            r.chat_template_kwargs.as_ref().unwrap()["enable_thinking"],
+            false
+        );
+        let t = chat_ok(serde_json::json!({"messages": user, "tools": tools}));
+        assert_eq!(t.request.tool_choice, ToolChoice::Auto);
+        assert!(t.request.parallel_tool_calls);
+        let t = chat_ok(serde_json::json!({"messages": user, "reasoning_effort": "none"}));
+        assert_eq!(
+            t.request.chat_template_kwargs.unwrap()["enable_thinking"],
+            false
+        );
+        for (body, field) in [
+            (
+                serde_json::json!({"messages": user, "tools": tools,
+                    "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "tool_choice",
+            ),
+            (
+                serde_json::json!({"messages": user, "tools": [
+                    {"type": "function", "function": {"name": "bad name"}}]}),
+                "tools",
+            ),
+            (
+                serde_json::json!({"messages": user, "tools": tools, "tool_choice": "required",
+                    "response_format": {"type": "json_object"}}),
+                "tool_choice",
+            ),
+        ] {
+            let error = chat_err(body);
+            assert_eq!(param(&error).as_deref(), Some(field), "{error}");
+        }
     }
 
     #[test]

@@ -75,6 +75,8 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                         text: text.into(),
                         tokens: vec![index],
                         logprobs: None,
+                        reasoning: String::new(),
+                        tool_calls: Vec::new(),
                     };
                     send(chunk(0, "Hel"));
                     if request.prompt.as_deref() == Some("hang") {
@@ -93,6 +95,8 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                         timings: Timings::default(),
                         worker: "w0".into(),
                         logprobs: None,
+                        reasoning: None,
+                        tool_calls: None,
                     });
                 }
                 ClientRequest::Cancel { id } => {

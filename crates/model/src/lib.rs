@@ -30,6 +30,7 @@ pub use zinfer_probe::{KvDtype, model_name};
 
 pub use arch::supported as supported_architectures;
 pub use candle_model::CandleModel;
+pub use chat::tools::{ChatFeatures, ToolFormat};
 pub use chat::{ChatTemplate, TemplateInput};
 pub use cpu::CpuModel;
 pub use spec::{

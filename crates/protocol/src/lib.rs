@@ -25,6 +25,7 @@ mod limits;
 mod messages;
 mod scan;
 mod text;
+mod tools;
 mod validate;
 
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
@@ -32,6 +33,7 @@ pub use constraint::{Constraint, ConstraintKind};
 pub use limits::Limits;
 pub use messages::*;
 pub use text::*;
+pub use tools::{FunctionDef, Tool, ToolChoice, valid_function_name};
 
 /// The protocol version this build speaks. Messages may carry it as `"v"`;
 /// a message without `"v"` is taken to be version 1.

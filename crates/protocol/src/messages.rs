@@ -191,7 +191,7 @@ pub struct FunctionCall {
 
 /// Bytes of the strings, keys and numbers in `value` (numbers count 8),
 /// without serializing it.
-fn json_bytes(value: &serde_json::Value) -> usize {
+pub(crate) fn json_bytes(value: &serde_json::Value) -> usize {
     use serde_json::Value;
     match value {
         Value::Null | Value::Bool(_) => 1,
@@ -213,6 +213,9 @@ fn default_true() -> bool {
 }
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
     *value == T::default()
+}
+fn is_true(value: &bool) -> bool {
+    *value
 }
 
 /// `nil` in an optional field means the field is absent, so it takes its
@@ -334,6 +337,35 @@ pub struct GenerateRequest {
     /// a Lark grammar; absent: unconstrained. Boxed: rare, and large.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub constraint: Option<Box<crate::Constraint>>,
+    /// Functions the model may call; needs `messages`. The chat template
+    /// shows them to the model, and calls in the output come back as
+    /// `tool_calls` instead of text.
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub tools: Vec<crate::Tool>,
+    /// Whether the model calls a tool (default `auto`); `required` and a
+    /// named function are enforced with a constraint built from the tools'
+    /// schemas.
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "is_default"
+    )]
+    pub tool_choice: crate::ToolChoice,
+    /// Whether the model may make more than one call (default true).
+    #[serde(
+        default = "default_true",
+        deserialize_with = "nil_is_true",
+        skip_serializing_if = "is_true"
+    )]
+    pub parallel_tool_calls: bool,
+    /// Extra chat template variables, such as `enable_thinking: false`.
+    /// Boxed: rare, and a map is large.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<Box<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl GenerateRequest {
@@ -362,6 +394,10 @@ impl GenerateRequest {
             logprobs: false,
             top_logprobs: 0,
             constraint: None,
+            tools: Vec::new(),
+            tool_choice: crate::ToolChoice::Auto,
+            parallel_tool_calls: true,
+            chat_template_kwargs: None,
         }
     }
 }
@@ -449,15 +485,18 @@ pub enum FinishReason {
     Cancelled,
     /// `deadline_ms` passed.
     Deadline,
+    /// The output ended with tool calls (in `tool_calls`).
+    ToolCalls,
 }
 
 impl FinishReason {
     /// Every reason, for metrics labels.
-    pub const ALL: [FinishReason; 4] = [
+    pub const ALL: [FinishReason; 5] = [
         FinishReason::Stop,
         FinishReason::Length,
         FinishReason::Cancelled,
         FinishReason::Deadline,
+        FinishReason::ToolCalls,
     ];
 
     /// The wire name, e.g. `"length"`; also the metrics label.
@@ -467,6 +506,7 @@ impl FinishReason {
             FinishReason::Length => "length",
             FinishReason::Cancelled => "cancelled",
             FinishReason::Deadline => "deadline",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }
@@ -596,6 +636,21 @@ pub enum ClientReply {
         /// `logprobs`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         logprobs: Option<Vec<TokenLogprob>>,
+        /// Reasoning text delta (a thinking model's `<think>` block), kept
+        /// out of `text`.
+        #[serde(
+            default,
+            deserialize_with = "nil_is_default",
+            skip_serializing_if = "String::is_empty"
+        )]
+        reasoning: String,
+        /// Tool calls completed since the previous chunk, whole.
+        #[serde(
+            default,
+            deserialize_with = "nil_is_default",
+            skip_serializing_if = "Vec::is_empty"
+        )]
+        tool_calls: Vec<ToolCall>,
     },
     /// The request finished; terminal.
     Done {
@@ -616,6 +671,12 @@ pub enum ClientReply {
         /// streamed and asked for `logprobs`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         logprobs: Option<Vec<TokenLogprob>>,
+        /// The whole reasoning text, when the request was not streamed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
+        /// Every tool call, when the request was not streamed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_calls: Option<Vec<ToolCall>>,
     },
     /// The request failed (terminal when `id` is set), or a message could
     /// not be understood.
@@ -830,6 +891,21 @@ pub enum WorkerToRouter {
         /// `logprobs`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         logprobs: Option<Vec<TokenLogprob>>,
+        /// Reasoning text delta (a thinking model's `<think>` block), kept
+        /// out of `text`.
+        #[serde(
+            default,
+            deserialize_with = "nil_is_default",
+            skip_serializing_if = "String::is_empty"
+        )]
+        reasoning: String,
+        /// Tool calls completed since the previous chunk, whole.
+        #[serde(
+            default,
+            deserialize_with = "nil_is_default",
+            skip_serializing_if = "Vec::is_empty"
+        )]
+        tool_calls: Vec<ToolCall>,
     },
     /// Request `rid` finished.
     Done {
@@ -848,6 +924,12 @@ pub enum WorkerToRouter {
         /// streamed and asked for `logprobs`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         logprobs: Option<Vec<TokenLogprob>>,
+        /// The whole reasoning text, when the request was not streamed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reasoning: Option<String>,
+        /// Every tool call, when the request was not streamed.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_calls: Option<Vec<ToolCall>>,
     },
     /// Request `rid` failed.
     Error {

@@ -4,8 +4,12 @@ use crate::{
     AdminReply, AdminRequest, ApplyTemplateRequest, CacheTransfer, ChatMessage, ClientReply,
     ClientRequest, DecodeError, DetokenizeRequest, GenerateRequest, Limits, MessageContent, Piece,
     RouterToSupervisor, RouterToWorker, SupervisorToRouter, TextRequest, TokenLogprob,
-    TokenizeRequest, WireMessage, WorkerToRouter,
+    TokenizeRequest, ToolChoice, WireMessage, WorkerToRouter, messages::json_bytes,
+    valid_function_name,
 };
+
+/// Most `tools` on one request.
+const MAX_TOOLS: usize = 128;
 
 fn over(field: &'static str, size: usize, max: usize) -> Result<(), DecodeError> {
     if size > max {
@@ -146,7 +150,97 @@ impl GenerateRequest {
         if let Some(constraint) = &self.constraint {
             constraint.kind()?;
         }
+        self.validate_tools(limits)?;
         self.validate_logprobs(limits)
+    }
+
+    /// Tools need a conversation; names are OpenAI's and unique; a forced
+    /// call names a tool given and excludes a `constraint` of its own.
+    fn validate_tools(&self, limits: &Limits) -> Result<(), DecodeError> {
+        let invalid = |field, detail: String| DecodeError::Invalid { field, detail };
+        if let Some(kwargs) = &self.chat_template_kwargs {
+            over("chat_template_kwargs", kwargs.len(), limits.max_stop)?;
+            if self.messages.is_none() {
+                return Err(invalid(
+                    "chat_template_kwargs",
+                    "needs \"messages\": only a chat template reads them".into(),
+                ));
+            }
+        }
+        if self.tools.is_empty() {
+            return match &self.tool_choice {
+                ToolChoice::Auto | ToolChoice::None => Ok(()),
+                _ => Err(invalid(
+                    "tool_choice",
+                    "\"required\" or a named function needs \"tools\"".into(),
+                )),
+            };
+        }
+        over("tools", self.tools.len(), MAX_TOOLS)?;
+        let bytes: usize = self
+            .tools
+            .iter()
+            .map(|tool| {
+                let def = &tool.function;
+                def.name.len()
+                    + def.description.as_ref().map_or(0, String::len)
+                    + def.parameters.as_ref().map_or(0, json_bytes)
+            })
+            .sum();
+        over("tools", bytes, limits.max_prompt_bytes)?;
+        if self.messages.is_none() {
+            return Err(invalid(
+                "tools",
+                "needs \"messages\": the chat template shows the tools to the model".into(),
+            ));
+        }
+        for (i, tool) in self.tools.iter().enumerate() {
+            let name = &tool.function.name;
+            if tool.kind != "function" {
+                return Err(invalid(
+                    "tools",
+                    format!(
+                        "tools[{i}]: type {:?} is not supported: only \"function\" is",
+                        tool.kind
+                    ),
+                ));
+            }
+            if !valid_function_name(name) {
+                return Err(invalid(
+                    "tools",
+                    format!("tools[{i}]: name {name:?} must be 1 to 64 of a-z, A-Z, 0-9, _ and -"),
+                ));
+            }
+            if self.tools[..i].iter().any(|t| t.function.name == *name) {
+                return Err(invalid(
+                    "tools",
+                    format!("tools[{i}]: {name:?} is given twice"),
+                ));
+            }
+            if let Some(parameters) = &tool.function.parameters
+                && !parameters.is_object()
+            {
+                return Err(invalid(
+                    "tools",
+                    format!("tools[{i}]: \"parameters\" of {name:?} must be a JSON schema map"),
+                ));
+            }
+        }
+        if let ToolChoice::Function(name) = &self.tool_choice
+            && !self.tools.iter().any(|t| t.function.name == *name)
+        {
+            return Err(invalid(
+                "tool_choice",
+                format!("names {name:?}, which is not among \"tools\""),
+            ));
+        }
+        if self.tool_choice.forces_a_call() && self.constraint.is_some() {
+            return Err(invalid(
+                "tool_choice",
+                "a forced tool call is its own constraint; leave out \"constraint\"".into(),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_logprobs(&self, limits: &Limits) -> Result<(), DecodeError> {

@@ -431,6 +431,8 @@ fn logprob_frames_at_the_limits_fit_a_frame() {
         usage: Usage::default(),
         timings: Timings::default(),
         logprobs: Some((0..tokens as u32).map(entry).collect()),
+        reasoning: None,
+        tool_calls: None,
     };
     let frame = encode(&done).unwrap();
     assert!(
@@ -445,6 +447,8 @@ fn logprob_frames_at_the_limits_fit_a_frame() {
         text: String::new(),
         tokens: (0..16).collect(),
         logprobs: Some((0..16).map(entry).collect()),
+        reasoning: String::new(),
+        tool_calls: Vec::new(),
     };
     let frame = encode(&chunk).unwrap();
     assert!(frame.len() < 64 * 1024, "{} bytes", frame.len());
@@ -461,6 +465,8 @@ fn logprobs_come_one_per_token_with_bounded_alternatives() {
             text: "a".into(),
             tokens: vec![7042, 2208],
             logprobs: Some(entries),
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         })
         .unwrap()
     };
@@ -490,6 +496,8 @@ fn logprobs_come_one_per_token_with_bounded_alternatives() {
         text: String::new(),
         tokens: vec![1, 2, 3],
         logprobs: Some(common::token_logprobs()),
+        reasoning: String::new(),
+        tool_calls: Vec::new(),
     })
     .unwrap();
     assert!(matches!(
@@ -963,4 +971,57 @@ fn pieces_must_match_tokens_and_bytes_are_no_bin() {
             0xe3.into()
         ])]))
     );
+}
+
+#[test]
+fn tools_need_messages_valid_unique_names_and_a_choice_among_them() {
+    use zinfer_protocol::{Constraint, Tool, ToolChoice};
+    let chat = |edit: &dyn Fn(&mut GenerateRequest)| {
+        generate(|r| {
+            r.prompt = None;
+            r.messages = Some(vec![ChatMessage::new("user", "Hi")]);
+            r.tools = vec![Tool::function("f", serde_json::json!({"type": "object"}))];
+            edit(r);
+        })
+    };
+    let limits = Limits::default();
+    decode_request(&chat(&|_| {}), &limits).unwrap();
+    decode_request(&chat(&|r| r.tool_choice = ToolChoice::Required), &limits).unwrap();
+    type Edit<'a> = &'a dyn Fn(&mut GenerateRequest);
+    let cases: [(&str, Edit); 8] = [
+        ("tools", &|r| {
+            r.messages = None;
+            r.prompt = Some("Hi".into());
+        }),
+        ("tools", &|r| r.tools[0].function.name = "has space".into()),
+        ("tools", &|r| r.tools.push(r.tools[0].clone())),
+        ("tools", &|r| r.tools[0].kind = "code".into()),
+        ("tools", &|r| {
+            r.tools[0].function.parameters = Some(serde_json::json!("object"));
+        }),
+        ("tool_choice", &|r| {
+            r.tool_choice = ToolChoice::Function("g".into());
+        }),
+        ("tool_choice", &|r| {
+            r.tools.clear();
+            r.tool_choice = ToolChoice::Required;
+        }),
+        ("tool_choice", &|r| {
+            r.tool_choice = ToolChoice::Required;
+            r.constraint = Some(Box::new(Constraint::json_object()));
+        }),
+    ];
+    for (field, edit) in cases {
+        match decode_request(&chat(edit), &limits) {
+            Err(DecodeError::Invalid { field: f, detail }) => assert_eq!(f, field, "{detail}"),
+            other => panic!("{field}: expected invalid, got {other:?}"),
+        }
+    }
+    let kwargs_on_prompt = generate(|r| {
+        r.chat_template_kwargs = Some(Box::default());
+    });
+    match decode_request(&kwargs_on_prompt, &limits) {
+        Err(DecodeError::Invalid { field, .. }) => assert_eq!(field, "chat_template_kwargs"),
+        other => panic!("expected invalid, got {other:?}"),
+    }
 }

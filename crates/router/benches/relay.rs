@@ -399,6 +399,8 @@ fn core_cost_ns(chunks: u32) -> f64 {
                 text: " token".into(),
                 tokens: vec![index],
                 logprobs: None,
+                reasoning: String::new(),
+                tool_calls: Vec::new(),
             };
             encode(&chunk).expect("encode")
         })

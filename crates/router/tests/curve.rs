@@ -171,6 +171,8 @@ fn allow_lists_admit_known_keys_refuse_others_and_tenants_scope_namespaces() {
         usage: Usage::default(),
         timings: Timings::default(),
         logprobs: None,
+        reasoning: None,
+        tool_calls: None,
     };
     back.send(encode(&done).expect("encode"), 0).expect("send");
     let reply = loop {

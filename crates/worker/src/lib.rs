@@ -17,6 +17,7 @@ pub mod sampling;
 pub mod scheduler;
 pub mod server;
 pub mod text;
+pub mod tools;
 
 pub use engine::CacheBlock;
 pub use zinfer_model::KvShape;

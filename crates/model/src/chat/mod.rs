@@ -23,6 +23,7 @@
 
 mod clock;
 mod python;
+pub(crate) mod tools;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -84,6 +85,7 @@ pub struct ChatTemplate {
     broken: Option<String>,
     bos_token: String,
     eos_token: String,
+    features: tools::ChatFeatures,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -108,6 +110,7 @@ impl ChatTemplate {
             broken: None,
             bos_token,
             eos_token,
+            features: tools::detect(&source),
         };
         template.broken = template
             .env
@@ -124,6 +127,50 @@ impl ChatTemplate {
     /// at the current time.
     pub fn render_messages(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         self.render(&TemplateInput::new(messages))
+    }
+
+    /// What the template supports: tool-call syntax, tools, reasoning.
+    pub fn features(&self) -> tools::ChatFeatures {
+        self.features
+    }
+
+    /// Renders a `generate` request's conversation: as [`Self::render`],
+    /// except that tools and tool turns go through the Hermes fallback
+    /// when the template does not show tools itself.
+    ///
+    /// The fallback: tool calls and results become `<tool_call>` and
+    /// `<tool_response>` text in assistant and user turns; the tools, if
+    /// any, become a preamble in the system turn, or at the start of the
+    /// first user turn when the template refuses a system turn (gemma-2);
+    /// the template then sees no `tools`.
+    pub fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+        if self.features.renders_tools || !tools::uses_tools(input) {
+            return self.render(input);
+        }
+        let render = |messages: &[ChatMessage]| {
+            self.render(&TemplateInput {
+                messages,
+                tools: None,
+                ..*input
+            })
+        };
+        let turns = tools::hermes_turns(input.messages)?;
+        let Some(preamble) = input
+            .tools
+            .filter(|t| !t.is_empty())
+            .map(tools::hermes_preamble)
+            .transpose()?
+        else {
+            return render(&turns);
+        };
+        render(&tools::in_system_turn(&turns, &preamble)).or_else(|system_refused| {
+            // When both fail, the second error is the one closer to a
+            // rendering the template accepts.
+            match tools::in_first_user_turn(&turns, &preamble) {
+                Some(turns) => render(&turns),
+                None => Err(system_refused),
+            }
+        })
     }
 
     /// Renders a conversation as transformers' `apply_chat_template` does.

@@ -169,6 +169,17 @@ impl ModelTokenizer {
         self.chat.render(input)
     }
 
+    /// What the chat template supports: tool-call syntax, tools, reasoning.
+    pub fn chat_features(&self) -> crate::ChatFeatures {
+        self.chat.features()
+    }
+
+    /// The prompt of a `generate` request's conversation, tools included
+    /// (through the Hermes fallback when the template does not show them).
+    pub fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+        self.chat.render_request(input)
+    }
+
     /// The prompt for a conversation; with `add_generation_prompt` it is
     /// [`Self::apply_chat_template`]'s, without it the template stops
     /// after the last message.

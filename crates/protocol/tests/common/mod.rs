@@ -49,6 +49,10 @@ pub fn full_generate() -> GenerateRequest {
         logprobs: false,
         top_logprobs: 0,
         constraint: None,
+        tools: Vec::new(),
+        tool_choice: zinfer_protocol::ToolChoice::Auto,
+        parallel_tool_calls: true,
+        chat_template_kwargs: None,
     }
 }
 
@@ -91,6 +95,37 @@ pub fn token_logprobs() -> Vec<TokenLogprob> {
             top_logprobs: vec![top(2208, "\u{fffd}", -1.5), top(30, "!", -1.75)],
         },
     ]
+}
+
+/// A chat generate with a tool it must call, and a template variable.
+pub fn tools_generate() -> GenerateRequest {
+    let mut request = chat_generate();
+    request.id = "req-6".into();
+    request.messages = Some(vec![ChatMessage::new("user", "Weather in Paris?")]);
+    let mut tool = zinfer_protocol::Tool::function(
+        "get_weather",
+        serde_json::json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+    );
+    tool.function.description = Some("Current weather".into());
+    request.tools = vec![tool];
+    request.tool_choice = zinfer_protocol::ToolChoice::Function("get_weather".into());
+    request.parallel_tool_calls = false;
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("enable_thinking".into(), serde_json::Value::Bool(false));
+    request.chat_template_kwargs = Some(Box::new(kwargs));
+    request
+}
+
+/// The call a tools request gets back.
+pub fn tool_call() -> zinfer_protocol::ToolCall {
+    zinfer_protocol::ToolCall {
+        id: Some("a1B2c3D4e".into()),
+        kind: Some("function".into()),
+        function: zinfer_protocol::FunctionCall {
+            name: "get_weather".into(),
+            arguments: serde_json::Value::String("{\"city\":\"Paris\"}".into()),
+        },
+    }
 }
 
 pub fn chat_generate() -> GenerateRequest {
@@ -207,6 +242,10 @@ pub fn client_requests() -> Vec<Sample<ClientRequest>> {
             ClientRequest::Generate(constraint_generate()),
         ),
         sample(
+            "client_request.generate_tools",
+            ClientRequest::Generate(tools_generate()),
+        ),
+        sample(
             "client_request.cancel",
             ClientRequest::Cancel { id: "req-1".into() },
         ),
@@ -253,6 +292,8 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 text: "Paris é".into(),
                 tokens: vec![7042, 2208],
                 logprobs: None,
+                reasoning: String::new(),
+                tool_calls: Vec::new(),
             },
         ),
         sample(
@@ -263,6 +304,34 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 text: " Paris".into(),
                 tokens: vec![7042, 2208],
                 logprobs: Some(token_logprobs()),
+                reasoning: String::new(),
+                tool_calls: Vec::new(),
+            },
+        ),
+        sample(
+            "client_reply.chunk_tool_calls",
+            ClientReply::Chunk {
+                id: "req-6".into(),
+                index: 1,
+                text: String::new(),
+                tokens: vec![27, 14506],
+                logprobs: None,
+                reasoning: "Paris, so".into(),
+                tool_calls: vec![tool_call()],
+            },
+        ),
+        sample(
+            "client_reply.done_tool_calls",
+            ClientReply::Done {
+                id: "req-6".into(),
+                finish_reason: FinishReason::ToolCalls,
+                text: Some(String::new()),
+                usage: usage(),
+                timings: timings(),
+                worker: "w-cpu-0".into(),
+                logprobs: None,
+                reasoning: Some("The user wants Paris.".into()),
+                tool_calls: Some(vec![tool_call()]),
             },
         ),
         sample(
@@ -275,6 +344,8 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 timings: timings(),
                 worker: "w-cpu-0".into(),
                 logprobs: None,
+                reasoning: None,
+                tool_calls: None,
             },
         ),
         sample(
@@ -287,6 +358,8 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 timings: timings(),
                 worker: "w-cpu-0".into(),
                 logprobs: Some(token_logprobs()),
+                reasoning: None,
+                tool_calls: None,
             },
         ),
         sample(
@@ -299,6 +372,8 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 timings: timings(),
                 worker: "w-cpu-0".into(),
                 logprobs: None,
+                reasoning: None,
+                tool_calls: None,
             },
         ),
         sample(
@@ -482,6 +557,8 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 text: " Paris".into(),
                 tokens: vec![7042],
                 logprobs: None,
+                reasoning: String::new(),
+                tool_calls: Vec::new(),
             },
         ),
         sample(
@@ -492,6 +569,8 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 text: " Paris".into(),
                 tokens: vec![7042, 2208],
                 logprobs: Some(token_logprobs()),
+                reasoning: String::new(),
+                tool_calls: Vec::new(),
             },
         ),
         sample(
@@ -503,6 +582,8 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 usage: usage(),
                 timings: timings(),
                 logprobs: None,
+                reasoning: None,
+                tool_calls: None,
             },
         ),
         sample(
@@ -514,6 +595,8 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 usage: usage(),
                 timings: timings(),
                 logprobs: Some(token_logprobs()),
+                reasoning: None,
+                tool_calls: None,
             },
         ),
         sample(

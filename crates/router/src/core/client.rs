@@ -218,6 +218,8 @@ impl Core {
             },
             worker: String::new(),
             logprobs: None,
+            reasoning: None,
+            tool_calls: None,
         };
         self.send(Peer::Client(request.client), &reply);
     }

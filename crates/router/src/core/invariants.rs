@@ -180,6 +180,8 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                         text: "t".into(),
                         tokens: vec![1],
                         logprobs: None,
+                        reasoning: String::new(),
+                        tool_calls: Vec::new(),
                     },
                     Op::Done(_) => WorkerToRouter::Done {
                         rid,
@@ -188,6 +190,8 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                         usage: Usage::default(),
                         timings: Timings::default(),
                         logprobs: None,
+                        reasoning: None,
+                        tool_calls: None,
                     },
                     _ => WorkerToRouter::Error {
                         rid,
@@ -206,6 +210,8 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                     usage: Usage::default(),
                     timings: Timings::default(),
                     logprobs: None,
+                    reasoning: None,
+                    tool_calls: None,
                 };
                 worker_message(&mut core, now, WORKERS[w].as_bytes(), &message);
             }

@@ -8,7 +8,8 @@ use std::{
 
 use zinfer_protocol::{
     ClientReply, ControlOp, ErrorCode, FinishReason, LoadReport, PROTOCOL_VERSION, RouterToWorker,
-    TextResult, Timings, TokenLogprob, Usage, WorkerInfo, WorkerState, WorkerToRouter, decode,
+    TextResult, Timings, TokenLogprob, ToolCall, Usage, WorkerInfo, WorkerState, WorkerToRouter,
+    decode,
 };
 
 use super::{Addr, Core, Peer, Progress, Stage, seconds};
@@ -154,7 +155,21 @@ impl Core {
                 text,
                 tokens,
                 logprobs,
-            } => self.relay_chunk(now, from, rid, index, text, tokens, logprobs),
+                reasoning,
+                tool_calls,
+            } => self.relay_chunk(
+                now,
+                from,
+                rid,
+                Streamed {
+                    index,
+                    text,
+                    tokens,
+                    logprobs,
+                    reasoning,
+                    tool_calls,
+                },
+            ),
             WorkerToRouter::Done {
                 rid,
                 finish_reason,
@@ -162,6 +177,8 @@ impl Core {
                 usage,
                 timings,
                 logprobs,
+                reasoning,
+                tool_calls,
             } => self.relay_done(
                 now,
                 from,
@@ -172,6 +189,8 @@ impl Core {
                     usage,
                     timings,
                     logprobs,
+                    reasoning,
+                    tool_calls,
                 },
             ),
             WorkerToRouter::Error { rid, code, message } => {
@@ -474,17 +493,15 @@ impl Core {
         self.metrics.waiting.set(waiting);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn relay_chunk(
-        &mut self,
-        now: Instant,
-        from: &Addr,
-        rid: u64,
-        index: u32,
-        text: String,
-        tokens: Vec<u32>,
-        logprobs: Option<Vec<TokenLogprob>>,
-    ) {
+    fn relay_chunk(&mut self, now: Instant, from: &Addr, rid: u64, chunk: Streamed) {
+        let Streamed {
+            index,
+            text,
+            tokens,
+            logprobs,
+            reasoning,
+            tool_calls,
+        } = chunk;
         let Some(request) = self.requests.get_mut(&rid) else {
             tracing::debug!(rid, "chunk for an ended request; dropped");
             return;
@@ -526,6 +543,8 @@ impl Core {
             text,
             tokens,
             logprobs,
+            reasoning,
+            tool_calls,
         };
         let to = Peer::Client(request.client.clone());
         self.metrics.relayed_chunks.inc();
@@ -539,6 +558,8 @@ impl Core {
             usage,
             timings,
             logprobs,
+            reasoning,
+            tool_calls,
         } = finished;
         if !self.runs_on(rid, from) {
             tracing::debug!(rid, "done for a request not running there; dropped");
@@ -574,6 +595,8 @@ impl Core {
             timings,
             worker: worker_id,
             logprobs,
+            reasoning,
+            tool_calls,
         };
         self.send(Peer::Client(request.client), &reply);
         self.settle_drains(now);
@@ -606,6 +629,16 @@ impl Core {
     }
 }
 
+/// A worker's `chunk`, less the request id.
+struct Streamed {
+    index: u32,
+    text: String,
+    tokens: Vec<u32>,
+    logprobs: Option<Vec<TokenLogprob>>,
+    reasoning: String,
+    tool_calls: Vec<ToolCall>,
+}
+
 /// A worker's `done`, less the request id.
 struct Finished {
     finish_reason: FinishReason,
@@ -613,6 +646,8 @@ struct Finished {
     usage: Usage,
     timings: Timings,
     logprobs: Option<Vec<TokenLogprob>>,
+    reasoning: Option<String>,
+    tool_calls: Option<Vec<ToolCall>>,
 }
 
 /// A `ready` message's fields.

@@ -124,6 +124,8 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                                 text: piece,
                                 tokens: vec![index],
                                 logprobs: None,
+                                reasoning: String::new(),
+                                tool_calls: Vec::new(),
                             });
                         }
                     }
@@ -138,6 +140,8 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                         },
                         timings: Timings::default(),
                         logprobs: None,
+                        reasoning: None,
+                        tool_calls: None,
                     });
                 }
                 Ok(RouterToWorker::Disconnect { .. }) => {

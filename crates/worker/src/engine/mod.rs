@@ -11,6 +11,7 @@
 
 mod clock;
 mod handle;
+mod reply;
 mod run;
 #[cfg(test)]
 pub(crate) mod tests;
@@ -21,10 +22,12 @@ use std::sync::Arc;
 
 use zinfer_cache::CacheConfig;
 use zinfer_model::{
-    ForwardModel, LoadedModel, ModelError, ModelTokenizer, TokenBytes, TokenizerError,
+    ChatFeatures, ForwardModel, LoadedModel, ModelError, ModelTokenizer, TemplateInput, TokenBytes,
+    TokenizerError,
 };
 use zinfer_protocol::{
-    ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, Usage, WorkerToRouter,
+    ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, ToolCall, Usage,
+    WorkerToRouter,
 };
 
 use crate::constraint::Grammars;
@@ -92,6 +95,10 @@ pub enum EngineEvent {
         tokens: Vec<u32>,
         /// One entry per token, when the request asked for logprobs.
         logprobs: Option<Vec<TokenLogprob>>,
+        /// Reasoning text delta, kept out of `text`.
+        reasoning: String,
+        /// Tool calls completed since the previous chunk.
+        tool_calls: Vec<ToolCall>,
     },
     /// The request finished; terminal.
     Done {
@@ -108,6 +115,10 @@ pub enum EngineEvent {
         /// Every token's entry, when the request was not streamed and
         /// asked for logprobs.
         logprobs: Option<Vec<TokenLogprob>>,
+        /// The whole reasoning, when the request was not streamed.
+        reasoning: Option<String>,
+        /// Every tool call, when the request was not streamed.
+        tool_calls: Option<Vec<ToolCall>>,
     },
     /// The request failed; terminal.
     Error {
@@ -147,12 +158,16 @@ impl From<EngineEvent> for WorkerToRouter {
                 text,
                 tokens,
                 logprobs,
+                reasoning,
+                tool_calls,
             } => WorkerToRouter::Chunk {
                 rid,
                 index,
                 text,
                 tokens,
                 logprobs,
+                reasoning,
+                tool_calls,
             },
             EngineEvent::Done {
                 rid,
@@ -161,6 +176,8 @@ impl From<EngineEvent> for WorkerToRouter {
                 usage,
                 timings,
                 logprobs,
+                reasoning,
+                tool_calls,
             } => WorkerToRouter::Done {
                 rid,
                 finish_reason,
@@ -168,6 +185,8 @@ impl From<EngineEvent> for WorkerToRouter {
                 usage,
                 timings,
                 logprobs,
+                reasoning,
+                tool_calls,
             },
             EngineEvent::Error { rid, code, message } => {
                 WorkerToRouter::Error { rid, code, message }
@@ -329,9 +348,9 @@ pub struct EngineStats {
     pub preemptions: u64,
     /// Requests accepted by `submit`.
     pub requests_accepted: u64,
-    /// Requests ended with `done`, by finish reason: stop, length,
-    /// cancelled, deadline.
-    pub requests_done: [u64; 4],
+    /// Requests ended with `done`, by finish reason in the order of
+    /// [`FinishReason::ALL`]: stop, length, cancelled, deadline, tool calls.
+    pub requests_done: [u64; FinishReason::ALL.len()],
     /// Requests ended with `error`.
     pub requests_failed: u64,
     /// Prompt tokens of finished requests.
@@ -389,6 +408,16 @@ pub trait TextCodec: Send + Sync {
     fn decode(&self, ids: &[u32]) -> Result<String, ModelError>;
     /// The prompt text for a conversation.
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError>;
+    /// The prompt text of a `generate` request's conversation, with its
+    /// tools and template variables; a codec without them renders the
+    /// turns alone.
+    fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+        self.render_chat(input.messages)
+    }
+    /// What the chat template supports: tool-call syntax, reasoning.
+    fn chat_features(&self) -> ChatFeatures {
+        ChatFeatures::default()
+    }
     /// Tokens that end generation: every end-of-generation token of the model.
     fn eos_token_ids(&self) -> &[u32];
     /// llama.cpp's `llama_tokenize(text, add_special, parse_special)`; with
@@ -453,6 +482,12 @@ impl TextCodec for ModelTokenizer {
     }
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         self.apply_chat_template(messages)
+    }
+    fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+        ModelTokenizer::render_request(self, input)
+    }
+    fn chat_features(&self) -> ChatFeatures {
+        ModelTokenizer::chat_features(self)
     }
     fn eos_token_ids(&self) -> &[u32] {
         ModelTokenizer::eos_token_ids(self)

@@ -11,9 +11,12 @@ use rand::{Rng, SeedableRng};
 use toktrie::SimpleVob;
 use zinfer_cache::{RadixCache, TokenPool};
 use zinfer_model::ForwardModel;
-use zinfer_protocol::{ErrorCode, FinishReason, Timings, TokenLogprob, TopLogprob, Usage};
+use zinfer_protocol::{
+    ErrorCode, FinishReason, Timings, TokenLogprob, ToolCall, TopLogprob, Usage,
+};
 
 use super::handle::{Command, Shared, Submission};
+use super::reply::{Delta, ReplyText};
 use super::transfer::{self, EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
 use super::{
     Clock, Decode, EngineConfig, EngineEvent, EngineStats, INTERNAL_MESSAGE, InternalError,
@@ -46,8 +49,14 @@ struct Request {
     sampler: Sampler,
     stop: StopTokens,
     detok: Detokenizer,
+    /// Splits the text into content, reasoning and tool calls.
+    reply: ReplyText,
     /// Full output text (for non-streamed requests).
     text: String,
+    /// Full reasoning (for non-streamed requests).
+    reasoning: String,
+    /// Every tool call (for non-streamed requests).
+    tool_calls: Vec<ToolCall>,
     /// Tokens not yet sent in a chunk.
     unsent: Vec<u32>,
     /// Whether the request asked for log probabilities.
@@ -228,9 +237,10 @@ impl EngineLoop {
 
     fn admit(&mut self, submission: Submission) {
         let Submission { rid, request } = submission;
-        let (request, prompt, arrival, constraint) = request.into_parts();
+        let (request, prompt, arrival, constraint, output) = request.into_parts();
         self.stats.requests_accepted += 1;
         let params = SamplingParams::from_request(&request, self.seeds.random());
+        let call_id_seed = self.seeds.random();
         let request_state = Request {
             rid,
             id: request.id.clone(),
@@ -247,7 +257,10 @@ impl EngineLoop {
                 request.max_tokens as usize,
             ),
             detok: Detokenizer::new(&request.stop),
+            reply: ReplyText::new(output, call_id_seed),
             text: String::new(),
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
             unsent: Vec::new(),
             logprobs: request.logprobs,
             logprob_entries: Vec::new(),
@@ -518,17 +531,21 @@ impl EngineLoop {
                 }
             }
             match request.detok.push(&Decode(self.text.as_ref()), token) {
-                Ok(delta) => {
-                    request.text.push_str(&delta.text);
-                    if delta.stopped {
+                Ok(decoded) => {
+                    if decoded.stopped {
                         reason = Some(FinishReason::Stop);
                     }
+                    let delta = request.reply.push(token, decoded.text);
                     // The last token's text goes out too: `finish` only sends
                     // what the detokenizer still holds back.
                     let flush = request.logprobs && request.unsent.len() >= LOGPROB_CHUNK_TOKENS;
-                    if request.stream && (!delta.text.is_empty() || flush) {
-                        let event = chunk_event(request, delta.text);
-                        self.send(event);
+                    if request.stream {
+                        if !delta.is_empty() || flush {
+                            let event = chunk_event(request, delta);
+                            self.send(event);
+                        }
+                    } else {
+                        keep(request, delta);
                     }
                 }
                 Err(error) => {
@@ -558,11 +575,21 @@ impl EngineLoop {
                 String::new()
             }
         };
-        request.text.push_str(&tail);
-        if request.stream && (!tail.is_empty() || !request.unsent.is_empty()) {
-            let event = chunk_event(&mut request, tail);
-            self.send(event);
+        let tail = request.reply.finish(tail);
+        if request.stream {
+            if !tail.is_empty() || !request.unsent.is_empty() {
+                let event = chunk_event(&mut request, tail);
+                self.send(event);
+            }
+        } else {
+            keep(&mut request, tail);
         }
+        // OpenAI's reason for an output that ends in calls.
+        let reason = if reason == FinishReason::Stop && request.reply.called_tools() {
+            FinishReason::ToolCalls
+        } else {
+            reason
+        };
         let usage = Usage {
             prompt_tokens: request.prompt_tokens as u32,
             cached_tokens: request.cached_tokens as u32,
@@ -575,13 +602,16 @@ impl EngineLoop {
         tracing::debug!(rid, ?reason, generated = request.generated, "request done");
         self.shared.inflight().remove(&rid);
         let logprobs = (request.logprobs && !request.stream).then_some(request.logprob_entries);
+        let whole = !request.stream;
         self.send(EngineEvent::Done {
             rid,
             finish_reason: reason,
-            text: (!request.stream).then_some(request.text),
+            text: whole.then_some(request.text),
             usage,
             timings,
             logprobs,
+            reasoning: (whole && !request.reasoning.is_empty()).then_some(request.reasoning),
+            tool_calls: (whole && !request.tool_calls.is_empty()).then_some(request.tool_calls),
         });
     }
 
@@ -680,18 +710,27 @@ impl EngineLoop {
     }
 }
 
-fn chunk_event(request: &mut Request, text: String) -> EngineEvent {
+fn chunk_event(request: &mut Request, delta: Delta) -> EngineEvent {
     let index = request.chunks;
     request.chunks += 1;
     EngineEvent::Chunk {
         rid: request.rid,
         index,
-        text,
+        text: delta.content,
         tokens: std::mem::take(&mut request.unsent),
         logprobs: request
             .logprobs
             .then(|| std::mem::take(&mut request.logprob_entries)),
+        reasoning: delta.reasoning,
+        tool_calls: delta.tool_calls,
     }
+}
+
+/// Adds output to a non-streamed request's whole reply.
+fn keep(request: &mut Request, delta: Delta) {
+    request.text.push_str(&delta.content);
+    request.reasoning.push_str(&delta.reasoning);
+    request.tool_calls.extend(delta.tool_calls);
 }
 
 /// The protocol entry for a generated token, with each token's text
@@ -750,5 +789,6 @@ fn reason_index(reason: FinishReason) -> usize {
         FinishReason::Length => 1,
         FinishReason::Cancelled => 2,
         FinishReason::Deadline => 3,
+        FinishReason::ToolCalls => 4,
     }
 }

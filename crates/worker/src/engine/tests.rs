@@ -13,6 +13,7 @@ use super::*;
 use crate::scheduler::SchedulerConfig;
 
 mod constraint;
+mod tools;
 mod transfer;
 
 const EOS: u32 = 256;
@@ -262,7 +263,7 @@ fn a_streamed_request_spells_the_script_in_ordered_chunks() {
     assert_eq!(stats.prefill_tokens, 3);
     assert_eq!(stats.generated_tokens as usize, SCRIPT.len() + 1);
     assert_eq!(stats.steps as usize, SCRIPT.len() + 1);
-    assert_eq!(stats.requests_done, [1, 0, 0, 0]);
+    assert_eq!(stats.requests_done, [1, 0, 0, 0, 0]);
     assert_eq!(stats.ttft.count, 1);
     assert_eq!(stats.inter_token.count as usize, SCRIPT.len());
 }
@@ -667,7 +668,7 @@ fn cancel_and_deadline_end_requests_and_free_their_slots() {
     );
     let stats = wait_idle(&handle);
     assert_eq!(stats.kv_used, stats.kv_cached, "nothing held after the end");
-    assert_eq!(stats.requests_done[2..], [1, 1]);
+    assert_eq!(stats.requests_done[2..4], [1, 1]);
 }
 
 #[test]
@@ -1010,6 +1011,8 @@ fn events_become_the_protocol_messages_with_the_same_fields() {
         text: "hi".into(),
         tokens: vec![104, 105],
         logprobs: None,
+        reasoning: String::new(),
+        tool_calls: Vec::new(),
     };
     assert_eq!(
         WorkerToRouter::from(chunk),
@@ -1019,6 +1022,8 @@ fn events_become_the_protocol_messages_with_the_same_fields() {
             text: "hi".into(),
             tokens: vec![104, 105],
             logprobs: None,
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         }
     );
     let error = EngineEvent::Error {

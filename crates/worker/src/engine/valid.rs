@@ -3,11 +3,50 @@
 
 use std::time::Instant;
 
-use zinfer_protocol::{GenerateRequest, Limits};
+use zinfer_model::{TemplateInput, ToolFormat};
+use zinfer_protocol::{Constraint, GenerateRequest, Limits, ToolChoice};
 
 use super::handle::ModelInfo;
 use super::{EngineError, TextCodec};
 use crate::constraint::{CompiledConstraint, Grammars};
+use crate::tools::{Thinking, forced_call_grammar};
+
+/// How a request's output text is read: plain, or split into content,
+/// reasoning and tool calls.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutputPlan {
+    /// The tool-call syntax to parse, when the request has tools.
+    pub tools: Option<ToolFormat>,
+    /// Whether the output may hold a `<think>` block.
+    pub thinking: Thinking,
+    /// Control tokens the parser must see although decoding drops them
+    /// (`<|python_tag|>`, `[TOOL_CALLS]`, ...), with their text.
+    pub markers: Vec<(u32, String)>,
+}
+
+impl OutputPlan {
+    /// Whether the text needs parsing at all.
+    pub fn parses(&self) -> bool {
+        self.tools.is_some() || self.thinking != Thinking::Off
+    }
+}
+
+/// Control tokens of each tool syntax that the parser reads.
+fn marker_texts(format: ToolFormat) -> &'static [&'static str] {
+    match format {
+        ToolFormat::Hermes => &[],
+        ToolFormat::Llama3Json => &["<|python_tag|>"],
+        ToolFormat::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
+    }
+}
+
+/// The id of the one token `text` is, when the vocabulary has it.
+fn single_token(text: &dyn TextCodec, piece: &str) -> Option<u32> {
+    match text.tokenize_text(piece, false, true).ok()?.as_slice() {
+        [id] => Some(*id),
+        _ => None,
+    }
+}
 
 /// A request valid under the engine's limits, tokenized, fitting the KV
 /// pool and the context length, its output bounded by the context.
@@ -18,6 +57,7 @@ pub struct ValidRequest {
     prompt: Vec<u32>,
     arrival: Instant,
     constraint: Option<CompiledConstraint>,
+    output: OutputPlan,
 }
 
 impl ValidRequest {
@@ -33,7 +73,7 @@ impl ValidRequest {
         request
             .validate(limits)
             .map_err(|error| EngineError::BadRequest(error.to_string()))?;
-        let prompt = tokenize(&request, text, info.vocab_size)?;
+        let (prompt, output) = tokenize(&request, text, info.vocab_size)?;
         let capacity = info.kv_capacity.min(info.max_positions);
         if prompt.len() + 1 > capacity {
             return Err(EngineError::PromptTooLong {
@@ -44,8 +84,9 @@ impl ValidRequest {
         // Output stops at the context length with `length`.
         let room = u32::try_from(info.max_positions - prompt.len()).unwrap_or(u32::MAX);
         request.max_tokens = request.max_tokens.min(room);
+        let forced = forced_call(&request, text)?.map(Box::new);
         // Compiled here, on the caller's thread, never in the step loop.
-        let constraint = match &request.constraint {
+        let constraint = match forced.as_ref().or(request.constraint.as_ref()) {
             Some(constraint) => {
                 Some(CompiledConstraint(grammars.compile(constraint).map_err(
                     |error| EngineError::BadRequest(error.to_string()),
@@ -58,6 +99,7 @@ impl ValidRequest {
             prompt,
             arrival,
             constraint,
+            output,
         })
     }
 
@@ -77,6 +119,11 @@ impl ValidRequest {
         self.arrival
     }
 
+    /// How the output text is read.
+    pub fn output(&self) -> &OutputPlan {
+        &self.output
+    }
+
     /// The parts, for the engine thread.
     pub(super) fn into_parts(
         self,
@@ -85,18 +132,56 @@ impl ValidRequest {
         Vec<u32>,
         Instant,
         Option<CompiledConstraint>,
+        OutputPlan,
     ) {
-        (self.request, self.prompt, self.arrival, self.constraint)
+        (
+            self.request,
+            self.prompt,
+            self.arrival,
+            self.constraint,
+            self.output,
+        )
     }
 }
 
+/// The constraint of `required` or a named `tool_choice`: the tools'
+/// calls in the model's own syntax, arguments valid under their schemas.
+fn forced_call(
+    request: &GenerateRequest,
+    text: &dyn TextCodec,
+) -> Result<Option<Constraint>, EngineError> {
+    if !request.tool_choice.forces_a_call() {
+        return Ok(None);
+    }
+    let format = text.chat_features().tool_format;
+    let opener = match format {
+        ToolFormat::Mistral => single_token(text, "[TOOL_CALLS]"),
+        _ => None,
+    };
+    forced_call_grammar(
+        format,
+        &request.tools,
+        &request.tool_choice,
+        request.parallel_tool_calls,
+        opener,
+    )
+    .map(|grammar| Some(Constraint::lark(grammar)))
+    .map_err(|error| EngineError::BadRequest(error.to_string()))
+}
+
 /// The prompt's token ids: given ids checked against the vocabulary, a
-/// conversation rendered by the chat template, or text encoded.
+/// conversation rendered by the chat template, or text encoded; and how
+/// the output is read (only a conversation's output is parsed).
 fn tokenize(
     request: &GenerateRequest,
     text: &dyn TextCodec,
     vocab_size: usize,
-) -> Result<Vec<u32>, EngineError> {
+) -> Result<(Vec<u32>, OutputPlan), EngineError> {
+    let mut output = OutputPlan {
+        tools: None,
+        thinking: Thinking::Off,
+        markers: Vec::new(),
+    };
     let tokenizer = |error: zinfer_model::ModelError| EngineError::Tokenizer(error.to_string());
     let prompt = if let Some(tokens) = &request.tokens {
         if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
@@ -108,10 +193,22 @@ fn tokenize(
     } else if let Some(messages) = &request.messages {
         // A template refusing a conversation (`raise_exception`, roles out
         // of order, a null it cannot print) is the client's to fix.
-        let rendered = text.render_chat(messages).map_err(|error| match error {
+        let tools: Vec<serde_json::Value> = request
+            .tools
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()
+            .map_err(|error| EngineError::BadRequest(error.to_string()))?;
+        let input = TemplateInput {
+            tools: (!tools.is_empty()).then_some(tools.as_slice()),
+            variables: request.chat_template_kwargs.as_deref(),
+            ..TemplateInput::new(messages)
+        };
+        let rendered = text.render_request(&input).map_err(|error| match error {
             zinfer_model::ModelError::ChatTemplate(_) => EngineError::BadRequest(error.to_string()),
             other => tokenizer(other),
         })?;
+        output = output_plan(request, text, &rendered);
         text.encode_prompt(&rendered).map_err(tokenizer)?
     } else {
         let prompt = request.prompt.as_deref().unwrap_or_default();
@@ -122,5 +219,40 @@ fn tokenize(
             "the prompt is empty after tokenization; give some text".into(),
         ));
     }
-    Ok(prompt)
+    Ok((prompt, output))
+}
+
+/// How a conversation's output is read: tool calls in the template's
+/// syntax when the request has tools the model may call; a `<think>`
+/// block when the template thinks, already open when the prompt ends
+/// with `<think>` (DeepSeek-R1 distills, QwQ).
+fn output_plan(request: &GenerateRequest, text: &dyn TextCodec, rendered: &str) -> OutputPlan {
+    let features = text.chat_features();
+    let tools = (!request.tools.is_empty() && request.tool_choice != ToolChoice::None)
+        .then_some(features.tool_format);
+    let thinking = if !features.thinks {
+        Thinking::Off
+    } else if rendered.trim_end().ends_with("<think>") {
+        Thinking::Open
+    } else {
+        Thinking::Tags
+    };
+    let mut texts: Vec<&str> = tools.map_or(&[][..], marker_texts).to_vec();
+    if thinking != Thinking::Off {
+        texts.extend(["<think>", "</think>"]);
+    }
+    // Only tokens that decoding drops: the others reach the parser as text.
+    let markers = texts
+        .into_iter()
+        .filter_map(|piece| {
+            let id = single_token(text, piece)?;
+            let decoded = text.decode(&[id]).ok()?;
+            decoded.is_empty().then(|| (id, piece.to_string()))
+        })
+        .collect();
+    OutputPlan {
+        tools,
+        thinking,
+        markers,
+    }
 }

@@ -181,7 +181,7 @@ impl Io {
                 Action::Submit { rid, request } => {
                     let span = tracing::info_span!("request", rid, id = %request.id);
                     let _enter = span.enter();
-                    if let Err(error) = self.engine.submit(request, rid) {
+                    if let Err(error) = self.engine.submit(*request, rid) {
                         tracing::warn!(%error, "engine refused the request");
                         self.link
                             .handle_refused(rid, error.code(), error.client_message());

@@ -53,8 +53,9 @@ pub enum Action {
     Submit {
         /// Router request id.
         rid: u64,
-        /// The request as the router sent it.
-        request: GenerateRequest,
+        /// The request as the router sent it (boxed: it is the largest
+        /// action by far).
+        request: Box<GenerateRequest>,
     },
     /// Answer a text request beside the engine (`tokenize`, `detokenize`,
     /// `apply_template`); it never enters the engine's queue.
@@ -186,7 +187,10 @@ impl RouterLink {
                         message: "worker is draining and takes no new requests".into(),
                     });
                 } else {
-                    self.actions.push_back(Action::Submit { rid, request });
+                    self.actions.push_back(Action::Submit {
+                        rid,
+                        request: Box::new(request),
+                    });
                 }
             }
             RouterToWorker::Tokenize { rid, request } => {

@@ -172,6 +172,8 @@ impl Harness {
                 },
                 timings: Timings::default(),
                 logprobs: None,
+                reasoning: None,
+                tool_calls: None,
             },
         );
     }
@@ -185,6 +187,8 @@ impl Harness {
                 text: text.into(),
                 tokens: vec![index],
                 logprobs: None,
+                reasoning: String::new(),
+                tool_calls: Vec::new(),
             },
         );
     }

@@ -70,6 +70,8 @@ fn streams_chunks_and_done_with_client_id_and_worker() {
             text: "Hel".into(),
             tokens: vec![0],
             logprobs: None,
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         }
     );
     assert!(matches!(&replies[1], ClientReply::Chunk { index: 1, text, .. } if text == "lo"));
@@ -114,6 +116,8 @@ fn non_streamed_request_gets_only_done_with_text() {
             usage: Usage::default(),
             timings: Timings::default(),
             logprobs: None,
+            reasoning: None,
+            tool_calls: None,
         },
     );
     let replies = h.client_replies();
@@ -152,6 +156,8 @@ fn logprobs_are_forwarded_and_relayed_unchanged() {
             text: "ab".into(),
             tokens: vec![5, 6],
             logprobs: Some(entries.clone()),
+            reasoning: String::new(),
+            tool_calls: Vec::new(),
         },
     );
     h.done("w1", rid, FinishReason::Stop);
@@ -176,6 +182,8 @@ fn logprobs_are_forwarded_and_relayed_unchanged() {
             usage: Usage::default(),
             timings: Timings::default(),
             logprobs: Some(entries.clone()),
+            reasoning: None,
+            tool_calls: None,
         },
     );
     let replies = h.client_replies();

@@ -265,7 +265,7 @@ fn draining_refuses_new_requests_until_resumed() {
         h.frame(0, &generate(1)),
         vec![Action::Submit {
             rid: 1,
-            request: GenerateRequest::from_prompt("r1", "hello"),
+            request: Box::new(GenerateRequest::from_prompt("r1", "hello")),
         }]
     );
     let actions = h.frame(10, &RouterToWorker::Drain {});

@@ -1,0 +1,159 @@
+//! Chat template features (tool-call syntax, tools shown, `<think>`) read
+//! from the real templates of llama.cpp's reference set, and the Hermes
+//! fallback rendering tool conversations with templates that do not show
+//! tools.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests may unwrap (team rules)
+
+use std::path::PathBuf;
+
+use serde_json::json;
+use zinfer_model::{ChatFeatures, ChatTemplate, TemplateInput, ToolFormat};
+use zinfer_protocol::{ChatMessage, FunctionCall, ToolCall};
+
+fn templates_dir() -> PathBuf {
+    zinfer_fetch::chat_templates_dir().unwrap()
+}
+
+fn template(name: &str) -> ChatTemplate {
+    let path = templates_dir().join(format!("{name}.jinja"));
+    let source = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    ChatTemplate::new(Some(source), "<bos>".into(), "<eos>".into())
+}
+
+fn features(name: &str) -> ChatFeatures {
+    template(name).features()
+}
+
+#[test]
+fn reference_templates_have_their_features() {
+    use ToolFormat::{Hermes, Llama3Json, Mistral};
+    // (template, tool format, renders tools, thinks)
+    let expected = [
+        ("Qwen-Qwen2.5-7B-Instruct", Hermes, true, false),
+        ("Qwen-Qwen3-0.6B", Hermes, true, true),
+        ("meta-llama-Llama-3.1-8B-Instruct", Llama3Json, true, false),
+        ("meta-llama-Llama-3.2-3B-Instruct", Llama3Json, true, false),
+        ("meta-llama-Llama-3.3-70B-Instruct", Llama3Json, true, false),
+        ("mistralai-Mistral-Nemo-Instruct-2407", Mistral, true, false),
+        ("Mistral-Small-3.2-24B-Instruct-2506", Mistral, true, false),
+        (
+            "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
+            Hermes,
+            true,
+            false,
+        ),
+        ("google-gemma-2-2b-it", Hermes, false, false),
+        ("microsoft-Phi-3.5-mini-instruct", Hermes, false, false),
+    ];
+    for (name, tool_format, renders_tools, thinks) in expected {
+        assert_eq!(
+            features(name),
+            ChatFeatures {
+                tool_format,
+                renders_tools,
+                thinks
+            },
+            "{name}"
+        );
+    }
+    for name in ["Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"] {
+        assert!(features(name).thinks, "{name}");
+    }
+}
+
+#[test]
+fn chatml_shows_no_tools_and_does_not_think() {
+    let chatml = ChatTemplate::new(None, String::new(), String::new());
+    assert_eq!(
+        chatml.features(),
+        ChatFeatures {
+            tool_format: ToolFormat::Hermes,
+            renders_tools: false,
+            thinks: false,
+        }
+    );
+}
+
+#[test]
+fn every_reference_template_is_read() {
+    let mut read = 0;
+    for entry in std::fs::read_dir(templates_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "jinja") {
+            let source = std::fs::read_to_string(&path).unwrap();
+            let _ = ChatTemplate::new(Some(source), String::new(), String::new()).features();
+            read += 1;
+        }
+    }
+    assert!(read >= 60, "only {read} templates");
+}
+
+fn tools() -> Vec<serde_json::Value> {
+    vec![json!({"type": "function", "function": {
+        "name": "get_weather",
+        "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    }})]
+}
+
+/// user, assistant call, two tool results: alternates once the results
+/// are merged into one user turn.
+fn tool_conversation() -> Vec<ChatMessage> {
+    let call = |id: &str, city: &str| ToolCall {
+        id: Some(id.into()),
+        kind: Some("function".into()),
+        function: FunctionCall {
+            name: "get_weather".into(),
+            arguments: json!(format!("{{\"city\": \"{city}\"}}")),
+        },
+    };
+    let result = |id: &str, text: &str| ChatMessage {
+        tool_call_id: Some(id.into()),
+        ..ChatMessage::new("tool", text)
+    };
+    vec![
+        ChatMessage::new("user", "Weather in Paris and Rome?"),
+        ChatMessage {
+            role: "assistant".into(),
+            tool_calls: Some(vec![call("a", "Paris"), call("b", "Rome")]),
+            ..ChatMessage::default()
+        },
+        result("a", "18C"),
+        result("b", "24C"),
+    ]
+}
+
+#[test]
+fn gemma2_renders_tool_conversations_through_the_fallback() {
+    let t = template("google-gemma-2-2b-it");
+    let tools = tools();
+    let messages = tool_conversation();
+    let input = TemplateInput {
+        tools: Some(&tools),
+        ..TemplateInput::new(&messages)
+    };
+    let prompt = t.render_request(&input).unwrap();
+    assert!(
+        prompt.starts_with("<bos><start_of_turn>user\n# Tools\n"),
+        "{prompt}"
+    );
+    assert!(prompt.contains("<tool_call>"), "{prompt}");
+    assert!(prompt.contains("<tool_response>"), "{prompt}");
+    assert!(prompt.ends_with("<start_of_turn>model\n"), "{prompt}");
+}
+
+#[test]
+fn qwen25_renders_tools_itself() {
+    let t = template("Qwen-Qwen2.5-7B-Instruct");
+    let tools = tools();
+    let messages = tool_conversation();
+    let input = TemplateInput {
+        tools: Some(&tools),
+        ..TemplateInput::new(&messages)
+    };
+    let rendered = t.render(&input).unwrap();
+    assert_eq!(t.render_request(&input).unwrap(), rendered);
+    assert!(rendered.contains("<tools>"), "{rendered}");
+}
