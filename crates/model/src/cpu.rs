@@ -6,8 +6,10 @@
 //! alike) through the projections and MLP as a single `[n_tokens, hidden]`
 //! matrix; only attention looks at sequences separately: each chunk's keys
 //! are packed from its own sequence's slots in the pool and its rows attend
-//! to them block by block ([`flash`]). The LM head runs only on the last
-//! row of each chunk. Activations are plain f32 buffers; the matmuls and
+//! to them block by block ([`flash`]). The final norm and the LM head run
+//! only on the rows the chunks ask for ([`crate::ChunkOutput`]): the last
+//! row of each chunk, unless a chunk wants the logits or final hidden
+//! states of all its rows. Activations are plain f32 buffers; the matmuls and
 //! attention run on [`super::kernels`].
 
 use zinfer_kernels::{self as kernels, KvElem, ScoreRule};
@@ -18,7 +20,7 @@ use super::kv::{KvPool, LayerView};
 use super::linear::{Embedding, Linear, Workspace};
 use super::spec::{Activation, ModelSpec, RopeStyle};
 use super::weights::{GateUp, Qkv, Weights};
-use super::{ForwardModel, KvShape, LoadOptions, ModelError, SeqChunk};
+use super::{ChunkOutput, ForwardModel, KvShape, LoadOptions, ModelError, SeqChunk};
 
 /// Chunks of at least this many rows run on the blocked attention kernel
 /// ([`flash`]). One: decode tokens too, because a row's result must not
@@ -338,24 +340,40 @@ impl ForwardModel for CpuModel {
             }
             add(x, tmp);
         }
-        let rows = plan.last_rows.len();
-        let mut last = Vec::with_capacity(rows * hidden);
-        for &r in &plan.last_rows {
-            last.extend_from_slice(&x[r * hidden..(r + 1) * hidden]);
+        // The rows each chunk asks for go through the final norm: first
+        // those the LM head takes, in batch order, then the hidden ones, so
+        // the head reads one contiguous prefix. A batch of `LastLogits`
+        // chunks selects its last rows and nothing else.
+        let head_rows = OutputRows::Head.count(batch);
+        let hidden_rows = OutputRows::Hidden.count(batch);
+        let mut picked = Vec::with_capacity((head_rows + hidden_rows) * hidden);
+        for which in [OutputRows::Head, OutputRows::Hidden] {
+            for (c, &last) in batch.iter().zip(&plan.last_rows) {
+                if let Some(rows) = which.rows(c, last) {
+                    picked.extend_from_slice(&x[rows.start * hidden..rows.end * hidden]);
+                }
+            }
         }
-        let mut normed = vec![0f32; rows * hidden];
-        rms_norm(&last, &self.w.output_norm, eps, &mut normed);
+        let mut normed = vec![0f32; picked.len()];
+        rms_norm(&picked, &self.w.output_norm, eps, &mut normed);
         let vocab = spec.vocab;
-        let mut logits = vec![0f32; rows * vocab];
-        self.w.output.forward(&normed, rows, &mut logits, ws)?;
+        let mut logits = vec![0f32; head_rows * vocab];
+        if head_rows > 0 {
+            let head_in = &normed[..head_rows * hidden];
+            self.w.output.forward(head_in, head_rows, &mut logits, ws)?;
+        }
         if let Some(cap) = spec.final_softcap {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }
-        Ok(logits.chunks_exact(vocab).map(<[f32]>::to_vec).collect())
+        Ok(split_outputs(batch, &logits, &normed[head_rows * hidden..], vocab, hidden))
     }
 
     fn vocab_size(&self) -> usize {
         self.spec.vocab
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.spec.hidden
     }
 
     fn kv_capacity(&self) -> usize {
@@ -393,6 +411,69 @@ impl ForwardModel for CpuModel {
         }
         Ok(())
     }
+}
+
+/// The two kinds of rows a step's outputs come from.
+#[derive(Clone, Copy)]
+pub(crate) enum OutputRows {
+    /// Rows the LM head runs on.
+    Head,
+    /// Rows returned as final hidden states.
+    Hidden,
+}
+
+impl OutputRows {
+    /// The rows of chunk `c`, whose last row is `last`, of this kind.
+    pub(crate) fn rows(self, c: &SeqChunk<'_>, last: usize) -> Option<std::ops::Range<usize>> {
+        let all = last + 1 - c.tokens.len()..last + 1;
+        match (self, c.output) {
+            (Self::Head, ChunkOutput::LastLogits) => Some(last..last + 1),
+            (Self::Head, ChunkOutput::AllLogits) | (Self::Hidden, ChunkOutput::AllHidden) => {
+                Some(all)
+            }
+            _ => None,
+        }
+    }
+
+    /// How many rows of this kind `batch` asks for.
+    pub(crate) fn count(self, batch: &[SeqChunk<'_>]) -> usize {
+        batch
+            .iter()
+            .map(|c| match (self, c.output) {
+                (Self::Head, ChunkOutput::LastLogits) => 1,
+                (Self::Head, ChunkOutput::AllLogits) | (Self::Hidden, ChunkOutput::AllHidden) => {
+                    c.tokens.len()
+                }
+                _ => 0,
+            })
+            .sum()
+    }
+}
+
+/// Each chunk's output, in batch order, from the step's `logits` (the head
+/// rows, `[rows, vocab]`) and `hidden` (the hidden rows, `[rows, hidden]`),
+/// both laid out chunk by chunk in batch order.
+pub(crate) fn split_outputs(
+    batch: &[SeqChunk<'_>],
+    logits: &[f32],
+    hidden: &[f32],
+    vocab: usize,
+    hidden_size: usize,
+) -> Vec<Vec<f32>> {
+    let (mut at_logits, mut at_hidden) = (0, 0);
+    let mut take = |from: &[f32], at: &mut usize, len: usize| {
+        let out = from[*at..*at + len].to_vec();
+        *at += len;
+        out
+    };
+    batch
+        .iter()
+        .map(|c| match c.output {
+            ChunkOutput::LastLogits => take(logits, &mut at_logits, vocab),
+            ChunkOutput::AllLogits => take(logits, &mut at_logits, c.tokens.len() * vocab),
+            ChunkOutput::AllHidden => take(hidden, &mut at_hidden, c.tokens.len() * hidden_size),
+        })
+        .collect()
 }
 
 fn shape(spec: &ModelSpec) -> HeadShape {

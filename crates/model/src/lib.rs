@@ -39,6 +39,30 @@ pub use spec::{
 pub use tokenizer::{ModelTokenizer, TokenBytes, TokenizerError};
 pub use zinfer_kernels::ScoreRule;
 
+/// What a forward step returns for one [`SeqChunk`].
+///
+/// Everything but [`ChunkOutput::LastLogits`] is paid for by the chunk that
+/// asks: the LM head runs on the rows that need logits and no others, and
+/// a batch of `LastLogits` chunks runs exactly as if this did not exist.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ChunkOutput {
+    /// The logits after the chunk's last token: `vocab_size()` values (what
+    /// sampling needs).
+    #[default]
+    LastLogits,
+    /// The logits after every token of the chunk (prompt logprobs, `echo`):
+    /// `tokens.len() * vocab_size()` values, row-major, row `i` the logits
+    /// after `tokens[i]`, i.e. the distribution of the token at position
+    /// `start_pos + i + 1`.
+    AllLogits,
+    /// The final hidden state of every token of the chunk (embeddings):
+    /// after the output norm, before the LM head (llama.cpp's `result_norm`,
+    /// what it returns as embeddings), `tokens.len() * hidden_size()`
+    /// values, row-major, unpooled and not normalised. No logits are
+    /// computed for the chunk.
+    AllHidden,
+}
+
 /// One sequence's part of a forward step.
 #[derive(Clone, Copy, Debug)]
 pub struct SeqChunk<'a> {
@@ -50,16 +74,24 @@ pub struct SeqChunk<'a> {
     pub slots: &'a [u32],
     /// Number of positions already in the KV pool (= slots.len() - tokens.len()).
     pub start_pos: usize,
+    /// What the step returns for this chunk (see [`ChunkOutput`]).
+    pub output: ChunkOutput,
 }
 
 /// A loaded model with its KV pool. Owned by one engine thread.
 pub trait ForwardModel {
     /// Runs one step for a batch of sequences (any mix of prefill chunks and
-    /// decode tokens) and returns the logits of the LAST token of each chunk,
-    /// in batch order, each of length vocab_size().
+    /// decode tokens) and returns one vector per chunk, in batch order, as
+    /// the chunk's [`SeqChunk::output`] asks: the logits of its last token
+    /// (`vocab_size()` values, the default), the logits of every token
+    /// (`tokens.len() * vocab_size()`), or the final hidden state of every
+    /// token (`tokens.len() * hidden_size()`), rows in token order.
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
     /// Number of logits per token; token ids must be below it.
     fn vocab_size(&self) -> usize;
+    /// Width of one final hidden state (the model's embedding width): the
+    /// row length of [`ChunkOutput::AllHidden`].
+    fn hidden_size(&self) -> usize;
     /// Number of token slots in the KV pool (the TokenPool capacity).
     fn kv_capacity(&self) -> usize;
     /// Longest sequence (prompt + output) the model can run: its context
