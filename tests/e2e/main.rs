@@ -16,6 +16,7 @@ mod deploy;
 mod harness;
 mod http;
 mod multihost;
+mod params;
 mod reliability;
 mod security;
 mod soak;

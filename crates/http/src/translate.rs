@@ -41,6 +41,8 @@ const COMPLETION_FIELDS: &[&str] = &[
     "frequency_penalty",
     "logit_bias",
     "user",
+    "metadata",
+    "priority",
 ];
 
 /// Fields of `POST /v1/chat/completions`.
@@ -75,6 +77,8 @@ const CHAT_FIELDS: &[&str] = &[
     "function_call",
     "chat_template_kwargs",
     "reasoning_effort",
+    "metadata",
+    "priority",
 ];
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
@@ -367,11 +371,30 @@ fn finish(
     };
     request.stop_token_ids = body.get("stop_token_ids")?.unwrap_or_default();
     request.ignore_eos = body.get("ignore_eos")?.unwrap_or(false);
-    body.get::<String>("user")?;
     body.only_default::<u32>("n", |n| *n == 1, "only one choice per request is served")?;
-    body.only_default::<f32>("presence_penalty", |p| *p == 0.0, "use repetition_penalty")?;
-    body.only_default::<f32>("frequency_penalty", |p| *p == 0.0, "use repetition_penalty")?;
-    body.only_default::<Map<String, Value>>("logit_bias", Map::is_empty, "no logit bias")?;
+    if let Some(p) = body.get::<f32>("presence_penalty")? {
+        request.presence_penalty = p;
+    }
+    if let Some(p) = body.get::<f32>("frequency_penalty")? {
+        request.frequency_penalty = p;
+    }
+    request.logit_bias = body.get("logit_bias")?.unwrap_or_default();
+    // vLLM's scheduling priority (higher first here; the protocol's sense).
+    request.priority = body.get::<i32>("priority")?.unwrap_or(0);
+    // Accepted and logged, as OpenAI stores them; they change nothing.
+    let user = body.get::<String>("user")?;
+    let metadata = body.get::<Map<String, Value>>("metadata")?;
+    if let Some(metadata) = &metadata
+        && let Some((key, _)) = metadata.iter().find(|(_, v)| !v.is_string())
+    {
+        return Err(ApiError::invalid(
+            "metadata",
+            format!("\"metadata\" values must be strings; {key:?} is not"),
+        ));
+    }
+    if user.is_some() || metadata.is_some() {
+        tracing::info!(id = ctx.id, user, metadata = ?metadata, "request labels");
+    }
     let stream = body.get::<bool>("stream")?.unwrap_or(false);
     let options = body.get::<StreamOptions>("stream_options")?;
     if options.is_some() && !stream {
@@ -673,8 +696,9 @@ mod tests {
             ("tool_choice", serde_json::json!("required")),
             ("functions", serde_json::json!([{"name": "f"}])),
             ("reasoning_effort", serde_json::json!("extreme")),
-            ("presence_penalty", serde_json::json!(0.5)),
-            ("logit_bias", serde_json::json!({"1": 5})),
+            ("presence_penalty", serde_json::json!(2.5)),
+            ("logit_bias", serde_json::json!({"one": 5})),
+            ("metadata", serde_json::json!({"k": 1})),
             ("response_format", serde_json::json!({"type": "xml"})),
             ("frobnicate", serde_json::json!(1)),
         ] {
@@ -693,6 +717,33 @@ mod tests {
             serde_json::json!({"messages": user, "n": 1, "tools": [], "tool_choice": "none",
             "frequency_penalty": 0.0, "logit_bias": {},
             "response_format": {"type": "text"}, "parallel_tool_calls": true}),
+        );
+    }
+
+    #[test]
+    fn penalties_bias_priority_and_labels_reach_the_protocol() {
+        let user = serde_json::json!([{"role": "user", "content": "x"}]);
+        let t = chat_ok(
+            serde_json::json!({"messages": user, "presence_penalty": 0.5,
+            "frequency_penalty": -0.25, "logit_bias": {"42": 100, "7": -100},
+            "priority": 3, "user": "u-1", "metadata": {"team": "search"}}),
+        );
+        let r = &t.request;
+        assert_eq!((r.presence_penalty, r.frequency_penalty), (0.5, -0.25));
+        assert_eq!(r.logit_bias_ids(), vec![(7, -100.0), (42, 100.0)]);
+        assert_eq!(r.priority, 3);
+        let t = completion_ok(
+            serde_json::json!({"prompt": "x", "logit_bias": {"1": 5}, "priority": -1}),
+        );
+        assert_eq!(t.request.logit_bias_ids(), vec![(1, 5.0)]);
+        assert_eq!(t.request.priority, -1);
+        let error = chat_err(serde_json::json!({"messages": user, "logit_bias": {"1": 101}}));
+        assert_eq!(param(&error).as_deref(), Some("logit_bias"), "{error}");
+        let error = chat_err(serde_json::json!({"messages": user, "frequency_penalty": -3}));
+        assert_eq!(
+            param(&error).as_deref(),
+            Some("frequency_penalty"),
+            "{error}"
         );
     }
 

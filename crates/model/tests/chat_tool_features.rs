@@ -157,3 +157,32 @@ fn qwen25_renders_tools_itself() {
     assert_eq!(t.render_request(&input).unwrap(), rendered);
     assert!(rendered.contains("<tools>"), "{rendered}");
 }
+
+/// What the worker reads to know where the output starts: Qwen3 with
+/// `enable_thinking: false` closes an empty block in the prompt itself;
+/// the R1 distills leave one open, so their output starts as reasoning.
+#[test]
+fn thinking_prompts_end_as_the_worker_expects() {
+    let messages = [ChatMessage::new("user", "Hi")];
+    let qwen3 = template("Qwen-Qwen3-0.6B");
+    let mut off = serde_json::Map::new();
+    off.insert("enable_thinking".into(), json!(false));
+    let quiet = qwen3
+        .render_request(&TemplateInput {
+            variables: Some(&off),
+            ..TemplateInput::new(&messages)
+        })
+        .unwrap();
+    assert!(quiet.ends_with("<think>\n\n</think>\n\n"), "{quiet:?}");
+    let thinking = qwen3
+        .render_request(&TemplateInput::new(&messages))
+        .unwrap();
+    assert!(
+        thinking.ends_with("<|im_start|>assistant\n"),
+        "{thinking:?}"
+    );
+    let r1 = template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B")
+        .render_request(&TemplateInput::new(&messages))
+        .unwrap();
+    assert!(r1.trim_end().ends_with("<think>"), "{r1:?}");
+}

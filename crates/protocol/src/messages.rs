@@ -277,6 +277,30 @@ pub struct GenerateRequest {
     /// Penalty for tokens already in prompt or output (default 1.0, off).
     #[serde(default = "default_one", deserialize_with = "nil_is_one")]
     pub repetition_penalty: f32,
+    /// OpenAI's presence penalty: subtracted once from the logit of every
+    /// token already generated (-2 to 2; default 0, off).
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "is_default"
+    )]
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty: subtracted from a token's logit once per
+    /// time it was generated (-2 to 2; default 0, off).
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "is_default"
+    )]
+    pub frequency_penalty: f32,
+    /// Added to the logits of these tokens, OpenAI's way: token ids as
+    /// decimal strings, biases from -100 to 100 (default none).
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "std::collections::BTreeMap::is_empty"
+    )]
+    pub logit_bias: std::collections::BTreeMap<String, f32>,
     /// Seed for sampling: same seed, parameters and prompt give the same tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
@@ -384,6 +408,9 @@ impl GenerateRequest {
             top_k: 0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: std::collections::BTreeMap::new(),
             seed: None,
             stop: Vec::new(),
             stop_token_ids: Vec::new(),

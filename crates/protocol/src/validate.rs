@@ -11,6 +11,9 @@ use crate::{
 /// Most `tools` on one request.
 const MAX_TOOLS: usize = 128;
 
+/// Most `logit_bias` entries on one request.
+const MAX_LOGIT_BIAS: usize = 1024;
+
 fn over(field: &'static str, size: usize, max: usize) -> Result<(), DecodeError> {
     if size > max {
         return Err(DecodeError::OverLimit {
@@ -127,11 +130,13 @@ impl GenerateRequest {
             self.stop_token_ids.len(),
             limits.max_stop_token_ids,
         )?;
-        let ranges: [(&'static str, f32, f32, f32); 4] = [
+        let ranges: [(&'static str, f32, f32, f32); 6] = [
             ("temperature", self.temperature, 0.0, 100.0),
             ("top_p", self.top_p, 0.0, 1.0),
             ("min_p", self.min_p, 0.0, 1.0),
             ("repetition_penalty", self.repetition_penalty, 0.01, 100.0),
+            ("presence_penalty", self.presence_penalty, -2.0, 2.0),
+            ("frequency_penalty", self.frequency_penalty, -2.0, 2.0),
         ];
         for (field, value, lo, hi) in ranges {
             if !(lo..=hi).contains(&value) {
@@ -151,7 +156,40 @@ impl GenerateRequest {
             constraint.kind()?;
         }
         self.validate_tools(limits)?;
+        self.validate_logit_bias()?;
         self.validate_logprobs(limits)
+    }
+
+    /// The token ids of `logit_bias` with their biases, in id order;
+    /// valid once [`Self::validate`] passed.
+    pub fn logit_bias_ids(&self) -> Vec<(u32, f32)> {
+        let mut ids: Vec<(u32, f32)> = self
+            .logit_bias
+            .iter()
+            .filter_map(|(id, &bias)| Some((id.parse().ok()?, bias)))
+            .collect();
+        ids.sort_unstable_by_key(|&(id, _)| id);
+        ids
+    }
+
+    /// Decimal token ids, OpenAI's bias range and count.
+    fn validate_logit_bias(&self) -> Result<(), DecodeError> {
+        over("logit_bias", self.logit_bias.len(), MAX_LOGIT_BIAS)?;
+        for (id, bias) in &self.logit_bias {
+            if id.parse::<u32>().is_err() {
+                return Err(DecodeError::Invalid {
+                    field: "logit_bias",
+                    detail: format!("key {id:?} is not a token id (a decimal integer)"),
+                });
+            }
+            if !(-100.0..=100.0).contains(bias) {
+                return Err(DecodeError::Invalid {
+                    field: "logit_bias",
+                    detail: format!("bias {bias} of token {id} is outside [-100, 100]"),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Tools need a conversation; names are OpenAI's and unique; a forced

@@ -4,16 +4,18 @@
 //! -inf, see `crate::constraint`), so everything below, logprobs included,
 //! sees only the tokens its constraint allows.
 //!
-//! Greedy when the temperature is 0. Otherwise, in order: repetition
-//! penalty, temperature, top-k, min-p, top-p, then one draw from a
+//! The row is changed in this order: `logit_bias` added, the repetition
+//! penalty, then OpenAI's presence and frequency penalties (over generated
+//! tokens). Then greedy takes the argmax when the temperature is 0;
+//! otherwise temperature, top-k, min-p, top-p, then one draw from a
 //! per-request RNG seeded from the request's seed, so the same seed,
 //! parameters and prompt give the same tokens. Top-k and top-p use partial
 //! selection, so a 49k vocabulary is never fully sorted.
 //!
 //! For a request that asks for log probabilities, the sampler also
-//! computes the log-softmax of the row it drew from (after the penalty and
-//! the temperature) for the chosen token and the `top_logprobs` best; a
-//! request that does not ask pays nothing for it.
+//! computes the log-softmax of the row it drew from (after the bias, the
+//! penalties and the temperature) for the chosen token and the
+//! `top_logprobs` best; a request that does not ask pays nothing for it.
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use zinfer_protocol::{FinishReason, GenerateRequest};
@@ -47,6 +49,14 @@ pub struct SamplingParams {
     /// Divides positive (multiplies negative) logits of tokens already
     /// seen in the prompt or output; 1 is off.
     pub repetition_penalty: f32,
+    /// OpenAI's presence penalty: subtracted once from every generated
+    /// token's logit; 0 is off.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty: subtracted once per generation of a
+    /// token; 0 is off.
+    pub frequency_penalty: f32,
+    /// Added to these tokens' logits, by id (ids within the vocabulary).
+    pub logit_bias: Vec<(u32, f32)>,
     /// Seed of the request's RNG.
     pub seed: u64,
     /// Report log probabilities: `Some(k)` with the k most likely tokens
@@ -64,6 +74,9 @@ impl SamplingParams {
             top_p: request.top_p,
             min_p: request.min_p,
             repetition_penalty: request.repetition_penalty,
+            presence_penalty: request.presence_penalty,
+            frequency_penalty: request.frequency_penalty,
+            logit_bias: request.logit_bias_ids(),
             seed: request.seed.unwrap_or(fallback_seed),
             logprobs: request.logprobs.then_some(request.top_logprobs as usize),
         }
@@ -77,6 +90,9 @@ impl SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 0,
             logprobs: None,
         }
@@ -101,6 +117,9 @@ pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
     seen: SeenTokens,
+    /// How often each generated token came out, for the presence and
+    /// frequency penalties (empty when both are off).
+    generated: std::collections::HashMap<u32, u32>,
     candidates: Vec<(u32, f32)>,
     /// Log probabilities of the last draw, when the request asks for them.
     last_logprobs: Option<Logprobs>,
@@ -117,6 +136,7 @@ impl Sampler {
             rng: StdRng::seed_from_u64(params.seed),
             params,
             seen,
+            generated: std::collections::HashMap::new(),
             candidates: Vec::new(),
             last_logprobs: None,
         }
@@ -134,7 +154,13 @@ impl Sampler {
         if logits.is_empty() {
             return Err(SamplingError::EmptyLogits);
         }
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(logit) = logits.get_mut(id as usize) {
+                *logit += bias;
+            }
+        }
         self.apply_repetition_penalty(logits);
+        self.apply_openai_penalties(logits);
         let token = if self.params.temperature <= 0.0 {
             argmax(logits).ok_or(SamplingError::NoFiniteLogit)?
         } else {
@@ -152,7 +178,21 @@ impl Sampler {
         if self.params.repetition_penalty != 1.0 {
             self.seen.insert(token);
         }
+        if self.params.presence_penalty != 0.0 || self.params.frequency_penalty != 0.0 {
+            *self.generated.entry(token).or_insert(0) += 1;
+        }
         Ok(token)
+    }
+
+    /// OpenAI's definition: `logit - count * frequency - (count > 0) *
+    /// presence`, over the tokens generated so far.
+    fn apply_openai_penalties(&self, logits: &mut [f32]) {
+        let (presence, frequency) = (self.params.presence_penalty, self.params.frequency_penalty);
+        for (&token, &count) in &self.generated {
+            if let Some(logit) = logits.get_mut(token as usize) {
+                *logit -= count as f32 * frequency + presence;
+            }
+        }
     }
 
     fn apply_repetition_penalty(&self, logits: &mut [f32]) {
@@ -565,6 +605,59 @@ mod tests {
         // Negative logits are multiplied, so they sink further.
         let mut sampler = Sampler::new(penalized, &[0]);
         assert_eq!(sampler.sample(&mut [-1.0, -1.5, -9.0]).unwrap(), 1);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_follow_openai() {
+        let penalized = SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..SamplingParams::greedy()
+        };
+        // Prompt tokens are not penalized: only generated ones.
+        let mut sampler = Sampler::new(penalized, &[0, 0, 0]);
+        let row = [2.0, 1.5, 0.0];
+        let mut first = row;
+        assert_eq!(sampler.sample(&mut first).unwrap(), 0);
+        assert_eq!(first, row, "nothing generated yet");
+        // Token 0 once: 2.0 - 0.25 - 0.5 = 1.25 < 1.5.
+        let mut second = row;
+        assert_eq!(sampler.sample(&mut second).unwrap(), 1);
+        assert_eq!(second[0], 1.25);
+        // Token 0 once, token 1 once: both down by 0.75.
+        let mut third = row;
+        assert_eq!(sampler.sample(&mut third).unwrap(), 0);
+        assert_eq!((third[0], third[1]), (1.25, 0.75));
+        // Token 0 twice now: 2.0 - 2 * 0.25 - 0.5 = 1.0.
+        let mut fourth = row;
+        sampler.sample(&mut fourth).unwrap();
+        assert_eq!(fourth[0], 1.0);
+        // Negative penalties encourage repeats.
+        let eager = SamplingParams {
+            presence_penalty: -1.0,
+            ..SamplingParams::greedy()
+        };
+        let mut sampler = Sampler::new(eager, &[]);
+        assert_eq!(sampler.sample(&mut [1.0, 1.5]).unwrap(), 1);
+        assert_eq!(sampler.sample(&mut [1.0, 0.9]).unwrap(), 1);
+    }
+
+    #[test]
+    fn logit_bias_adds_before_everything_and_a_mask_still_wins() {
+        let biased = SamplingParams {
+            logit_bias: vec![(2, 100.0), (0, -100.0)],
+            ..SamplingParams::greedy()
+        };
+        let mut sampler = Sampler::new(biased.clone(), &[]);
+        let mut row = [5.0, 1.0, -3.0];
+        assert_eq!(sampler.sample(&mut row).unwrap(), 2);
+        assert_eq!(row, [-95.0, 1.0, 97.0]);
+        // A token the constraint masked stays masked.
+        let mut sampler = Sampler::new(biased, &[]);
+        assert_eq!(
+            sampler.sample(&mut [5.0, 1.0, f32::NEG_INFINITY]).unwrap(),
+            1
+        );
     }
 
     fn with_logprobs(params: SamplingParams, top: usize) -> SamplingParams {

@@ -39,6 +39,9 @@ pub fn full_generate() -> GenerateRequest {
         top_k: 40,
         min_p: 0.125,
         repetition_penalty: 1.25,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        logit_bias: Default::default(),
         seed: Some(42),
         stop: vec!["\n\n".into(), "END".into()],
         stop_token_ids: vec![2, 7],
@@ -95,6 +98,17 @@ pub fn token_logprobs() -> Vec<TokenLogprob> {
             top_logprobs: vec![top(2208, "\u{fffd}", -1.5), top(30, "!", -1.75)],
         },
     ]
+}
+
+/// A generate with OpenAI's penalties and a logit bias.
+pub fn penalties_generate() -> GenerateRequest {
+    let mut request = GenerateRequest::from_prompt("req-7", "Once upon a time");
+    request.presence_penalty = 0.5;
+    request.frequency_penalty = -0.25;
+    request.logit_bias.insert("15339".into(), -100.0);
+    request.logit_bias.insert("2".into(), 5.5);
+    request.priority = 3;
+    request
 }
 
 /// A chat generate with a tool it must call, and a template variable.
@@ -240,6 +254,10 @@ pub fn client_requests() -> Vec<Sample<ClientRequest>> {
         sample(
             "client_request.generate_constraint",
             ClientRequest::Generate(constraint_generate()),
+        ),
+        sample(
+            "client_request.generate_penalties",
+            ClientRequest::Generate(penalties_generate()),
         ),
         sample(
             "client_request.generate_tools",

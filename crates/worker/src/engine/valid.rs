@@ -74,6 +74,16 @@ impl ValidRequest {
             .validate(limits)
             .map_err(|error| EngineError::BadRequest(error.to_string()))?;
         let (prompt, output) = tokenize(&request, text, info.vocab_size)?;
+        if let Some((bad, _)) = request
+            .logit_bias_ids()
+            .into_iter()
+            .find(|&(id, _)| id as usize >= info.vocab_size)
+        {
+            return Err(EngineError::BadRequest(format!(
+                "logit_bias names token {bad}, outside the vocabulary of {} tokens",
+                info.vocab_size
+            )));
+        }
         let capacity = info.kv_capacity.min(info.max_positions);
         if prompt.len() + 1 > capacity {
             return Err(EngineError::PromptTooLong {
