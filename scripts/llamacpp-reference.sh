@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Checks zinfer's logits against llama.cpp's on the same GGUF files.
+# Checks zinfer's logits (or final hidden states) against llama.cpp's on the same GGUF files.
 #
 #   scripts/llamacpp-reference.sh [--chunk C] FILE.gguf...     # files you have, as they are
 #   scripts/llamacpp-reference.sh --dequantize FILE.gguf...     # quantized ones through an F32 copy
 #   scripts/llamacpp-reference.sh --synthetic [FILE.gguf...]    # + tiny F32 files of SYNTH_PRESETS
+#   scripts/llamacpp-reference.sh --chunk C --all-logits ...    # every row's logits of a chunk
+#   scripts/llamacpp-reference.sh --embeddings [--chunk C] ...  # final hidden states and pooling
 #
 # llama.cpp comes from the PyPI source package llama-cpp-python 0.3.36
 # (checked against its sha256), extracted and built under
@@ -23,6 +25,20 @@
 # differ by more. --dequantize compares such a file through the F32 copy
 # llama.cpp's own quantizer makes of it (OUT/dequantized/), real weights
 # without quantized matmuls.
+#
+# --all-logits runs zinfer's blocks of C positions each as ONE chunk asking
+# for every row's logits (ChunkOutput::AllLogits, prompt logprobs), compared
+# as above. --embeddings compares final hidden states instead (after the
+# output norm, before the LM head: llama.cpp's `result_norm`):
+# dump_embeddings.cpp runs each prompt with embeddings on, pooling NONE (every
+# position's state and logits), MEAN and LAST; examples/dump_embeddings.rs
+# runs it as one chunk asking for ChunkOutput::AllHidden, batched with a copy
+# asking for AllLogits (--chunk C: chunks of C). compare_embeddings.py fails
+# a prompt when a position's hidden state, or zinfer's rows mean- or
+# last-pooled and L2-normalised against llama.cpp's pooling, has cosine
+# similarity 0.999 or less, or a logit is 0.05 or more off. Like the logprob
+# tolerance, that is meant for F32 files: on a quantized one int8
+# activations move each engine's states by about as much (use --dequantize).
 #
 # Environment: THREADS (2) for both sides, LENGTHS (8,64,300), SEED (0),
 # SYNTH_PRESETS (below), CARGO_PROFILE (dev: the workspace builds the model
@@ -57,17 +73,22 @@ cache="${ZINFER_HOME:-$HOME/.cache/zinfer}/reference"
 
 die() { echo "llamacpp-reference: $*" >&2; exit 2; }
 say() { echo "llamacpp-reference: $*" >&2; }
-usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; }
 
 synthetic=0
 dequantize=0
+all_logits=0
+embeddings=0
 chunk=1
+chunk_given=0
 files=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --synthetic) synthetic=1 ;;
     --dequantize) dequantize=1 ;;
-    --chunk) [ $# -ge 2 ] || die "--chunk needs a value"; chunk=$2; shift ;;
+    --all-logits) all_logits=1 ;;
+    --embeddings) embeddings=1 ;;
+    --chunk) [ $# -ge 2 ] || die "--chunk needs a value"; chunk=$2; chunk_given=1; shift ;;
     -h | --help) usage; exit 0 ;;
     -*) die "unknown flag $1 (see --help)" ;;
     *) [ -f "$1" ] || die "no such file: $1"; files+=("$(cd "$(dirname "$1")" && pwd)/$(basename "$1")") ;;
@@ -75,6 +96,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 [ "$synthetic" = 1 ] || [ ${#files[@]} -gt 0 ] || { usage >&2; die "give GGUF files, --synthetic, or both"; }
+[ "$all_logits" = 0 ] || [ "$embeddings" = 0 ] || die "--all-logits and --embeddings are separate runs"
 
 for tool in python3 g++ tar sha256sum; do
   command -v "$tool" >/dev/null || die "$tool is missing (Debian/Ubuntu: apt-get install python3 g++ tar coreutils)"
@@ -141,13 +163,16 @@ g++ -std=c++17 -O2 -Wall -Wextra -I"$llama/include" -I"$llama/ggml/include" \
 g++ -std=c++17 -O2 -Wall -Wextra -I"$llama/include" -I"$llama/ggml/include" \
   "$here/dequantize.cpp" -o "$out/dequantize" -L"$lib_dir" -lllama -Wl,-rpath,"$lib_dir" ||
   die "compiling dequantize.cpp against $llama failed"
+g++ -std=c++17 -O2 -Wall -Wextra -I"$llama/include" -I"$llama/ggml/include" \
+  "$here/dump_embeddings.cpp" -o "$out/dump_embeddings" -L"$lib_dir" -lllama -Wl,-rpath,"$lib_dir" ||
+  die "compiling dump_embeddings.cpp against $llama failed"
 reference="$out/dump_logits"
 
 # --- zinfer ----------------------------------------------------------------
-# Both examples in one build, always: zinfer-worker's dev-dependency turns
+# All examples in one build, always: zinfer-worker's dev-dependency turns
 # on zinfer-model's `synthetic` feature, and building one without the other
 # would rebuild zinfer-model each time the set changes.
-examples=(-p zinfer-model --example dump_logits -p zinfer-worker --example synth_model)
+examples=(-p zinfer-model --example dump_logits --example dump_embeddings -p zinfer-worker --example synth_model)
 say "building ${examples[*]} (profile $profile)"
 artifacts=$(cd "$root" && cargo build --quiet --profile "$profile" --message-format=json-render-diagnostics \
   "${examples[@]}") || die "cargo build failed"
@@ -159,8 +184,10 @@ for line in sys.stdin:
         print(m["executable"])' "$1" <<<"$artifacts" | tail -1
 }
 zinfer=$(executable dump_logits)
+zinfer_embd=$(executable dump_embeddings)
 synth=$(executable synth_model)
-[ -x "$zinfer" ] && [ -x "$synth" ] || die "cargo build made no dump_logits or synth_model executable"
+[ -x "$zinfer" ] && [ -x "$zinfer_embd" ] && [ -x "$synth" ] ||
+  die "cargo build made no dump_logits, dump_embeddings or synth_model executable"
 
 if [ "$synthetic" = 1 ]; then
   synth_files=()
@@ -193,7 +220,16 @@ fi
 
 # --- run both sides, compare ------------------------------------------------
 table="$out/table.md"
-if [ "$chunk" = 1 ]; then mode="one decode step per position"; else mode="prefill chunks within blocks of $chunk"; fi
+if [ "$embeddings" = 1 ]; then
+  if [ "$chunk_given" = 1 ]; then mode="chunks of $chunk"; else mode="each prompt as one chunk"; fi
+  mode="$mode asking for every row's final hidden state (AllHidden), batched with a copy asking for its logits (AllLogits)"
+elif [ "$all_logits" = 1 ]; then mode="blocks of $chunk positions, each one chunk asking for every row's logits (AllLogits)"
+elif [ "$chunk" = 1 ]; then mode="one decode step per position"
+else mode="prefill chunks within blocks of $chunk"; fi
+zinfer_chunk=()
+[ "$chunk_given" = 0 ] || zinfer_chunk=(--chunk "$chunk")
+zinfer_flags=(--chunk "$chunk")
+[ "$all_logits" = 0 ] || zinfer_flags+=(--all-logits)
 rows="$out/rows.md"
 : >"$rows"
 status=0
@@ -204,24 +240,44 @@ for file in "${files[@]}"; do
   lens=$(python3 "$here/prompts.py" "$file" "$run/prompts.txt" --lengths "$lengths" --seed "$seed") ||
     die "could not make prompts for $file"
   say "$name: prompts of $lens tokens"
-  start=$(date +%s.%N)
-  "$reference" "$file" "$run/prompts.txt" --threads "$threads" >"$run/llama.jsonl" 2>"$run/llama.log" ||
-    die "llama.cpp failed on $file; see $run/llama.log"
-  mid=$(date +%s.%N)
-  "$zinfer" "$file" "$run/prompts.txt" --threads "$threads" --chunk "$chunk" >"$run/zinfer.jsonl" 2>"$run/zinfer.log" ||
-    die "zinfer failed on $file; see $run/zinfer.log"
-  end=$(date +%s.%N)
-  say "$name: llama.cpp $(awk "BEGIN { printf \"%.1f\", $mid - $start }") s, zinfer $(awk "BEGIN { printf \"%.1f\", $end - $mid }") s"
   header=(--no-header)
   [ -s "$rows" ] || header=()
   rc=0
-  python3 "$here/compare.py" --model "$file" --reference "$run/llama.jsonl" --zinfer "$run/zinfer.jsonl" \
-    "${header[@]}" >>"$rows" || rc=$?
+  start=$(date +%s.%N)
+  if [ "$embeddings" = 1 ]; then
+    "$out/dump_embeddings" "$file" "$run/prompts.txt" --threads "$threads" --logits "$run/llama.f32" \
+      >"$run/llama-embd.jsonl" 2>"$run/llama-embd.log" || die "llama.cpp failed on $file; see $run/llama-embd.log"
+    mid=$(date +%s.%N)
+    "$zinfer_embd" "$file" "$run/prompts.txt" --threads "$threads" "${zinfer_chunk[@]}" --logits "$run/zinfer.f32" \
+      >"$run/zinfer-embd.jsonl" 2>"$run/zinfer-embd.log" || die "zinfer failed on $file; see $run/zinfer-embd.log"
+    end=$(date +%s.%N)
+    python3 "$here/compare_embeddings.py" --model "$file" --reference "$run/llama-embd.jsonl" \
+      --zinfer "$run/zinfer-embd.jsonl" --reference-logits "$run/llama.f32" --zinfer-logits "$run/zinfer.f32" \
+      "${header[@]}" >>"$rows" || rc=$?
+    # Every position's logits are large (73 MB a side for a vocabulary of
+    # 49,152 and the default LENGTHS): kept only when a row fails.
+    [ "$rc" != 0 ] || rm -f "$run/llama.f32" "$run/zinfer.f32"
+  else
+    "$reference" "$file" "$run/prompts.txt" --threads "$threads" >"$run/llama.jsonl" 2>"$run/llama.log" ||
+      die "llama.cpp failed on $file; see $run/llama.log"
+    mid=$(date +%s.%N)
+    "$zinfer" "$file" "$run/prompts.txt" --threads "$threads" "${zinfer_flags[@]}" >"$run/zinfer.jsonl" 2>"$run/zinfer.log" ||
+      die "zinfer failed on $file; see $run/zinfer.log"
+    end=$(date +%s.%N)
+    python3 "$here/compare.py" --model "$file" --reference "$run/llama.jsonl" --zinfer "$run/zinfer.jsonl" \
+      "${header[@]}" >>"$rows" || rc=$?
+  fi
+  say "$name: llama.cpp $(awk "BEGIN { printf \"%.1f\", $mid - $start }") s, zinfer $(awk "BEGIN { printf \"%.1f\", $end - $mid }") s"
   [ "$rc" -le 1 ] || die "could not compare the dumps of $file"
   [ "$rc" = 0 ] || status=1
 done
+if [ "$embeddings" = 1 ]; then
+  llama_mode="one batch, embeddings on (pooling none, mean, last), f32 K/V, flash attention off"
+else
+  llama_mode="one batch, f32 K/V, flash attention off"
+fi
 {
-  echo "llama.cpp $pkg_version (llama-cpp-python source package): one batch, f32 K/V, flash attention off;"
+  echo "llama.cpp $pkg_version (llama-cpp-python source package): $llama_mode;"
   echo "zinfer: $mode, f32 K/V; $threads thread(s) each; prompt ids seed $seed."
   echo
   cat "$rows"

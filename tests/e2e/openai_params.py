@@ -1,6 +1,7 @@
 """OpenAI sampling parameters through zinfer's HTTP front, with the
 official `openai` package: `logit_bias`, `presence_penalty` and
-`frequency_penalty`, `priority` and `metadata`.
+`frequency_penalty`, `n` with a seed, `echo` with prompt logprobs,
+`priority` and `metadata`.
 
 Usage: openai_params.py BASE_URL MODEL
 
@@ -63,6 +64,54 @@ assert presence_repeats < plain_repeats, (presence_repeats, plain_repeats, prese
 assert frequency_repeats < plain_repeats, (frequency_repeats, plain_repeats)
 print(f"repeated tokens in 80: plain {plain_repeats}, presence_penalty 2 {presence_repeats}, "
       f"frequency_penalty 2 {frequency_repeats}")
+
+def choices(**extra):
+    response = client.chat.completions.create(
+        model=model, messages=question, n=3, seed=11, temperature=1.0, max_tokens=12, **extra)
+    assert [c.index for c in response.choices] == [0, 1, 2], response
+    return response
+
+
+first = choices()
+again = choices()
+texts = [c.message.content for c in first.choices]
+assert texts == [c.message.content for c in again.choices], (texts, again)
+assert len(set(texts)) > 1, texts
+assert first.usage.completion_tokens == sum(
+    len(c.logprobs.content) for c in choices(logprobs=True).choices), first.usage
+stream = client.chat.completions.create(
+    model=model, messages=question, n=3, seed=11, temperature=1.0, max_tokens=12, stream=True)
+streamed, finished = ["", "", ""], [None, None, None]
+for chunk in stream:
+    for choice in chunk.choices:
+        streamed[choice.index] += choice.delta.content or ""
+        finished[choice.index] = choice.finish_reason or finished[choice.index]
+assert streamed == texts, (streamed, texts)
+assert all(finished), finished
+print(f"n=3 with a seed repeats, streamed or not: {texts}")
+
+# echo: the prompt's tokens with their logprobs (the first null), which
+# agree with the logprobs the same tokens got when they were generated.
+prompt = "The capital of France is"
+generated = client.completions.create(model=model, prompt=prompt, max_tokens=6, temperature=0,
+                                      logprobs=0)
+gen_lp = generated.choices[0].logprobs
+text = prompt + generated.choices[0].text
+scored = client.completions.create(model=model, prompt=text, max_tokens=0, echo=True, logprobs=2)
+choice = scored.choices[0]
+assert choice.text == text, (choice.text, text)
+lp = choice.logprobs
+assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None, lp
+assert "".join(lp.tokens) == text, lp.tokens
+assert len(lp.tokens) == scored.usage.prompt_tokens, (lp.tokens, scored.usage)
+tail = len(gen_lp.tokens)
+assert lp.tokens[-tail:] == gen_lp.tokens, (lp.tokens, gen_lp.tokens)
+for mine, theirs in zip(lp.token_logprobs[-tail:], gen_lp.token_logprobs):
+    assert abs(mine - theirs) < 0.05, (lp.token_logprobs, gen_lp.token_logprobs)
+assert all(len(top) >= 1 for top in lp.top_logprobs[1:]), lp.top_logprobs
+print(f"echo + logprobs: {len(lp.tokens)} prompt tokens; generated tail agrees: "
+      f"{[round(x, 3) for x in lp.token_logprobs[-tail:]]} vs "
+      f"{[round(x, 3) for x in gen_lp.token_logprobs]}")
 
 labelled = client.chat.completions.create(
     model=model, messages=question, max_tokens=4, temperature=0, user="u-1",

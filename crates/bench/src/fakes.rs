@@ -96,6 +96,7 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
             logprobs: None,
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            choice: 0,
         });
     }
     let prompt_tokens = prompt.split_whitespace().count() as u32;
@@ -113,6 +114,8 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
         reasoning: None,
         tool_calls: None,
         logprobs: None,
+        choice: 0,
+        prompt_logprobs: None,
     });
 }
 
@@ -170,6 +173,7 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
                         tokens,
                         ..
                     } => WorkerToRouter::Chunk {
+                        choice: 0,
                         rid,
                         index,
                         text,
@@ -185,6 +189,8 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
                         timings,
                         ..
                     } => WorkerToRouter::Done {
+                        prompt_logprobs: None,
+                        choice: 0,
                         rid,
                         finish_reason,
                         text,

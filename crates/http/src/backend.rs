@@ -180,7 +180,8 @@ impl RouterClient {
     pub fn generate(&self, request: GenerateRequest) -> Result<Pending, ApiError> {
         // One chunk per token at most, plus the terminal reply: the channel
         // never fills while the handler keeps reading.
-        let capacity = request.max_tokens as usize + 2;
+        let choices = request.n.max(1);
+        let capacity = (request.max_tokens as usize + 2) * choices as usize;
         let (replies, receiver) = tmpsc::channel(capacity);
         let id = request.id.clone();
         self.send(Command::Generate {
@@ -192,6 +193,7 @@ impl RouterClient {
             replies: receiver,
             client: self.clone(),
             finished: false,
+            dones_left: choices,
         })
     }
 
@@ -215,6 +217,7 @@ impl RouterClient {
             replies: receiver,
             client: self.clone(),
             finished: false,
+            dones_left: 1,
         };
         match pending.next(timeout).await? {
             ClientReply::Error { code, message, .. } => {
@@ -254,16 +257,23 @@ pub struct Pending {
     replies: tmpsc::Receiver<ClientReply>,
     client: RouterClient,
     finished: bool,
+    /// `done`s still to come: one per choice.
+    dones_left: u32,
 }
 
 impl Pending {
-    /// The next reply, waiting at most `timeout` for it. After a terminal
-    /// reply (`done` or `error`) the request is finished.
+    /// The next reply, waiting at most `timeout` for it. After an `error`,
+    /// or the `done` of every choice, the request is finished.
     pub async fn next(&mut self, timeout: Duration) -> Result<ClientReply, ApiError> {
         match tokio::time::timeout(timeout, self.replies.recv()).await {
             Ok(Some(reply)) => {
-                if reply.is_terminal() {
-                    self.finished = true;
+                match &reply {
+                    ClientReply::Done { .. } => {
+                        self.dones_left = self.dones_left.saturating_sub(1);
+                        self.finished = self.dones_left == 0;
+                    }
+                    other if other.is_terminal() => self.finished = true,
+                    _ => {}
                 }
                 Ok(reply)
             }
@@ -297,7 +307,9 @@ struct IoThread {
     wake: UnixStream,
     commands: mpsc::Receiver<Command>,
     limits: Limits,
-    requests: HashMap<String, tmpsc::Sender<ClientReply>>,
+    /// Each request's replies, and how many terminal replies it still
+    /// gets (a `done` per choice; one for text requests).
+    requests: HashMap<String, (tmpsc::Sender<ClientReply>, u32)>,
     models: HashMap<String, (Instant, oneshot::Sender<Vec<ModelInfo>>)>,
     /// Questions that found no router connection, with when they arrived.
     unsent: Vec<(Instant, Unsent)>,
@@ -366,7 +378,7 @@ impl IoThread {
                 "router connection dropped; ending the requests in flight"
             );
         }
-        for (id, replies) in self.requests.drain() {
+        for (id, (replies, _)) in self.requests.drain() {
             let _ = replies.try_send(unavailable(
                 id,
                 ErrorCode::Unavailable,
@@ -445,10 +457,11 @@ impl IoThread {
         };
         match (sent, unsent) {
             (Ok(()), Unsent::Generate(request, replies)) => {
-                self.requests.insert(request.id.clone(), replies);
+                self.requests
+                    .insert(request.id.clone(), (replies, request.n.max(1)));
             }
             (Ok(()), Unsent::Text(request, replies)) => {
-                self.requests.insert(request.id().to_string(), replies);
+                self.requests.insert(request.id().to_string(), (replies, 1));
             }
             (Ok(()), Unsent::Models(id, reply)) => {
                 self.models.insert(id, (Instant::now(), reply));
@@ -478,7 +491,7 @@ impl IoThread {
                 let delivered = self
                     .requests
                     .get(id)
-                    .map(|replies| replies.try_send(reply.clone()).is_ok());
+                    .map(|(replies, _)| replies.try_send(reply.clone()).is_ok());
                 if delivered == Some(false) {
                     // The handler is gone (or stopped reading): cancel.
                     let id = id.clone();
@@ -486,12 +499,21 @@ impl IoThread {
                     let _ = self.send(&ClientRequest::Cancel { id });
                 }
             }
-            ClientReply::Done { id, .. }
-            | ClientReply::Error { id: Some(id), .. }
+            ClientReply::Done { id, .. } => {
+                // A choice ended; the request ends with the last one.
+                if let Some((replies, left)) = self.requests.get_mut(id) {
+                    *left = left.saturating_sub(1);
+                    let _ = replies.try_send(reply.clone());
+                    if *left == 0 {
+                        self.requests.remove(id);
+                    }
+                }
+            }
+            ClientReply::Error { id: Some(id), .. }
             | ClientReply::Tokenized { id, .. }
             | ClientReply::Detokenized { id, .. }
             | ClientReply::AppliedTemplate { id, .. } => {
-                if let Some(replies) = self.requests.remove(id) {
+                if let Some((replies, _)) = self.requests.remove(id) {
                     let _ = replies.try_send(reply);
                 }
             }

@@ -2,7 +2,7 @@
 //! the caller supplies the response id, the time and the replies.
 
 use serde_json::{Value, json};
-use zinfer_protocol::{ClientReply, FinishReason, TokenLogprob, ToolCall, Usage};
+use zinfer_protocol::{ClientReply, FinishReason, PromptLogprob, TokenLogprob, ToolCall, Usage};
 
 use crate::error::ApiError;
 
@@ -28,6 +28,10 @@ pub struct Meta {
     pub model: String,
     /// Whether the request asked for log probabilities.
     pub logprobs: bool,
+    /// Choices asked for (`n`).
+    pub choices: u32,
+    /// `echo` on completions: the prompt text each choice starts with.
+    pub echo: Option<String>,
 }
 
 impl Meta {
@@ -88,6 +92,8 @@ pub struct Collected {
     pub tool_calls: Vec<ToolCall>,
     /// Every token's log probabilities, when asked for.
     pub entries: Vec<TokenLogprob>,
+    /// The prompt tokens' log probabilities, with `echo` and `logprobs`.
+    pub prompt: Vec<PromptLogprob>,
 }
 
 impl Collected {
@@ -153,24 +159,49 @@ pub fn chat_logprobs(entries: &[TokenLogprob]) -> Value {
 /// token's character offset in the output, counted from `offset`, which is
 /// advanced past these tokens).
 pub fn completion_logprobs(entries: &[TokenLogprob], offset: &mut usize) -> Value {
-    let mut tokens = Vec::with_capacity(entries.len());
-    let mut token_logprobs = Vec::with_capacity(entries.len());
-    let mut top_logprobs = Vec::with_capacity(entries.len());
-    let mut text_offset = Vec::with_capacity(entries.len());
-    for entry in entries {
-        tokens.push(entry.text.clone());
-        token_logprobs.push(finite(entry.logprob));
+    completion_logprobs_echoed(&[], entries, offset)
+}
+
+/// [`completion_logprobs`] with the prompt's tokens first (`echo`): the
+/// first prompt token has `null` for its logprob and its alternatives, as
+/// OpenAI shows it.
+pub fn completion_logprobs_echoed(
+    prompt: &[PromptLogprob],
+    entries: &[TokenLogprob],
+    offset: &mut usize,
+) -> Value {
+    let count = prompt.len() + entries.len();
+    let mut tokens = Vec::with_capacity(count);
+    let mut token_logprobs = Vec::with_capacity(count);
+    let mut top_logprobs = Vec::with_capacity(count);
+    let mut text_offset = Vec::with_capacity(count);
+    let items = prompt
+        .iter()
+        .map(|p| (&p.text, p.logprob, &p.top_logprobs))
+        .chain(
+            entries
+                .iter()
+                .map(|e| (&e.text, Some(e.logprob), &e.top_logprobs)),
+        );
+    for (text, logprob, alternatives) in items {
+        tokens.push(text.clone());
+        text_offset.push(*offset);
+        *offset += text.chars().count();
+        let Some(logprob) = logprob else {
+            token_logprobs.push(Value::Null);
+            top_logprobs.push(Value::Null);
+            continue;
+        };
+        token_logprobs.push(json!(finite(logprob)));
         let mut top = serde_json::Map::new();
-        for alternative in &entry.top_logprobs {
+        for alternative in alternatives {
             // Two ids may decode to one text (U+FFFD): keep the likelier.
             top.entry(alternative.text.clone())
                 .or_insert_with(|| json!(finite(alternative.logprob)));
         }
-        top.entry(entry.text.clone())
-            .or_insert_with(|| json!(finite(entry.logprob)));
+        top.entry(text.clone())
+            .or_insert_with(|| json!(finite(logprob)));
         top_logprobs.push(Value::Object(top));
-        text_offset.push(*offset);
-        *offset += entry.text.chars().count();
     }
     json!({
         "tokens": tokens,
@@ -180,15 +211,34 @@ pub fn completion_logprobs(entries: &[TokenLogprob], offset: &mut usize) -> Valu
     })
 }
 
-/// The whole (non-streaming) response. A chat message that holds only
-/// tool calls has `content: null`, as OpenAI's does.
-pub fn full_response(meta: &Meta, out: &Collected, reason: FinishReason, used: &Usage) -> Value {
-    let choice = match meta.endpoint {
-        Endpoint::Completions => json!({
-            "index": 0, "text": out.text,
-            "logprobs": meta.logprobs.then(|| completion_logprobs(&out.entries, &mut 0)),
-            "finish_reason": finish_reason(reason),
-        }),
+/// The whole (non-streaming) response: one entry of `outs` per choice,
+/// in order. A chat message that holds only tool calls has `content:
+/// null`, as OpenAI's does. `used` counts the prompt once and every
+/// choice's output.
+pub fn full_response(meta: &Meta, outs: &[(Collected, FinishReason)], used: &Usage) -> Value {
+    let choices: Vec<Value> = outs
+        .iter()
+        .enumerate()
+        .map(|(index, (out, reason))| full_choice(meta, index, out, *reason))
+        .collect();
+    let mut body = meta.envelope(false, Value::Array(choices));
+    body["usage"] = usage(used);
+    body
+}
+
+fn full_choice(meta: &Meta, index: usize, out: &Collected, reason: FinishReason) -> Value {
+    match meta.endpoint {
+        Endpoint::Completions => {
+            let echo = meta.echo.as_deref().unwrap_or_default();
+            let logprobs = meta
+                .logprobs
+                .then(|| completion_logprobs_echoed(&out.prompt, &out.entries, &mut 0));
+            json!({
+                "index": index, "text": format!("{echo}{}", out.text),
+                "logprobs": logprobs,
+                "finish_reason": finish_reason(reason),
+            })
+        }
         Endpoint::Chat => {
             let mut message = json!({"role": "assistant", "content": out.text});
             if !out.tool_calls.is_empty() {
@@ -201,16 +251,23 @@ pub fn full_response(meta: &Meta, out: &Collected, reason: FinishReason, used: &
                 message["reasoning_content"] = json!(out.reasoning);
             }
             json!({
-                "index": 0,
+                "index": index,
                 "message": message,
                 "logprobs": meta.logprobs.then(|| chat_logprobs(&out.entries)),
                 "finish_reason": finish_reason(reason),
             })
         }
-    };
-    let mut body = meta.envelope(false, json!([choice]));
-    body["usage"] = usage(used);
-    body
+    }
+}
+
+/// The usage of a request of several choices: the prompt once (as choice
+/// 0's `done` counts it), every choice's output.
+pub fn add_usage(total: &mut Usage, choice: u32, used: &Usage) {
+    if choice == 0 {
+        total.prompt_tokens = used.prompt_tokens;
+        total.cached_tokens = used.cached_tokens;
+    }
+    total.completion_tokens += used.completion_tokens;
 }
 
 /// Turns the replies of one streamed request into SSE `data:` payloads:
@@ -220,12 +277,18 @@ pub fn full_response(meta: &Meta, out: &Collected, reason: FinishReason, used: &
 pub struct StreamEncoder {
     meta: Meta,
     include_usage: bool,
-    sent_role: bool,
     finished: bool,
-    /// Characters of output so far, for completions' `text_offset`.
-    text_offset: usize,
-    /// Tool calls streamed so far: the next one's `index`.
-    tool_calls: usize,
+    /// Per choice: whether its first chunk (with the role) went out.
+    sent_role: Vec<bool>,
+    /// Per choice: characters of output so far, for completions'
+    /// `text_offset`.
+    text_offset: Vec<usize>,
+    /// Per choice: tool calls streamed so far, the next one's `index`.
+    tool_calls: Vec<usize>,
+    /// Choices not ended yet.
+    dones_left: u32,
+    /// Usage of the choices ended so far.
+    used: Usage,
 }
 
 /// One reply's output as a stream delta shows it.
@@ -247,13 +310,16 @@ pub const DONE: &str = "[DONE]";
 impl StreamEncoder {
     /// An encoder for one request.
     pub fn new(meta: Meta, include_usage: bool) -> Self {
+        let n = meta.choices.max(1) as usize;
         StreamEncoder {
+            dones_left: n as u32,
             meta,
             include_usage,
-            sent_role: false,
             finished: false,
-            text_offset: 0,
-            tool_calls: 0,
+            sent_role: vec![false; n],
+            text_offset: vec![0; n],
+            tool_calls: vec![0; n],
+            used: Usage::default(),
         }
     }
 
@@ -266,6 +332,7 @@ impl StreamEncoder {
     /// when the request asked for them and this is not the finishing chunk.
     fn chunk(
         &mut self,
+        choice: usize,
         output: Option<Streamed<'_>>,
         role: bool,
         reason: Option<FinishReason>,
@@ -276,8 +343,8 @@ impl StreamEncoder {
         let reason = reason.map(finish_reason);
         let choice = match self.meta.endpoint {
             Endpoint::Completions => json!({
-                "index": 0, "text": delta_text.unwrap_or(""),
-                "logprobs": with_logprobs.then(|| completion_logprobs(entries, &mut self.text_offset)),
+                "index": choice, "text": delta_text.unwrap_or(""),
+                "logprobs": with_logprobs.then(|| completion_logprobs(entries, &mut self.text_offset[choice])),
                 "finish_reason": reason,
             }),
             Endpoint::Chat => {
@@ -297,14 +364,14 @@ impl StreamEncoder {
                             .calls
                             .iter()
                             .enumerate()
-                            .map(|(i, c)| tool_call(c, Some(self.tool_calls + i)))
+                            .map(|(i, c)| tool_call(c, Some(self.tool_calls[choice] + i)))
                             .collect();
-                        self.tool_calls += calls.len();
+                        self.tool_calls[choice] += calls.len();
                         delta["tool_calls"] = Value::Array(calls);
                     }
                 }
                 let logprobs = with_logprobs.then(|| chat_logprobs(entries));
-                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
+                json!({"index": choice, "delta": delta, "logprobs": logprobs, "finish_reason": reason})
             }
         };
         let mut body = self.meta.envelope(true, json!([choice]));
@@ -327,9 +394,13 @@ impl StreamEncoder {
                 logprobs,
                 reasoning,
                 tool_calls,
+                choice,
                 ..
             } => {
-                let role = self.meta.endpoint == Endpoint::Chat && !self.sent_role;
+                let Some(choice) = self.choice(choice) else {
+                    return out;
+                };
+                let role = self.meta.endpoint == Endpoint::Chat && !self.sent_role[choice];
                 let entries = logprobs.unwrap_or_default();
                 let delta = Streamed {
                     text: &text,
@@ -337,8 +408,11 @@ impl StreamEncoder {
                     calls: &tool_calls,
                 };
                 if role || !delta.is_empty() || !entries.is_empty() {
-                    out.push(self.chunk(Some(delta), role, None, &entries).to_string());
-                    self.sent_role = true;
+                    out.push(
+                        self.chunk(choice, Some(delta), role, None, &entries)
+                            .to_string(),
+                    );
+                    self.sent_role[choice] = true;
                 }
             }
             ClientReply::Done {
@@ -348,9 +422,13 @@ impl StreamEncoder {
                 logprobs,
                 reasoning,
                 tool_calls,
+                choice,
                 ..
             } => {
-                let role = self.meta.endpoint == Endpoint::Chat && !self.sent_role;
+                let Some(index) = self.choice(choice) else {
+                    return out;
+                };
+                let role = self.meta.endpoint == Endpoint::Chat && !self.sent_role[index];
                 let entries = logprobs.unwrap_or_default();
                 let (text, reasoning) = (text.unwrap_or_default(), reasoning.unwrap_or_default());
                 let calls = tool_calls.unwrap_or_default();
@@ -360,15 +438,23 @@ impl StreamEncoder {
                     calls: &calls,
                 };
                 if role || !delta.is_empty() || !entries.is_empty() {
-                    out.push(self.chunk(Some(delta), role, None, &entries).to_string());
+                    out.push(
+                        self.chunk(index, Some(delta), role, None, &entries)
+                            .to_string(),
+                    );
                 }
                 out.push(
-                    self.chunk(None, false, Some(finish_reason), &[])
+                    self.chunk(index, None, false, Some(finish_reason), &[])
                         .to_string(),
                 );
+                add_usage(&mut self.used, choice, &used);
+                self.dones_left = self.dones_left.saturating_sub(1);
+                if self.dones_left > 0 {
+                    return out;
+                }
                 if self.include_usage {
                     let mut body = self.meta.envelope(true, json!([]));
-                    body["usage"] = usage(&used);
+                    body["usage"] = usage(&self.used);
                     out.push(body.to_string());
                 }
                 out.push(DONE.to_string());
@@ -390,6 +476,13 @@ impl StreamEncoder {
             | ClientReply::AppliedTemplate { .. } => {}
         }
         out
+    }
+
+    /// The index of a choice this request asked for; a reply naming
+    /// another is dropped.
+    fn choice(&self, choice: u32) -> Option<usize> {
+        let index = choice as usize;
+        (index < self.sent_role.len()).then_some(index)
     }
 
     /// The payloads for a failure of the front itself mid-stream.
@@ -414,6 +507,8 @@ mod tests {
             created: 1_700_000_000,
             model: "smol".into(),
             logprobs: false,
+            choices: 1,
+            echo: None,
         }
     }
 
@@ -449,6 +544,7 @@ mod tests {
             logprobs: Some(entries),
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            choice: 0,
         }
     }
 
@@ -469,6 +565,7 @@ mod tests {
             logprobs: None,
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            choice: 0,
         }
     }
 
@@ -487,6 +584,8 @@ mod tests {
             logprobs: None,
             reasoning: None,
             tool_calls: None,
+            choice: 0,
+            prompt_logprobs: None,
         }
     }
 
@@ -552,6 +651,7 @@ mod tests {
             logprobs: None,
             reasoning: "Paris?".into(),
             tool_calls: Vec::new(),
+            choice: 0,
         });
         for (index, c) in [call("a", "f", "{\"x\":1}"), call("b", "g", "{}")]
             .into_iter()
@@ -565,6 +665,7 @@ mod tests {
                 logprobs: None,
                 reasoning: String::new(),
                 tool_calls: vec![c],
+                choice: 0,
             }));
         }
         let ClientReply::Done {
@@ -587,6 +688,8 @@ mod tests {
             logprobs: None,
             reasoning: None,
             tool_calls: None,
+            choice: 0,
+            prompt_logprobs: None,
         }));
         let events = parse(&payloads);
         assert_eq!(events.len(), 4, "{events:?}");
@@ -609,11 +712,11 @@ mod tests {
             reasoning: "think".into(),
             tool_calls: vec![call("a", "f", "{}")],
             entries: Vec::new(),
+            prompt: Vec::new(),
         };
         let body = full_response(
             &meta(Endpoint::Chat),
-            &out,
-            FinishReason::ToolCalls,
+            &[(out, FinishReason::ToolCalls)],
             &Usage::default(),
         );
         let message = &body["choices"][0]["message"];
@@ -663,8 +766,7 @@ mod tests {
         };
         let body = full_response(
             &meta(Endpoint::Chat),
-            &collected("Paris", Vec::new()),
-            FinishReason::Stop,
+            &[(collected("Paris", Vec::new()), FinishReason::Stop)],
             &used,
         );
         assert!(body["choices"][0]["logprobs"].is_null());
@@ -675,8 +777,7 @@ mod tests {
         assert_eq!(body["usage"]["total_tokens"], 4);
         let body = full_response(
             &meta(Endpoint::Completions),
-            &collected("x", Vec::new()),
-            FinishReason::Length,
+            &[(collected("x", Vec::new()), FinishReason::Length)],
             &used,
         );
         assert!(body["choices"][0]["logprobs"].is_null());
@@ -694,8 +795,7 @@ mod tests {
         ];
         let body = full_response(
             &with_logprobs(Endpoint::Chat),
-            &collected("Par\u{e9}", entries.clone()),
-            FinishReason::Stop,
+            &[(collected("Par\u{e9}", entries.clone()), FinishReason::Stop)],
             &used,
         );
         let content = &body["choices"][0]["logprobs"]["content"];
@@ -751,8 +851,10 @@ mod tests {
         ];
         let body = full_response(
             &with_logprobs(Endpoint::Completions),
-            &collected(" red, green", entries.clone()),
-            FinishReason::Length,
+            &[(
+                collected(" red, green", entries.clone()),
+                FinishReason::Length,
+            )],
             &used,
         );
         let logprobs = &body["choices"][0]["logprobs"];

@@ -16,11 +16,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
-use zinfer_protocol::{ClientReply, Limits, TextRequest};
+use zinfer_protocol::{ClientReply, FinishReason, Limits, TextRequest, Usage};
 
 use crate::backend::{Pending, RouterClient};
 use crate::error::ApiError;
-use crate::respond::{Collected, Endpoint, Meta, StreamEncoder, full_response};
+use crate::respond::{Collected, Endpoint, Meta, StreamEncoder, add_usage, full_response};
 use crate::text;
 use crate::translate::{self, Context};
 
@@ -195,6 +195,7 @@ async fn generate(state: AppState, endpoint: Endpoint, body: Bytes) -> Result<Re
     };
     let model = translated.request.model.clone();
     let logprobs = translated.request.logprobs;
+    let choices = translated.request.n.max(1);
     let mut pending = state.client.generate(translated.request)?;
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
@@ -206,6 +207,8 @@ async fn generate(state: AppState, endpoint: Endpoint, body: Bytes) -> Result<Re
         created: now_unix(),
         model: translated.model,
         logprobs,
+        choices,
+        echo: translated.echo,
     };
     let timeout = state.reply_timeout;
     let first = pending.next(timeout).await?;
@@ -240,7 +243,7 @@ async fn generate(state: AppState, endpoint: Endpoint, body: Bytes) -> Result<Re
         .into_response())
 }
 
-/// Collects a request's chunks into one response body.
+/// Collects a request's chunks, every choice's, into one response body.
 async fn whole(
     mut pending: Pending,
     first: ClientReply,
@@ -248,7 +251,12 @@ async fn whole(
     timeout: Duration,
     model: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let mut out = Collected::default();
+    let n = meta.choices.max(1) as usize;
+    let mut outs: Vec<(Collected, FinishReason)> = (0..n)
+        .map(|_| (Collected::default(), FinishReason::Stop))
+        .collect();
+    let mut used = Usage::default();
+    let mut left = n;
     let mut reply = first;
     loop {
         match reply {
@@ -257,8 +265,13 @@ async fn whole(
                 logprobs,
                 reasoning,
                 tool_calls,
+                choice,
                 ..
-            } => out.add(&text, &reasoning, tool_calls, logprobs),
+            } => {
+                if let Some((out, _)) = outs.get_mut(choice as usize) {
+                    out.add(&text, &reasoning, tool_calls, logprobs);
+                }
+            }
             ClientReply::Done {
                 finish_reason,
                 usage,
@@ -266,16 +279,32 @@ async fn whole(
                 logprobs,
                 reasoning,
                 tool_calls,
+                choice,
+                prompt_logprobs,
                 ..
             } => {
-                out.add(
-                    &text.unwrap_or_default(),
-                    &reasoning.unwrap_or_default(),
-                    tool_calls.unwrap_or_default(),
-                    logprobs,
-                );
-                let body = full_response(meta, &out, finish_reason, &usage);
-                return Ok(axum::Json(body).into_response());
+                // The prompt's entries come once, on choice 0's done; every
+                // echoed choice shows them.
+                if let Some(prompt) = prompt_logprobs {
+                    for (out, _) in outs.iter_mut() {
+                        out.prompt.clone_from(&prompt);
+                    }
+                }
+                if let Some((out, reason)) = outs.get_mut(choice as usize) {
+                    out.add(
+                        &text.unwrap_or_default(),
+                        &reasoning.unwrap_or_default(),
+                        tool_calls.unwrap_or_default(),
+                        logprobs,
+                    );
+                    *reason = finish_reason;
+                    add_usage(&mut used, choice, &usage);
+                    left -= 1;
+                }
+                if left == 0 {
+                    let body = full_response(meta, &outs, &used);
+                    return Ok(axum::Json(body).into_response());
+                }
             }
             ClientReply::Error { code, message, .. } => {
                 return Err(ApiError::from_router(code, message, model));

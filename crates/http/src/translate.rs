@@ -107,6 +107,8 @@ pub struct Translated {
     pub include_usage: bool,
     /// The model name echoed in responses.
     pub model: String,
+    /// `echo` on completions: the prompt text the output starts with.
+    pub echo: Option<String>,
 }
 
 /// The JSON object of a request body.
@@ -204,7 +206,7 @@ pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError
         .get::<u32>("max_tokens")?
         .unwrap_or(COMPLETION_DEFAULT_MAX_TOKENS);
     body.only_default::<u32>("best_of", |n| *n == 1, "only best_of 1 is served")?;
-    body.only_default::<bool>("echo", |e| !e, "the prompt is not echoed")?;
+    let echo = body.get::<bool>("echo")?.unwrap_or(false);
     body.only_default::<String>("suffix", String::is_empty, "no insertion mode")?;
     // Legacy completions: `logprobs: n` asks for the n most likely tokens
     // at each position, besides the chosen one (0: only the chosen one).
@@ -221,7 +223,29 @@ pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError
         request.logprobs = true;
         request.top_logprobs = top;
     }
-    finish(body, request, ctx)
+    let mut echoed = None;
+    if echo {
+        let Some(prompt) = request.prompt.clone() else {
+            return Err(ApiError::unsupported(
+                "echo",
+                "\"echo\" needs a text prompt; send the prompt as a string",
+            ));
+        };
+        if body.get::<bool>("stream")?.unwrap_or(false) {
+            return Err(ApiError::unsupported(
+                "echo",
+                "\"echo\" is served without \"stream\" only",
+            ));
+        }
+        // With `logprobs`, the prompt's tokens get theirs too.
+        if request.logprobs {
+            request.prompt_logprobs = Some(request.top_logprobs);
+        }
+        echoed = Some(prompt);
+    }
+    let mut translated = finish(body, request, ctx)?;
+    translated.echo = echoed;
+    Ok(translated)
 }
 
 /// Translates a `/v1/chat/completions` body.
@@ -371,7 +395,9 @@ fn finish(
     };
     request.stop_token_ids = body.get("stop_token_ids")?.unwrap_or_default();
     request.ignore_eos = body.get("ignore_eos")?.unwrap_or(false);
-    body.only_default::<u32>("n", |n| *n == 1, "only one choice per request is served")?;
+    if let Some(n) = body.get::<u32>("n")? {
+        request.n = n;
+    }
     if let Some(p) = body.get::<f32>("presence_penalty")? {
         request.presence_penalty = p;
     }
@@ -407,6 +433,7 @@ fn finish(
     request.stream = true;
     request.validate(ctx.limits).map_err(decode_error)?;
     Ok(Translated {
+        echo: None,
         request,
         stream,
         include_usage,
@@ -691,7 +718,7 @@ mod tests {
     fn unsupported_and_unknown_fields_are_400_naming_the_field() {
         let user = serde_json::json!([{"role": "user", "content": "x"}]);
         for (field, value) in [
-            ("n", serde_json::json!(2)),
+            ("n", serde_json::json!(17)),
             ("tools", serde_json::json!([{"type": "function"}])),
             ("tool_choice", serde_json::json!("required")),
             ("functions", serde_json::json!([{"name": "f"}])),
@@ -951,7 +978,15 @@ mod tests {
             let error = completion_err(serde_json::json!({"prompt": prompt}));
             assert_eq!(param(&error).as_deref(), Some(field), "{error}");
         }
-        let error = completion_err(serde_json::json!({"prompt": "x", "echo": true}));
+        let t = completion_ok(serde_json::json!({"prompt": "x", "echo": true, "logprobs": 2}));
+        assert_eq!(t.echo.as_deref(), Some("x"));
+        assert_eq!(t.request.prompt_logprobs, Some(2));
+        let t = completion_ok(serde_json::json!({"prompt": "x", "echo": true}));
+        assert_eq!(t.request.prompt_logprobs, None);
+        let error = completion_err(serde_json::json!({"prompt": [1, 2], "echo": true}));
+        assert_eq!(param(&error).as_deref(), Some("echo"));
+        let error =
+            completion_err(serde_json::json!({"prompt": "x", "echo": true, "stream": true}));
         assert_eq!(param(&error).as_deref(), Some("echo"));
         let error = completion_err(serde_json::json!({"prompt": "x", "messages": []}));
         assert_eq!(param(&error).as_deref(), Some("messages"));

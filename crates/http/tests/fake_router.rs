@@ -77,6 +77,7 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                         logprobs: None,
                         reasoning: String::new(),
                         tool_calls: Vec::new(),
+                        choice: 0,
                     };
                     send(chunk(0, "Hel"));
                     if request.prompt.as_deref() == Some("hang") {
@@ -97,6 +98,8 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                         logprobs: None,
                         reasoning: None,
                         tool_calls: None,
+                        choice: 0,
+                        prompt_logprobs: None,
                     });
                 }
                 ClientRequest::Cancel { id } => {

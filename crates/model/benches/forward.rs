@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use zinfer_fetch::test_model_path;
-use zinfer_model::{LoadOptions, SeqChunk, load};
+use zinfer_model::{ChunkOutput, LoadOptions, SeqChunk, load};
 
 const PROMPT: &str = "The history of the city goes back many centuries, and its streets \
     still show the marks of every age that passed through them. ";
@@ -115,6 +115,7 @@ fn main() {
             tokens: &prompt,
             slots: &slots[..512],
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         }];
         prefill.push(timed(|| {
             model.forward(&chunk).unwrap();
@@ -130,6 +131,7 @@ fn main() {
             tokens: &prompt[..start],
             slots: &slots[..start],
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         }];
         let mut logits = model.forward(&first).unwrap();
         single.push(timed(|| {
@@ -139,6 +141,7 @@ fn main() {
                     tokens: &tok,
                     slots: &slots[..=pos],
                     start_pos: pos,
+                    output: ChunkOutput::LastLogits,
                 }];
                 logits = model.forward(&chunk).unwrap();
             }
@@ -164,6 +167,7 @@ fn main() {
                 tokens: &prompt[s * 8..s * 8 + prompt_len],
                 slots: &seq_slots[s][..prompt_len],
                 start_pos: 0,
+                output: ChunkOutput::LastLogits,
             })
             .collect();
         let mut logits = model.forward(&chunks).unwrap();
@@ -175,6 +179,7 @@ fn main() {
                         tokens: &toks[s],
                         slots: &seq_slots[s][..=pos],
                         start_pos: pos,
+                        output: ChunkOutput::LastLogits,
                     })
                     .collect();
                 logits = model.forward(&chunks).unwrap();

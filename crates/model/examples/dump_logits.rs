@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run -p zinfer-model --example dump_logits -- MODEL.gguf PROMPTS.txt \
-//!     [--threads N] [--top-k K] [--chunk C] > out.jsonl
+//!     [--threads N] [--top-k K] [--chunk C] [--all-logits] > out.jsonl
 //! ```
 //!
 //! PROMPTS.txt holds one prompt per line, token ids separated by spaces (no
@@ -17,24 +17,25 @@
 //! f64 over the whole vocabulary: the lines `scripts/llamacpp-reference/dump_logits.cpp`
 //! writes for llama.cpp. The model runs on the CPU with an f32 K/V pool.
 //!
-//! [`zinfer_model::ForwardModel::forward`] returns the logits of the last
-//! token of each chunk only, so every position takes its own step. With
-//! `--chunk 1` (the default) those are the engine's decode steps: position
-//! `i` is one token on top of `i` cached ones. With `--chunk C` the prompt
-//! goes in blocks of C positions; position `i` of the block starting at `j`
-//! is a prefill chunk `j..=i` on top of `j` cached positions, so the
-//! prefill path (chunks of 1 to C tokens) produces every logit instead.
+//! By default every position takes its own step, asking for the logits of
+//! its chunk's last token ([`ChunkOutput::LastLogits`], what sampling
+//! uses). With `--chunk 1` (the default) those are the engine's decode
+//! steps: position `i` is one token on top of `i` cached ones. With
+//! `--chunk C` the prompt goes in blocks of C positions; position `i` of
+//! the block starting at `j` is a prefill chunk `j..=i` on top of `j`
+//! cached positions, so the prefill path (chunks of 1 to C tokens) produces
+//! every logit instead. `--all-logits` runs each block as ONE chunk asking
+//! for every row's logits ([`ChunkOutput::AllLogits`], prompt logprobs).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use zinfer_model::{LoadOptions, SeqChunk, load};
+use zinfer_model::{ChunkOutput, LoadOptions, SeqChunk, load};
 
 /// Errors are reported, not handled: a boxed error is enough here.
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-const USAGE: &str =
-    "usage: dump_logits MODEL.gguf PROMPTS.txt [--threads N] [--top-k K] [--chunk C]";
+const USAGE: &str = "usage: dump_logits MODEL.gguf PROMPTS.txt [--threads N] [--top-k K] [--chunk C] [--all-logits]";
 
 struct Args {
     model: PathBuf,
@@ -42,11 +43,13 @@ struct Args {
     threads: usize,
     top_k: usize,
     chunk: usize,
+    all_logits: bool,
 }
 
 fn parse_args() -> Result<Args> {
     let mut positional = Vec::new();
     let (mut threads, mut top_k, mut chunk) = (1, 8, 1);
+    let mut all_logits = false;
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let target = match arg.as_str() {
@@ -57,6 +60,10 @@ fn parse_args() -> Result<Args> {
             "--threads" => &mut threads,
             "--top-k" => &mut top_k,
             "--chunk" => &mut chunk,
+            "--all-logits" => {
+                all_logits = true;
+                continue;
+            }
             flag if flag.starts_with("--") => return Err(format!("unknown flag {flag}").into()),
             _ => {
                 positional.push(PathBuf::from(arg));
@@ -77,6 +84,7 @@ fn parse_args() -> Result<Args> {
         threads,
         top_k,
         chunk,
+        all_logits,
     })
 }
 
@@ -156,20 +164,45 @@ fn run() -> Result<()> {
         return Err(format!("token id {id} is outside the vocabulary of {vocab}").into());
     }
     eprintln!(
-        "dump_logits: zinfer, {}, vocab {vocab}, {} thread(s), chunk {}",
+        "dump_logits: zinfer, {}, vocab {vocab}, {} thread(s), chunk {}{}",
         args.model.display(),
         args.threads,
-        args.chunk
+        args.chunk,
+        if args.all_logits { ", all logits" } else { "" }
     );
     let slots: Vec<u32> = (0..longest as u32).collect();
     let mut out = String::new();
     for (p, ids) in prompts.iter().enumerate() {
         for block in (0..ids.len()).step_by(args.chunk) {
-            for pos in block..(block + args.chunk).min(ids.len()) {
+            let end = (block + args.chunk).min(ids.len());
+            if args.all_logits {
+                let rows = model.forward(&[SeqChunk {
+                    tokens: &ids[block..end],
+                    slots: &slots[..end],
+                    start_pos: block,
+                    output: ChunkOutput::AllLogits,
+                }])?;
+                let rows = rows.first().ok_or("the model returned no logits")?;
+                if rows.len() != (end - block) * vocab {
+                    return Err(format!(
+                        "{} logits for {} rows, expected {vocab} per row",
+                        rows.len(),
+                        end - block
+                    )
+                    .into());
+                }
+                for (pos, row) in (block..end).zip(rows.chunks_exact(vocab)) {
+                    out.push_str(&position_line(p, pos, row, args.top_k)?);
+                    out.push('\n');
+                }
+                continue;
+            }
+            for pos in block..end {
                 let logits = model.forward(&[SeqChunk {
                     tokens: &ids[block..=pos],
                     slots: &slots[..=pos],
                     start_pos: block,
+                    output: ChunkOutput::LastLogits,
                 }])?;
                 let last = logits.first().ok_or("the model returned no logits")?;
                 if last.len() != vocab {

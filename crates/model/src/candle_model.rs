@@ -9,8 +9,10 @@
 //! `index_select` of each sequence's slots. Attention batches every decode
 //! row of a step into one padded, masked product and runs each prefill chunk
 //! as one causal block (with a sliding window, the mask also hides keys
-//! before it). Only the last row of each chunk goes through the LM head,
-//! and only those logits are copied back to the host.
+//! before it). Only the rows the chunks ask for ([`crate::ChunkOutput`]:
+//! the last row of each, unless a chunk wants all its rows' logits or
+//! final hidden states) go through the final norm and, for logits, the LM
+//! head, and only those outputs are copied back to the host.
 //!
 //! It runs on candle's CPU device too, which is how it is tested on machines
 //! without a GPU (the CPU build serves with [`super::CpuModel`], which is faster
@@ -22,7 +24,7 @@ use std::sync::Arc;
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
 
-use super::cpu::StepPlan;
+use super::cpu::{OutputRows, StepPlan, split_outputs};
 use super::gguf::{self, GgufFile, check_dims, check_len};
 use super::spec::{Activation, ModelSpec, RopeStyle};
 use super::weights::{self, GateUp, Naming, Qkv, TensorSource, Weights};
@@ -467,20 +469,74 @@ impl ForwardModel for CandleModel {
             }
             x = (x + out)?;
         }
-        let last: Vec<u32> = plan.last_rows.iter().map(|&r| r as u32).collect();
-        let last = x.index_select(&Tensor::new(last.as_slice(), dev)?, 0)?;
-        let normed = rms_norm(&last, &self.w.output_norm, eps)?;
-        let mut logits = self.w.output.forward(&normed)?.to_dtype(DType::F32)?;
-        if let Some(cap) = spec.final_softcap {
-            logits = ((logits / f64::from(cap))?.tanh()? * f64::from(cap))?;
+        // The rows each chunk asks for go through the final norm: first
+        // those the LM head takes, in batch order, then the hidden ones (as
+        // on the CPU backend). A batch of `LastLogits` chunks selects its
+        // last rows and nothing else, and copies back only their logits.
+        let head_rows = OutputRows::Head.count(batch);
+        let hidden_rows = OutputRows::Hidden.count(batch);
+        let mut picked: Vec<u32> = Vec::with_capacity(head_rows + hidden_rows);
+        for which in [OutputRows::Head, OutputRows::Hidden] {
+            for (c, &last) in batch.iter().zip(&plan.last_rows) {
+                if let Some(rows) = which.rows(c, last) {
+                    picked.extend(rows.map(|r| r as u32));
+                }
+            }
         }
-        let logits = logits.to_device(&Device::Cpu)?;
-        debug_assert_eq!(logits.dim(D::Minus1)?, spec.vocab);
-        Ok(logits.to_vec2::<f32>()?)
+        let picked = x.index_select(&Tensor::new(picked.as_slice(), dev)?, 0)?;
+        let normed = rms_norm(&picked, &self.w.output_norm, eps)?;
+        let logits = if head_rows == 0 {
+            None
+        } else {
+            let head_in = if hidden_rows == 0 {
+                normed.clone()
+            } else {
+                normed.narrow(0, 0, head_rows)?
+            };
+            let mut logits = self.w.output.forward(&head_in)?.to_dtype(DType::F32)?;
+            if let Some(cap) = spec.final_softcap {
+                logits = ((logits / f64::from(cap))?.tanh()? * f64::from(cap))?;
+            }
+            let logits = logits.to_device(&Device::Cpu)?;
+            debug_assert_eq!(logits.dim(D::Minus1)?, spec.vocab);
+            Some(logits)
+        };
+        match logits {
+            // One row of logits per chunk: every chunk's output is its row.
+            Some(logits) if hidden_rows == 0 && head_rows == batch.len() => {
+                Ok(logits.to_vec2::<f32>()?)
+            }
+            logits => {
+                let logits = match logits {
+                    Some(l) => l.flatten_all()?.to_vec1::<f32>()?,
+                    None => Vec::new(),
+                };
+                let hidden = if hidden_rows == 0 {
+                    Vec::new()
+                } else {
+                    normed
+                        .narrow(0, head_rows, hidden_rows)?
+                        .to_device(&Device::Cpu)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?
+                };
+                Ok(split_outputs(
+                    batch,
+                    &logits,
+                    &hidden,
+                    spec.vocab,
+                    spec.hidden,
+                ))
+            }
+        }
     }
 
     fn vocab_size(&self) -> usize {
         self.spec.vocab
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.spec.hidden
     }
 
     fn kv_capacity(&self) -> usize {

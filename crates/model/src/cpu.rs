@@ -365,7 +365,13 @@ impl ForwardModel for CpuModel {
         if let Some(cap) = spec.final_softcap {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }
-        Ok(split_outputs(batch, &logits, &normed[head_rows * hidden..], vocab, hidden))
+        Ok(split_outputs(
+            batch,
+            &logits,
+            &normed[head_rows * hidden..],
+            vocab,
+            hidden,
+        ))
     }
 
     fn vocab_size(&self) -> usize {
@@ -435,17 +441,12 @@ impl OutputRows {
         }
     }
 
-    /// How many rows of this kind `batch` asks for.
+    /// How many rows of this kind `batch` (checked: no empty chunk) asks for.
     pub(crate) fn count(self, batch: &[SeqChunk<'_>]) -> usize {
         batch
             .iter()
-            .map(|c| match (self, c.output) {
-                (Self::Head, ChunkOutput::LastLogits) => 1,
-                (Self::Head, ChunkOutput::AllLogits) | (Self::Hidden, ChunkOutput::AllHidden) => {
-                    c.tokens.len()
-                }
-                _ => 0,
-            })
+            .filter_map(|c| self.rows(c, c.tokens.len().saturating_sub(1)))
+            .map(|rows| rows.len())
             .sum()
     }
 }
@@ -461,7 +462,7 @@ pub(crate) fn split_outputs(
     hidden_size: usize,
 ) -> Vec<Vec<f32>> {
     let (mut at_logits, mut at_hidden) = (0, 0);
-    let mut take = |from: &[f32], at: &mut usize, len: usize| {
+    let take = |from: &[f32], at: &mut usize, len: usize| {
         let out = from[*at..*at + len].to_vec();
         *at += len;
         out

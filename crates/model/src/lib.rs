@@ -53,7 +53,8 @@ pub enum ChunkOutput {
     /// The logits after every token of the chunk (prompt logprobs, `echo`):
     /// `tokens.len() * vocab_size()` values, row-major, row `i` the logits
     /// after `tokens[i]`, i.e. the distribution of the token at position
-    /// `start_pos + i + 1`.
+    /// `start_pos + i + 1`. The step holds them all at once (4 bytes per
+    /// token and vocabulary entry), so such chunks are best kept short.
     AllLogits,
     /// The final hidden state of every token of the chunk (embeddings):
     /// after the output norm, before the LM head (llama.cpp's `result_norm`,

@@ -160,7 +160,8 @@ fn qwen25_renders_tools_itself() {
 
 /// What the worker reads to know where the output starts: Qwen3 with
 /// `enable_thinking: false` closes an empty block in the prompt itself;
-/// the R1 distills leave one open, so their output starts as reasoning.
+/// the R1 distills and QwQ with thinking on leave one open, so their
+/// output starts as reasoning.
 #[test]
 fn thinking_prompts_end_as_the_worker_expects() {
     let messages = [ChatMessage::new("user", "Hi")];
@@ -181,8 +182,24 @@ fn thinking_prompts_end_as_the_worker_expects() {
         thinking.ends_with("<|im_start|>assistant\n"),
         "{thinking:?}"
     );
-    let r1 = template("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B")
-        .render_request(&TemplateInput::new(&messages))
-        .unwrap();
-    assert!(r1.trim_end().ends_with("<think>"), "{r1:?}");
+    // llama.cpp's copies of the R1 and QwQ templates open the block and
+    // close it at once unless `enable_thinking` is set.
+    let mut on = serde_json::Map::new();
+    on.insert("enable_thinking".into(), json!(true));
+    for name in ["deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "Qwen-QwQ-32B"] {
+        let open = template(name)
+            .render_request(&TemplateInput {
+                variables: Some(&on),
+                ..TemplateInput::new(&messages)
+            })
+            .unwrap();
+        assert!(open.trim_end().ends_with("<think>"), "{name}: {open:?}");
+        let closed = template(name)
+            .render_request(&TemplateInput::new(&messages))
+            .unwrap();
+        assert!(
+            closed.trim_end().ends_with("</think>"),
+            "{name}: {closed:?}"
+        );
+    }
 }

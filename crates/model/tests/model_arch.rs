@@ -15,10 +15,12 @@ use candle_transformers::models::{
 };
 use zinfer_fetch::test_model_path;
 use zinfer_model::synthetic::{SynthShape, SynthSpec, generate, tiny_presets};
-use zinfer_model::{ForwardModel, LoadOptions, LoadedModel, SeqChunk, load, load_candle};
+use zinfer_model::{
+    ChunkOutput, ForwardModel, LoadOptions, LoadedModel, SeqChunk, load, load_candle,
+};
 
 mod support;
-use support::max_abs_diff;
+use support::{check_all_rows_match_stepwise, max_abs_diff};
 
 /// One backend against itself under another batch layout.
 const SAME_WEIGHTS_TOL: f32 = 1e-5;
@@ -89,6 +91,7 @@ fn one_shot(m: &mut dyn ForwardModel, ids: &[u32]) -> Vec<f32> {
         tokens: ids,
         slots: &slots,
         start_pos: 0,
+        output: ChunkOutput::LastLogits,
     }])
     .unwrap()
     .remove(0)
@@ -189,6 +192,7 @@ fn chunks_batches_and_cached_prefixes_match_one_shot_across_windows() {
                         tokens: &prompt[start..end],
                         slots: &slots[..end],
                         start_pos: start,
+                        output: ChunkOutput::LastLogits,
                     }])
                     .unwrap()
                     .remove(0);
@@ -216,11 +220,13 @@ fn chunks_batches_and_cached_prefixes_match_one_shot_across_windows() {
                         tokens: &other[19..],
                         slots: &other_slots,
                         start_pos: 19,
+                        output: ChunkOutput::LastLogits,
                     },
                     SeqChunk {
                         tokens: &prompt[30..],
                         slots: &cached,
                         start_pos: 30,
+                        output: ChunkOutput::LastLogits,
                     },
                 ])
                 .unwrap();
@@ -233,12 +239,35 @@ fn chunks_batches_and_cached_prefixes_match_one_shot_across_windows() {
     }
 }
 
+/// Every architecture, both backends: each row of a prefill chunk longer
+/// than three sliding windows, asked for `AllLogits` or `AllHidden`, is
+/// what one position per step gives, alone and batched with the other
+/// kinds of output.
+#[test]
+fn every_row_of_a_chunk_matches_one_position_per_step_across_windows() {
+    for preset in tiny_presets() {
+        let path = f32_file(preset);
+        for (backend, mut m) in both_backends(&path) {
+            let vocab = m.model.vocab_size();
+            let prompt = ids(3 * 16 + 9, vocab, 7);
+            check_all_rows_match_stepwise(
+                m.model.as_mut(),
+                &prompt,
+                0,
+                SAME_WEIGHTS_TOL,
+                &format!("{preset} {backend}"),
+            );
+        }
+    }
+}
+
 /// Runs `tokens` in `slots` from position 0 and discards the logits.
 fn one_shot_in(m: &mut dyn ForwardModel, tokens: &[u32], slots: &[u32]) {
     m.forward(&[SeqChunk {
         tokens,
         slots,
         start_pos: 0,
+        output: ChunkOutput::LastLogits,
     }])
     .unwrap();
 }

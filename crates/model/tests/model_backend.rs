@@ -13,12 +13,14 @@ use std::path::Path;
 use candle_core::quantized::GgmlDType;
 use zinfer_fetch::test_model_path;
 use zinfer_model::device::{Device, test_device};
-use zinfer_model::{LoadOptions, LoadedModel, SeqChunk, candle_device, load, load_candle};
+use zinfer_model::{
+    ChunkOutput, LoadOptions, LoadedModel, SeqChunk, candle_device, load, load_candle,
+};
 
 mod support;
 use support::{
-    argmax, greedy_capital_of_france, max_abs_diff, one_shot, prompt_ids, reference_logits, top_k,
-    write_converted,
+    argmax, check_all_rows_match_stepwise, greedy_capital_of_france, max_abs_diff, one_shot,
+    prompt_ids, reference_logits, top_k, whole_chunk, write_converted,
 };
 
 /// Same float weights, same backend, only the batch layout differs (logits
@@ -142,6 +144,7 @@ fn chunks_batches_and_decode_match_one_shot() {
             tokens: p,
             slots: s,
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         })
         .collect();
     let together = m.model.forward(&batch).unwrap();
@@ -168,6 +171,7 @@ fn chunks_batches_and_decode_match_one_shot() {
             tokens: &p2[..half],
             slots: &copy[..half],
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         }])
         .unwrap();
     let mixed = m
@@ -177,16 +181,19 @@ fn chunks_batches_and_decode_match_one_shot() {
                 tokens: &next[..1],
                 slots: &s0,
                 start_pos: prompts[0].len(),
+                output: ChunkOutput::LastLogits,
             },
             SeqChunk {
                 tokens: &p2[half..],
                 slots: &copy,
                 start_pos: half,
+                output: ChunkOutput::LastLogits,
             },
             SeqChunk {
                 tokens: &next[1..2],
                 slots: &s1,
                 start_pos: prompts[1].len(),
+                output: ChunkOutput::LastLogits,
             },
         ])
         .unwrap();
@@ -201,6 +208,51 @@ fn chunks_batches_and_decode_match_one_shot() {
         let direct = one_shot(&mut m, &longer);
         let diff = max_abs_diff(&mixed[at], &direct);
         assert!(diff < SAME_WEIGHTS_TOL, "decode of {i} vs one shot: {diff}");
+    }
+}
+
+/// Prompt logprobs and embeddings on this backend (on an f32 copy, as the
+/// layout checks above): every row of one prefill chunk asked for
+/// `AllLogits` or `AllHidden` is what one position per step gives, alone
+/// or batched with the other kinds, and every row agrees with zinfer's CPU
+/// kernels on the same weights.
+#[test]
+fn every_row_of_a_chunk_matches_one_position_per_step() {
+    let f32_copy = write_converted(
+        &test_model_path().unwrap(),
+        &[GgmlDType::Q4_1, GgmlDType::Q8_0],
+        GgmlDType::F32,
+        "backend-rows-f32",
+    );
+    let mut m = load_backend_from(&f32_copy, 512);
+    let mut cpu = load(
+        &f32_copy,
+        &LoadOptions {
+            kv_capacity: 64,
+            ..LoadOptions::default()
+        },
+    )
+    .unwrap();
+    let _ = std::fs::remove_file(&f32_copy);
+    let ids = prompt_ids(&m);
+    assert_eq!(m.model.hidden_size(), cpu.model.hidden_size());
+    check_all_rows_match_stepwise(
+        m.model.as_mut(),
+        &ids,
+        0,
+        SAME_WEIGHTS_TOL,
+        &format!("{}, f32 weights", test_device()),
+    );
+    let slots: Vec<u32> = (0..ids.len() as u32).collect();
+    for output in [ChunkOutput::AllLogits, ChunkOutput::AllHidden] {
+        let ours = whole_chunk(m.model.as_mut(), &ids, &slots, output);
+        let kernels = whole_chunk(cpu.model.as_mut(), &ids, &slots, output);
+        let diff = max_abs_diff(&ours, &kernels);
+        eprintln!(
+            "{}: {output:?}, max |backend - cpu kernels| = {diff}",
+            test_device()
+        );
+        assert!(diff < SAME_WEIGHTS_TOL, "{output:?} vs cpu kernels: {diff}");
     }
 }
 
@@ -224,6 +276,7 @@ fn bad_batches_are_errors_not_panics() {
             tokens: &tokens,
             slots: &slots,
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         }]);
         assert!(r.is_err(), "accepted tokens {tokens:?} slots {slots:?}");
     }

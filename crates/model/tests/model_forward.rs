@@ -7,12 +7,12 @@ use std::path::Path;
 
 use candle_core::quantized::GgmlDType;
 use zinfer_fetch::test_model_path;
-use zinfer_model::{KvDtype, LoadOptions, LoadedModel, SeqChunk, load};
+use zinfer_model::{ChunkOutput, KvDtype, LoadOptions, LoadedModel, SeqChunk, load};
 
 mod support;
 use support::{
-    argmax, greedy_capital_of_france, max_abs_diff, one_shot, prompt_ids, reference_logits, top_k,
-    write_converted,
+    argmax, check_all_rows_match_stepwise, greedy_capital_of_france, max_abs_diff, one_shot,
+    prompt_ids, reference_logits, top_k, write_converted,
 };
 
 /// Largest logit difference accepted between two runs of the same weights
@@ -150,6 +150,7 @@ fn prefill_in_chunks_and_decode_match_one_chunk() {
             tokens: &ids,
             slots: &whole_slots,
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         }])
         .unwrap();
 
@@ -162,6 +163,7 @@ fn prefill_in_chunks_and_decode_match_one_chunk() {
             tokens: &ids[..k],
             slots: &slots[..k],
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         }])
         .unwrap();
     m.model
@@ -169,6 +171,7 @@ fn prefill_in_chunks_and_decode_match_one_chunk() {
             tokens: &ids[k..n - 1],
             slots: &slots[..n - 1],
             start_pos: k,
+            output: ChunkOutput::LastLogits,
         }])
         .unwrap();
     let last = m
@@ -177,10 +180,31 @@ fn prefill_in_chunks_and_decode_match_one_chunk() {
             tokens: &ids[n - 1..],
             slots: &slots,
             start_pos: n - 1,
+            output: ChunkOutput::LastLogits,
         }])
         .unwrap();
     let diff = max_abs_diff(&whole[0], &last[0]);
     assert!(diff < SAME_WEIGHTS_TOL, "chunked vs whole: {diff}");
+}
+
+/// Prompt logprobs and embeddings on the shipped file: every row of one
+/// prefill chunk asked for `AllLogits` or `AllHidden` is what the same
+/// prompt gives one position per step (decode steps' last logits, or each
+/// one-token step's hidden state), alone or batched with the other kinds.
+/// The values themselves are checked against llama.cpp by
+/// `scripts/llamacpp-reference.sh --all-logits` and `--embeddings`.
+#[test]
+fn every_row_of_a_chunk_matches_one_position_per_step() {
+    let mut m = load_default(512);
+    let ids = prompt_ids(&m);
+    assert_eq!(m.model.hidden_size(), 576);
+    check_all_rows_match_stepwise(
+        m.model.as_mut(),
+        &ids,
+        0,
+        SAME_WEIGHTS_TOL,
+        "cpu kernels, Q4_1",
+    );
 }
 
 #[test]
@@ -205,6 +229,7 @@ fn a_batch_gives_each_sequence_its_own_logits() {
                     tokens: p,
                     slots: &slots,
                     start_pos: 0,
+                    output: ChunkOutput::LastLogits,
                 }])
                 .unwrap()
                 .remove(0),
@@ -229,6 +254,7 @@ fn a_batch_gives_each_sequence_its_own_logits() {
             tokens: p,
             slots: s,
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         })
         .collect();
     let together = m.model.forward(&batch).unwrap();
@@ -254,11 +280,13 @@ fn a_batch_gives_each_sequence_its_own_logits() {
                 tokens: &[next],
                 slots: &seq0_slots,
                 start_pos: prompts[0].len(),
+                output: ChunkOutput::LastLogits,
             },
             SeqChunk {
                 tokens: p1,
                 slots: &copy_slots,
                 start_pos: 0,
+                output: ChunkOutput::LastLogits,
             },
         ])
         .unwrap();
@@ -272,6 +300,7 @@ fn a_batch_gives_each_sequence_its_own_logits() {
             tokens: &longer,
             slots: &slots,
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         }])
         .unwrap();
     assert!(max_abs_diff(&mixed[0], &direct[0]) < SAME_WEIGHTS_TOL);
@@ -300,6 +329,7 @@ fn bad_batches_are_errors_not_panics() {
             tokens,
             slots,
             start_pos: *start_pos,
+            output: ChunkOutput::LastLogits,
         }]);
         assert!(r.is_err(), "accepted tokens {tokens:?} slots {slots:?}");
     }

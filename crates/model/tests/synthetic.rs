@@ -9,7 +9,7 @@ use candle_core::Device;
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, Value};
 use zinfer_fetch::test_model_path;
-use zinfer_model::{KvShape, LoadOptions, SeqChunk, load};
+use zinfer_model::{ChunkOutput, KvShape, LoadOptions, SeqChunk, load};
 mod support;
 use support::{max_abs_diff, one_shot, reference_logits, top_k};
 use zinfer_model::synthetic::{
@@ -115,6 +115,7 @@ fn every_quant_type_loads_and_gives_finite_logits() {
                 tokens: &ids,
                 slots: &slots,
                 start_pos: 0,
+                output: ChunkOutput::LastLogits,
             }])
             .unwrap();
         assert_eq!(logits[0].len(), 49_152, "{quant}");
@@ -385,6 +386,7 @@ fn a_smaller_vocabulary_loads() {
             tokens: &ids,
             slots: &slots,
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         }])
         .unwrap();
     assert_eq!(logits[0].len(), 32_000);

@@ -217,6 +217,15 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 fn is_true(value: &bool) -> bool {
     *value
 }
+fn default_n() -> u32 {
+    1
+}
+fn is_one(value: &u32) -> bool {
+    *value == 1
+}
+fn nil_is_n<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+    Ok(Option::deserialize(deserializer)?.unwrap_or_else(default_n))
+}
 
 /// `nil` in an optional field means the field is absent, so it takes its
 /// default. These read the field as an `Option` and fill `None` in.
@@ -386,6 +395,22 @@ pub struct GenerateRequest {
         skip_serializing_if = "is_true"
     )]
     pub parallel_tool_calls: bool,
+    /// Report the log probability of every prompt token under the model,
+    /// with this many most likely alternatives at each position (0 to 20);
+    /// absent: off. They come on the request's first `done`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<u32>,
+    /// Independent completions of the prompt (default 1, at most 16): the
+    /// prompt is computed once and shared; choice `i` samples with the
+    /// request's seed mixed with `i` (choice 0 with the seed itself). Each
+    /// choice streams its `chunk`s and ends with its own `done`, both
+    /// carrying `choice`; the request ends with the last of them.
+    #[serde(
+        default = "default_n",
+        deserialize_with = "nil_is_n",
+        skip_serializing_if = "is_one"
+    )]
+    pub n: u32,
     /// Extra chat template variables, such as `enable_thinking: false`.
     /// Boxed: rare, and a map is large.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -425,6 +450,8 @@ impl GenerateRequest {
             tool_choice: crate::ToolChoice::Auto,
             parallel_tool_calls: true,
             chat_template_kwargs: None,
+            n: 1,
+            prompt_logprobs: None,
         }
     }
 }
@@ -456,6 +483,27 @@ pub struct TokenLogprob {
     pub logprob: f32,
     /// The `top_logprobs` most likely tokens at this position, most likely
     /// first (ties by lower id); empty when `top_logprobs` was 0.
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// One prompt token with its log probability given the tokens before it
+/// (`prompt_logprobs`); the first prompt token has none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PromptLogprob {
+    /// The prompt token id.
+    pub token: u32,
+    /// The token's text: the tokenizer's decoding of this id alone.
+    pub text: String,
+    /// Natural log of its probability under the model (log-softmax of the
+    /// raw logits); nil for the first prompt token.
+    #[serde(default)]
+    pub logprob: Option<f32>,
+    /// The most likely tokens at this position, most likely first.
     #[serde(
         default,
         deserialize_with = "nil_is_default",
@@ -663,6 +711,13 @@ pub enum ClientReply {
         /// `logprobs`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         logprobs: Option<Vec<TokenLogprob>>,
+        /// Which of the request's `n` choices this belongs to (absent: 0).
+        #[serde(
+            default,
+            deserialize_with = "nil_is_default",
+            skip_serializing_if = "is_default"
+        )]
+        choice: u32,
         /// Reasoning text delta (a thinking model's `<think>` block), kept
         /// out of `text`.
         #[serde(
@@ -698,6 +753,17 @@ pub enum ClientReply {
         /// streamed and asked for `logprobs`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         logprobs: Option<Vec<TokenLogprob>>,
+        /// Which of the request's `n` choices this belongs to (absent: 0).
+        #[serde(
+            default,
+            deserialize_with = "nil_is_default",
+            skip_serializing_if = "is_default"
+        )]
+        choice: u32,
+        /// Every prompt token's log probability, when the request asked
+        /// for `prompt_logprobs` (on choice 0's `done`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt_logprobs: Option<Vec<PromptLogprob>>,
         /// The whole reasoning text, when the request was not streamed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reasoning: Option<String>,
@@ -918,6 +984,13 @@ pub enum WorkerToRouter {
         /// `logprobs`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         logprobs: Option<Vec<TokenLogprob>>,
+        /// Which of the request's `n` choices this belongs to (absent: 0).
+        #[serde(
+            default,
+            deserialize_with = "nil_is_default",
+            skip_serializing_if = "is_default"
+        )]
+        choice: u32,
         /// Reasoning text delta (a thinking model's `<think>` block), kept
         /// out of `text`.
         #[serde(
@@ -951,6 +1024,17 @@ pub enum WorkerToRouter {
         /// streamed and asked for `logprobs`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         logprobs: Option<Vec<TokenLogprob>>,
+        /// Which of the request's `n` choices this belongs to (absent: 0).
+        #[serde(
+            default,
+            deserialize_with = "nil_is_default",
+            skip_serializing_if = "is_default"
+        )]
+        choice: u32,
+        /// Every prompt token's log probability, when the request asked
+        /// for `prompt_logprobs` (on choice 0's `done`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        prompt_logprobs: Option<Vec<PromptLogprob>>,
         /// The whole reasoning text, when the request was not streamed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reasoning: Option<String>,

@@ -11,6 +11,9 @@ use crate::{
 /// Most `tools` on one request.
 const MAX_TOOLS: usize = 128;
 
+/// Most choices (`n`) on one request.
+const MAX_CHOICES: u32 = 16;
+
 /// Most `logit_bias` entries on one request.
 const MAX_LOGIT_BIAS: usize = 1024;
 
@@ -157,6 +160,19 @@ impl GenerateRequest {
         }
         self.validate_tools(limits)?;
         self.validate_logit_bias()?;
+        if let Some(top) = self.prompt_logprobs {
+            over(
+                "prompt_logprobs",
+                top as usize,
+                limits.max_top_logprobs as usize,
+            )?;
+        }
+        if !(1..=MAX_CHOICES).contains(&self.n) {
+            return Err(DecodeError::Invalid {
+                field: "n",
+                detail: format!("{} is outside [1, {MAX_CHOICES}]", self.n),
+            });
+        }
         self.validate_logprobs(limits)
     }
 

@@ -433,6 +433,8 @@ fn logprob_frames_at_the_limits_fit_a_frame() {
         logprobs: Some((0..tokens as u32).map(entry).collect()),
         reasoning: None,
         tool_calls: None,
+        choice: 0,
+        prompt_logprobs: None,
     };
     let frame = encode(&done).unwrap();
     assert!(
@@ -449,6 +451,7 @@ fn logprob_frames_at_the_limits_fit_a_frame() {
         logprobs: Some((0..16).map(entry).collect()),
         reasoning: String::new(),
         tool_calls: Vec::new(),
+        choice: 0,
     };
     let frame = encode(&chunk).unwrap();
     assert!(frame.len() < 64 * 1024, "{} bytes", frame.len());
@@ -467,6 +470,7 @@ fn logprobs_come_one_per_token_with_bounded_alternatives() {
             logprobs: Some(entries),
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            choice: 0,
         })
         .unwrap()
     };
@@ -498,6 +502,7 @@ fn logprobs_come_one_per_token_with_bounded_alternatives() {
         logprobs: Some(common::token_logprobs()),
         reasoning: String::new(),
         tool_calls: Vec::new(),
+        choice: 0,
     })
     .unwrap();
     assert!(matches!(

@@ -401,6 +401,7 @@ fn core_cost_ns(chunks: u32) -> f64 {
                 logprobs: None,
                 reasoning: String::new(),
                 tool_calls: Vec::new(),
+                choice: 0,
             };
             encode(&chunk).expect("encode")
         })

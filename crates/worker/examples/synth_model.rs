@@ -27,7 +27,7 @@ use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
 use zinfer_model::synthetic::{Arch, PRESETS, QUANTS, SynthShape, SynthSpec, generate};
-use zinfer_model::{LoadOptions, SeqChunk, load};
+use zinfer_model::{ChunkOutput, LoadOptions, SeqChunk, load};
 
 /// Errors are reported, not handled: a boxed error is enough here.
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -216,6 +216,7 @@ fn check(path: &std::path::Path, vocab: usize) -> Result<()> {
             tokens: &ids[start_pos..],
             slots: &slots[..ids.len()],
             start_pos,
+            output: ChunkOutput::LastLogits,
         }])?;
         let last = logits.first().ok_or("no logits")?;
         if last.len() != vocab || !last.iter().all(|x| x.is_finite()) {

@@ -261,6 +261,12 @@ impl Sampler {
     }
 }
 
+/// The model's own log probabilities (temperature 1, no penalty) of
+/// `token` and the `top` most likely tokens in `row`, as for prompt tokens.
+pub fn model_logprobs(row: &[f32], token: u32, top: usize) -> Logprobs {
+    logprobs(row, 1.0, token, top, &mut Vec::new())
+}
+
 /// Log-softmax of `logits / temperature` (temperature 1 when it is 0, for
 /// greedy) for `chosen` and the `top` most likely tokens. NaN logits count
 /// as impossible. One pass for the normalizer, one partial selection for

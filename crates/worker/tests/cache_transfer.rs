@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, bounded};
 use zinfer_fetch::test_model_path;
 use zinfer_model::device::{Device, test_device};
 use zinfer_model::{
-    LoadOptions, LoadedModel, ModelError, SeqChunk, candle_device, load, load_candle,
+    ChunkOutput, LoadOptions, LoadedModel, ModelError, SeqChunk, candle_device, load, load_candle,
 };
 use zinfer_protocol::{GenerateRequest, Usage};
 use zinfer_worker::engine::{Engine, EngineConfig, EngineError, EngineEvent, EngineHandle};
@@ -67,6 +67,7 @@ fn step(m: &mut LoadedModel, ids: &[u32], slots: &[u32], start: usize) -> Vec<f3
             tokens: &ids[start..],
             slots,
             start_pos: start,
+            output: ChunkOutput::LastLogits,
         }])
         .unwrap()
         .remove(0)

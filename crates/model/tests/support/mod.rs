@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
-use zinfer_model::{LoadedModel, SeqChunk};
+use zinfer_model::{ChunkOutput, ForwardModel, LoadedModel, SeqChunk};
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -95,6 +95,7 @@ pub fn one_shot(m: &mut LoadedModel, ids: &[u32]) -> Vec<f32> {
             tokens: ids,
             slots: &slots,
             start_pos: 0,
+            output: ChunkOutput::LastLogits,
         }])
         .unwrap();
     assert_eq!(out.len(), 1);
@@ -121,6 +122,7 @@ pub fn greedy_capital_of_france(m: &mut LoadedModel) -> String {
                 tokens: &ids[start..],
                 slots: &slots[..end],
                 start_pos: start,
+                output: ChunkOutput::LastLogits,
             }])
             .unwrap();
         let next = argmax(&logits[0]) as u32;
@@ -129,4 +131,154 @@ pub fn greedy_capital_of_france(m: &mut LoadedModel) -> String {
         out.push(next);
     }
     m.tokenizer.decode(&out).unwrap()
+}
+
+/// Each position of `ids` run as its own one-token step on top of the
+/// ones before it (the engine's decode steps), in `slots`, each asking for
+/// `output`: one vector per position.
+pub fn stepwise(
+    m: &mut dyn ForwardModel,
+    ids: &[u32],
+    slots: &[u32],
+    output: ChunkOutput,
+) -> Vec<Vec<f32>> {
+    (0..ids.len())
+        .map(|pos| {
+            m.forward(&[SeqChunk {
+                tokens: &ids[pos..=pos],
+                slots: &slots[..=pos],
+                start_pos: pos,
+                output,
+            }])
+            .unwrap()
+            .remove(0)
+        })
+        .collect()
+}
+
+/// `ids` run as one chunk from position 0 in `slots`, asking for `output`.
+pub fn whole_chunk(
+    m: &mut dyn ForwardModel,
+    ids: &[u32],
+    slots: &[u32],
+    output: ChunkOutput,
+) -> Vec<f32> {
+    let mut out = m
+        .forward(&[SeqChunk {
+            tokens: ids,
+            slots,
+            start_pos: 0,
+            output,
+        }])
+        .unwrap();
+    assert_eq!(out.len(), 1);
+    out.remove(0)
+}
+
+/// The largest difference between the rows of `all` (row-major, `width`
+/// wide) and `steps`, one row per step.
+pub fn max_row_diff(all: &[f32], steps: &[Vec<f32>], width: usize, what: &str) -> f32 {
+    assert_eq!(all.len(), steps.len() * width, "{what}: rows x width");
+    all.chunks_exact(width)
+        .zip(steps)
+        .map(|(row, step)| max_abs_diff(row, step))
+        .fold(0.0, f32::max)
+}
+
+/// The largest differences (logits, hidden states) seen by
+/// [`check_all_rows_match_stepwise`].
+#[derive(Debug, Default)]
+pub struct RowDiffs {
+    pub logits: f32,
+    pub hidden: f32,
+}
+
+/// [`ChunkOutput::AllLogits`] and [`ChunkOutput::AllHidden`] of `ids` as one
+/// prefill chunk against the same prompt run one position per step (each
+/// step's `LastLogits`, or `AllHidden` of its one row), row by row, within
+/// `tol`; then the same chunks batched together with a `LastLogits` chunk
+/// of the prompt give each its own output, of the documented length.
+/// Uses `6 * ids.len()` slots from `first_slot` (scattered, reversed).
+pub fn check_all_rows_match_stepwise(
+    m: &mut dyn ForwardModel,
+    ids: &[u32],
+    first_slot: u32,
+    tol: f32,
+    what: &str,
+) -> RowDiffs {
+    let n = ids.len();
+    let (vocab, hidden) = (m.vocab_size(), m.hidden_size());
+    // Six disjoint slot sets, the later ones in reverse order.
+    let sets: Vec<Vec<u32>> = (0..6u32)
+        .map(|s| {
+            let base = first_slot + s * n as u32;
+            let mut v: Vec<u32> = (base..base + n as u32).collect();
+            if s >= 2 {
+                v.reverse();
+            }
+            v
+        })
+        .collect();
+    let step_logits = stepwise(m, ids, &sets[0], ChunkOutput::LastLogits);
+    let step_hidden = stepwise(m, ids, &sets[1], ChunkOutput::AllHidden);
+    assert!(step_logits.iter().all(|r| r.len() == vocab), "{what}");
+    assert!(step_hidden.iter().all(|r| r.len() == hidden), "{what}");
+
+    let all_logits = whole_chunk(m, ids, &sets[2], ChunkOutput::AllLogits);
+    let all_hidden = whole_chunk(m, ids, &sets[3], ChunkOutput::AllHidden);
+    let diffs = RowDiffs {
+        logits: max_row_diff(&all_logits, &step_logits, vocab, what),
+        hidden: max_row_diff(&all_hidden, &step_hidden, hidden, what),
+    };
+    eprintln!(
+        "{what}: {n} rows, max |AllLogits - stepwise| = {}, max |AllHidden - stepwise| = {}",
+        diffs.logits, diffs.hidden
+    );
+    assert!(
+        diffs.logits < tol,
+        "{what}: AllLogits vs stepwise {}",
+        diffs.logits
+    );
+    assert!(
+        diffs.hidden < tol,
+        "{what}: AllHidden vs stepwise {}",
+        diffs.hidden
+    );
+    assert!(
+        all_hidden.iter().all(|v| v.is_finite()) && all_hidden.iter().any(|&v| v != 0.0),
+        "{what}: hidden states"
+    );
+
+    // The three kinds in one step, in other slots.
+    let batch = [
+        SeqChunk {
+            tokens: ids,
+            slots: &sets[4],
+            start_pos: 0,
+            output: ChunkOutput::AllHidden,
+        },
+        SeqChunk {
+            tokens: ids,
+            slots: &sets[5],
+            start_pos: 0,
+            output: ChunkOutput::LastLogits,
+        },
+        SeqChunk {
+            tokens: &ids[n - 1..],
+            slots: &sets[2],
+            start_pos: n - 1,
+            output: ChunkOutput::AllLogits,
+        },
+    ];
+    let out = m.forward(&batch).unwrap();
+    assert_eq!(out.len(), 3, "{what}");
+    let hidden_diff = max_row_diff(&out[0], &step_hidden, hidden, what);
+    assert!(hidden_diff < tol, "{what}: batched AllHidden {hidden_diff}");
+    let last = &step_logits[n - 1];
+    let last_diff = max_abs_diff(&out[1], last);
+    assert!(last_diff < tol, "{what}: batched LastLogits {last_diff}");
+    // The last token again over the chunk's own K/V: a one-row AllLogits.
+    let again = max_abs_diff(&out[2], last);
+    assert!(again < tol, "{what}: one-row AllLogits {again}");
+    diffs
 }

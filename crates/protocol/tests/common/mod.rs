@@ -56,6 +56,8 @@ pub fn full_generate() -> GenerateRequest {
         tool_choice: zinfer_protocol::ToolChoice::Auto,
         parallel_tool_calls: true,
         chat_template_kwargs: None,
+        n: 1,
+        prompt_logprobs: None,
     }
 }
 
@@ -108,6 +110,8 @@ pub fn penalties_generate() -> GenerateRequest {
     request.logit_bias.insert("15339".into(), -100.0);
     request.logit_bias.insert("2".into(), 5.5);
     request.priority = 3;
+    request.n = 2;
+    request.prompt_logprobs = Some(1);
     request
 }
 
@@ -312,6 +316,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 logprobs: None,
                 reasoning: String::new(),
                 tool_calls: Vec::new(),
+                choice: 0,
             },
         ),
         sample(
@@ -324,6 +329,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 logprobs: Some(token_logprobs()),
                 reasoning: String::new(),
                 tool_calls: Vec::new(),
+                choice: 0,
             },
         ),
         sample(
@@ -336,6 +342,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 logprobs: None,
                 reasoning: "Paris, so".into(),
                 tool_calls: vec![tool_call()],
+                choice: 1,
             },
         ),
         sample(
@@ -350,6 +357,25 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 logprobs: None,
                 reasoning: Some("The user wants Paris.".into()),
                 tool_calls: Some(vec![tool_call()]),
+                choice: 0,
+                prompt_logprobs: Some(vec![
+                    zinfer_protocol::PromptLogprob {
+                        token: 785,
+                        text: "The".into(),
+                        logprob: None,
+                        top_logprobs: Vec::new(),
+                    },
+                    zinfer_protocol::PromptLogprob {
+                        token: 6722,
+                        text: " weather".into(),
+                        logprob: Some(-2.5),
+                        top_logprobs: vec![TopLogprob {
+                            token: 6722,
+                            text: " weather".into(),
+                            logprob: -2.5,
+                        }],
+                    },
+                ]),
             },
         ),
         sample(
@@ -364,6 +390,8 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 logprobs: None,
                 reasoning: None,
                 tool_calls: None,
+                choice: 0,
+                prompt_logprobs: None,
             },
         ),
         sample(
@@ -378,6 +406,8 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 logprobs: Some(token_logprobs()),
                 reasoning: None,
                 tool_calls: None,
+                choice: 0,
+                prompt_logprobs: None,
             },
         ),
         sample(
@@ -392,6 +422,8 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 logprobs: None,
                 reasoning: None,
                 tool_calls: None,
+                choice: 0,
+                prompt_logprobs: None,
             },
         ),
         sample(
@@ -577,6 +609,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 logprobs: None,
                 reasoning: String::new(),
                 tool_calls: Vec::new(),
+                choice: 0,
             },
         ),
         sample(
@@ -589,6 +622,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 logprobs: Some(token_logprobs()),
                 reasoning: String::new(),
                 tool_calls: Vec::new(),
+                choice: 0,
             },
         ),
         sample(
@@ -602,6 +636,8 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 logprobs: None,
                 reasoning: None,
                 tool_calls: None,
+                choice: 0,
+                prompt_logprobs: None,
             },
         ),
         sample(
@@ -615,6 +651,8 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 logprobs: Some(token_logprobs()),
                 reasoning: None,
                 tool_calls: None,
+                choice: 0,
+                prompt_logprobs: None,
             },
         ),
         sample(

@@ -129,6 +129,7 @@ impl Core {
         self.next_rid += 1;
         let span = tracing::debug_span!("request", rid, id = %request.id);
         span.in_scope(|| tracing::debug!(%model, "accepted"));
+        let choices_left = request.n.max(1);
         let entry = Request {
             client: from.clone(),
             quota_key: quota_key.clone(),
@@ -140,6 +141,7 @@ impl Core {
             arrived: now,
             stage: Stage::Queued,
             last_chunk: None,
+            choices_left,
             span,
         };
         self.requests.insert(rid, entry);
@@ -207,21 +209,27 @@ impl Core {
         } else {
             seconds(request.arrived, now)
         };
-        let reply = ClientReply::Done {
-            id: request.id,
-            finish_reason: FinishReason::Cancelled,
-            text: (!request.request.stream).then(String::new),
-            usage: Usage::default(),
-            timings: Timings {
-                queue_s,
-                ..Timings::default()
-            },
-            worker: String::new(),
-            logprobs: None,
-            reasoning: None,
-            tool_calls: None,
-        };
-        self.send(Peer::Client(request.client), &reply);
+        // Every choice still owed its `done` gets one.
+        let n = request.request.n.max(1);
+        for choice in n - request.choices_left.min(n)..n {
+            let reply = ClientReply::Done {
+                id: request.id.clone(),
+                finish_reason: FinishReason::Cancelled,
+                text: (!request.request.stream).then(String::new),
+                usage: Usage::default(),
+                timings: Timings {
+                    queue_s,
+                    ..Timings::default()
+                },
+                worker: String::new(),
+                logprobs: None,
+                reasoning: None,
+                tool_calls: None,
+                choice,
+                prompt_logprobs: None,
+            };
+            self.send(Peer::Client(request.client.clone()), &reply);
+        }
     }
 
     /// A client is no longer connected: stop its work.

@@ -182,6 +182,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                         logprobs: None,
                         reasoning: String::new(),
                         tool_calls: Vec::new(),
+                        choice: 0,
                     },
                     Op::Done(_) => WorkerToRouter::Done {
                         rid,
@@ -192,6 +193,8 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                         logprobs: None,
                         reasoning: None,
                         tool_calls: None,
+                        choice: 0,
+                        prompt_logprobs: None,
                     },
                     _ => WorkerToRouter::Error {
                         rid,
@@ -212,6 +215,8 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                     logprobs: None,
                     reasoning: None,
                     tool_calls: None,
+                    choice: 0,
+                    prompt_logprobs: None,
                 };
                 worker_message(&mut core, now, WORKERS[w].as_bytes(), &message);
             }

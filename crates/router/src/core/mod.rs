@@ -115,6 +115,8 @@ struct Request {
     /// Queued or running, and what losing its worker would mean.
     stage: Stage,
     last_chunk: Option<Instant>,
+    /// `done`s still to come: one per choice (`n`); the last ends it.
+    choices_left: u32,
     /// Span carrying `rid` and the client's `id` for this request's logs.
     span: tracing::Span,
 }

@@ -7,9 +7,9 @@ use std::{
 };
 
 use zinfer_protocol::{
-    ClientReply, ControlOp, ErrorCode, FinishReason, LoadReport, PROTOCOL_VERSION, RouterToWorker,
-    TextResult, Timings, TokenLogprob, ToolCall, Usage, WorkerInfo, WorkerState, WorkerToRouter,
-    decode,
+    ClientReply, ControlOp, ErrorCode, FinishReason, LoadReport, PROTOCOL_VERSION, PromptLogprob,
+    RouterToWorker, TextResult, Timings, TokenLogprob, ToolCall, Usage, WorkerInfo, WorkerState,
+    WorkerToRouter, decode,
 };
 
 use super::{Addr, Core, Peer, Progress, Stage, seconds};
@@ -157,6 +157,7 @@ impl Core {
                 logprobs,
                 reasoning,
                 tool_calls,
+                choice,
             } => self.relay_chunk(
                 now,
                 from,
@@ -168,6 +169,7 @@ impl Core {
                     logprobs,
                     reasoning,
                     tool_calls,
+                    choice,
                 },
             ),
             WorkerToRouter::Done {
@@ -179,6 +181,8 @@ impl Core {
                 logprobs,
                 reasoning,
                 tool_calls,
+                choice,
+                prompt_logprobs,
             } => self.relay_done(
                 now,
                 from,
@@ -191,6 +195,8 @@ impl Core {
                     logprobs,
                     reasoning,
                     tool_calls,
+                    choice,
+                    prompt_logprobs,
                 },
             ),
             WorkerToRouter::Error { rid, code, message } => {
@@ -501,6 +507,7 @@ impl Core {
             logprobs,
             reasoning,
             tool_calls,
+            choice,
         } = chunk;
         let Some(request) = self.requests.get_mut(&rid) else {
             tracing::debug!(rid, "chunk for an ended request; dropped");
@@ -545,6 +552,7 @@ impl Core {
             logprobs,
             reasoning,
             tool_calls,
+            choice,
         };
         let to = Peer::Client(request.client.clone());
         self.metrics.relayed_chunks.inc();
@@ -560,6 +568,8 @@ impl Core {
             logprobs,
             reasoning,
             tool_calls,
+            choice,
+            prompt_logprobs,
         } = finished;
         if !self.runs_on(rid, from) {
             tracing::debug!(rid, "done for a request not running there; dropped");
@@ -570,6 +580,36 @@ impl Core {
             .get(&from.identity)
             .map(|worker| worker.id.clone())
             .unwrap_or_default();
+        // A choice of several ended: pass its `done` on; the request goes
+        // on until its last choice's. Output has now reached the client,
+        // so losing the worker can no longer mean a silent retry.
+        if let Some(request) = self.requests.get_mut(&rid)
+            && request.choices_left > 1
+        {
+            request.choices_left -= 1;
+            if let Stage::Running { progress, .. } = &mut request.stage {
+                *progress = Progress::Streamed;
+            }
+            self.metrics
+                .generated_tokens
+                .inc_by(u64::from(usage.completion_tokens));
+            let reply = ClientReply::Done {
+                id: request.id.clone(),
+                finish_reason,
+                text,
+                usage,
+                timings,
+                worker: worker_id,
+                logprobs,
+                reasoning,
+                tool_calls,
+                choice,
+                prompt_logprobs,
+            };
+            let to = Peer::Client(request.client.clone());
+            self.send(to, &reply);
+            return;
+        }
         let Some(request) = self.take(now, rid) else {
             return;
         };
@@ -597,6 +637,8 @@ impl Core {
             logprobs,
             reasoning,
             tool_calls,
+            choice,
+            prompt_logprobs,
         };
         self.send(Peer::Client(request.client), &reply);
         self.settle_drains(now);
@@ -637,6 +679,7 @@ struct Streamed {
     logprobs: Option<Vec<TokenLogprob>>,
     reasoning: String,
     tool_calls: Vec<ToolCall>,
+    choice: u32,
 }
 
 /// A worker's `done`, less the request id.
@@ -648,6 +691,8 @@ struct Finished {
     logprobs: Option<Vec<TokenLogprob>>,
     reasoning: Option<String>,
     tool_calls: Option<Vec<ToolCall>>,
+    choice: u32,
+    prompt_logprobs: Option<Vec<PromptLogprob>>,
 }
 
 /// A `ready` message's fields.

@@ -126,6 +126,7 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                                 logprobs: None,
                                 reasoning: String::new(),
                                 tool_calls: Vec::new(),
+                                choice: 0,
                             });
                         }
                     }
@@ -142,6 +143,8 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                         logprobs: None,
                         reasoning: None,
                         tool_calls: None,
+                        choice: 0,
+                        prompt_logprobs: None,
                     });
                 }
                 Ok(RouterToWorker::Disconnect { .. }) => {

@@ -9,6 +9,7 @@
 //! bounded channel, mirroring the `chunk` / `done` / `error` messages of the
 //! protocol. Every accepted request gets exactly one terminal event.
 
+mod choices;
 mod clock;
 mod handle;
 mod reply;
@@ -26,8 +27,8 @@ use zinfer_model::{
     TokenizerError,
 };
 use zinfer_protocol::{
-    ChatMessage, ErrorCode, FinishReason, Limits, Timings, TokenLogprob, ToolCall, Usage,
-    WorkerToRouter,
+    ChatMessage, ErrorCode, FinishReason, Limits, PromptLogprob, Timings, TokenLogprob, ToolCall,
+    Usage, WorkerToRouter,
 };
 
 use crate::constraint::Grammars;
@@ -99,6 +100,8 @@ pub enum EngineEvent {
         reasoning: String,
         /// Tool calls completed since the previous chunk.
         tool_calls: Vec<ToolCall>,
+        /// Which of the request's choices (0 unless it asked for `n`).
+        choice: u32,
     },
     /// The request finished; terminal.
     Done {
@@ -119,6 +122,12 @@ pub enum EngineEvent {
         reasoning: Option<String>,
         /// Every tool call, when the request was not streamed.
         tool_calls: Option<Vec<ToolCall>>,
+        /// Which of the request's choices (0 unless it asked for `n`);
+        /// the request's last `Done` ends it.
+        choice: u32,
+        /// Every prompt token's log probability, on choice 0's `Done`
+        /// when the request asked for `prompt_logprobs`.
+        prompt_logprobs: Option<Vec<PromptLogprob>>,
     },
     /// The request failed; terminal.
     Error {
@@ -141,7 +150,8 @@ impl EngineEvent {
         }
     }
 
-    /// Whether this is the request's last event.
+    /// Whether this ends its choice: the request, unless it asked for
+    /// `n` > 1 (then its last `Done` does).
     pub fn is_terminal(&self) -> bool {
         !matches!(self, EngineEvent::Chunk { .. })
     }
@@ -160,7 +170,9 @@ impl From<EngineEvent> for WorkerToRouter {
                 logprobs,
                 reasoning,
                 tool_calls,
+                choice,
             } => WorkerToRouter::Chunk {
+                choice,
                 rid,
                 index,
                 text,
@@ -178,7 +190,11 @@ impl From<EngineEvent> for WorkerToRouter {
                 logprobs,
                 reasoning,
                 tool_calls,
+                choice,
+                prompt_logprobs,
             } => WorkerToRouter::Done {
+                prompt_logprobs,
+                choice,
                 rid,
                 finish_reason,
                 text,

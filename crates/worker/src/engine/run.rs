@@ -10,22 +10,25 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use toktrie::SimpleVob;
 use zinfer_cache::{RadixCache, TokenPool};
-use zinfer_model::ForwardModel;
+use zinfer_model::{ChunkOutput, ForwardModel};
 use zinfer_protocol::{
-    ErrorCode, FinishReason, Timings, TokenLogprob, ToolCall, TopLogprob, Usage,
+    ErrorCode, FinishReason, GenerateRequest, PromptLogprob, Timings, TokenLogprob, ToolCall,
+    TopLogprob, Usage,
 };
 
+use super::choices::{Choices, Pending, choice_seed};
 use super::handle::{Command, Shared, Submission};
 use super::reply::{Delta, ReplyText};
 use super::transfer::{self, EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
+use super::valid::OutputPlan;
 use super::{
     Clock, Decode, EngineConfig, EngineEvent, EngineStats, INTERNAL_MESSAGE, InternalError,
     TextCodec,
 };
-use crate::constraint::{ConstraintError, MaskThread, apply_mask};
+use crate::constraint::{CompiledConstraint, ConstraintError, MaskThread, apply_mask};
 use crate::detokenize::Detokenizer;
-use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens};
-use crate::scheduler::{NewSequence, Scheduler, StepPlan};
+use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens, model_logprobs};
+use crate::scheduler::{NewSequence, PlanItem, Scheduler, StepPlan};
 
 /// How long an engine with work it cannot schedule waits before retrying;
 /// only reached if admission is stuck, which is a bug.
@@ -42,6 +45,8 @@ const LOGPROB_CHUNK_TOKENS: usize = 16;
 /// Engine-side state of one request.
 struct Request {
     rid: u64,
+    /// Which of the request's choices this sequence is (0 unless `n` > 1).
+    choice: u32,
     /// The client's request id, for the log.
     id: String,
     stream: bool,
@@ -71,11 +76,28 @@ struct Request {
     admitted: Option<Instant>,
     first_token: Option<Instant>,
     last_token: Option<Instant>,
+    /// The prompt tokens' log probabilities so far, position by position,
+    /// with the alternatives asked for, when the request wants them.
+    prompt_logprobs: Option<(usize, Vec<PromptLogprob>)>,
+    /// `max_tokens` 0 with `prompt_logprobs`: the prompt is computed for
+    /// its log probabilities, and nothing is generated.
+    score_only: bool,
     /// Whether the request has a constraint: its `matcher` is then always
     /// here, except while the mask thread holds it during a step.
     constrained: bool,
     /// The constraint's state after the tokens generated so far.
     matcher: Option<Box<llguidance::Matcher>>,
+}
+
+/// One choice about to start.
+struct Choice {
+    /// Its sequence id.
+    id: u64,
+    rid: u64,
+    index: u32,
+    seed: u64,
+    constraint: Option<CompiledConstraint>,
+    output: OutputPlan,
 }
 
 /// The engine thread's state.
@@ -97,6 +119,8 @@ pub(super) struct EngineLoop {
     /// Computes constrained requests' token masks during forward passes;
     /// started with the first constrained request.
     mask_thread: Option<MaskThread>,
+    /// The choices of requests with `n` > 1.
+    choices: Choices,
 }
 
 impl EngineLoop {
@@ -131,6 +155,7 @@ impl EngineLoop {
             clock: config.clock.clone(),
             seeds: StdRng::seed_from_u64(config.seed.unwrap_or_else(rand::random)),
             mask_thread: None,
+            choices: Choices::default(),
         }
     }
 
@@ -181,8 +206,10 @@ impl EngineLoop {
         match command {
             Command::Submit(submission) => self.admit(*submission),
             Command::Cancel(rid) => {
-                if self.requests.contains_key(&rid) {
-                    self.finish(rid, FinishReason::Cancelled);
+                for id in self.choices.ids(rid) {
+                    if self.requests.contains_key(&id) {
+                        self.finish(id, FinishReason::Cancelled);
+                    }
                 }
             }
             Command::FlushCache(namespace) => {
@@ -237,12 +264,96 @@ impl EngineLoop {
 
     fn admit(&mut self, submission: Submission) {
         let Submission { rid, request } = submission;
-        let (request, prompt, arrival, constraint, output) = request.into_parts();
+        let (request, prompt, arrival, constraints, output) = request.into_parts();
         self.stats.requests_accepted += 1;
-        let params = SamplingParams::from_request(&request, self.seeds.random());
-        let call_id_seed = self.seeds.random();
-        let request_state = Request {
+        let seed = request.seed.unwrap_or_else(|| self.seeds.random());
+        let mut constraints = constraints.into_iter();
+        let first = constraints.next();
+        if request.n > 1 {
+            let pending = Pending {
+                request: request.clone(),
+                prompt: prompt.clone(),
+                arrival,
+                output: output.clone(),
+                constraints: constraints.collect(),
+                seed,
+            };
+            self.choices.add(rid, request.n, pending);
+        }
+        let choice = Choice {
+            id: rid,
             rid,
+            index: 0,
+            seed,
+            constraint: first,
+            output,
+        };
+        self.start_choice(choice, request, prompt, arrival);
+    }
+
+    /// Starts choices 1 to n-1 of `rid`, now that choice 0's prompt is in
+    /// the prefix cache.
+    fn start_other_choices(&mut self, rid: u64) {
+        let Some(pending) = self.choices.take_pending(rid) else {
+            return;
+        };
+        let Pending {
+            request,
+            prompt,
+            arrival,
+            output,
+            constraints,
+            seed,
+        } = *pending;
+        let mut constraints = constraints.into_iter();
+        for index in 1..request.n {
+            let requests = &self.requests;
+            let id = self.choices.new_id(rid, |id| requests.contains_key(&id));
+            let choice = Choice {
+                id,
+                rid,
+                index,
+                seed: choice_seed(seed, index),
+                constraint: constraints.next(),
+                output: output.clone(),
+            };
+            self.start_choice(choice, request.clone(), prompt.clone(), arrival);
+        }
+    }
+
+    /// Starts one choice's sequence.
+    fn start_choice(
+        &mut self,
+        choice: Choice,
+        request: GenerateRequest,
+        prompt: Vec<u32>,
+        arrival: Instant,
+    ) {
+        let mut params = SamplingParams::from_request(&request, choice.seed);
+        params.seed = choice.seed;
+        let call_id_seed = self.seeds.random();
+        let id = choice.id;
+        // Only choice 0 computes the prompt; the others find it cached.
+        let prompt_logprobs = match request.prompt_logprobs {
+            Some(top) if choice.index == 0 => {
+                let first = self.text.token_piece(prompt[0]).map(|piece| PromptLogprob {
+                    token: prompt[0],
+                    text: String::from_utf8_lossy(&piece).into_owned(),
+                    logprob: None,
+                    top_logprobs: Vec::new(),
+                });
+                Some((top as usize, first.into_iter().collect()))
+            }
+            _ => None,
+        };
+        let prompt_output = if prompt_logprobs.is_some() {
+            ChunkOutput::AllLogits
+        } else {
+            ChunkOutput::LastLogits
+        };
+        let request_state = Request {
+            rid: choice.rid,
+            choice: choice.index,
             id: request.id.clone(),
             stream: request.stream,
             prompt_tokens: prompt.len(),
@@ -257,7 +368,7 @@ impl EngineLoop {
                 request.max_tokens as usize,
             ),
             detok: Detokenizer::new(&request.stop),
-            reply: ReplyText::new(output, call_id_seed),
+            reply: ReplyText::new(choice.output, call_id_seed),
             text: String::new(),
             reasoning: String::new(),
             tool_calls: Vec::new(),
@@ -271,29 +382,39 @@ impl EngineLoop {
             admitted: None,
             first_token: None,
             last_token: None,
-            constrained: constraint.is_some(),
-            matcher: constraint.map(|compiled| Box::new(compiled.0)),
+            prompt_logprobs,
+            score_only: false,
+            constrained: choice.constraint.is_some(),
+            matcher: choice.constraint.map(|compiled| Box::new(compiled.0)),
         };
-        self.requests.insert(rid, request_state);
-        if request.max_tokens == 0 {
-            self.finish(rid, FinishReason::Length);
+        let score_only = request.max_tokens == 0 && request_state.prompt_logprobs.is_some();
+        self.requests.insert(
+            id,
+            Request {
+                score_only,
+                ..request_state
+            },
+        );
+        if request.max_tokens == 0 && !score_only {
+            self.finish(id, FinishReason::Length);
             return;
         }
         let deadline = request
             .deadline_ms
             .map(|ms| arrival + Duration::from_millis(ms));
         let new = NewSequence {
-            id: rid,
+            id,
             namespace: request.namespace.unwrap_or_default(),
             prompt,
-            max_new_tokens: request.max_tokens as usize,
+            max_new_tokens: (request.max_tokens as usize).max(usize::from(score_only)),
             priority: request.priority,
             deadline,
+            prompt_output,
         };
         // A valid request fits, and the handle refuses a rid in flight:
         // a refusal here is a bug.
         if let Err(error) = self.scheduler.submit(new) {
-            self.fail_internal(rid, &error.into());
+            self.fail_internal(id, &error.into());
         }
     }
 
@@ -345,6 +466,15 @@ impl EngineLoop {
             if item.prefill {
                 self.stats.prefill_tokens += item.len as u64;
             }
+            if row.len() > self.model.vocab_size() {
+                row = match self.take_prompt_rows(item, row) {
+                    Ok(last) => last,
+                    Err(error) => {
+                        self.fail_internal(item.id, &error);
+                        continue;
+                    }
+                };
+            }
             let Some(request) = self.requests.get_mut(&item.id).filter(|_| item.sample) else {
                 continue;
             };
@@ -375,6 +505,49 @@ impl EngineLoop {
                 self.on_token(item.id, token, now);
             }
         }
+    }
+
+    /// A prompt chunk of a request that wants its prompt's log
+    /// probabilities came back with every row's logits: row `r` gives the
+    /// distribution of the token at position `start + r + 1`. Records those
+    /// that are prompt tokens and returns the last row, to sample from.
+    fn take_prompt_rows(
+        &mut self,
+        item: &PlanItem,
+        rows: Vec<f32>,
+    ) -> Result<Vec<f32>, InternalError> {
+        let vocab = self.model.vocab_size();
+        if item.len == 0 || rows.len() != item.len * vocab {
+            return Err(InternalError::LogitRows {
+                rows: rows.len() / vocab.max(1),
+                chunks: item.len,
+            });
+        }
+        let tokens = self.scheduler.tokens(item.id).unwrap_or_default();
+        if let Some(request) = self.requests.get_mut(&item.id)
+            && let Some((top, entries)) = request.prompt_logprobs.as_mut()
+        {
+            for (r, row) in rows.chunks_exact(vocab).enumerate() {
+                let position = item.start + r + 1;
+                // In order, each position once (a recomputed chunk adds
+                // nothing), prompt tokens only.
+                if position != entries.len() || position >= request.prompt_tokens {
+                    continue;
+                }
+                let Some(&token) = tokens.get(position) else {
+                    break;
+                };
+                let logprobs = model_logprobs(row, token, *top);
+                let entry = entry(self.text.as_ref(), token, logprobs)?;
+                entries.push(PromptLogprob {
+                    token,
+                    text: entry.text,
+                    logprob: Some(entry.logprob),
+                    top_logprobs: entry.top_logprobs,
+                });
+            }
+        }
+        Ok(rows[(item.len - 1) * vocab..].to_vec())
     }
 
     /// Hands the matcher of every constrained sequence that samples this
@@ -479,10 +652,15 @@ impl EngineLoop {
     }
 
     /// Handles one generated token: timing, stop checks, text, events.
-    fn on_token(&mut self, rid: u64, token: u32, now: Instant) {
-        let Some(request) = self.requests.get_mut(&rid) else {
+    fn on_token(&mut self, id: u64, token: u32, now: Instant) {
+        let Some(request) = self.requests.get_mut(&id) else {
             return;
         };
+        if request.score_only {
+            // The prompt's rows are in; the token drawn is not wanted.
+            self.finish(id, FinishReason::Length);
+            return;
+        }
         request.generated += 1;
         self.stats.generated_tokens += 1;
         match request.last_token {
@@ -500,6 +678,13 @@ impl EngineLoop {
             Some(last) => self.stats.inter_token.record((now - last).as_secs_f64()),
         }
         request.last_token = Some(now);
+        if request.choice == 0 && request.generated == 1 {
+            // `id` is the request's rid too: choice 0 runs under it.
+            self.start_other_choices(id);
+        }
+        let Some(request) = self.requests.get_mut(&id) else {
+            return;
+        };
         let logprobs = request.sampler.take_logprobs();
         let mut reason = request.stop.check(token, request.generated);
         if let Some(matcher) = request.matcher.as_mut()
@@ -507,7 +692,7 @@ impl EngineLoop {
         {
             if let Err(error) = matcher.consume_token(token) {
                 let error = ConstraintError::Matcher(error.to_string());
-                self.fail_constraint(rid, &error);
+                self.fail_constraint(id, &error);
                 return;
             }
             // Complete, and nothing may follow: only EOS is left.
@@ -521,11 +706,11 @@ impl EngineLoop {
                 match logprobs.map(|lp| entry(self.text.as_ref(), token, lp)) {
                     Some(Ok(entry)) => request.logprob_entries.push(entry),
                     Some(Err(error)) => {
-                        self.fail_internal(rid, &error);
+                        self.fail_internal(id, &error);
                         return;
                     }
                     None => {
-                        self.fail_internal(rid, &InternalError::NoLogprobs);
+                        self.fail_internal(id, &InternalError::NoLogprobs);
                         return;
                     }
                 }
@@ -549,25 +734,27 @@ impl EngineLoop {
                     }
                 }
                 Err(error) => {
-                    self.fail_internal(rid, &error.into());
+                    self.fail_internal(id, &error.into());
                     return;
                 }
             }
         }
         if let Some(reason) = reason {
-            self.finish(rid, reason);
+            self.finish(id, reason);
         }
     }
 
-    /// Ends a request with `done`, flushing its held-back text; frees its
-    /// sequence if still scheduled.
-    fn finish(&mut self, rid: u64, reason: FinishReason) {
-        if self.scheduler.contains(rid) {
-            let _ = self.scheduler.finish(rid);
+    /// Ends sequence `id` with `done`, flushing its held-back text; frees
+    /// its sequence if still scheduled. The request ends with its last
+    /// choice.
+    fn finish(&mut self, id: u64, reason: FinishReason) {
+        if self.scheduler.contains(id) {
+            let _ = self.scheduler.finish(id);
         }
-        let Some(mut request) = self.requests.remove(&rid) else {
+        let Some(mut request) = self.requests.remove(&id) else {
             return;
         };
+        let rid = request.rid;
         let tail = match request.detok.finish(&Decode(self.text.as_ref())) {
             Ok(delta) => delta.text,
             Err(error) => {
@@ -599,8 +786,13 @@ impl EngineLoop {
         self.stats.requests_done[reason_index(reason)] += 1;
         self.stats.prompt_tokens += request.prompt_tokens as u64;
         self.stats.cached_tokens += request.cached_tokens as u64;
-        tracing::debug!(rid, ?reason, generated = request.generated, "request done");
-        self.shared.inflight().remove(&rid);
+        tracing::debug!(
+            rid,
+            choice = request.choice,
+            ?reason,
+            generated = request.generated,
+            "choice done"
+        );
         let logprobs = (request.logprobs && !request.stream).then_some(request.logprob_entries);
         let whole = !request.stream;
         self.send(EngineEvent::Done {
@@ -612,17 +804,49 @@ impl EngineLoop {
             logprobs,
             reasoning: (whole && !request.reasoning.is_empty()).then_some(request.reasoning),
             tool_calls: (whole && !request.tool_calls.is_empty()).then_some(request.tool_calls),
+            choice: request.choice,
+            prompt_logprobs: request.prompt_logprobs.map(|(_, entries)| entries),
         });
+        let (unstarted, over) = self.choices.ended(rid, id);
+        // Choice 0 ended before its prompt was computed: the choices that
+        // never started end the same way, with nothing generated.
+        if let Some(pending) = unstarted {
+            for choice in 1..pending.request.n {
+                self.stats.requests_done[reason_index(reason)] += 1;
+                self.send(EngineEvent::Done {
+                    rid,
+                    finish_reason: reason,
+                    text: whole.then(String::new),
+                    usage: Usage {
+                        prompt_tokens: usage.prompt_tokens,
+                        ..Usage::default()
+                    },
+                    timings,
+                    logprobs: (pending.request.logprobs && whole).then(Vec::new),
+                    reasoning: None,
+                    tool_calls: None,
+                    choice,
+                    prompt_logprobs: None,
+                });
+            }
+        }
+        if over {
+            self.shared.inflight().remove(&rid);
+        }
     }
 
-    /// Ends a request with `error`, freeing its sequence without caching
-    /// it (its last step may not have written valid K/V).
-    fn fail(&mut self, rid: u64, code: ErrorCode, message: &str) {
-        if self.scheduler.contains(rid) {
-            let _ = self.scheduler.abort(rid);
-        }
-        if self.requests.remove(&rid).is_none() {
+    /// Ends the request of sequence `id`, every choice of it, with
+    /// `error`, freeing its sequences without caching them (the last step
+    /// may not have written valid K/V).
+    fn fail(&mut self, id: u64, code: ErrorCode, message: &str) {
+        let Some(rid) = self.requests.get(&id).map(|request| request.rid) else {
             return;
+        };
+        for id in self.choices.remove(rid) {
+            if self.scheduler.contains(id) {
+                let _ = self.scheduler.abort(id);
+            }
+            self.requests.remove(&id);
         }
         self.stats.requests_failed += 1;
         tracing::warn!(rid, %code, message, "request failed");
@@ -636,16 +860,18 @@ impl EngineLoop {
 
     /// Ends a request whose constraint failed while generating, with the
     /// matcher's reason (it is the constraint's, not a secret of ours).
-    fn fail_constraint(&mut self, rid: u64, error: &ConstraintError) {
-        self.fail(rid, ErrorCode::Internal, &error.to_string());
+    fn fail_constraint(&mut self, id: u64, error: &ConstraintError) {
+        self.fail(id, ErrorCode::Internal, &error.to_string());
     }
 
     /// Ends a request on a fault of the worker: the detail goes to the
     /// log with the request's ids, the client gets a generic `internal`.
-    fn fail_internal(&mut self, rid: u64, error: &InternalError) {
-        let id = self.requests.get(&rid).map(|request| request.id.as_str());
-        tracing::error!(rid, id, %error, "request failed inside the worker");
-        self.fail(rid, ErrorCode::Internal, INTERNAL_MESSAGE);
+    fn fail_internal(&mut self, id: u64, error: &InternalError) {
+        let request = self.requests.get(&id);
+        let rid = request.map(|request| request.rid);
+        let client_id = request.map(|request| request.id.as_str());
+        tracing::error!(rid, id = client_id, %error, "request failed inside the worker");
+        self.fail(id, ErrorCode::Internal, INTERNAL_MESSAGE);
     }
 
     fn fail_all(&mut self, code: ErrorCode, message: &str) {
@@ -659,9 +885,9 @@ impl EngineLoop {
                 });
             }
         }
-        let rids: Vec<u64> = self.requests.keys().copied().collect();
-        for rid in rids {
-            self.fail(rid, code, message);
+        let ids: Vec<u64> = self.requests.keys().copied().collect();
+        for id in ids {
+            self.fail(id, code, message);
         }
     }
 
@@ -723,6 +949,7 @@ fn chunk_event(request: &mut Request, delta: Delta) -> EngineEvent {
             .then(|| std::mem::take(&mut request.logprob_entries)),
         reasoning: delta.reasoning,
         tool_calls: delta.tool_calls,
+        choice: request.choice,
     }
 }
 

@@ -12,6 +12,7 @@ use zinfer_protocol::GenerateRequest;
 use super::*;
 use crate::scheduler::SchedulerConfig;
 
+mod choices;
 mod constraint;
 mod tools;
 mod transfer;
@@ -95,6 +96,16 @@ fn next_token(mode: Mode, (hash, since): State) -> u32 {
     }
 }
 
+/// The fake model's logits after a position in `state`: noise, and the
+/// mode's next token 4 above it.
+fn fake_logits(mode: Mode, state: State) -> Vec<f32> {
+    let mut row: Vec<f32> = (0..VOCAB)
+        .map(|i| ((state.0 >> (i % 40)) & 0xff) as f32 / 128.0)
+        .collect();
+    row[next_token(mode, state) as usize] += 4.0;
+    row
+}
+
 impl ForwardModel for FakeModel {
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         std::thread::sleep(self.delay);
@@ -105,6 +116,14 @@ impl ForwardModel for FakeModel {
         let mut written = std::collections::HashSet::new();
         for chunk in batch {
             let bad = |what: &str| Err(ModelError::InvalidBatch(what.to_string()));
+            let all = match chunk.output {
+                zinfer_model::ChunkOutput::LastLogits => false,
+                zinfer_model::ChunkOutput::AllLogits => true,
+                zinfer_model::ChunkOutput::AllHidden => {
+                    return bad("the fake model has no hidden states");
+                }
+            };
+            let mut all_rows = Vec::new();
             if chunk.slots.len() != chunk.start_pos + chunk.tokens.len() {
                 return bad("slot count");
             }
@@ -122,18 +141,24 @@ impl ForwardModel for FakeModel {
                 let next = chain(state, token);
                 self.kv[slot as usize] = Some(next);
                 state = Some(next);
+                if all {
+                    all_rows.extend(fake_logits(self.mode, next));
+                }
             }
             let state = state.ok_or(ModelError::InvalidBatch("empty chunk".into()))?;
-            let mut row: Vec<f32> = (0..VOCAB)
-                .map(|i| ((state.0 >> (i % 40)) & 0xff) as f32 / 128.0)
-                .collect();
-            row[next_token(self.mode, state) as usize] += 4.0;
-            rows.push(row);
+            rows.push(if all {
+                all_rows
+            } else {
+                fake_logits(self.mode, state)
+            });
         }
         Ok(rows)
     }
     fn vocab_size(&self) -> usize {
         VOCAB
+    }
+    fn hidden_size(&self) -> usize {
+        8
     }
     fn kv_capacity(&self) -> usize {
         self.kv.len()
@@ -1013,6 +1038,7 @@ fn events_become_the_protocol_messages_with_the_same_fields() {
         logprobs: None,
         reasoning: String::new(),
         tool_calls: Vec::new(),
+        choice: 0,
     };
     assert_eq!(
         WorkerToRouter::from(chunk),
@@ -1024,6 +1050,7 @@ fn events_become_the_protocol_messages_with_the_same_fields() {
             logprobs: None,
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            choice: 0,
         }
     );
     let error = EngineEvent::Error {

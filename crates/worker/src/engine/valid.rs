@@ -56,7 +56,8 @@ pub struct ValidRequest {
     request: GenerateRequest,
     prompt: Vec<u32>,
     arrival: Instant,
-    constraint: Option<CompiledConstraint>,
+    /// One matcher per choice, when the request is constrained.
+    constraints: Vec<CompiledConstraint>,
     output: OutputPlan,
 }
 
@@ -74,6 +75,18 @@ impl ValidRequest {
             .validate(limits)
             .map_err(|error| EngineError::BadRequest(error.to_string()))?;
         let (prompt, output) = tokenize(&request, text, info.vocab_size)?;
+        if let Some(top) = request.prompt_logprobs {
+            let entries = prompt.len().saturating_mul(1 + top as usize);
+            if entries > limits.max_logprob_entries {
+                return Err(EngineError::BadRequest(format!(
+                    "prompt_logprobs would report {} prompt tokens x (1 + {top}) = {entries} \
+                     entries in one done, over the limit of {}; shorten the prompt or ask for \
+                     fewer alternatives",
+                    prompt.len(),
+                    limits.max_logprob_entries
+                )));
+            }
+        }
         if let Some((bad, _)) = request
             .logit_bias_ids()
             .into_iter()
@@ -95,20 +108,25 @@ impl ValidRequest {
         let room = u32::try_from(info.max_positions - prompt.len()).unwrap_or(u32::MAX);
         request.max_tokens = request.max_tokens.min(room);
         let forced = forced_call(&request, text)?.map(Box::new);
-        // Compiled here, on the caller's thread, never in the step loop.
-        let constraint = match forced.as_ref().or(request.constraint.as_ref()) {
-            Some(constraint) => {
-                Some(CompiledConstraint(grammars.compile(constraint).map_err(
-                    |error| EngineError::BadRequest(error.to_string()),
-                )?))
-            }
-            None => None,
+        // Compiled here, on the caller's thread, never in the step loop;
+        // once per choice (the grammar is cached, each choice needs its
+        // own matcher state).
+        let constraints = match forced.as_ref().or(request.constraint.as_ref()) {
+            Some(constraint) => (0..request.n)
+                .map(|_| {
+                    grammars
+                        .compile(constraint)
+                        .map(CompiledConstraint)
+                        .map_err(|error| EngineError::BadRequest(error.to_string()))
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            None => Vec::new(),
         };
         Ok(ValidRequest {
             request,
             prompt,
             arrival,
-            constraint,
+            constraints,
             output,
         })
     }
@@ -141,14 +159,14 @@ impl ValidRequest {
         GenerateRequest,
         Vec<u32>,
         Instant,
-        Option<CompiledConstraint>,
+        Vec<CompiledConstraint>,
         OutputPlan,
     ) {
         (
             self.request,
             self.prompt,
             self.arrival,
-            self.constraint,
+            self.constraints,
             self.output,
         )
     }

@@ -46,7 +46,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use zinfer_cache::{NodeHandle, RadixCache, TokenPool};
-use zinfer_model::SeqChunk;
+use zinfer_model::{ChunkOutput, SeqChunk};
 
 use kv::Kv;
 pub use transfer::ImportError;
@@ -145,6 +145,11 @@ pub struct NewSequence {
     pub priority: i32,
     /// When to give up.
     pub deadline: Option<Instant>,
+    /// What the prompt's chunks return besides the last logits: every
+    /// row's logits (prompt logprobs) or hidden state (embeddings). Such a
+    /// sequence takes nothing from the prefix cache until its prompt has
+    /// been computed once, so every row is computed.
+    pub prompt_output: ChunkOutput,
 }
 
 /// One sequence's part of a step.
@@ -247,6 +252,10 @@ struct Seq {
     prefilled: bool,
     /// Admitted at least once (for hit accounting and `resumed`).
     admitted_before: bool,
+    /// What prefill chunks return until the prompt's rows are out.
+    prompt_output: ChunkOutput,
+    /// Every prompt row went out once (or none was asked for).
+    prompt_rows_out: bool,
 }
 
 impl Seq {
@@ -341,6 +350,8 @@ impl Scheduler {
             node: None,
             prefilled: false,
             admitted_before: false,
+            prompt_rows_out: new.prompt_output == ChunkOutput::LastLogits,
+            prompt_output: new.prompt_output,
         };
         self.next_order += 1;
         self.waiting.insert(seq.key());
@@ -642,11 +653,16 @@ impl Scheduler {
             return Admit::NoRoom;
         };
         let matched = self.kv.cache.match_prefix(&seq.namespace, &seq.tokens);
-        // The newest token is always fed, so it never counts as cached.
-        let usable = matched
-            .len
-            .min(matched.slots.len())
-            .min(seq.tokens.len() - 1);
+        // The newest token is always fed, so it never counts as cached; a
+        // sequence that needs its prompt's rows computes all of them.
+        let usable = if seq.prompt_rows_out {
+            matched
+                .len
+                .min(matched.slots.len())
+                .min(seq.tokens.len() - 1)
+        } else {
+            0
+        };
         if self.should_hold(seq, usable) {
             return Admit::Held;
         }
@@ -740,10 +756,16 @@ impl Scheduler {
     pub fn chunk(&self, item: &PlanItem) -> Option<SeqChunk<'_>> {
         let seq = self.seqs.get(&item.id)?;
         let end = item.start + item.len;
+        let output = if seq.prompt_rows_out {
+            ChunkOutput::LastLogits
+        } else {
+            seq.prompt_output
+        };
         Some(SeqChunk {
             tokens: seq.tokens.get(item.start..end)?,
             slots: seq.slots.get(..end)?,
             start_pos: item.start,
+            output,
         })
     }
 
@@ -764,6 +786,7 @@ impl Scheduler {
             seq.kv_len = item.start + item.len;
             if item.sample && !seq.prefilled {
                 seq.prefilled = true;
+                seq.prompt_rows_out = true;
                 self.kv.cache_prefix(seq);
             }
             seq.tokens.extend(token);

@@ -223,6 +223,7 @@ pub(super) fn simulate(
                     max_new_tokens: request.max_new,
                     priority: 0,
                     deadline: None,
+                    prompt_output: zinfer_model::ChunkOutput::LastLogits,
                 })
                 .unwrap();
             live.insert(

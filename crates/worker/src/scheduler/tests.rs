@@ -63,6 +63,7 @@ impl Harness {
                 max_new_tokens: max_new,
                 priority,
                 deadline: None,
+                prompt_output: zinfer_model::ChunkOutput::LastLogits,
             })
             .unwrap();
         self.outputs.insert(id, Vec::new());
@@ -327,6 +328,7 @@ fn prompts_that_cannot_fit_are_refused_at_submit() {
         max_new_tokens: 1,
         priority: 0,
         deadline: None,
+        prompt_output: zinfer_model::ChunkOutput::LastLogits,
     };
     assert_eq!(
         h.sched.submit(new((0..16).collect())),
@@ -359,6 +361,7 @@ fn cancel_and_deadline_free_slots_at_once() {
             max_new_tokens: 50,
             priority: 0,
             deadline: Some(now + Duration::from_millis(10)),
+            prompt_output: zinfer_model::ChunkOutput::LastLogits,
         })
         .unwrap();
     h.outputs.insert(2, Vec::new());

@@ -174,6 +174,8 @@ impl Harness {
                 logprobs: None,
                 reasoning: None,
                 tool_calls: None,
+                choice: 0,
+                prompt_logprobs: None,
             },
         );
     }
@@ -189,6 +191,7 @@ impl Harness {
                 logprobs: None,
                 reasoning: String::new(),
                 tool_calls: Vec::new(),
+                choice: 0,
             },
         );
     }

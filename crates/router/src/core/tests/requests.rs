@@ -72,6 +72,7 @@ fn streams_chunks_and_done_with_client_id_and_worker() {
             logprobs: None,
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            choice: 0,
         }
     );
     assert!(matches!(&replies[1], ClientReply::Chunk { index: 1, text, .. } if text == "lo"));
@@ -99,6 +100,73 @@ fn streams_chunks_and_done_with_client_id_and_worker() {
 }
 
 #[test]
+fn a_request_of_several_choices_ends_with_its_last_done() {
+    let mut h = Harness::new(config(Policy::CacheAware));
+    h.ready("w1", &["m"], 4);
+    let mut request = prompt("req-n", "hello");
+    request.n = 3;
+    h.generate("c1", request);
+    let (_, rid, forwarded) = h.dispatched().remove(0);
+    assert_eq!(forwarded.n, 3);
+    let done = |choice: u32| WorkerToRouter::Done {
+        rid,
+        finish_reason: FinishReason::Stop,
+        text: None,
+        usage: Usage::default(),
+        timings: Timings::default(),
+        logprobs: None,
+        reasoning: None,
+        tool_calls: None,
+        choice,
+        prompt_logprobs: None,
+    };
+    h.worker("w1", &done(2));
+    h.worker("w1", &done(0));
+    assert_eq!(h.core.active_requests(), 1, "one choice still runs");
+    h.worker("w1", &done(1));
+    assert_eq!(h.core.active_requests(), 0);
+    let choices: Vec<u32> = h
+        .client_replies()
+        .iter()
+        .map(|reply| match reply {
+            ClientReply::Done { choice, .. } => *choice,
+            other => panic!("expected done, got {other:?}"),
+        })
+        .collect();
+    assert_eq!(choices, [2, 0, 1]);
+    assert_eq!(h.outcome("stop"), 1, "one request, counted once");
+
+    // Cancelled while queued: a done for every choice.
+    let mut h = Harness::new(RouterConfig {
+        max_inflight_per_worker: Some(1),
+        ..config(Policy::RoundRobin)
+    });
+    h.ready("w1", &["m"], 8);
+    h.generate("c1", prompt("busy", "a"));
+    let mut request = prompt("req-q", "hello");
+    request.n = 2;
+    h.generate("c1", request);
+    h.sent();
+    h.client("c1", &ClientRequest::Cancel { id: "req-q".into() });
+    let choices: Vec<(u32, FinishReason)> = h
+        .client_replies()
+        .iter()
+        .filter_map(|reply| match reply {
+            ClientReply::Done {
+                choice,
+                finish_reason,
+                ..
+            } => Some((*choice, *finish_reason)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        choices,
+        [(0, FinishReason::Cancelled), (1, FinishReason::Cancelled)]
+    );
+}
+
+#[test]
 fn non_streamed_request_gets_only_done_with_text() {
     let mut h = Harness::new(config(Policy::RoundRobin));
     h.ready("w1", &["m"], 4);
@@ -118,6 +186,8 @@ fn non_streamed_request_gets_only_done_with_text() {
             logprobs: None,
             reasoning: None,
             tool_calls: None,
+            choice: 0,
+            prompt_logprobs: None,
         },
     );
     let replies = h.client_replies();
@@ -158,6 +228,7 @@ fn logprobs_are_forwarded_and_relayed_unchanged() {
             logprobs: Some(entries.clone()),
             reasoning: String::new(),
             tool_calls: Vec::new(),
+            choice: 0,
         },
     );
     h.done("w1", rid, FinishReason::Stop);
@@ -184,6 +255,8 @@ fn logprobs_are_forwarded_and_relayed_unchanged() {
             logprobs: Some(entries.clone()),
             reasoning: None,
             tool_calls: None,
+            choice: 0,
+            prompt_logprobs: None,
         },
     );
     let replies = h.client_replies();
