@@ -1,7 +1,7 @@
 """OpenAI sampling parameters through zinfer's HTTP front, with the
 official `openai` package: `logit_bias`, `presence_penalty` and
 `frequency_penalty`, `n` with a seed, `echo` with prompt logprobs,
-`priority` and `metadata`.
+embeddings, `priority` and `metadata`.
 
 Usage: openai_params.py BASE_URL MODEL
 
@@ -112,6 +112,35 @@ assert all(len(top) >= 1 for top in lp.top_logprobs[1:]), lp.top_logprobs
 print(f"echo + logprobs: {len(lp.tokens)} prompt tokens; generated tail agrees: "
       f"{[round(x, 3) for x in lp.token_logprobs[-tail:]]} vs "
       f"{[round(x, 3) for x in gen_lp.token_logprobs]}")
+
+# Embeddings: paraphrases closer than unrelated texts; batched equals one
+# by one; base64 carries the same floats.
+import base64
+import math
+import struct
+
+texts = ["The cat sat on the mat.", "A cat was sitting on the mat.",
+         "Quarterly revenue grew by eight percent."]
+batch = client.embeddings.create(model=model, input=texts)
+vectors = [d.embedding for d in sorted(batch.data, key=lambda d: d.index)]
+assert all(abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-3 for v in vectors), "L2-normalised"
+
+
+def cosine(a, b):
+    return sum(x * y for x, y in zip(a, b))
+
+
+close, far = cosine(vectors[0], vectors[1]), cosine(vectors[0], vectors[2])
+assert close > far, (close, far)
+for text, vector in zip(texts, vectors):
+    alone = client.embeddings.create(model=model, input=text).data[0].embedding
+    assert max(abs(x - y) for x, y in zip(alone, vector)) < 1e-4, text
+raw = client.embeddings.create(model=model, input=texts[0], encoding_format="base64").data[0]
+floats = struct.unpack(f"<{len(vectors[0])}f", base64.b64decode(raw.embedding))
+assert max(abs(x - y) for x, y in zip(floats, vectors[0])) < 1e-4, "base64 == float"
+assert batch.usage.prompt_tokens > 0, batch.usage
+print(f"embeddings: {len(vectors[0])} floats; cosine paraphrase {close:.3f} > unrelated {far:.3f}; "
+      "batched == one by one")
 
 labelled = client.chat.completions.create(
     model=model, messages=question, max_tokens=4, temperature=0, user="u-1",

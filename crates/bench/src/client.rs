@@ -181,7 +181,8 @@ impl ZmqTransport {
             | ClientReply::Pong { .. }
             | ClientReply::Tokenized { .. }
             | ClientReply::Detokenized { .. }
-            | ClientReply::AppliedTemplate { .. } => return None,
+            | ClientReply::AppliedTemplate { .. }
+            | ClientReply::Embedding { .. } => return None,
         };
         let key = id.strip_prefix(ID_PREFIX)?.parse().ok()?;
         Some(Event { key, at, kind })

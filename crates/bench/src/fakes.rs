@@ -116,6 +116,7 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
         logprobs: None,
         choice: 0,
         prompt_logprobs: None,
+        embedding: None,
     });
 }
 
@@ -189,6 +190,7 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
                         timings,
                         ..
                     } => WorkerToRouter::Done {
+                        embedding: None,
                         prompt_logprobs: None,
                         choice: 0,
                         rid,

@@ -171,7 +171,8 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             | ClientReply::Pong { .. }
             | ClientReply::Tokenized { .. }
             | ClientReply::Detokenized { .. }
-            | ClientReply::AppliedTemplate { .. } => {}
+            | ClientReply::AppliedTemplate { .. }
+            | ClientReply::Embedding { .. } => {}
         }
     }
 }

@@ -512,7 +512,8 @@ impl IoThread {
             ClientReply::Error { id: Some(id), .. }
             | ClientReply::Tokenized { id, .. }
             | ClientReply::Detokenized { id, .. }
-            | ClientReply::AppliedTemplate { id, .. } => {
+            | ClientReply::AppliedTemplate { id, .. }
+            | ClientReply::Embedding { id, .. } => {
                 if let Some((replies, _)) = self.requests.remove(id) {
                     let _ = replies.try_send(reply);
                 }

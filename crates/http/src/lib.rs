@@ -12,10 +12,12 @@
 //! | [`respond`] | protocol replies to OpenAI bodies and SSE events (pure) |
 //! | [`error`] | one error enum, OpenAI-shaped bodies and statuses |
 //! | [`backend`] | the I/O thread owning the DEALER, requests multiplexed by id |
+//! | [`embeddings`] | `/v1/embeddings` bodies to protocol `generate` with `embed`, and the vectors back (pure) |
 //! | [`text`] | llama-server's `/tokenize`, `/detokenize`, `/apply-template` bodies to and from protocol text requests (pure) |
 //! | [`server`] | routes, API key, handlers |
 
 pub mod backend;
+pub mod embeddings;
 pub mod error;
 pub mod respond;
 pub mod server;

@@ -473,7 +473,8 @@ impl StreamEncoder {
             | ClientReply::Pong { .. }
             | ClientReply::Tokenized { .. }
             | ClientReply::Detokenized { .. }
-            | ClientReply::AppliedTemplate { .. } => {}
+            | ClientReply::AppliedTemplate { .. }
+            | ClientReply::Embedding { .. } => {}
         }
         out
     }
@@ -586,6 +587,7 @@ mod tests {
             tool_calls: None,
             choice: 0,
             prompt_logprobs: None,
+            embedding: None,
         }
     }
 
@@ -690,6 +692,7 @@ mod tests {
             tool_calls: None,
             choice: 0,
             prompt_logprobs: None,
+            embedding: None,
         }));
         let events = parse(&payloads);
         assert_eq!(events.len(), 4, "{events:?}");

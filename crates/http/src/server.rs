@@ -19,6 +19,7 @@ use serde_json::json;
 use zinfer_protocol::{ClientReply, FinishReason, Limits, TextRequest, Usage};
 
 use crate::backend::{Pending, RouterClient};
+use crate::embeddings;
 use crate::error::ApiError;
 use crate::respond::{Collected, Endpoint, Meta, StreamEncoder, add_usage, full_response};
 use crate::text;
@@ -49,6 +50,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/embeddings", post(embeddings))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/apply-template", post(apply_template))
@@ -144,6 +146,51 @@ async fn tokenize(State(state): State<AppState>, body: Bytes) -> Result<Response
     let id = state.client.next_id();
     let request = text::tokenize(&body, text_context(&state, &id))?;
     answer_text(&state, TextRequest::Tokenize(request)).await
+}
+
+/// OpenAI's `/v1/embeddings`: one protocol request per input, all sent
+/// at once so the worker batches them; the vectors in input order.
+async fn embeddings(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let id = state.client.next_id();
+    let request = embeddings::request(&body, text_context(&state, &id))?;
+    let mut pending = Vec::with_capacity(request.requests.len());
+    for generate in request.requests {
+        let model = generate.model.clone();
+        pending.push((state.client.generate(generate)?, model));
+    }
+    let mut vectors = Vec::with_capacity(pending.len());
+    let mut used = Vec::with_capacity(pending.len());
+    // Dropping what is left (on an error) cancels it in the router.
+    for (mut input, model) in pending {
+        loop {
+            match input.next(state.reply_timeout).await? {
+                ClientReply::Done {
+                    embedding: Some(vector),
+                    usage,
+                    ..
+                } => {
+                    vectors.push(vector);
+                    used.push(usage);
+                    break;
+                }
+                ClientReply::Done { finish_reason, .. } => {
+                    return Err(ApiError::Router {
+                        code: zinfer_protocol::ErrorCode::Internal,
+                        message: format!(
+                            "the embedding ended ({}) without a vector",
+                            finish_reason.as_str()
+                        ),
+                    });
+                }
+                ClientReply::Error { code, message, .. } => {
+                    return Err(ApiError::from_router(code, message, model.as_deref()));
+                }
+                _ => {}
+            }
+        }
+    }
+    let body = embeddings::response(&request.model, &vectors, &used, request.base64);
+    Ok(axum::Json(body).into_response())
 }
 
 /// llama-server's `/detokenize`.
@@ -313,7 +360,8 @@ async fn whole(
             | ClientReply::Pong { .. }
             | ClientReply::Tokenized { .. }
             | ClientReply::Detokenized { .. }
-            | ClientReply::AppliedTemplate { .. } => {}
+            | ClientReply::AppliedTemplate { .. }
+            | ClientReply::Embedding { .. } => {}
         }
         reply = pending.next(timeout).await?;
     }

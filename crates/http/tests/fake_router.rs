@@ -100,6 +100,7 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                         tool_calls: None,
                         choice: 0,
                         prompt_logprobs: None,
+                        embedding: None,
                     });
                 }
                 ClientRequest::Cancel { id } => {
@@ -167,6 +168,13 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                         prompt,
                     });
                 }
+                // The front sends embeddings as `generate` with `embed`.
+                ClientRequest::Embed(request) => send(ClientReply::Error {
+                    id: Some(request.id),
+                    code: ErrorCode::BadRequest,
+                    message: "the fake router serves no embed".into(),
+                    retryable: false,
+                }),
             }
         }
     });

@@ -21,6 +21,7 @@
 
 mod codec;
 mod constraint;
+mod embed;
 mod limits;
 mod messages;
 mod scan;
@@ -30,6 +31,7 @@ mod validate;
 
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
 pub use constraint::{Constraint, ConstraintKind};
+pub use embed::{EmbedRequest, Pooling};
 pub use limits::Limits;
 pub use messages::*;
 pub use text::*;

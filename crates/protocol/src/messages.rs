@@ -395,6 +395,11 @@ pub struct GenerateRequest {
         skip_serializing_if = "is_true"
     )]
     pub parallel_tool_calls: bool,
+    /// Compute the prompt only and return its embedding (the final hidden
+    /// states pooled this way, L2-normalised) on `done`; needs
+    /// `max_tokens` 0. What an `embed` runs as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embed: Option<crate::Pooling>,
     /// Report the log probability of every prompt token under the model,
     /// with this many most likely alternatives at each position (0 to 20);
     /// absent: off. They come on the request's first `done`.
@@ -452,6 +457,7 @@ impl GenerateRequest {
             chat_template_kwargs: None,
             n: 1,
             prompt_logprobs: None,
+            embed: None,
         }
     }
 }
@@ -546,6 +552,8 @@ pub enum ClientRequest {
     Detokenize(DetokenizeRequest),
     /// Prompt text of chat turns; answered with `applied_template`.
     ApplyTemplate(ApplyTemplateRequest),
+    /// The embedding of a text; answered with `embedding`.
+    Embed(crate::EmbedRequest),
 }
 
 /// Why a generation ended.
@@ -764,6 +772,9 @@ pub enum ClientReply {
         /// for `prompt_logprobs` (on choice 0's `done`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prompt_logprobs: Option<Vec<PromptLogprob>>,
+        /// The prompt's embedding, when the request set `embed`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        embedding: Option<Vec<f32>>,
         /// The whole reasoning text, when the request was not streamed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reasoning: Option<String>,
@@ -821,6 +832,17 @@ pub enum ClientReply {
         id: RequestId,
         /// The rendered prompt.
         prompt: String,
+    },
+    /// Reply to `embed`; terminal.
+    Embedding {
+        /// Client request id.
+        id: RequestId,
+        /// The pooled, L2-normalised final hidden state.
+        embedding: Vec<f32>,
+        /// `prompt_tokens` (and `cached_tokens`) of the input.
+        usage: Usage,
+        /// The worker that computed it.
+        worker: String,
     },
 }
 
@@ -1035,6 +1057,9 @@ pub enum WorkerToRouter {
         /// for `prompt_logprobs` (on choice 0's `done`).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         prompt_logprobs: Option<Vec<PromptLogprob>>,
+        /// The prompt's embedding, when the request set `embed`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        embedding: Option<Vec<f32>>,
         /// The whole reasoning text, when the request was not streamed.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reasoning: Option<String>,

@@ -223,6 +223,7 @@ impl ClientReply {
                 | ClientReply::Tokenized { .. }
                 | ClientReply::Detokenized { .. }
                 | ClientReply::AppliedTemplate { .. }
+                | ClientReply::Embedding { .. }
         )
     }
 }

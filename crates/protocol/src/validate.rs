@@ -160,6 +160,12 @@ impl GenerateRequest {
         }
         self.validate_tools(limits)?;
         self.validate_logit_bias()?;
+        if self.embed.is_some() && self.max_tokens != 0 {
+            return Err(DecodeError::Invalid {
+                field: "embed",
+                detail: "an embedding computes the prompt only: needs \"max_tokens\": 0".into(),
+            });
+        }
         if let Some(top) = self.prompt_logprobs {
             over(
                 "prompt_logprobs",
@@ -409,11 +415,13 @@ impl WireMessage for ClientRequest {
         "tokenize",
         "detokenize",
         "apply_template",
+        "embed",
     ];
 
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
         match self {
             ClientRequest::Generate(request) => request.validate(limits),
+            ClientRequest::Embed(request) => request.to_generate().validate(limits),
             ClientRequest::Tokenize(request) => request.validate(limits),
             ClientRequest::Detokenize(request) => request.validate(limits),
             ClientRequest::ApplyTemplate(request) => request.validate(limits),
@@ -465,6 +473,7 @@ impl WireMessage for ClientReply {
         "tokenized",
         "detokenized",
         "applied_template",
+        "embedding",
     ];
 
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {

@@ -435,6 +435,7 @@ fn logprob_frames_at_the_limits_fit_a_frame() {
         tool_calls: None,
         choice: 0,
         prompt_logprobs: None,
+        embedding: None,
     };
     let frame = encode(&done).unwrap();
     assert!(
@@ -537,6 +538,7 @@ fn unknown_type_names_the_type_and_the_valid_ones() {
                 "tokenize",
                 "detokenize",
                 "apply_template",
+                "embed",
             ],
         }
     );

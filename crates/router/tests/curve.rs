@@ -175,6 +175,7 @@ fn allow_lists_admit_known_keys_refuse_others_and_tenants_scope_namespaces() {
         tool_calls: None,
         choice: 0,
         prompt_logprobs: None,
+        embedding: None,
     };
     back.send(encode(&done).expect("encode"), 0).expect("send");
     let reply = loop {

@@ -58,6 +58,7 @@ pub fn full_generate() -> GenerateRequest {
         chat_template_kwargs: None,
         n: 1,
         prompt_logprobs: None,
+        embed: None,
     }
 }
 
@@ -301,6 +302,16 @@ pub fn client_requests() -> Vec<Sample<ClientRequest>> {
             "client_request.apply_template",
             ClientRequest::ApplyTemplate(apply_template_request()),
         ),
+        sample(
+            "client_request.embed",
+            ClientRequest::Embed(zinfer_protocol::EmbedRequest {
+                pooling: Some(zinfer_protocol::Pooling::Last),
+                namespace: Some("tenant-a".into()),
+                priority: Some(1),
+                deadline_ms: Some(5_000),
+                ..zinfer_protocol::EmbedRequest::text("e1", "The cat sat on the mat.")
+            }),
+        ),
     ]
 }
 
@@ -376,6 +387,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                         }],
                     },
                 ]),
+                embedding: None,
             },
         ),
         sample(
@@ -392,6 +404,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 tool_calls: None,
                 choice: 0,
                 prompt_logprobs: None,
+                embedding: None,
             },
         ),
         sample(
@@ -408,6 +421,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 tool_calls: None,
                 choice: 0,
                 prompt_logprobs: None,
+                embedding: None,
             },
         ),
         sample(
@@ -424,6 +438,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 tool_calls: None,
                 choice: 0,
                 prompt_logprobs: None,
+                embedding: None,
             },
         ),
         sample(
@@ -502,6 +517,15 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
             ClientReply::AppliedTemplate {
                 id: "a1".into(),
                 prompt: "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n".into(),
+            },
+        ),
+        sample(
+            "client_reply.embedding",
+            ClientReply::Embedding {
+                id: "e1".into(),
+                embedding: vec![0.5, -0.5, 0.5, -0.5],
+                usage: usage(),
+                worker: "w-cpu-0".into(),
             },
         ),
     ]
@@ -638,6 +662,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 tool_calls: None,
                 choice: 0,
                 prompt_logprobs: None,
+                embedding: None,
             },
         ),
         sample(
@@ -653,6 +678,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 tool_calls: None,
                 choice: 0,
                 prompt_logprobs: None,
+                embedding: None,
             },
         ),
         sample(

@@ -54,6 +54,19 @@ impl Core {
             Ok(ClientRequest::ApplyTemplate(request)) => {
                 self.accept_text(from, TextRequest::ApplyTemplate(request));
             }
+            Ok(ClientRequest::Embed(request)) => {
+                // A `generate` that computes the prompt only; its `done`
+                // goes back to the client as `embedding`.
+                let key = (from.identity.clone(), request.id.clone());
+                let fresh = !self.by_client.contains_key(&key);
+                self.accept(now, from, tenant, request.to_generate());
+                if fresh
+                    && let Some(rid) = self.by_client.get(&key)
+                    && let Some(entry) = self.requests.get_mut(rid)
+                {
+                    entry.embedding = true;
+                }
+            }
             Err(err) => {
                 let id = recover_id(frame, &self.config.limits);
                 self.reply_error(from, id, ErrorCode::BadRequest, err.to_string());
@@ -142,6 +155,7 @@ impl Core {
             stage: Stage::Queued,
             last_chunk: None,
             choices_left,
+            embedding: false,
             span,
         };
         self.requests.insert(rid, entry);
@@ -227,6 +241,7 @@ impl Core {
                 tool_calls: None,
                 choice,
                 prompt_logprobs: None,
+                embedding: None,
             };
             self.send(Peer::Client(request.client.clone()), &reply);
         }

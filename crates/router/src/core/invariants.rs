@@ -94,7 +94,8 @@ impl Ledger {
                         ClientReply::Models { .. } | ClientReply::Pong { .. } => (None, false),
                         ClientReply::Tokenized { id, .. }
                         | ClientReply::Detokenized { id, .. }
-                        | ClientReply::AppliedTemplate { id, .. } => (Some(id.clone()), true),
+                        | ClientReply::AppliedTemplate { id, .. }
+                        | ClientReply::Embedding { id, .. } => (Some(id.clone()), true),
                     };
                     let Some(id) = id else { continue };
                     let key = (addr.identity, id.clone());
@@ -195,6 +196,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                         tool_calls: None,
                         choice: 0,
                         prompt_logprobs: None,
+                        embedding: None,
                     },
                     _ => WorkerToRouter::Error {
                         rid,
@@ -217,6 +219,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                     tool_calls: None,
                     choice: 0,
                     prompt_logprobs: None,
+                    embedding: None,
                 };
                 worker_message(&mut core, now, WORKERS[w].as_bytes(), &message);
             }

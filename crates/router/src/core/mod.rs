@@ -117,6 +117,8 @@ struct Request {
     last_chunk: Option<Instant>,
     /// `done`s still to come: one per choice (`n`); the last ends it.
     choices_left: u32,
+    /// The client sent `embed`: its `done` goes back as `embedding`.
+    embedding: bool,
     /// Span carrying `rid` and the client's `id` for this request's logs.
     span: tracing::Span,
 }

@@ -183,6 +183,7 @@ impl Core {
                 tool_calls,
                 choice,
                 prompt_logprobs,
+                embedding,
             } => self.relay_done(
                 now,
                 from,
@@ -197,6 +198,7 @@ impl Core {
                     tool_calls,
                     choice,
                     prompt_logprobs,
+                    embedding,
                 },
             ),
             WorkerToRouter::Error { rid, code, message } => {
@@ -570,6 +572,7 @@ impl Core {
             tool_calls,
             choice,
             prompt_logprobs,
+            embedding,
         } = finished;
         if !self.runs_on(rid, from) {
             tracing::debug!(rid, "done for a request not running there; dropped");
@@ -605,6 +608,7 @@ impl Core {
                 tool_calls,
                 choice,
                 prompt_logprobs,
+                embedding,
             };
             let to = Peer::Client(request.client.clone());
             self.send(to, &reply);
@@ -627,18 +631,29 @@ impl Core {
         self.metrics
             .cached_tokens
             .inc_by(u64::from(usage.cached_tokens));
-        let reply = ClientReply::Done {
-            id: request.id,
-            finish_reason,
-            text,
-            usage,
-            timings,
-            worker: worker_id,
-            logprobs,
-            reasoning,
-            tool_calls,
-            choice,
-            prompt_logprobs,
+        // An `embed` gets its vector as `embedding`; ended before its
+        // input was computed (cancelled, deadline) it gets the `done`.
+        let reply = match embedding {
+            Some(embedding) if request.embedding => ClientReply::Embedding {
+                id: request.id,
+                embedding,
+                usage,
+                worker: worker_id,
+            },
+            embedding => ClientReply::Done {
+                id: request.id,
+                finish_reason,
+                text,
+                usage,
+                timings,
+                worker: worker_id,
+                logprobs,
+                reasoning,
+                tool_calls,
+                choice,
+                prompt_logprobs,
+                embedding,
+            },
         };
         self.send(Peer::Client(request.client), &reply);
         self.settle_drains(now);
@@ -693,6 +708,7 @@ struct Finished {
     tool_calls: Option<Vec<ToolCall>>,
     choice: u32,
     prompt_logprobs: Option<Vec<PromptLogprob>>,
+    embedding: Option<Vec<f32>>,
 }
 
 /// A `ready` message's fields.

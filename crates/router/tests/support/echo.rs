@@ -145,6 +145,7 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                         tool_calls: None,
                         choice: 0,
                         prompt_logprobs: None,
+                        embedding: None,
                     });
                 }
                 Ok(RouterToWorker::Disconnect { .. }) => {

@@ -128,6 +128,8 @@ pub enum EngineEvent {
         /// Every prompt token's log probability, on choice 0's `Done`
         /// when the request asked for `prompt_logprobs`.
         prompt_logprobs: Option<Vec<PromptLogprob>>,
+        /// The prompt's pooled, normalised hidden state, for `embed`.
+        embedding: Option<Vec<f32>>,
     },
     /// The request failed; terminal.
     Error {
@@ -192,7 +194,9 @@ impl From<EngineEvent> for WorkerToRouter {
                 tool_calls,
                 choice,
                 prompt_logprobs,
+                embedding,
             } => WorkerToRouter::Done {
+                embedding,
                 prompt_logprobs,
                 choice,
                 rid,

@@ -12,8 +12,8 @@ use toktrie::SimpleVob;
 use zinfer_cache::{RadixCache, TokenPool};
 use zinfer_model::{ChunkOutput, ForwardModel};
 use zinfer_protocol::{
-    ErrorCode, FinishReason, GenerateRequest, PromptLogprob, Timings, TokenLogprob, ToolCall,
-    TopLogprob, Usage,
+    ErrorCode, FinishReason, GenerateRequest, Pooling, PromptLogprob, Timings, TokenLogprob,
+    ToolCall, TopLogprob, Usage,
 };
 
 use super::choices::{Choices, Pending, choice_seed};
@@ -79,14 +79,64 @@ struct Request {
     /// The prompt tokens' log probabilities so far, position by position,
     /// with the alternatives asked for, when the request wants them.
     prompt_logprobs: Option<(usize, Vec<PromptLogprob>)>,
-    /// `max_tokens` 0 with `prompt_logprobs`: the prompt is computed for
-    /// its log probabilities, and nothing is generated.
+    /// `max_tokens` 0 with `prompt_logprobs` or `embed`: the prompt is
+    /// computed for its rows, and nothing is generated.
     score_only: bool,
+    /// An embedding: how to pool, and the pooled prompt rows so far.
+    embed: Option<Embedding>,
     /// Whether the request has a constraint: its `matcher` is then always
     /// here, except while the mask thread holds it during a step.
     constrained: bool,
     /// The constraint's state after the tokens generated so far.
     matcher: Option<Box<llguidance::Matcher>>,
+}
+
+/// An embedding being pooled from its prompt's hidden rows.
+#[derive(Debug)]
+struct Embedding {
+    pooling: Pooling,
+    /// The sum of the rows so far (mean), or the last row (last).
+    sum: Vec<f32>,
+    /// Rows taken, from position 0.
+    rows: usize,
+}
+
+impl Embedding {
+    fn add(&mut self, row: &[f32], last: bool) {
+        match self.pooling {
+            Pooling::Mean => {
+                if self.sum.is_empty() {
+                    self.sum = vec![0.0; row.len()];
+                }
+                for (total, value) in self.sum.iter_mut().zip(row) {
+                    *total += value;
+                }
+            }
+            Pooling::Last if last => self.sum = row.to_vec(),
+            Pooling::Last => {}
+        }
+        self.rows += 1;
+    }
+
+    /// The pooled, L2-normalised vector once every prompt row is in (the
+    /// mean's division cancels in the normalisation).
+    fn vector(self, prompt_len: usize) -> Option<Vec<f32>> {
+        if self.rows != prompt_len || self.sum.is_empty() {
+            return None;
+        }
+        let mut vector = self.sum;
+        let norm = vector
+            .iter()
+            .map(|&x| f64::from(x) * f64::from(x))
+            .sum::<f64>()
+            .sqrt();
+        if norm > 0.0 {
+            for x in &mut vector {
+                *x = (f64::from(*x) / norm) as f32;
+            }
+        }
+        Some(vector)
+    }
 }
 
 /// One choice about to start.
@@ -346,7 +396,14 @@ impl EngineLoop {
             }
             _ => None,
         };
-        let prompt_output = if prompt_logprobs.is_some() {
+        let embed = request.embed.map(|pooling| Embedding {
+            pooling,
+            sum: Vec::new(),
+            rows: 0,
+        });
+        let prompt_output = if embed.is_some() {
+            ChunkOutput::AllHidden
+        } else if prompt_logprobs.is_some() {
             ChunkOutput::AllLogits
         } else {
             ChunkOutput::LastLogits
@@ -384,10 +441,12 @@ impl EngineLoop {
             last_token: None,
             prompt_logprobs,
             score_only: false,
+            embed,
             constrained: choice.constraint.is_some(),
             matcher: choice.constraint.map(|compiled| Box::new(compiled.0)),
         };
-        let score_only = request.max_tokens == 0 && request_state.prompt_logprobs.is_some();
+        let score_only = request.max_tokens == 0
+            && (request_state.prompt_logprobs.is_some() || request_state.embed.is_some());
         self.requests.insert(
             id,
             Request {
@@ -456,6 +515,7 @@ impl EngineLoop {
             }
         };
         let mut sampled = vec![None; plan.items.len()];
+        let mut embedded = Vec::new();
         for (((item, mut row), slot), mask) in plan
             .items
             .iter()
@@ -465,6 +525,20 @@ impl EngineLoop {
         {
             if item.prefill {
                 self.stats.prefill_tokens += item.len as u64;
+            }
+            if self
+                .requests
+                .get(&item.id)
+                .is_some_and(|r| r.embed.is_some())
+            {
+                // Hidden rows, no logits: pooled, and the request ends once
+                // its prompt is in.
+                if let Err(error) = self.pool_hidden_rows(item, &row) {
+                    self.fail_internal(item.id, &error);
+                } else if item.sample {
+                    embedded.push(item.id);
+                }
+                continue;
             }
             if row.len() > self.model.vocab_size() {
                 row = match self.take_prompt_rows(item, row) {
@@ -499,12 +573,42 @@ impl EngineLoop {
             }
         }
         self.scheduler.complete(&plan, &sampled);
+        for id in embedded {
+            self.finish(id, FinishReason::Stop);
+        }
         let now = self.clock.now();
         for (item, token) in plan.items.iter().zip(sampled) {
             if let Some(token) = token {
                 self.on_token(item.id, token, now);
             }
         }
+    }
+
+    /// Adds the hidden rows of an embedding's prompt chunk to its pool,
+    /// each position once, in order.
+    fn pool_hidden_rows(&mut self, item: &PlanItem, rows: &[f32]) -> Result<(), InternalError> {
+        let hidden = self.model.hidden_size();
+        if hidden == 0 || rows.len() != item.len * hidden {
+            return Err(InternalError::LogitRows {
+                rows: rows.len() / hidden.max(1),
+                chunks: item.len,
+            });
+        }
+        let Some(request) = self.requests.get_mut(&item.id) else {
+            return Ok(());
+        };
+        let prompt_len = request.prompt_tokens;
+        let Some(embed) = request.embed.as_mut() else {
+            return Ok(());
+        };
+        for (r, row) in rows.chunks_exact(hidden).enumerate() {
+            let position = item.start + r;
+            if position != embed.rows || position >= prompt_len {
+                continue;
+            }
+            embed.add(row, position + 1 == prompt_len);
+        }
+        Ok(())
     }
 
     /// A prompt chunk of a request that wants its prompt's log
@@ -806,6 +910,9 @@ impl EngineLoop {
             tool_calls: (whole && !request.tool_calls.is_empty()).then_some(request.tool_calls),
             choice: request.choice,
             prompt_logprobs: request.prompt_logprobs.map(|(_, entries)| entries),
+            embedding: request
+                .embed
+                .and_then(|embed| embed.vector(request.prompt_tokens)),
         });
         let (unstarted, over) = self.choices.ended(rid, id);
         // Choice 0 ended before its prompt was computed: the choices that
@@ -827,6 +934,7 @@ impl EngineLoop {
                     tool_calls: None,
                     choice,
                     prompt_logprobs: None,
+                    embedding: None,
                 });
             }
         }

@@ -116,12 +116,10 @@ impl ForwardModel for FakeModel {
         let mut written = std::collections::HashSet::new();
         for chunk in batch {
             let bad = |what: &str| Err(ModelError::InvalidBatch(what.to_string()));
-            let all = match chunk.output {
-                zinfer_model::ChunkOutput::LastLogits => false,
-                zinfer_model::ChunkOutput::AllLogits => true,
-                zinfer_model::ChunkOutput::AllHidden => {
-                    return bad("the fake model has no hidden states");
-                }
+            let (all, hidden) = match chunk.output {
+                zinfer_model::ChunkOutput::LastLogits => (false, false),
+                zinfer_model::ChunkOutput::AllLogits => (true, false),
+                zinfer_model::ChunkOutput::AllHidden => (true, true),
             };
             let mut all_rows = Vec::new();
             if chunk.slots.len() != chunk.start_pos + chunk.tokens.len() {
@@ -141,7 +139,10 @@ impl ForwardModel for FakeModel {
                 let next = chain(state, token);
                 self.kv[slot as usize] = Some(next);
                 state = Some(next);
-                if all {
+                if hidden {
+                    // 8 values from the prefix hash, signed.
+                    all_rows.extend((0..8).map(|i| ((next.0 >> (8 * i)) & 0xff) as f32 - 127.5));
+                } else if all {
                     all_rows.extend(fake_logits(self.mode, next));
                 }
             }

@@ -176,6 +176,7 @@ impl Harness {
                 tool_calls: None,
                 choice: 0,
                 prompt_logprobs: None,
+                embedding: None,
             },
         );
     }

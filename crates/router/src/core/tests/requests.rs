@@ -119,6 +119,7 @@ fn a_request_of_several_choices_ends_with_its_last_done() {
         tool_calls: None,
         choice,
         prompt_logprobs: None,
+        embedding: None,
     };
     h.worker("w1", &done(2));
     h.worker("w1", &done(0));
@@ -188,6 +189,7 @@ fn non_streamed_request_gets_only_done_with_text() {
             tool_calls: None,
             choice: 0,
             prompt_logprobs: None,
+            embedding: None,
         },
     );
     let replies = h.client_replies();
@@ -257,6 +259,7 @@ fn logprobs_are_forwarded_and_relayed_unchanged() {
             tool_calls: None,
             choice: 0,
             prompt_logprobs: None,
+            embedding: None,
         },
     );
     let replies = h.client_replies();

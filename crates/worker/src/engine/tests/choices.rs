@@ -224,3 +224,57 @@ fn prompt_logprobs_cover_every_prompt_token_once() {
     assert!(prompt_logprobs.is_none());
     assert!(usage.cached_tokens > 0);
 }
+
+#[test]
+fn an_embedding_pools_every_prompt_row_and_generates_nothing() {
+    let handle = engine(Mode::Hash, 1024, 0, EngineConfig::default());
+    let embed = |text: &str, pooling| {
+        zinfer_protocol::EmbedRequest {
+            pooling: Some(pooling),
+            ..zinfer_protocol::EmbedRequest::text("e", text)
+        }
+        .to_generate()
+    };
+    let vector = |rid: u64, request: GenerateRequest| -> Vec<f32> {
+        handle.submit(request, rid).unwrap();
+        let events = collect(&handle, rid);
+        assert_eq!(events.len(), 1, "no chunks: {events:?}");
+        let Some(EngineEvent::Done {
+            embedding: Some(vector),
+            usage,
+            ..
+        }) = events.last()
+        else {
+            panic!("expected done with an embedding: {events:?}");
+        };
+        assert_eq!(usage.completion_tokens, 0);
+        assert_eq!(usage.cached_tokens, 0, "every row computed");
+        vector.clone()
+    };
+    let mean = vector(
+        1,
+        embed("a sentence to embed", zinfer_protocol::Pooling::Mean),
+    );
+    assert_eq!(mean.len(), 8);
+    let norm: f32 = mean.iter().map(|x| x * x).sum::<f32>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+    // The same text again, now cached: the same vector.
+    assert_eq!(
+        vector(
+            2,
+            embed("a sentence to embed", zinfer_protocol::Pooling::Mean)
+        ),
+        mean
+    );
+    let last = vector(
+        3,
+        embed("a sentence to embed", zinfer_protocol::Pooling::Last),
+    );
+    assert_ne!(last, mean);
+    assert_ne!(
+        vector(4, embed("another one", zinfer_protocol::Pooling::Mean)),
+        mean
+    );
+    let stats = wait_idle(&handle);
+    assert_eq!(stats.generated_tokens, 0);
+}
