@@ -183,11 +183,11 @@ except openai.BadRequestError as error:
     print(f"top_logprobs over 20: 400 {error.body['message']}")
 
 try:
-    client.chat.completions.create(model=model, messages=question, n=2)
-    sys.exit("n=2 was accepted")
+    client.completions.create(model=model, prompt="Hi", best_of=2)
+    sys.exit("best_of=2 was accepted")
 except openai.BadRequestError as error:
     assert error.status_code == 400
-    assert error.body["param"] == "n", error.body
+    assert error.body["param"] == "best_of", error.body
     print(f"bad request: 400 {error.body['message']}")
 
 try:

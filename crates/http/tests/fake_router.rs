@@ -341,7 +341,7 @@ fn completions_models_health_ready() {
 #[test]
 fn errors_are_openai_shaped() {
     let (addr, _) = start_front(None);
-    let bad = json!({"messages": [{"role": "user", "content": "x"}], "n": 3});
+    let bad = json!({"messages": [{"role": "user", "content": "x"}], "n": 17});
     let (status, body) = call(addr, "POST", "/v1/chat/completions", Some(&bad), None);
     assert_eq!(status, 400, "{body}");
     assert_eq!(json(&body)["error"]["param"], "n");
