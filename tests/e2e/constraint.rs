@@ -294,26 +294,9 @@ print(json.dumps(out))
 fn openai_response_format_through_the_http_front() {
     let python = venv_python("openai");
     let cluster = Cluster::start("cache_aware", 1);
-    let listen = format!("127.0.0.1:{}", crate::harness::free_port());
-    let _front = crate::harness::spawn_until(
-        "listening on",
-        &[
-            "http",
-            "--router",
-            &cluster.clients,
-            "--listen",
-            &listen,
-            "--served-model-name",
-            "smol",
-        ],
-    );
+    let (_front, base) = crate::harness::http_front(&cluster);
     let output = Command::new(&python)
-        .args([
-            "-c",
-            OPENAI_CHECK,
-            &format!("http://{listen}/v1"),
-            &person_schema().to_string(),
-        ])
+        .args(["-c", OPENAI_CHECK, &base, &person_schema().to_string()])
         .output()
         .expect("running the openai venv's python");
     let stdout = String::from_utf8_lossy(&output.stdout);

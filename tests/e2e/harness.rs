@@ -549,3 +549,41 @@ fn free_ports_are_distinct_spaced_and_not_ephemeral() {
         TcpListener::bind(("127.0.0.1", port)).expect("a handed-out port is free");
     }
 }
+
+/// `zinfer http` in front of `cluster`'s router, serving the default model
+/// as `smol`; returns the process and its `/v1` base URL.
+pub fn http_front(cluster: &Cluster) -> (Proc, String) {
+    let listen = format!("127.0.0.1:{}", free_port());
+    let front = spawn_until(
+        "listening on",
+        &[
+            "http",
+            "--router",
+            &cluster.clients,
+            "--listen",
+            &listen,
+            "--served-model-name",
+            "smol",
+        ],
+    );
+    (front, format!("http://{listen}/v1"))
+}
+
+/// Runs `tests/e2e/SCRIPT` with the openai venv's python and `args`, and
+/// asserts it succeeded and printed `passed` (its last line says so).
+pub fn openai_script(script: &str, args: &[&str], passed: &str) {
+    let python = venv_python("openai");
+    let path = format!("{}/../../tests/e2e/{script}", env!("CARGO_MANIFEST_DIR"));
+    let output = Command::new(&python)
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {script}: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!("{stdout}");
+    assert!(
+        output.status.success() && stdout.contains(passed),
+        "{script} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -4,11 +4,9 @@
 //! through the HTTP front, the official `openai` package gets strict JSON
 //! schemas and tool calls that `jsonschema` validates.
 
-use std::process::Command;
-
 use zinfer_protocol::{ChatMessage, ClientReply, FinishReason, Tool, ToolCall, ToolChoice};
 
-use crate::harness::{Cluster, venv_python};
+use crate::harness::Cluster;
 
 fn weather_tool() -> Tool {
     Tool::function(
@@ -117,34 +115,11 @@ fn forced_tool_calls_over_the_protocol() {
 
 #[test]
 fn openai_structured_output_and_tools_through_the_http_front() {
-    let python = venv_python("openai");
     let cluster = Cluster::start("cache_aware", 1);
-    let listen = format!("127.0.0.1:{}", crate::harness::free_port());
-    let _front = crate::harness::spawn_until(
-        "listening on",
-        &[
-            "http",
-            "--router",
-            &cluster.clients,
-            "--listen",
-            &listen,
-            "--served-model-name",
-            "smol",
-        ],
-    );
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/e2e/openai_tools.py"
-    );
-    let output = Command::new(&python)
-        .args([script, &format!("http://{listen}/v1"), "smol"])
-        .output()
-        .expect("running the openai tools script");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    eprintln!("{stdout}");
-    assert!(
-        output.status.success() && stdout.contains("openai tools checks passed"),
-        "the openai tools checks failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&output.stderr)
+    let (_front, base) = crate::harness::http_front(&cluster);
+    crate::harness::openai_script(
+        "openai_tools.py",
+        &[&base, "smol"],
+        "openai tools checks passed",
     );
 }

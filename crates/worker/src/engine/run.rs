@@ -540,7 +540,11 @@ impl EngineLoop {
                 }
                 continue;
             }
-            if row.len() > self.model.vocab_size() {
+            if self
+                .requests
+                .get(&item.id)
+                .is_some_and(|r| r.prompt_logprobs.is_some())
+            {
                 row = match self.take_prompt_rows(item, row) {
                     Ok(last) => last,
                     Err(error) => {
@@ -611,28 +615,35 @@ impl EngineLoop {
         Ok(())
     }
 
-    /// A prompt chunk of a request that wants its prompt's log
-    /// probabilities came back with every row's logits: row `r` gives the
-    /// distribution of the token at position `start + r + 1`. Records those
-    /// that are prompt tokens and returns the last row, to sample from.
+    /// A chunk of a request that wants its prompt's log probabilities:
+    /// every row's logits while its prompt is computed the first time,
+    /// the last row's after. The row after position `p` gives the
+    /// distribution of the token at `p + 1`; those that are prompt tokens
+    /// are recorded. Returns the last row, to sample from.
     fn take_prompt_rows(
         &mut self,
         item: &PlanItem,
         rows: Vec<f32>,
     ) -> Result<Vec<f32>, InternalError> {
         let vocab = self.model.vocab_size();
-        if item.len == 0 || rows.len() != item.len * vocab {
+        let given = rows.len() / vocab.max(1);
+        if item.len == 0
+            || !rows.len().is_multiple_of(vocab.max(1))
+            || !(given == item.len || given == 1)
+        {
             return Err(InternalError::LogitRows {
-                rows: rows.len() / vocab.max(1),
+                rows: given,
                 chunks: item.len,
             });
         }
+        // The rows cover the chunk's last `given` positions.
+        let first = item.start + item.len - given;
         let tokens = self.scheduler.tokens(item.id).unwrap_or_default();
         if let Some(request) = self.requests.get_mut(&item.id)
             && let Some((top, entries)) = request.prompt_logprobs.as_mut()
         {
             for (r, row) in rows.chunks_exact(vocab).enumerate() {
-                let position = item.start + r + 1;
+                let position = first + r + 1;
                 // In order, each position once (a recomputed chunk adds
                 // nothing), prompt tokens only.
                 if position != entries.len() || position >= request.prompt_tokens {
@@ -651,7 +662,7 @@ impl EngineLoop {
                 });
             }
         }
-        Ok(rows[(item.len - 1) * vocab..].to_vec())
+        Ok(rows[(given - 1) * vocab..].to_vec())
     }
 
     /// Hands the matcher of every constrained sequence that samples this

@@ -210,6 +210,35 @@ fn prompt_logprobs_cover_every_prompt_token_once() {
     assert_eq!(entries.len(), prompt.len());
     assert_eq!(usage.completion_tokens, 0);
     assert_eq!(*finish_reason, FinishReason::Length);
+    // Prompts split into chunks of any size, one token included, still
+    // give every entry once.
+    let small_steps = EngineConfig {
+        scheduler: crate::scheduler::SchedulerConfig {
+            step_token_budget: 3,
+            ..crate::scheduler::SchedulerConfig::default()
+        },
+        ..EngineConfig::default()
+    };
+    let chunked = engine(Mode::Script, 1024, 0, small_steps);
+    let long = "x\nHello, w";
+    chunked
+        .submit(
+            GenerateRequest {
+                prompt_logprobs: Some(0),
+                ..greedy(long, 2)
+            },
+            9,
+        )
+        .unwrap();
+    let Some(EngineEvent::Done {
+        prompt_logprobs: Some(chunked_entries),
+        ..
+    }) = collect(&chunked, 9).pop()
+    else {
+        panic!("expected done with prompt logprobs");
+    };
+    let positions: Vec<u32> = chunked_entries.iter().map(|e| e.token).collect();
+    assert_eq!(positions, Bytes.encode(long).unwrap());
     // A request that does not ask gets none, and takes the cached prefix.
     handle.submit(greedy(prompt, 3), 3).unwrap();
     let events = collect(&handle, 3);
