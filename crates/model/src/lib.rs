@@ -4,10 +4,12 @@
 //! [`load`] reads a GGUF file or a Hugging Face safetensors directory into a
 //! [`LoadedModel`]: a [`ForwardModel`] that owns its KV pool, plus the
 //! [`ModelTokenizer`]. The engine drives the model one step at a time with a
-//! batch of [`SeqChunk`]s; the KV slots come from the engine's token pool.
+//! [`StepBatch`]: the step's [`SeqChunk`]s laid out flat; the KV slots come
+//! from the engine's token pool.
 
 mod arch;
 mod attention;
+mod batch;
 mod candle_model;
 mod chat;
 mod cpu;
@@ -29,6 +31,7 @@ pub use device::{Device, DeviceError, candle_device, check_device};
 pub use zinfer_probe::{KvDtype, model_name};
 
 pub use arch::supported as supported_architectures;
+pub use batch::StepBatch;
 pub use candle_model::CandleModel;
 pub use chat::tools::{ChatFeatures, ToolFormat};
 pub use chat::{ChatTemplate, TemplateInput};
@@ -88,6 +91,15 @@ pub trait ForwardModel {
     /// (`tokens.len() * vocab_size()`), or the final hidden state of every
     /// token (`tokens.len() * hidden_size()`), rows in token order.
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
+    /// Runs one step given flat, as the engine hands it over: the same
+    /// contract and results as [`Self::forward`] on [`StepBatch::chunks`].
+    /// A backend that uploads its inputs (a GPU) overrides this to send the
+    /// batch's arrays as they are; the default views them as chunks, without
+    /// copying tokens or slots, and calls [`Self::forward`].
+    fn forward_batch(&mut self, batch: &StepBatch) -> Result<Vec<Vec<f32>>, ModelError> {
+        let chunks: Vec<SeqChunk<'_>> = batch.chunks().collect();
+        self.forward(&chunks)
+    }
     /// Number of logits per token; token ids must be below it.
     fn vocab_size(&self) -> usize;
     /// Width of one final hidden state (the model's embedding width): the

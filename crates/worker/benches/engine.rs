@@ -515,13 +515,23 @@ fn main() {
     for (key, value) in rows {
         println!("| {key:width$} | {value} |");
     }
+    let per_step = |seconds: f64| seconds * 1e3 / stats.steps.max(1) as f64;
     println!(
         "\nsteps {}, forward {:.1} s, engine overhead (step - forward) {:.3} ms/step, \
          preemptions {}",
         stats.steps,
         stats.forward_s,
-        (stats.step_s - stats.forward_s) * 1e3 / stats.steps.max(1) as f64,
+        per_step(stats.step_s - stats.forward_s),
         stats.preemptions
+    );
+    println!(
+        "step phases, ms/step: plan {:.3}, forward {:.3}, sample {:.3}, rest {:.3} \
+         (step {:.3})",
+        per_step(stats.plan_s),
+        per_step(stats.forward_s),
+        per_step(stats.sample_s),
+        per_step(stats.rest_s),
+        per_step(stats.step_s)
     );
     println!("sampling one 49,152-logit row: {}", sampling_cost());
 }

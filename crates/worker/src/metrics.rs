@@ -11,8 +11,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec,
-    Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub use zinfer_metrics_http::{MetricsError, MetricsServer};
@@ -56,6 +56,9 @@ pub struct WorkerMetrics {
     pub preemptions: IntCounter,
     /// Messages to the router that could not be sent.
     pub dropped_sends: IntCounter,
+    /// Engine step time by phase (`plan`, `forward`, `sample`, `rest`),
+    /// seconds; fed by [`WorkerMetrics::observe_engine`].
+    pub step_phases: CounterVec,
     /// 1 for the served model and device; set by [`WorkerMetrics::set_info`].
     info: IntGaugeVec,
 }
@@ -102,10 +105,20 @@ impl WorkerMetrics {
             &["model", "device"],
         )?;
         registry.register(Box::new(info.clone()))?;
+        let step_phases = CounterVec::new(
+            Opts::new(
+                "zinfer_worker_step_phase_seconds_total",
+                "Engine step time by phase: plan (scheduler and batch layout), forward (model), \
+                 sample (masks and samplers), rest (events, detokenizing).",
+            ),
+            &["phase"],
+        )?;
+        registry.register(Box::new(step_phases.clone()))?;
         register_process_collector(&registry)?;
         Ok(WorkerMetrics {
             info,
             requests,
+            step_phases,
             running: int_gauge(
                 "zinfer_worker_running_requests",
                 "Sequences in the running batch.",
@@ -166,8 +179,8 @@ impl WorkerMetrics {
         })
     }
 
-    /// Feeds the gauges (and the preemption counter) from one engine stats
-    /// snapshot, so they all describe the same moment.
+    /// Feeds the gauges (and the preemption and step phase counters) from
+    /// one engine stats snapshot, so they all describe the same moment.
     pub fn observe_engine(&self, stats: &crate::engine::EngineStats) {
         self.running.set(stats.running as i64);
         self.waiting.set(stats.waiting as i64);
@@ -181,6 +194,18 @@ impl WorkerMetrics {
         let seen = self.preemptions.get();
         if stats.preemptions > seen {
             self.preemptions.inc_by(stats.preemptions - seen);
+        }
+        for (phase, total) in [
+            ("plan", stats.plan_s),
+            ("forward", stats.forward_s),
+            ("sample", stats.sample_s),
+            ("rest", stats.rest_s),
+        ] {
+            let counter = self.step_phases.with_label_values(&[phase]);
+            let seen = counter.get();
+            if total > seen {
+                counter.inc_by(total - seen);
+            }
         }
     }
 
@@ -319,6 +344,31 @@ mod tests {
             "zinfer_worker_time_to_first_token_seconds_bucket",
             "zinfer_worker_kv_cache_usage_ratio 0.25",
             "# TYPE zinfer_worker_preemptions_total counter",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn step_phases_follow_the_engine_totals() {
+        let metrics = WorkerMetrics::new().unwrap();
+        let mut stats = crate::engine::EngineStats {
+            plan_s: 0.25,
+            forward_s: 2.0,
+            sample_s: 0.5,
+            rest_s: 0.125,
+            ..Default::default()
+        };
+        metrics.observe_engine(&stats);
+        stats.forward_s = 3.0;
+        metrics.observe_engine(&stats);
+        let text = metrics.render();
+        for name in [
+            "# TYPE zinfer_worker_step_phase_seconds_total counter",
+            "zinfer_worker_step_phase_seconds_total{phase=\"plan\"} 0.25",
+            "zinfer_worker_step_phase_seconds_total{phase=\"forward\"} 3",
+            "zinfer_worker_step_phase_seconds_total{phase=\"sample\"} 0.5",
+            "zinfer_worker_step_phase_seconds_total{phase=\"rest\"} 0.125",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

@@ -387,7 +387,20 @@ pub struct EngineStats {
     pub forward_s: f64,
     /// Time spent in whole steps (scheduling, forward, sampling, text,
     /// events), seconds; minus `forward_s` it is the engine's overhead.
+    /// Its phases `plan_s`, `forward_s`, `sample_s` and `rest_s` split it:
+    /// each moment of a step is charged to one, so they add up to at most
+    /// this.
     pub step_s: f64,
+    /// Phase of the steps spent in the scheduler, seconds: planning the
+    /// step, laying out its [`zinfer_model::StepBatch`], recording its
+    /// results.
+    pub plan_s: f64,
+    /// Phase of the steps spent sampling, seconds: handing out and waiting
+    /// for constraint masks, applying them, and the samplers.
+    pub sample_s: f64,
+    /// The rest of the steps, seconds: admissions, reading prompt rows
+    /// (prompt logprobs, embeddings), stop checks, detokenizing and events.
+    pub rest_s: f64,
     /// Time the mask thread spent computing constrained requests' token
     /// masks, seconds (mostly hidden behind forward passes).
     pub mask_s: f64,

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use toktrie::SimpleVob;
 use zinfer_cache::{RadixCache, TokenPool};
-use zinfer_model::{ChunkOutput, ForwardModel};
+use zinfer_model::{ChunkOutput, ForwardModel, StepBatch};
 use zinfer_protocol::{
     ErrorCode, FinishReason, GenerateRequest, Pooling, PromptLogprob, Timings, TokenLogprob,
     ToolCall, TopLogprob, Usage,
@@ -171,6 +171,22 @@ pub(super) struct EngineLoop {
     mask_thread: Option<MaskThread>,
     /// The choices of requests with `n` > 1.
     choices: Choices,
+    /// The step's batch as the model takes it; refilled every step, its
+    /// buffers kept.
+    batch: StepBatch,
+}
+
+/// Splits a step's time between its phases: [`Lap::charge`] adds the time
+/// since the previous charge to one phase, so every moment goes to exactly
+/// one and the phases add up to the step.
+struct Lap(Instant);
+
+impl Lap {
+    fn charge(&mut self, clock: &Clock, phase: &mut f64) {
+        let now = clock.now();
+        *phase += seconds_since(self.0, now);
+        self.0 = now;
+    }
 }
 
 impl EngineLoop {
@@ -206,6 +222,7 @@ impl EngineLoop {
             seeds: StdRng::seed_from_u64(config.seed.unwrap_or_else(rand::random)),
             mask_thread: None,
             choices: Choices::default(),
+            batch: StepBatch::new(),
         }
     }
 
@@ -477,9 +494,12 @@ impl EngineLoop {
         }
     }
 
-    /// One scheduling step and forward pass.
+    /// One scheduling step and forward pass, its time charged to the
+    /// phases of [`EngineStats`].
     fn step(&mut self) {
+        let mut lap = Lap(self.clock.now());
         let plan = self.scheduler.schedule();
+        lap.charge(&self.clock, &mut self.stats.plan_s);
         let now = self.clock.now();
         for &rid in &plan.exhausted {
             self.finish(rid, FinishReason::Length);
@@ -499,18 +519,23 @@ impl EngineLoop {
             if !self.scheduler.is_empty() {
                 self.wait_a_little();
             }
+            lap.charge(&self.clock, &mut self.stats.rest_s);
             return;
         }
+        lap.charge(&self.clock, &mut self.stats.rest_s);
         // Masks are computed on the mask thread while the forward pass runs.
         self.start_masks(&plan);
-        let logits = self.forward(&plan);
+        lap.charge(&self.clock, &mut self.stats.sample_s);
+        let logits = self.forward(&plan, &mut lap);
         let mut masks = self.finish_masks(&plan);
+        lap.charge(&self.clock, &mut self.stats.sample_s);
         let logits = match logits {
             Ok(logits) => logits,
             Err(error) => {
                 for item in &plan.items {
                     self.fail_internal(item.id, &error);
                 }
+                lap.charge(&self.clock, &mut self.stats.rest_s);
                 return;
             }
         };
@@ -556,6 +581,7 @@ impl EngineLoop {
             let Some(request) = self.requests.get_mut(&item.id).filter(|_| item.sample) else {
                 continue;
             };
+            lap.charge(&self.clock, &mut self.stats.rest_s);
             // The mask comes first: penalty, temperature, the cuts and the
             // draw (or argmax) all see the masked row.
             match mask.take() {
@@ -571,12 +597,16 @@ impl EngineLoop {
                 }
                 None => {}
             }
-            match request.sampler.sample(&mut row) {
+            let drawn = request.sampler.sample(&mut row);
+            lap.charge(&self.clock, &mut self.stats.sample_s);
+            match drawn {
                 Ok(token) => *slot = Some(token),
                 Err(error) => self.fail_internal(item.id, &error.into()),
             }
         }
+        lap.charge(&self.clock, &mut self.stats.rest_s);
         self.scheduler.complete(&plan, &sampled);
+        lap.charge(&self.clock, &mut self.stats.plan_s);
         for id in embedded {
             self.finish(id, FinishReason::Stop);
         }
@@ -586,6 +616,7 @@ impl EngineLoop {
                 self.on_token(item.id, token, now);
             }
         }
+        lap.charge(&self.clock, &mut self.stats.rest_s);
     }
 
     /// Adds the hidden rows of an embedding's prompt chunk to its pool,
@@ -746,21 +777,21 @@ impl EngineLoop {
         masks
     }
 
-    fn forward(&mut self, plan: &StepPlan) -> Result<Vec<Vec<f32>>, InternalError> {
-        let chunks = plan
-            .items
-            .iter()
-            .map(|item| self.scheduler.chunk(item))
-            .collect::<Option<Vec<_>>>()
+    /// Lays out the step's batch (planning) and runs the model on it
+    /// (forward).
+    fn forward(&mut self, plan: &StepPlan, lap: &mut Lap) -> Result<Vec<Vec<f32>>, InternalError> {
+        self.scheduler
+            .fill_batch(plan, &mut self.batch)
             .ok_or(InternalError::MissingChunk)?;
-        let started = self.clock.now();
-        let logits = self.model.forward(&chunks)?;
-        self.stats.forward_s += seconds_since(started, self.clock.now());
+        lap.charge(&self.clock, &mut self.stats.plan_s);
+        let logits = self.model.forward_batch(&self.batch);
+        lap.charge(&self.clock, &mut self.stats.forward_s);
+        let logits = logits?;
         self.stats.steps += 1;
-        if logits.len() != chunks.len() {
+        if logits.len() != self.batch.len() {
             return Err(InternalError::LogitRows {
                 rows: logits.len(),
-                chunks: chunks.len(),
+                chunks: self.batch.len(),
             });
         }
         Ok(logits)

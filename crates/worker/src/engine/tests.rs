@@ -767,6 +767,27 @@ fn wait_idle(handle: &EngineHandle) -> EngineStats {
 }
 
 #[test]
+fn step_phases_add_up_to_at_most_the_step_time() {
+    let handle = engine(Mode::Script, 256, 1, EngineConfig::default());
+    for rid in 1..=3 {
+        handle.submit(greedy("hi\n", 12), rid).unwrap();
+    }
+    for _ in 1..=3 {
+        assert!(matches!(next_terminal(&handle), EngineEvent::Done { .. }));
+    }
+    let stats = wait_idle(&handle);
+    let phases = [stats.plan_s, stats.forward_s, stats.sample_s, stats.rest_s];
+    assert!(phases.iter().all(|&phase| phase > 0.0), "{stats:?}");
+    // 12 steps of at least 1 ms in the model.
+    assert!(stats.forward_s >= 0.012, "{stats:?}");
+    // Up to the rounding of the running sums.
+    assert!(
+        phases.iter().sum::<f64>() <= stats.step_s + 1e-9,
+        "{stats:?}"
+    );
+}
+
+#[test]
 fn seeds_reproduce_and_differ() {
     let handle = engine(Mode::Hash, 1024, 0, EngineConfig::default());
     let sampled = |seed: u64, rid: u64| {

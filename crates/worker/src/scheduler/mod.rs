@@ -46,7 +46,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use zinfer_cache::{NodeHandle, RadixCache, TokenPool};
-use zinfer_model::{ChunkOutput, SeqChunk};
+use zinfer_model::{ChunkOutput, SeqChunk, StepBatch};
 
 use kv::Kv;
 pub use transfer::ImportError;
@@ -767,6 +767,17 @@ impl Scheduler {
             start_pos: item.start,
             output,
         })
+    }
+
+    /// Lays out the chunks of `plan` in `batch`, in batch order, replacing
+    /// what it held and reusing its buffers: the step as the model takes
+    /// it. None if an item names no running sequence (a bug).
+    pub fn fill_batch(&self, plan: &StepPlan, batch: &mut StepBatch) -> Option<()> {
+        batch.clear();
+        for item in &plan.items {
+            batch.push(&self.chunk(item)?);
+        }
+        Some(())
     }
 
     /// Records a computed step: K/V of every item is written, and each

@@ -35,6 +35,8 @@ struct Harness {
     vocab: u32,
     /// Stop at EOS (off for tests that count tokens).
     eos: bool,
+    /// Every step's flat batch, checked against its chunks.
+    batch: StepBatch,
 }
 
 impl Harness {
@@ -51,6 +53,7 @@ impl Harness {
             finished: Vec::new(),
             vocab: 50,
             eos: false,
+            batch: StepBatch::new(),
         }
     }
 
@@ -74,6 +77,8 @@ impl Harness {
     fn step(&mut self) -> StepPlan {
         let plan = self.sched.schedule();
         self.finished.extend(&plan.exhausted);
+        self.sched.fill_batch(&plan, &mut self.batch).unwrap();
+        assert_flat(&self.sched, &plan, &self.batch);
         let mut written = HashSet::new();
         let mut sampled = Vec::new();
         for item in &plan.items {
@@ -131,6 +136,35 @@ impl Harness {
         }
         panic!("not idle after {max_steps} steps");
     }
+}
+
+/// `batch` holds exactly the chunks of `plan`, in order: each sequence's
+/// tokens, their positions, its slots and offsets.
+fn assert_flat(sched: &Scheduler, plan: &StepPlan, batch: &StepBatch) {
+    assert_eq!(batch.len(), plan.items.len());
+    let (mut tokens, mut positions, mut slots) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut token_indptr, mut slot_indptr) = (vec![0], vec![0]);
+    for (index, item) in plan.items.iter().enumerate() {
+        let chunk = sched.chunk(item).unwrap();
+        tokens.extend_from_slice(chunk.tokens);
+        positions.extend((item.start..item.start + item.len).map(|p| p as u32));
+        slots.extend_from_slice(chunk.slots);
+        token_indptr.push(tokens.len() as u32);
+        slot_indptr.push(slots.len() as u32);
+        let view = batch.chunk(index).unwrap();
+        assert_eq!(
+            (view.tokens, view.slots, view.start_pos, view.output),
+            (chunk.tokens, chunk.slots, chunk.start_pos, chunk.output)
+        );
+    }
+    if plan.items.is_empty() {
+        (token_indptr, slot_indptr) = (Vec::new(), Vec::new());
+    }
+    assert_eq!(batch.tokens(), tokens);
+    assert_eq!(batch.positions(), positions);
+    assert_eq!(batch.slots(), slots);
+    assert_eq!(batch.token_indptr(), token_indptr);
+    assert_eq!(batch.slot_indptr(), slot_indptr);
 }
 
 fn reference_output(prompt: &[u32], max_new: usize, vocab: u32) -> Vec<u32> {
@@ -649,4 +683,56 @@ fn a_prefix_that_many_requests_wait_for_is_computed_first() {
     assert_eq!(ids, [2, 1]);
     assert_eq!(plan.items[0].len, 44);
     assert_eq!(plan.items[1].len, 20);
+}
+
+#[test]
+fn a_mixed_step_is_laid_out_flat_as_its_chunks() {
+    let mut h = Harness::new(256, config(8));
+    h.submit(1, vec![5, 6, 7], 10, 0);
+    let prompt: Vec<u32> = (1..=20).collect();
+    h.submit(2, prompt.clone(), 10, 0);
+    let _ = h.step();
+    // One decode beside a prefill chunk.
+    let plan = h.sched.schedule();
+    assert_eq!(plan.items.len(), 2);
+    assert!(!plan.items[0].prefill && plan.items[1].prefill);
+    let mut batch = StepBatch::new();
+    h.sched.fill_batch(&plan, &mut batch).unwrap();
+    let sampled = h.sched.tokens(1).unwrap()[3];
+    assert_eq!(batch.tokens()[0], sampled);
+    assert_eq!(&batch.tokens()[1..], &prompt[5..12]);
+    assert_eq!(batch.positions(), [3, 5, 6, 7, 8, 9, 10, 11]);
+    assert_eq!(batch.token_indptr(), [0, 1, 8]);
+    assert_eq!(batch.slot_indptr(), [0, 4, 16]);
+    let chunk = |i: usize| h.sched.chunk(&plan.items[i]).unwrap();
+    assert_eq!(&batch.slots()[..4], chunk(0).slots);
+    assert_eq!(&batch.slots()[4..], chunk(1).slots);
+    assert_flat(&h.sched, &plan, &batch);
+}
+
+#[test]
+fn the_flat_batch_keeps_its_buffers_across_identical_steps() {
+    let mut h = Harness::new(1024, config(64));
+    for id in 0..6u64 {
+        h.submit(
+            id,
+            (0..30).map(|t| 1 + (t + id as u32) % 40).collect(),
+            20,
+            0,
+        );
+    }
+    let _ = h.step();
+    let _ = h.step();
+    let plan = h.sched.schedule();
+    let mut batch = StepBatch::new();
+    h.sched.fill_batch(&plan, &mut batch).unwrap();
+    let capacity = batch.capacity();
+    let empty = StepPlan::default();
+    for _ in 0..10 {
+        h.sched.fill_batch(&empty, &mut batch).unwrap();
+        assert!(batch.is_empty());
+        h.sched.fill_batch(&plan, &mut batch).unwrap();
+        assert_eq!(batch.capacity(), capacity);
+    }
+    assert_flat(&h.sched, &plan, &batch);
 }
