@@ -237,12 +237,26 @@ impl Core {
             );
             return;
         }
-        if self
-            .workers
-            .get(&from.identity)
-            .is_some_and(Worker::is_live)
+        if let Some(worker) = self.workers.get_mut(&from.identity)
+            && worker.is_live()
         {
-            self.mark_lost(now, &from.identity, "it registered again (restarted)");
+            // The same live connection says `ready` again with the same
+            // id, models and device: a resent `ready`, not a restart (a
+            // restarted process connects with a new routing id). Its
+            // requests stand; only its capacity is taken again.
+            if worker.id == ready.worker_id
+                && worker.models == ready.models
+                && worker.device == ready.device
+            {
+                tracing::debug!(worker = %worker.id, "repeated ready from a live connection; kept");
+                worker.last_seen = now;
+                worker.kv_capacity = ready.kv_capacity;
+                worker.context_length = ready.context_length;
+                worker.vocab_size = ready.vocab_size;
+                self.refresh_gauges();
+                return;
+            }
+            self.mark_lost(now, &from.identity, "it registered again as another worker");
         }
         // A lost worker of the same id (a previous process of a restarted
         // worker) is superseded: one row per id in listings and admin commands.

@@ -145,12 +145,48 @@ fn lost_only_worker_leaves_queue_unavailable() {
 }
 
 #[test]
-fn restarted_worker_registering_again_gets_its_requests_back() {
+fn a_repeated_ready_from_a_live_connection_changes_nothing() {
     let mut h = Harness::new(config(Policy::RoundRobin));
     h.ready("w1", &["m"], 8);
     h.generate("c", prompt("a", "x"));
     let rid = h.dispatched()[0].1;
+    h.chunk("w1", rid, 0, "Hel");
+    assert_eq!(h.client_replies().len(), 1);
     h.ready("w1", &["m"], 8);
+    assert!(
+        h.sent().is_empty(),
+        "not sent again, no error: nothing restarted"
+    );
+    h.done("w1", rid, FinishReason::Stop);
+    let replies = h.client_replies();
+    assert!(
+        matches!(&replies[..], [ClientReply::Done { .. }]),
+        "the stream goes on: {replies:?}"
+    );
+    assert_eq!(h.core.active_requests(), 0);
+}
+
+#[test]
+fn the_same_connection_registering_as_another_worker_is_a_restart() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.ready("w1", &["m"], 8);
+    h.generate("c", prompt("a", "x"));
+    let rid = h.dispatched()[0].1;
+    h.worker(
+        "w1",
+        &WorkerToRouter::Ready {
+            worker_id: "w1".into(),
+            protocol: PROTOCOL_VERSION,
+            models: vec!["m".into(), "other".into()],
+            device: "cpu".into(),
+            kv_capacity: 4096,
+            max_batch: 8,
+            context_length: None,
+            vocab_size: None,
+            import_endpoint: None,
+        },
+    );
+    // Lost before any output: the request is retried on the new worker.
     let dispatched = h.dispatched();
     assert_eq!(dispatched.len(), 1);
     assert_eq!((dispatched[0].0.as_str(), dispatched[0].1), ("w1", rid));
