@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use zinfer_protocol::{ErrorCode, RouterToWorker};
 
-use super::{Core, Peer, Progress, Stage, remaining_ms, seconds};
+use super::{Core, Peer, Progress, Stage, Worker, remaining_ms, seconds};
 use crate::Policy;
 
 /// Why a worker was chosen; the label of the routing-decision metric.
@@ -52,12 +52,15 @@ impl Core {
         let Some(model) = request.request.model.clone() else {
             return false;
         };
+        let priority = request.request.priority;
         let candidates: Vec<Vec<u8>> = self
             .order
             .iter()
             .filter(|identity| {
                 self.workers.get(*identity).is_some_and(|worker| {
-                    worker.routable() && worker.serves(&model) && worker.has_room()
+                    worker.routable()
+                        && worker.serves(&model)
+                        && (worker.has_room() || self.outranks_work_on(worker, priority))
                 })
             })
             .cloned()
@@ -239,7 +242,15 @@ impl Core {
                 continue;
             }
             let key = request.queue_key(rid);
-            if !self.has_any_room() {
+            let priority = request.request.priority;
+            // The queue is in priority order: when its head cannot go, as
+            // plain work or by outranking work in flight, nothing behind it can.
+            if !self.has_any_room()
+                && !self
+                    .workers
+                    .values()
+                    .any(|worker| worker.routable() && self.outranks_work_on(worker, priority))
+            {
                 break;
             }
             self.queue.remove(&key);
@@ -248,6 +259,17 @@ impl Core {
             }
         }
         self.metrics.queue_depth.set(self.queue.len() as i64);
+    }
+
+    /// Whether a request of `priority` may go to `worker` past its
+    /// `max_inflight`: something in flight there has a lower priority.
+    fn outranks_work_on(&self, worker: &Worker, priority: i32) -> bool {
+        worker.has_room_to_preempt()
+            && worker.inflight.iter().any(|rid| {
+                self.requests
+                    .get(rid)
+                    .is_some_and(|r| r.request.priority < priority)
+            })
     }
 
     fn has_any_room(&self) -> bool {

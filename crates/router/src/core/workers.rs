@@ -48,6 +48,14 @@ impl Worker {
         self.inflight.len() < self.max_inflight as usize
     }
 
+    /// Room past `max_inflight` for a request that outranks work in
+    /// flight here: the worker preempts for it (its scheduler puts higher
+    /// priorities first), so it should reach the worker rather than wait
+    /// in the router behind the work it outranks.
+    pub(super) fn has_room_to_preempt(&self) -> bool {
+        self.inflight.len() < self.max_inflight as usize + PRIORITY_HEADROOM
+    }
+
     pub(super) fn serves(&self, model: &str) -> bool {
         self.models.iter().any(|name| name == model)
     }
@@ -724,6 +732,10 @@ struct Finished {
     prompt_logprobs: Option<Vec<PromptLogprob>>,
     embedding: Option<Vec<f32>>,
 }
+
+/// How many requests past its `max_inflight` a worker takes when each
+/// outranks something in flight there.
+const PRIORITY_HEADROOM: usize = 8;
 
 /// A `ready` message's fields.
 struct Registration {

@@ -414,6 +414,7 @@ impl Scheduler {
     pub fn schedule(&mut self) -> StepPlan {
         self.steps += 1;
         let mut plan = StepPlan::default();
+        self.preempt_for_priority(&mut plan);
         self.plan_decodes(&mut plan);
         let mut budget = self
             .config
@@ -498,6 +499,57 @@ impl Scheduler {
                 }
             }
             self.push_chunk(id, plan, &mut budget);
+        }
+    }
+
+    /// Makes room for the first waiting request when it outranks running
+    /// work and cannot start (the batch is full, or the pool cannot hold
+    /// its prompt): the lowest-priority running sequences, newest first,
+    /// go back to wait, their computed tokens kept in the cache. Never
+    /// preempts a sequence of equal or higher priority, so equal-priority
+    /// traffic keeps today's behaviour. The waiting request starts next
+    /// step (admitting right after a preemption is skipped).
+    fn preempt_for_priority(&mut self, plan: &mut StepPlan) {
+        let Some(&(Reverse(priority), _, id)) = self.waiting.first() else {
+            return;
+        };
+        let Some((prompt, own_reserve)) = self
+            .seqs
+            .get(&id)
+            .map(|seq| (seq.tokens.len(), seq.reserve(self.config.decode_reserve)))
+        else {
+            return;
+        };
+        let uncached = prompt.saturating_sub(self.cached_len(id));
+        while let Some(&victim) = self.running.last() {
+            if self
+                .seqs
+                .get(&victim)
+                .is_none_or(|seq| seq.priority >= priority)
+            {
+                return;
+            }
+            // What admission will ask for: its uncached prompt, its own
+            // reserve and every running sequence's (as `try_admit`).
+            let running_reserve: usize = self
+                .running
+                .iter()
+                .filter_map(|id| self.seqs.get(id))
+                .map(|seq| seq.reserve(self.config.decode_reserve))
+                .sum();
+            if self.running.len() < self.config.max_batch
+                && self.kv.room() >= uncached + own_reserve + running_reserve
+            {
+                return;
+            }
+            tracing::debug!(
+                victim,
+                for_id = id,
+                priority,
+                "preempted for a higher priority"
+            );
+            self.preempt(victim);
+            plan.preempted.push(victim);
         }
     }
 

@@ -313,6 +313,39 @@ fn waiting_order_is_priority_then_arrival_and_batch_size_is_capped() {
 }
 
 #[test]
+fn a_higher_priority_request_preempts_the_lowest_running_one() {
+    let mut h = Harness::new(
+        256,
+        SchedulerConfig {
+            max_batch: 2,
+            ..config(64)
+        },
+    );
+    h.submit(1, vec![1, 2, 3], 20, 0);
+    h.submit(2, vec![4, 5, 6], 20, 1);
+    let _ = h.step();
+    let _ = h.step();
+    assert_eq!(h.sched.stats().running, 2);
+    // The batch is full; a request that outranks only sequence 1 arrives.
+    h.submit(3, vec![7, 8, 9], 2, 5);
+    let plan = h.step();
+    assert_eq!(plan.preempted, [1], "the lowest priority goes back to wait");
+    let plan = h.step();
+    let admitted: Vec<u64> = plan.admitted.iter().map(|a| a.id).collect();
+    assert_eq!(admitted, [3]);
+    // An equal priority never preempts.
+    h.submit(4, vec![1, 1], 2, 1);
+    let plan = h.step();
+    assert!(plan.preempted.is_empty(), "{:?}", plan.preempted);
+    // Everything still ends, with the output a run alone gives.
+    h.run_until_idle(200);
+    let mut finished = h.finished.clone();
+    finished.sort_unstable();
+    assert_eq!(finished, [1, 2, 3, 4]);
+    assert_eq!(h.outputs[&1].len(), 20);
+}
+
+#[test]
 fn a_dry_pool_preempts_the_newest_which_resumes_with_the_same_output() {
     let mut h = Harness::new(
         40,

@@ -482,7 +482,9 @@ fn queue_serves_higher_priority_first() {
         ..config(Policy::RoundRobin)
     });
     h.ready("w1", &["m"], 8);
-    h.generate("c", prompt("running", "a"));
+    let mut running = prompt("running", "a");
+    running.priority = 9;
+    h.generate("c", running);
     h.generate("c", prompt("low", "b"));
     let mut urgent = prompt("urgent", "c");
     urgent.priority = 5;
@@ -490,6 +492,33 @@ fn queue_serves_higher_priority_first() {
     let rid = h.dispatched()[0].1;
     h.done("w1", rid, FinishReason::Stop);
     assert_eq!(h.dispatched()[0].2.id, "urgent");
+}
+
+#[test]
+fn a_request_that_outranks_work_in_flight_goes_past_the_cap() {
+    let mut h = Harness::new(RouterConfig {
+        max_inflight_per_worker: Some(1),
+        ..config(Policy::RoundRobin)
+    });
+    h.ready("w1", &["m"], 8);
+    h.generate("c", prompt("running", "a"));
+    h.generate("c", prompt("low", "b"));
+    let mut urgent = prompt("urgent", "c");
+    urgent.priority = 5;
+    h.generate("c", urgent);
+    // The worker preempts for it; waiting in the router would not.
+    let ids: Vec<String> = h.dispatched().into_iter().map(|d| d.2.id).collect();
+    assert_eq!(ids, ["running", "urgent"]);
+    assert_eq!(h.core.queued_requests(), 1, "equal priority still waits");
+    // The headroom is bounded: 8 past the cap of 1, so seven more urgent
+    // ones go and the rest wait.
+    for i in 0..9 {
+        let mut more = prompt(&format!("u{i}"), "d");
+        more.priority = 5;
+        h.generate("c", more);
+    }
+    assert_eq!(h.dispatched().len(), 7);
+    assert_eq!(h.core.queued_requests(), 3);
 }
 
 #[test]

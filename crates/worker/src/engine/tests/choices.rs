@@ -307,3 +307,36 @@ fn an_embedding_pools_every_prompt_row_and_generates_nothing() {
     let stats = wait_idle(&handle);
     assert_eq!(stats.generated_tokens, 0);
 }
+
+#[test]
+fn a_higher_priority_request_starts_before_the_batch_it_outranks_ends() {
+    let handle = engine(Mode::Hash, 8192, 1, EngineConfig::default());
+    for rid in 1..=40 {
+        let low = GenerateRequest {
+            ignore_eos: true,
+            ..greedy(&format!("low {rid}\n"), 200)
+        };
+        handle.submit(low, rid).unwrap();
+    }
+    wait_generated(&handle, 10);
+    let urgent = GenerateRequest {
+        priority: 5,
+        ..greedy("urgent\n", 1)
+    };
+    handle.submit(urgent, 100).unwrap();
+    // The urgent request ends while both low ones still run.
+    loop {
+        let event = handle
+            .events()
+            .recv_timeout(Duration::from_secs(20))
+            .expect("engine went quiet");
+        match event {
+            EngineEvent::Done { rid: 100, .. } => break,
+            EngineEvent::Done { rid, .. } => panic!("low request {rid} ended first"),
+            _ => {}
+        }
+    }
+    for rid in 1..=40 {
+        handle.cancel(rid);
+    }
+}
