@@ -584,18 +584,6 @@ impl Core {
     }
 
     fn relay_done(&mut self, now: Instant, from: &Addr, rid: u64, finished: Finished) {
-        let Finished {
-            finish_reason,
-            text,
-            usage,
-            timings,
-            logprobs,
-            reasoning,
-            tool_calls,
-            choice,
-            prompt_logprobs,
-            embedding,
-        } = finished;
         if !self.runs_on(rid, from) {
             tracing::debug!(rid, "done for a request not running there; dropped");
             return;
@@ -605,6 +593,10 @@ impl Core {
             .get(&from.identity)
             .map(|worker| worker.id.clone())
             .unwrap_or_default();
+        let usage = finished.usage;
+        self.metrics
+            .generated_tokens
+            .inc_by(u64::from(usage.completion_tokens));
         // A choice of several ended: pass its `done` on; the request goes
         // on until its last choice's. Output has now reached the client,
         // so losing the worker can no longer mean a silent retry.
@@ -615,23 +607,7 @@ impl Core {
             if let Stage::Running { progress, .. } = &mut request.stage {
                 *progress = Progress::Streamed;
             }
-            self.metrics
-                .generated_tokens
-                .inc_by(u64::from(usage.completion_tokens));
-            let reply = ClientReply::Done {
-                id: request.id.clone(),
-                finish_reason,
-                text,
-                usage,
-                timings,
-                worker: worker_id,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
-                prompt_logprobs,
-                embedding,
-            };
+            let reply = finished.into_done(request.id.clone(), worker_id);
             let to = Peer::Client(request.client.clone());
             self.send(to, &reply);
             return;
@@ -639,43 +615,33 @@ impl Core {
         let Some(request) = self.take(now, rid) else {
             return;
         };
+        let finish_reason = finished.finish_reason;
         request
             .span
             .in_scope(|| tracing::debug!(?finish_reason, worker = %worker_id, "done"));
-        let outcome = finish_reason.as_str();
-        self.metrics.requests.with_label_values(&[outcome]).inc();
+        self.metrics
+            .requests
+            .with_label_values(&[finish_reason.as_str()])
+            .inc();
         self.metrics
             .prompt_tokens
             .inc_by(u64::from(usage.prompt_tokens));
-        self.metrics
-            .generated_tokens
-            .inc_by(u64::from(usage.completion_tokens));
         self.metrics
             .cached_tokens
             .inc_by(u64::from(usage.cached_tokens));
         // An `embed` gets its vector as `embedding`; ended before its
         // input was computed (cancelled, deadline) it gets the `done`.
-        let reply = match embedding {
-            Some(embedding) if request.embedding => ClientReply::Embedding {
+        let reply = match finished {
+            Finished {
+                embedding: Some(embedding),
+                ..
+            } if request.embedding => ClientReply::Embedding {
                 id: request.id,
                 embedding,
                 usage,
                 worker: worker_id,
             },
-            embedding => ClientReply::Done {
-                id: request.id,
-                finish_reason,
-                text,
-                usage,
-                timings,
-                worker: worker_id,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
-                prompt_logprobs,
-                embedding,
-            },
+            finished => finished.into_done(request.id, worker_id),
         };
         self.send(Peer::Client(request.client), &reply);
         self.settle_drains(now);
@@ -731,6 +697,27 @@ struct Finished {
     choice: u32,
     prompt_logprobs: Option<Vec<PromptLogprob>>,
     embedding: Option<Vec<f32>>,
+}
+
+impl Finished {
+    /// The client's `done`: the same fields, the client's id and the
+    /// worker's name.
+    fn into_done(self, id: String, worker: String) -> ClientReply {
+        ClientReply::Done {
+            id,
+            finish_reason: self.finish_reason,
+            text: self.text,
+            usage: self.usage,
+            timings: self.timings,
+            worker,
+            logprobs: self.logprobs,
+            reasoning: self.reasoning,
+            tool_calls: self.tool_calls,
+            choice: self.choice,
+            prompt_logprobs: self.prompt_logprobs,
+            embedding: self.embedding,
+        }
+    }
 }
 
 /// How many requests past its `max_inflight` a worker takes when each

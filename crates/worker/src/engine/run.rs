@@ -418,6 +418,9 @@ impl EngineLoop {
             sum: Vec::new(),
             rows: 0,
         });
+        // Prompt rows asked for and nothing to generate: the prompt is
+        // computed for them alone.
+        let score_only = request.max_tokens == 0 && (prompt_logprobs.is_some() || embed.is_some());
         let prompt_output = if embed.is_some() {
             ChunkOutput::AllHidden
         } else if prompt_logprobs.is_some() {
@@ -457,20 +460,12 @@ impl EngineLoop {
             first_token: None,
             last_token: None,
             prompt_logprobs,
-            score_only: false,
+            score_only,
             embed,
             constrained: choice.constraint.is_some(),
             matcher: choice.constraint.map(|compiled| Box::new(compiled.0)),
         };
-        let score_only = request.max_tokens == 0
-            && (request_state.prompt_logprobs.is_some() || request_state.embed.is_some());
-        self.requests.insert(
-            id,
-            Request {
-                score_only,
-                ..request_state
-            },
-        );
+        self.requests.insert(id, request_state);
         if request.max_tokens == 0 && !score_only {
             self.finish(id, FinishReason::Length);
             return;
@@ -541,42 +536,39 @@ impl EngineLoop {
         };
         let mut sampled = vec![None; plan.items.len()];
         let mut embedded = Vec::new();
-        for (((item, mut row), slot), mask) in plan
+        for (index, (((item, mut row), slot), mask)) in plan
             .items
             .iter()
             .zip(logits)
             .zip(&mut sampled)
             .zip(&mut masks)
+            .enumerate()
         {
             if item.prefill {
                 self.stats.prefill_tokens += item.len as u64;
             }
-            if self
-                .requests
-                .get(&item.id)
-                .is_some_and(|r| r.embed.is_some())
-            {
-                // Hidden rows, no logits: pooled, and the request ends once
-                // its prompt is in.
-                if let Err(error) = self.pool_hidden_rows(item, &row) {
-                    self.fail_internal(item.id, &error);
-                } else if item.sample {
-                    embedded.push(item.id);
+            // What the chunk asked the model for, as the batch says.
+            match self.batch.outputs().get(index).copied().unwrap_or_default() {
+                ChunkOutput::LastLogits => {}
+                ChunkOutput::AllLogits => {
+                    row = match self.take_prompt_rows(item, row) {
+                        Ok(last) => last,
+                        Err(error) => {
+                            self.fail_internal(item.id, &error);
+                            continue;
+                        }
+                    };
                 }
-                continue;
-            }
-            if self
-                .requests
-                .get(&item.id)
-                .is_some_and(|r| r.prompt_logprobs.is_some())
-            {
-                row = match self.take_prompt_rows(item, row) {
-                    Ok(last) => last,
-                    Err(error) => {
+                // Hidden rows, no logits: pooled, and the embedding ends
+                // once its prompt is in.
+                ChunkOutput::AllHidden => {
+                    if let Err(error) = self.pool_hidden_rows(item, &row) {
                         self.fail_internal(item.id, &error);
-                        continue;
+                    } else if item.sample {
+                        embedded.push(item.id);
                     }
-                };
+                    continue;
+                }
             }
             let Some(request) = self.requests.get_mut(&item.id).filter(|_| item.sample) else {
                 continue;
@@ -646,35 +638,28 @@ impl EngineLoop {
         Ok(())
     }
 
-    /// A chunk of a request that wants its prompt's log probabilities:
-    /// every row's logits while its prompt is computed the first time,
-    /// the last row's after. The row after position `p` gives the
-    /// distribution of the token at `p + 1`; those that are prompt tokens
-    /// are recorded. Returns the last row, to sample from.
+    /// A prompt chunk that asked for every row's logits (prompt logprobs):
+    /// the row after position `p` gives the distribution of the token at
+    /// `p + 1`; those that are prompt tokens are recorded, each once.
+    /// Returns the last row, to sample from.
     fn take_prompt_rows(
         &mut self,
         item: &PlanItem,
         rows: Vec<f32>,
     ) -> Result<Vec<f32>, InternalError> {
         let vocab = self.model.vocab_size();
-        let given = rows.len() / vocab.max(1);
-        if item.len == 0
-            || !rows.len().is_multiple_of(vocab.max(1))
-            || !(given == item.len || given == 1)
-        {
+        if item.len == 0 || rows.len() != item.len * vocab {
             return Err(InternalError::LogitRows {
-                rows: given,
+                rows: rows.len() / vocab.max(1),
                 chunks: item.len,
             });
         }
-        // The rows cover the chunk's last `given` positions.
-        let first = item.start + item.len - given;
         let tokens = self.scheduler.tokens(item.id).unwrap_or_default();
         if let Some(request) = self.requests.get_mut(&item.id)
             && let Some((top, entries)) = request.prompt_logprobs.as_mut()
         {
             for (r, row) in rows.chunks_exact(vocab).enumerate() {
-                let position = first + r + 1;
+                let position = item.start + r + 1;
                 // In order, each position once (a recomputed chunk adds
                 // nothing), prompt tokens only.
                 if position != entries.len() || position >= request.prompt_tokens {
@@ -693,7 +678,7 @@ impl EngineLoop {
                 });
             }
         }
-        Ok(rows[(given - 1) * vocab..].to_vec())
+        Ok(rows[(item.len - 1) * vocab..].to_vec())
     }
 
     /// Hands the matcher of every constrained sequence that samples this

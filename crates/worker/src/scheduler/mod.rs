@@ -513,6 +513,12 @@ impl Scheduler {
         let Some(&(Reverse(priority), _, id)) = self.waiting.first() else {
             return;
         };
+        // Runs every step: the common case (nothing outranked) costs two
+        // lookups, no prefix match.
+        let lowest = self.running.last().and_then(|id| self.seqs.get(id));
+        if lowest.is_none_or(|seq| seq.priority >= priority) {
+            return;
+        }
         let Some((prompt, own_reserve)) = self
             .seqs
             .get(&id)
