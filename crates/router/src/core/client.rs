@@ -14,6 +14,15 @@ use crate::{
     index::{index_namespace, prefix_key},
 };
 
+/// What a request's `done` goes back to its client as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reply {
+    /// `done`, for `generate`.
+    Done,
+    /// `embedding`, for `embed`.
+    Embedding,
+}
+
 impl Core {
     /// A frame from a client on the front socket.
     pub fn handle_client(&mut self, now: Instant, from: &Addr, frame: &[u8]) {
@@ -33,7 +42,9 @@ impl Core {
         frame: &[u8],
     ) {
         match decode::<ClientRequest>(frame, &self.config.limits) {
-            Ok(ClientRequest::Generate(request)) => self.accept(now, from, tenant, request),
+            Ok(ClientRequest::Generate(request)) => {
+                self.accept(now, from, tenant, request, Reply::Done);
+            }
             Ok(ClientRequest::Cancel { id }) => self.cancel(now, from, id),
             Ok(ClientRequest::Models { id }) => {
                 let models = self.served_models();
@@ -54,18 +65,10 @@ impl Core {
             Ok(ClientRequest::ApplyTemplate(request)) => {
                 self.accept_text(from, TextRequest::ApplyTemplate(request));
             }
+            // A `generate` that computes the prompt only; its `done` goes
+            // back to the client as `embedding`.
             Ok(ClientRequest::Embed(request)) => {
-                // A `generate` that computes the prompt only; its `done`
-                // goes back to the client as `embedding`.
-                let key = (from.identity.clone(), request.id.clone());
-                let fresh = !self.by_client.contains_key(&key);
-                self.accept(now, from, tenant, request.to_generate());
-                if fresh
-                    && let Some(rid) = self.by_client.get(&key)
-                    && let Some(entry) = self.requests.get_mut(rid)
-                {
-                    entry.embedding = true;
-                }
+                self.accept(now, from, tenant, request.to_generate(), Reply::Embedding);
             }
             Err(err) => {
                 let id = recover_id(frame, &self.config.limits);
@@ -90,6 +93,7 @@ impl Core {
         from: &Addr,
         tenant: Option<&str>,
         mut request: GenerateRequest,
+        reply: Reply,
     ) {
         let client_key = (from.identity.clone(), request.id.clone());
         if self.by_client.contains_key(&client_key) {
@@ -155,7 +159,7 @@ impl Core {
             stage: Stage::Queued,
             last_chunk: None,
             choices_left,
-            embedding: false,
+            embedding: reply == Reply::Embedding,
             span,
         };
         self.requests.insert(rid, entry);
