@@ -39,6 +39,22 @@ pub(crate) struct EngineArgs {
     /// memory per cached token, with K/V rounded to half precision.
     #[arg(long, default_value_t = model::KvDtype::F32, env = "ZINFER_KV_DTYPE")]
     pub(crate) kv_dtype: model::KvDtype,
+    /// Prompt-lookup speculative decoding for requests that do not set
+    /// `speculative`: each decode step drafts up to this many tokens by
+    /// finding the sequence's last tokens earlier in its prompt or output,
+    /// and the model checks them in the same pass. Output is unchanged;
+    /// answers that quote their input come faster. 0 (default) is off.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=i64::from(zinfer_protocol::MAX_SPECULATIVE_DRAFT)), env = "ZINFER_SPECULATIVE_DRAFT")]
+    pub(crate) speculative_draft: u32,
+    /// Longest suffix the drafter looks up (2 to 8).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(2..=i64::from(zinfer_protocol::MAX_SPECULATIVE_NGRAM)), env = "ZINFER_SPECULATIVE_NGRAM")]
+    pub(crate) speculative_ngram: u32,
+    /// Speculate only while at most this many sequences decode together:
+    /// bigger batches already read each weight for many rows, and checking
+    /// drafts there costs more than it saves. 0 turns speculation off for
+    /// every request.
+    #[arg(long, default_value_t = 4, env = "ZINFER_SPECULATIVE_MAX_BATCH")]
+    pub(crate) speculative_max_batch: usize,
 }
 
 impl EngineArgs {
@@ -55,6 +71,12 @@ impl EngineArgs {
             self.prefill_chunk.to_string(),
             "--kv-dtype".into(),
             self.kv_dtype.to_string(),
+            "--speculative-draft".into(),
+            self.speculative_draft.to_string(),
+            "--speculative-ngram".into(),
+            self.speculative_ngram.to_string(),
+            "--speculative-max-batch".into(),
+            self.speculative_max_batch.to_string(),
         ]
     }
 }
@@ -155,7 +177,12 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
             step_token_budget: args.engine.prefill_chunk,
             // Beside decodes, prefill gets half the chunk (256 by default).
             decode_prefill_budget: args.engine.prefill_chunk / 2,
+            speculate_max_decodes: args.engine.speculative_max_batch,
             ..SchedulerConfig::default()
+        },
+        speculative: zinfer_protocol::Speculative {
+            ngram: args.engine.speculative_ngram,
+            max_draft: args.engine.speculative_draft,
         },
         ..EngineConfig::default()
     };

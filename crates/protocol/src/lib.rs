@@ -25,6 +25,7 @@ mod embed;
 mod limits;
 mod messages;
 mod scan;
+mod speculative;
 mod text;
 mod tools;
 mod validate;
@@ -34,6 +35,7 @@ pub use constraint::{Constraint, ConstraintKind};
 pub use embed::{EmbedRequest, Pooling};
 pub use limits::Limits;
 pub use messages::*;
+pub use speculative::{MAX_SPECULATIVE_DRAFT, MAX_SPECULATIVE_NGRAM, Speculative};
 pub use text::*;
 pub use tools::{FunctionDef, Tool, ToolChoice, valid_function_name};
 

@@ -420,6 +420,11 @@ pub struct GenerateRequest {
     /// Boxed: rare, and a map is large.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<Box<serde_json::Map<String, serde_json::Value>>>,
+    /// Prompt-lookup speculative decoding for this request; absent: the
+    /// worker's default (off unless the worker was started with it).
+    /// Requests with a `constraint` (or forced tool calls) never speculate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<crate::Speculative>,
 }
 
 impl GenerateRequest {
@@ -458,6 +463,7 @@ impl GenerateRequest {
             n: 1,
             prompt_logprobs: None,
             embed: None,
+            speculative: None,
         }
     }
 }

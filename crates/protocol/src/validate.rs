@@ -173,6 +173,9 @@ impl GenerateRequest {
                 limits.max_top_logprobs as usize,
             )?;
         }
+        if let Some(speculative) = &self.speculative {
+            speculative.validate()?;
+        }
         if !(1..=MAX_CHOICES).contains(&self.n) {
             return Err(DecodeError::Invalid {
                 field: "n",

@@ -16,6 +16,7 @@ pub mod migration;
 pub mod sampling;
 pub mod scheduler;
 pub mod server;
+pub mod speculate;
 pub mod text;
 pub mod tools;
 

@@ -59,6 +59,10 @@ pub struct WorkerMetrics {
     /// Engine step time by phase (`plan`, `forward`, `sample`, `rest`),
     /// seconds; fed by [`WorkerMetrics::observe_engine`].
     pub step_phases: CounterVec,
+    /// Speculative decoding's draft tokens, `drafted` (fed for checking)
+    /// and `accepted` (each one a decode step saved); fed by
+    /// [`WorkerMetrics::observe_engine`].
+    pub speculative_tokens: IntCounterVec,
     /// 1 for the served model and device; set by [`WorkerMetrics::set_info`].
     info: IntGaugeVec,
 }
@@ -114,11 +118,21 @@ impl WorkerMetrics {
             &["phase"],
         )?;
         registry.register(Box::new(step_phases.clone()))?;
+        let speculative_tokens = IntCounterVec::new(
+            Opts::new(
+                "zinfer_worker_speculative_tokens_total",
+                "Speculative decoding's draft tokens: drafted (checked by the model) and \
+                 accepted (the model agreed; each saved a decode step).",
+            ),
+            &["kind"],
+        )?;
+        registry.register(Box::new(speculative_tokens.clone()))?;
         register_process_collector(&registry)?;
         Ok(WorkerMetrics {
             info,
             requests,
             step_phases,
+            speculative_tokens,
             running: int_gauge(
                 "zinfer_worker_running_requests",
                 "Sequences in the running batch.",
@@ -202,6 +216,16 @@ impl WorkerMetrics {
             ("rest", stats.rest_s),
         ] {
             let counter = self.step_phases.with_label_values(&[phase]);
+            let seen = counter.get();
+            if total > seen {
+                counter.inc_by(total - seen);
+            }
+        }
+        for (kind, total) in [
+            ("drafted", stats.draft_tokens),
+            ("accepted", stats.accepted_draft_tokens),
+        ] {
+            let counter = self.speculative_tokens.with_label_values(&[kind]);
             let seen = counter.get();
             if total > seen {
                 counter.inc_by(total - seen);
@@ -357,10 +381,13 @@ mod tests {
             forward_s: 2.0,
             sample_s: 0.5,
             rest_s: 0.125,
+            draft_tokens: 40,
+            accepted_draft_tokens: 30,
             ..Default::default()
         };
         metrics.observe_engine(&stats);
         stats.forward_s = 3.0;
+        stats.draft_tokens = 48;
         metrics.observe_engine(&stats);
         let text = metrics.render();
         for name in [
@@ -369,6 +396,8 @@ mod tests {
             "zinfer_worker_step_phase_seconds_total{phase=\"forward\"} 3",
             "zinfer_worker_step_phase_seconds_total{phase=\"sample\"} 0.5",
             "zinfer_worker_step_phase_seconds_total{phase=\"rest\"} 0.125",
+            "zinfer_worker_speculative_tokens_total{kind=\"drafted\"} 48",
+            "zinfer_worker_speculative_tokens_total{kind=\"accepted\"} 30",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

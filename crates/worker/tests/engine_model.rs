@@ -1,6 +1,7 @@
 //! The engine on the real default model: prefix reuse and batching change
 //! nothing but speed, a plain question gets the right answer, seeds
-//! reproduce, and stop strings never leak.
+//! reproduce, stop strings never leak, and speculative decoding changes no
+//! token.
 #![allow(clippy::unwrap_used)] // tests may unwrap (team rules)
 
 use std::collections::HashMap;
@@ -301,4 +302,131 @@ fn the_real_tokenizer_streams_multibyte_text_without_splitting_it() {
     }
     whole.push_str(&detok.finish(tokenizer).unwrap().text);
     assert_eq!(whole, text);
+}
+
+/// Answers that copy much of their prompt, where prompt lookup drafts well.
+fn quoting_prompts() -> Vec<String> {
+    [
+        "Fix the typo and return the code:\ndef add(a, b):\n    retrun a + b\n",
+        "Fix the typo and return the code:\ndef greet(name):\n    print(\"Hello, \" + nmae)\n    return len(name)\n",
+        "Fix the bug and return the code:\nfor i in range(10):\n    if i % 2 == 0:\n        print(i)\n    else\n        print(-i)\n",
+        "Add a docstring and return the code:\ndef area(width, height):\n    return width * height\n",
+    ]
+    .iter()
+    .map(|question| chat(question))
+    .collect()
+}
+
+fn speculating(mut request: GenerateRequest) -> GenerateRequest {
+    request.speculative = Some(zinfer_protocol::Speculative {
+        ngram: 3,
+        max_draft: 6,
+    });
+    request
+}
+
+#[test]
+fn speculation_changes_no_greedy_token_alone_batched_or_cached() {
+    let _serial = serial();
+    let handle = start(8192, one_matmul_path());
+    let requests: Vec<(u64, GenerateRequest)> = quoting_prompts()
+        .iter()
+        .enumerate()
+        .map(|(i, prompt)| (i as u64, greedy(prompt, 40)))
+        .collect();
+    let mut plain = HashMap::new();
+    for (rid, request) in requests.clone() {
+        plain.insert(rid, run_one(&handle, rid, request).tokens);
+    }
+    let plain_steps = handle.stats().steps;
+    assert_eq!(
+        handle.stats().draft_tokens,
+        0,
+        "speculation is off by default"
+    );
+    handle.flush_cache(None);
+    // Alone, cold.
+    for (rid, request) in requests.clone() {
+        let outcome = run_one(&handle, 100 + rid, speculating(request));
+        assert_eq!(outcome.tokens, plain[&rid], "prompt {rid} alone");
+    }
+    let stats = handle.stats();
+    assert!(
+        stats.accepted_draft_tokens > 20,
+        "the model should copy its prompt: {} of {} draft tokens accepted",
+        stats.accepted_draft_tokens,
+        stats.draft_tokens
+    );
+    let speculated_steps = stats.steps - plain_steps;
+    assert!(
+        speculated_steps < plain_steps,
+        "{speculated_steps} steps with speculation, {plain_steps} without"
+    );
+    // Again from the prefix cache, then all four batched.
+    for (rid, request) in requests.clone() {
+        let outcome = run_one(&handle, 200 + rid, speculating(request));
+        assert!(outcome.usage.cached_tokens > 0);
+        assert_eq!(outcome.tokens, plain[&rid], "prompt {rid} from the cache");
+    }
+    handle.flush_cache(None);
+    let batched = requests
+        .into_iter()
+        .map(|(rid, request)| (300 + rid, speculating(request)))
+        .collect();
+    for (rid, outcome) in run_all(&handle, batched) {
+        assert_eq!(outcome.tokens, plain[&(rid - 300)], "prompt {rid} batched");
+    }
+}
+
+#[test]
+fn speculation_changes_no_seeded_sample() {
+    let _serial = serial();
+    let handle = start(4096, one_matmul_path());
+    let prompt = &quoting_prompts()[0];
+    for seed in 1..=3 {
+        let request = GenerateRequest {
+            temperature: 0.7,
+            top_k: 20,
+            presence_penalty: 0.3,
+            seed: Some(seed),
+            ..greedy(prompt, 32)
+        };
+        let plain = run_one(&handle, seed, request.clone());
+        let speculated = run_one(&handle, 10 + seed, speculating(request));
+        assert_eq!(plain.tokens, speculated.tokens, "seed {seed}");
+    }
+    assert!(handle.stats().draft_tokens > 0);
+}
+
+#[test]
+fn a_constrained_request_never_speculates_and_keeps_to_its_grammar() {
+    let _serial = serial();
+    let config = EngineConfig {
+        speculative: zinfer_protocol::Speculative {
+            ngram: 2,
+            max_draft: 8,
+        },
+        ..EngineConfig::default()
+    };
+    let handle = start(4096, config);
+    let prompt = chat("Repeat: 123-ab 123-ab 123-ab 123-ab 123-ab 123-ab");
+    let request = GenerateRequest {
+        constraint: Some(Box::new(zinfer_protocol::Constraint::regex(
+            "([0-9]{3}-[a-c]{2} ){3}",
+        ))),
+        ..speculating(greedy(&prompt, 30))
+    };
+    let outcome = run_one(&handle, 1, request);
+    let text = outcome.text();
+    let groups: Vec<&str> = text.split_terminator(' ').collect();
+    assert_eq!(groups.len(), 3, "{text:?}");
+    for group in groups {
+        let (digits, letters) = group.split_once('-').unwrap();
+        assert!(digits.len() == 3 && digits.bytes().all(|b| b.is_ascii_digit()));
+        assert!(letters.len() == 2 && letters.bytes().all(|b| (b'a'..=b'c').contains(&b)));
+    }
+    assert_eq!(handle.stats().draft_tokens, 0);
+    // The same prompt unconstrained does speculate, on the worker default.
+    let _ = run_one(&handle, 2, greedy(&prompt, 30));
+    assert!(handle.stats().draft_tokens > 0);
 }

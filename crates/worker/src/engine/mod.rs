@@ -63,6 +63,9 @@ pub struct EngineConfig {
     /// Seeds the engine's generator of sampling seeds for requests that
     /// name none; `None`: a random seed at start-up.
     pub seed: Option<u64>,
+    /// Speculative decoding of requests that do not ask for it themselves
+    /// (off by default).
+    pub speculative: zinfer_protocol::Speculative,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +79,7 @@ impl Default for EngineConfig {
             limits: Limits::default(),
             clock: Clock::System,
             seed: None,
+            speculative: zinfer_protocol::Speculative::OFF,
         }
     }
 }
@@ -383,6 +387,10 @@ pub struct EngineStats {
     pub steps: u64,
     /// Tokens fed to the model in prefill chunks (uncached prompt).
     pub prefill_tokens: u64,
+    /// Draft tokens fed for verification (speculative decoding).
+    pub draft_tokens: u64,
+    /// Draft tokens the model agreed with: each saved a decode step.
+    pub accepted_draft_tokens: u64,
     /// Time spent in forward passes, seconds.
     pub forward_s: f64,
     /// Time spent in whole steps (scheduling, forward, sampling, text,

@@ -12,8 +12,8 @@ use toktrie::SimpleVob;
 use zinfer_cache::{RadixCache, TokenPool};
 use zinfer_model::{ChunkOutput, ForwardModel, StepBatch};
 use zinfer_protocol::{
-    ErrorCode, FinishReason, GenerateRequest, Pooling, PromptLogprob, Timings, TokenLogprob,
-    ToolCall, TopLogprob, Usage,
+    ErrorCode, FinishReason, GenerateRequest, Pooling, PromptLogprob, Speculative, Timings,
+    TokenLogprob, ToolCall, TopLogprob, Usage,
 };
 
 use super::choices::{Choices, Pending, choice_seed};
@@ -28,7 +28,8 @@ use super::{
 use crate::constraint::{CompiledConstraint, ConstraintError, MaskThread, apply_mask};
 use crate::detokenize::Detokenizer;
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens, model_logprobs};
-use crate::scheduler::{NewSequence, PlanItem, Scheduler, StepPlan};
+use crate::scheduler::{NewSequence, PlanItem, Scheduler, Speculation, StepPlan};
+use crate::speculate::{self, Drawn};
 
 /// How long an engine with work it cannot schedule waits before retrying;
 /// only reached if admission is stuck, which is a bug.
@@ -174,6 +175,8 @@ pub(super) struct EngineLoop {
     /// The step's batch as the model takes it; refilled every step, its
     /// buffers kept.
     batch: StepBatch,
+    /// Speculation of requests that do not say.
+    speculative: Speculative,
 }
 
 /// Splits a step's time between its phases: [`Lap::charge`] adds the time
@@ -223,6 +226,7 @@ impl EngineLoop {
             mask_thread: None,
             choices: Choices::default(),
             batch: StepBatch::new(),
+            speculative: config.speculative,
         }
     }
 
@@ -465,6 +469,7 @@ impl EngineLoop {
             constrained: choice.constraint.is_some(),
             matcher: choice.constraint.map(|compiled| Box::new(compiled.0)),
         };
+        let constrained = request_state.constrained;
         self.requests.insert(id, request_state);
         if request.max_tokens == 0 && !score_only {
             self.finish(id, FinishReason::Length);
@@ -473,6 +478,13 @@ impl EngineLoop {
         let deadline = request
             .deadline_ms
             .map(|ms| arrival + Duration::from_millis(ms));
+        // A constraint's mask at a drafted position would depend on the
+        // draft: constrained requests decode one token at a time.
+        let speculative = request.speculative.unwrap_or(self.speculative);
+        let speculation = (speculative.is_on() && !constrained).then_some(Speculation {
+            ngram: speculative.ngram as usize,
+            max_draft: speculative.max_draft as usize,
+        });
         let new = NewSequence {
             id,
             namespace: request.namespace.unwrap_or_default(),
@@ -481,6 +493,7 @@ impl EngineLoop {
             priority: request.priority,
             deadline,
             prompt_output,
+            speculation,
         };
         // A valid request fits, and the handle refuses a rid in flight:
         // a refusal here is a bug.
@@ -534,7 +547,7 @@ impl EngineLoop {
                 return;
             }
         };
-        let mut sampled = vec![None; plan.items.len()];
+        let mut sampled: Vec<Vec<Drawn>> = vec![Vec::new(); plan.items.len()];
         let mut embedded = Vec::new();
         for (index, (((item, mut row), slot), mask)) in plan
             .items
@@ -546,6 +559,10 @@ impl EngineLoop {
         {
             if item.prefill {
                 self.stats.prefill_tokens += item.len as u64;
+            }
+            if item.draft > 0 {
+                self.verify_draft(index, item, &mut row, slot, &mut lap);
+                continue;
             }
             // What the chunk asked the model for, as the batch says.
             match self.batch.outputs().get(index).copied().unwrap_or_default() {
@@ -590,25 +607,79 @@ impl EngineLoop {
                 None => {}
             }
             let drawn = request.sampler.sample(&mut row);
+            let logprobs = request.sampler.take_logprobs();
             lap.charge(&self.clock, &mut self.stats.sample_s);
             match drawn {
-                Ok(token) => *slot = Some(token),
+                Ok(token) => slot.push((token, logprobs)),
                 Err(error) => self.fail_internal(item.id, &error.into()),
             }
         }
         lap.charge(&self.clock, &mut self.stats.rest_s);
-        self.scheduler.complete(&plan, &sampled);
+        let tokens: Vec<Vec<u32>> = sampled
+            .iter()
+            .map(|drawn| drawn.iter().map(|&(token, _)| token).collect())
+            .collect();
+        self.scheduler.complete(&plan, &tokens);
         lap.charge(&self.clock, &mut self.stats.plan_s);
         for id in embedded {
             self.finish(id, FinishReason::Stop);
         }
         let now = self.clock.now();
-        for (item, token) in plan.items.iter().zip(sampled) {
-            if let Some(token) = token {
-                self.on_token(item.id, token, now);
+        for (item, drawn) in plan.items.iter().zip(sampled) {
+            for (token, logprobs) in drawn {
+                // A token that ends the request drops the rest.
+                if !self.requests.contains_key(&item.id) {
+                    break;
+                }
+                self.on_token(item.id, token, logprobs, now);
             }
         }
         lap.charge(&self.clock, &mut self.stats.rest_s);
+    }
+
+    /// Verifies the draft of a decode chunk ([`speculate::verify`]): the
+    /// rows are the logits after the newest token and after each draft
+    /// token, the draft the chunk's tokens after the first.
+    fn verify_draft(
+        &mut self,
+        index: usize,
+        item: &PlanItem,
+        rows: &mut [f32],
+        drawn: &mut Vec<Drawn>,
+        lap: &mut Lap,
+    ) {
+        let vocab = self.model.vocab_size();
+        let Some(chunk) = self.batch.chunk(index) else {
+            self.fail_internal(item.id, &InternalError::MissingChunk);
+            return;
+        };
+        if vocab == 0 || rows.len() != chunk.tokens.len() * vocab || chunk.tokens.len() != item.len
+        {
+            let error = InternalError::LogitRows {
+                rows: rows.len() / vocab.max(1),
+                chunks: item.len,
+            };
+            self.fail_internal(item.id, &error);
+            return;
+        }
+        let Some(request) = self.requests.get_mut(&item.id) else {
+            return;
+        };
+        let result = speculate::verify(
+            &mut request.sampler,
+            rows,
+            vocab,
+            &chunk.tokens[1..],
+            |token| request.stop.is_stop_token(token),
+            drawn,
+        );
+        self.stats.draft_tokens += item.draft as u64;
+        self.stats.accepted_draft_tokens += drawn.len().saturating_sub(1) as u64;
+        lap.charge(&self.clock, &mut self.stats.sample_s);
+        if let Err(error) = result {
+            drawn.clear();
+            self.fail_internal(item.id, &error.into());
+        }
     }
 
     /// Adds the hidden rows of an embedding's prompt chunk to its pool,
@@ -782,8 +853,9 @@ impl EngineLoop {
         Ok(logits)
     }
 
-    /// Handles one generated token: timing, stop checks, text, events.
-    fn on_token(&mut self, id: u64, token: u32, now: Instant) {
+    /// Handles one generated token (with its log probabilities when the
+    /// request asked for them): timing, stop checks, text, events.
+    fn on_token(&mut self, id: u64, token: u32, logprobs: Option<Logprobs>, now: Instant) {
         let Some(request) = self.requests.get_mut(&id) else {
             return;
         };
@@ -816,7 +888,6 @@ impl EngineLoop {
         let Some(request) = self.requests.get_mut(&id) else {
             return;
         };
-        let logprobs = request.sampler.take_logprobs();
         let mut reason = request.stop.check(token, request.generated);
         if let Some(matcher) = request.matcher.as_mut()
             && !request.stop.is_stop_token(token)

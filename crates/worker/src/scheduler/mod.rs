@@ -51,6 +51,8 @@ use zinfer_model::{ChunkOutput, SeqChunk, StepBatch};
 use kv::Kv;
 pub use transfer::ImportError;
 
+use crate::speculate::{self, DraftLength};
+
 /// Tuning of the scheduler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SchedulerConfig {
@@ -76,6 +78,11 @@ pub struct SchedulerConfig {
     /// stretch every stream's inter-token latency; 0 leaves the whole
     /// `step_token_budget`.
     pub decode_prefill_budget: usize,
+    /// Sequences that asked for speculation draft only while at most this
+    /// many sequences decode in the step: past it, a batch already reads
+    /// each weight for several rows, and verifying drafts costs more than
+    /// it saves. 0 turns speculation off for everyone.
+    pub speculate_max_decodes: usize,
 }
 
 /// The order in which prompts (running prefills and waiting requests) share
@@ -101,6 +108,7 @@ impl Default for SchedulerConfig {
             prefill_order: PrefillOrder::ShortestFirst,
             prefill_aging: AGING,
             decode_prefill_budget: DECODE_PREFILL,
+            speculate_max_decodes: SPECULATE_MAX_DECODES,
         }
     }
 }
@@ -150,6 +158,18 @@ pub struct NewSequence {
     /// sequence takes nothing from the prefix cache until its prompt has
     /// been computed once, so every row is computed.
     pub prompt_output: ChunkOutput,
+    /// Prompt-lookup speculation for this sequence's decode steps.
+    pub speculation: Option<Speculation>,
+}
+
+/// How a sequence drafts tokens for speculative decoding (see
+/// [`crate::speculate`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Speculation {
+    /// Longest suffix looked up.
+    pub ngram: usize,
+    /// Most tokens drafted per step.
+    pub max_draft: usize,
 }
 
 /// One sequence's part of a step.
@@ -165,6 +185,9 @@ pub struct PlanItem {
     pub sample: bool,
     /// Part of a prompt (or of a resumed sequence) rather than a decode.
     pub prefill: bool,
+    /// Draft tokens fed after the newest token (speculative decoding): the
+    /// last `draft` of the `len`; the chunk returns every row's logits.
+    pub draft: usize,
 }
 
 /// A sequence admitted to the running batch this step.
@@ -256,6 +279,11 @@ struct Seq {
     prompt_output: ChunkOutput,
     /// Every prompt row went out once (or none was asked for).
     prompt_rows_out: bool,
+    /// Its speculation settings and next draft length, when it speculates.
+    speculation: Option<(Speculation, DraftLength)>,
+    /// The newest token then this step's draft, while a draft is planned:
+    /// what the step feeds.
+    fed: Vec<u32>,
 }
 
 impl Seq {
@@ -352,6 +380,11 @@ impl Scheduler {
             admitted_before: false,
             prompt_rows_out: new.prompt_output == ChunkOutput::LastLogits,
             prompt_output: new.prompt_output,
+            speculation: new
+                .speculation
+                .filter(|spec| spec.max_draft > 0)
+                .map(|spec| (spec, DraftLength::new(spec.max_draft))),
+            fed: Vec::new(),
         };
         self.next_order += 1;
         self.waiting.insert(seq.key());
@@ -416,6 +449,9 @@ impl Scheduler {
         let mut plan = StepPlan::default();
         self.preempt_for_priority(&mut plan);
         self.plan_decodes(&mut plan);
+        // Decodes count one token each: drafts are bounded on their own
+        // (`speculate_max_decodes` times a request's `max_draft`), and
+        // must not starve prompts.
         let mut budget = self
             .config
             .step_token_budget
@@ -560,8 +596,15 @@ impl Scheduler {
     }
 
     /// Gives every decoding sequence its next slot, preempting the newest
-    /// sequences while the pool is dry.
+    /// sequences while the pool is dry, and a draft to check where it
+    /// speculates.
     fn plan_decodes(&mut self, plan: &mut StepPlan) {
+        let decoding = self
+            .running
+            .iter()
+            .filter(|id| self.seqs.get(id).is_some_and(|seq| seq.prefilled))
+            .count();
+        let speculate = decoding <= self.config.speculate_max_decodes;
         let mut index = 0;
         while index < self.running.len() {
             let id = self.running[index];
@@ -592,11 +635,47 @@ impl Scheduler {
                     continue;
                 }
             }
+            let draft = if speculate { self.draft(id) } else { 0 };
             if let Some(seq) = self.seqs.get(&id) {
-                plan.items.push(chunk_item(seq, 1));
+                plan.items.push(PlanItem {
+                    draft,
+                    ..chunk_item(seq, 1 + draft)
+                });
             }
             index += 1;
         }
+    }
+
+    /// Drafts the next tokens of decoding sequence `id` if it speculates,
+    /// and gives it a slot for each from the free pool (a draft never
+    /// evicts the cache or preempts anyone); returns the draft's length.
+    fn draft(&mut self, id: u64) -> usize {
+        let free = self.kv.pool.available();
+        let Some(seq) = self.seqs.get_mut(&id) else {
+            return 0;
+        };
+        seq.fed.clear();
+        let Some((spec, length)) = seq.speculation else {
+            return 0;
+        };
+        // Every draft token may be accepted, and one more is drawn.
+        let room = seq
+            .max_new_tokens
+            .saturating_sub(seq.generated() + 1)
+            .min(length.next())
+            .min(free);
+        let mut draft = std::mem::take(&mut seq.fed);
+        speculate::lookup(&seq.tokens, spec.ngram, room, &mut draft);
+        let len = draft.len();
+        if len > 0 {
+            draft.insert(0, seq.tokens[seq.kv_len]);
+            match self.kv.pool.alloc(len) {
+                Ok(slots) => seq.slots.extend(slots),
+                Err(_) => draft.clear(),
+            }
+        }
+        seq.fed = draft;
+        seq.fed.len().saturating_sub(1)
     }
 
     /// Admits waiting sequences in priority order while they fit.
@@ -814,13 +893,20 @@ impl Scheduler {
     pub fn chunk(&self, item: &PlanItem) -> Option<SeqChunk<'_>> {
         let seq = self.seqs.get(&item.id)?;
         let end = item.start + item.len;
-        let output = if seq.prompt_rows_out {
+        let output = if item.draft > 0 {
+            ChunkOutput::AllLogits
+        } else if seq.prompt_rows_out {
             ChunkOutput::LastLogits
         } else {
             seq.prompt_output
         };
+        let tokens = if item.draft > 0 {
+            (seq.fed.len() == item.len).then_some(seq.fed.as_slice())?
+        } else {
+            seq.tokens.get(item.start..end)?
+        };
         Some(SeqChunk {
-            tokens: seq.tokens.get(item.start..end)?,
+            tokens,
             slots: seq.slots.get(..end)?,
             start_pos: item.start,
             output,
@@ -839,17 +925,26 @@ impl Scheduler {
     }
 
     /// Records a computed step: K/V of every item is written, and each
-    /// sampling item got `sampled[i]` (None when the engine drew nothing:
-    /// that chunk is planned again).
-    /// A prompt whose prefill just completed goes into the cache.
-    pub fn complete(&mut self, plan: &StepPlan, sampled: &[Option<u32>]) {
+    /// sampling item got the tokens `sampled[i]`: one, or for an item with
+    /// a draft the accepted draft tokens then one more (the engine drew
+    /// them in order and stopped at the first that differed from the
+    /// draft). Empty when the engine drew nothing: that chunk is planned
+    /// again. Rejected draft positions give their slots back; their K/V
+    /// is never read. A prompt whose prefill just completed goes into the
+    /// cache.
+    pub fn complete(&mut self, plan: &StepPlan, sampled: &[Vec<u32>]) {
         for (index, item) in plan.items.iter().enumerate() {
             let Some(seq) = self.seqs.get_mut(&item.id) else {
                 continue;
             };
-            let token = sampled.get(index).copied().flatten();
+            let tokens = sampled.get(index).map_or(&[][..], Vec::as_slice);
+            if item.draft > 0 {
+                Self::complete_draft(&mut self.kv, seq, item, tokens);
+                continue;
+            }
             // A sampling chunk without a token is recomputed next step.
-            if seq.kv_len != item.start || seq.node.is_none() || (item.sample && token.is_none()) {
+            if seq.kv_len != item.start || seq.node.is_none() || (item.sample && tokens.is_empty())
+            {
                 continue;
             }
             seq.kv_len = item.start + item.len;
@@ -858,7 +953,41 @@ impl Scheduler {
                 seq.prompt_rows_out = true;
                 self.kv.cache_prefix(seq);
             }
-            seq.tokens.extend(token);
+            seq.tokens.extend(tokens.first());
+        }
+    }
+
+    /// Completes a decode with a draft: the newest token and the accepted
+    /// draft tokens have K/V now, the rest of the draft's slots are freed,
+    /// and the sequence's draft length follows how this one fared.
+    fn complete_draft(kv: &mut Kv, seq: &mut Seq, item: &PlanItem, tokens: &[u32]) {
+        let fed = std::mem::take(&mut seq.fed);
+        if seq.kv_len != item.start || seq.node.is_none() {
+            return;
+        }
+        // Accepted: the drawn tokens before the last, each equal to the
+        // draft token at its place (the engine's contract; checked, so a
+        // slip cannot put a wrong token's K/V in the cache).
+        let accepted = tokens.len().saturating_sub(1);
+        let agrees = fed.get(1..1 + accepted) == tokens.get(..accepted);
+        let computed = if tokens.is_empty() || !agrees {
+            item.start
+        } else {
+            item.start + 1 + accepted
+        };
+        let keep = (computed + 1).min(seq.slots.len());
+        let rejected = seq.slots.split_off(keep);
+        kv.free(&rejected);
+        if tokens.is_empty() || !agrees {
+            if !agrees {
+                tracing::error!(id = seq.id, "drawn tokens disagree with the draft");
+            }
+            return;
+        }
+        seq.kv_len = computed;
+        seq.tokens.extend_from_slice(tokens);
+        if let Some((_, length)) = seq.speculation.as_mut() {
+            length.record(item.draft, accepted);
         }
     }
 
@@ -922,13 +1051,17 @@ const AGING: usize = 8;
 /// Default [`SchedulerConfig::decode_prefill_budget`].
 const DECODE_PREFILL: usize = 256;
 
+/// Default [`SchedulerConfig::speculate_max_decodes`].
+const SPECULATE_MAX_DECODES: usize = 4;
+
 fn chunk_item(seq: &Seq, len: usize) -> PlanItem {
     PlanItem {
         id: seq.id,
         start: seq.kv_len,
         len,
-        sample: seq.kv_len + len == seq.tokens.len(),
+        sample: seq.kv_len + len >= seq.tokens.len(),
         prefill: !seq.prefilled,
+        draft: 0,
     }
 }
 

@@ -224,6 +224,7 @@ pub(super) fn simulate(
                     priority: 0,
                     deadline: None,
                     prompt_output: zinfer_model::ChunkOutput::LastLogits,
+                    speculation: None,
                 })
                 .unwrap();
             live.insert(
@@ -255,17 +256,19 @@ pub(super) fn simulate(
         steps += 1;
         assert!(steps < 1_000_000, "the simulation does not finish");
         now += cost.step_ms(&plan);
-        let sampled: Vec<Option<u32>> = plan
+        let sampled: Vec<Vec<u32>> = plan
             .items
             .iter()
             .map(|item| {
                 item.sample
                     .then(|| 1 + ((item.id * 7919 + item.start as u64) % 29_999) as u32)
+                    .into_iter()
+                    .collect()
             })
             .collect();
         sched.complete(&plan, &sampled);
-        for (item, token) in plan.items.iter().zip(&sampled) {
-            if token.is_none() {
+        for (item, tokens) in plan.items.iter().zip(&sampled) {
+            if tokens.is_empty() {
                 continue;
             }
             let Some(request) = live.get_mut(&item.id) else {

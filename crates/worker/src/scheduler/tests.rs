@@ -37,6 +37,11 @@ struct Harness {
     eos: bool,
     /// Every step's flat batch, checked against its chunks.
     batch: StepBatch,
+    /// Speculation of the sequences submitted from now on.
+    speculation: Option<Speculation>,
+    /// Draft tokens fed and accepted so far.
+    drafted: usize,
+    accepted: usize,
 }
 
 impl Harness {
@@ -54,6 +59,9 @@ impl Harness {
             vocab: 50,
             eos: false,
             batch: StepBatch::new(),
+            speculation: None,
+            drafted: 0,
+            accepted: 0,
         }
     }
 
@@ -67,6 +75,7 @@ impl Harness {
                 priority,
                 deadline: None,
                 prompt_output: zinfer_model::ChunkOutput::LastLogits,
+                speculation: self.speculation,
             })
             .unwrap();
         self.outputs.insert(id, Vec::new());
@@ -82,8 +91,11 @@ impl Harness {
         let mut written = HashSet::new();
         let mut sampled = Vec::new();
         for item in &plan.items {
-            let all = self.sched.tokens(item.id).unwrap().to_vec();
             let view = self.sched.chunk(item).unwrap();
+            // The sequence as this step computes it: with the draft.
+            let mut all = self.sched.tokens(item.id).unwrap().to_vec();
+            all.extend_from_slice(&view.tokens[view.tokens.len() - item.draft..]);
+            assert_eq!(&all[item.start..item.start + item.len], view.tokens);
             assert_eq!(view.start_pos, item.start);
             assert_eq!(view.slots.len(), item.start + item.len);
             for pos in 0..view.start_pos {
@@ -101,17 +113,33 @@ impl Harness {
                 );
                 self.kv.insert(view.slots[pos], prefix_hash(&all[..=pos]));
             }
-            let end = item.start + item.len;
-            sampled.push(item.sample.then(|| next_token(&all[..end], self.vocab)));
+            // Verification: draw at each row in turn, stop at the first
+            // that differs from the draft.
+            let mut drawn = Vec::new();
+            if item.sample {
+                let first = item.start + item.len - item.draft;
+                for end in first..=item.start + item.len {
+                    let token = next_token(&all[..end], self.vocab);
+                    drawn.push(token);
+                    if all.get(end) != Some(&token) {
+                        break;
+                    }
+                }
+                self.drafted += item.draft;
+                self.accepted += drawn.len() - 1;
+            }
+            sampled.push(drawn);
         }
         self.sched.complete(&plan, &sampled);
-        for (item, token) in plan.items.iter().zip(&sampled) {
-            let Some(token) = *token else { continue };
-            let out = self.outputs.get_mut(&item.id).unwrap();
-            out.push(token);
-            if out.len() >= self.max_new[&item.id] || (self.eos && token == EOS) {
-                self.sched.finish(item.id).unwrap();
-                self.finished.push(item.id);
+        for (item, drawn) in plan.items.iter().zip(&sampled) {
+            for &token in drawn {
+                let out = self.outputs.get_mut(&item.id).unwrap();
+                out.push(token);
+                if out.len() >= self.max_new[&item.id] || (self.eos && token == EOS) {
+                    self.sched.finish(item.id).unwrap();
+                    self.finished.push(item.id);
+                    break;
+                }
             }
         }
         self.check_accounting();
@@ -396,6 +424,7 @@ fn prompts_that_cannot_fit_are_refused_at_submit() {
         priority: 0,
         deadline: None,
         prompt_output: zinfer_model::ChunkOutput::LastLogits,
+        speculation: None,
     };
     assert_eq!(
         h.sched.submit(new((0..16).collect())),
@@ -429,6 +458,7 @@ fn cancel_and_deadline_free_slots_at_once() {
             priority: 0,
             deadline: Some(now + Duration::from_millis(10)),
             prompt_output: zinfer_model::ChunkOutput::LastLogits,
+            speculation: None,
         })
         .unwrap();
     h.outputs.insert(2, Vec::new());
@@ -479,9 +509,46 @@ fn requests_sharing_an_uncached_prefix_wait_for_the_first_prefill() {
     assert_eq!(h.sched.stats().cache_hit_tokens, 200);
 }
 
+/// What a random trace did, summed over its seeds.
+#[derive(Default)]
+struct Trace {
+    preemptions: u64,
+    hits: u64,
+    drafted: usize,
+    accepted: usize,
+}
+
 #[test]
 fn random_traffic_keeps_every_slot_accounted_for() {
-    let (mut total_preemptions, mut total_hits) = (0, 0);
+    let trace = random_traffic(None, 50);
+    assert!(trace.preemptions > 0, "the trace should force preemption");
+    assert!(trace.hits > 0, "the trace should hit the cache");
+}
+
+/// Speculation on a small vocabulary, where suffixes recur and drafts are
+/// partly right: the same outputs, every K/V read checked, every rejected
+/// draft slot back in the pool.
+#[test]
+fn speculating_traffic_gives_the_same_outputs_and_frees_rejected_drafts() {
+    let speculation = Speculation {
+        ngram: 3,
+        max_draft: 4,
+    };
+    let trace = random_traffic(Some(speculation), 4);
+    assert!(trace.preemptions > 0, "the trace should force preemption");
+    assert!(trace.drafted > 100, "{} drafted", trace.drafted);
+    assert!(
+        trace.accepted > 0 && trace.accepted < trace.drafted,
+        "{} of {} accepted",
+        trace.accepted,
+        trace.drafted
+    );
+}
+
+/// Requests arrive, get cancelled and finish at random over a small pool;
+/// checks each one's output against a lone run and the pool's accounting.
+fn random_traffic(speculation: Option<Speculation>, vocab: u32) -> Trace {
+    let mut trace = Trace::default();
     for seed in 0..4u64 {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut h = Harness::new(
@@ -500,10 +567,12 @@ fn random_traffic_keeps_every_slot_accounted_for() {
             },
         );
         h.eos = true;
+        h.vocab = vocab;
+        h.speculation = speculation;
         let stems: Vec<Vec<u32>> = (0..4)
             .map(|_| {
                 (0..rng.random_range(5..40))
-                    .map(|_| rng.random_range(1..50))
+                    .map(|_| rng.random_range(1..vocab))
                     .collect()
             })
             .collect();
@@ -513,7 +582,7 @@ fn random_traffic_keeps_every_slot_accounted_for() {
         for _ in 0..400 {
             if next_id < 60 && rng.random_bool(0.3) {
                 let mut prompt = stems[rng.random_range(0..stems.len())].clone();
-                prompt.extend((0..rng.random_range(1..20)).map(|_| rng.random_range(1..50)));
+                prompt.extend((0..rng.random_range(1..20)).map(|_| rng.random_range(1..vocab)));
                 h.submit(
                     next_id,
                     prompt.clone(),
@@ -549,14 +618,19 @@ fn random_traffic_keeps_every_slot_accounted_for() {
                 "seed {seed}: request {id} never finished"
             );
             let out = &h.outputs[id];
-            let reference = reference_output(prompt, out.len(), 50);
+            let reference = reference_output(prompt, out.len(), vocab);
             assert_eq!(out, &reference, "seed {seed}: request {id} diverged");
+            assert!(
+                out.len() <= h.max_new[id],
+                "seed {seed}: request {id} ran over"
+            );
         }
-        total_preemptions += stats.preemptions;
-        total_hits += stats.cache_hit_tokens;
+        trace.preemptions += stats.preemptions;
+        trace.hits += stats.cache_hit_tokens;
+        trace.drafted += h.drafted;
+        trace.accepted += h.accepted;
     }
-    assert!(total_preemptions > 0, "the trace should force preemption");
-    assert!(total_hits > 0, "the trace should hit the cache");
+    trace
 }
 
 #[test]
@@ -564,10 +638,10 @@ fn a_sampling_chunk_without_a_token_is_planned_again() {
     let mut h = Harness::new(64, config(64));
     h.submit(1, vec![1, 2, 3], 2, 0);
     let plan = h.sched.schedule();
-    h.sched.complete(&plan, &[None]);
+    h.sched.complete(&plan, &[vec![]]);
     let again = h.sched.schedule();
     assert_eq!(again.items, plan.items);
-    h.sched.complete(&again, &[Some(7)]);
+    h.sched.complete(&again, &[vec![7]]);
     assert_eq!(h.sched.tokens(1), Some(&[1, 2, 3, 7][..]));
     let stats = h.sched.stats();
     assert_eq!(stats.kv_free + stats.kv_held + stats.kv_cached, 64);
