@@ -59,6 +59,11 @@ pub(crate) struct BenchReport {
     pub(crate) request_throughput: f64,
     /// Generated tokens per second.
     pub(crate) output_throughput: f64,
+    /// One stream's decode speed: tokens after each request's first over
+    /// the time after its first, pooled over requests (tokens per second).
+    /// With one client, what decoding alone delivers, prefill left out.
+    #[serde(default)]
+    pub(crate) decode_rate: f64,
     /// Time to first token, seconds.
     pub(crate) ttft: Summary,
     /// Time between consecutive streamed chunks, seconds.
@@ -95,6 +100,7 @@ impl BenchReport {
         let (mut prompt_tokens, mut completion_tokens) = (0, 0);
         let mut cached_tokens: Option<u64> = None;
         let mut completed = 0;
+        let (mut decode_tokens, mut decode_s) = (0, 0.0);
         for record in records {
             match &record.outcome {
                 Outcome::Done {
@@ -104,6 +110,10 @@ impl BenchReport {
                     counts,
                 } => {
                     completed += 1;
+                    if let Some(first) = first {
+                        decode_tokens += counts.completion.saturating_sub(1);
+                        decode_s += (total - first).max(0.0);
+                    }
                     ttft.extend(first);
                     itl.extend_from_slice(gaps);
                     e2e.push(*total);
@@ -138,6 +148,11 @@ impl BenchReport {
             duration_s,
             request_throughput: per_second(completed),
             output_throughput: per_second(completion_tokens),
+            decode_rate: if decode_s > 0.0 {
+                decode_tokens as f64 / decode_s
+            } else {
+                0.0
+            },
             ttft: Summary::of(&ttft),
             itl: Summary::of(&itl),
             e2e: Summary::of(&e2e),
@@ -180,6 +195,9 @@ impl BenchReport {
             }),
             ("output throughput (tok/s)", |r| {
                 format!("{:.1}", r.output_throughput)
+            }),
+            ("decode per stream (tok/s)", |r| {
+                format!("{:.1}", r.decode_rate)
             }),
             ("prompt / completion tokens", |r| {
                 format!("{} / {}", r.prompt_tokens, r.completion_tokens)
@@ -312,6 +330,12 @@ mod tests {
         );
         assert_eq!(report.errors_by_code.get("overloaded"), Some(&2));
         assert_eq!(report.errors_by_code.get("timeout"), Some(&1));
+        // 2 tokens in 0.1 s after the first, and 1 in 0.1 s.
+        assert!(
+            (report.decode_rate - 15.0).abs() < 1e-9,
+            "{}",
+            report.decode_rate
+        );
         assert_eq!((report.prompt_tokens, report.completion_tokens), (150, 5));
         assert_eq!(report.cached_tokens, Some(60));
         assert!((report.cached_ratio.unwrap() - 0.4).abs() < 1e-12);
@@ -343,6 +367,7 @@ mod tests {
             "duration_s",
             "request_throughput",
             "output_throughput",
+            "decode_rate",
             "ttft",
             "itl",
             "e2e",

@@ -43,6 +43,7 @@ const COMPLETION_FIELDS: &[&str] = &[
     "user",
     "metadata",
     "priority",
+    "speculative",
 ];
 
 /// Fields of `POST /v1/chat/completions`.
@@ -79,6 +80,7 @@ const CHAT_FIELDS: &[&str] = &[
     "reasoning_effort",
     "metadata",
     "priority",
+    "speculative",
 ];
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
@@ -407,6 +409,8 @@ fn finish(
     request.logit_bias = body.get("logit_bias")?.unwrap_or_default();
     // vLLM's scheduling priority (higher first here; the protocol's sense).
     request.priority = body.get::<i32>("priority")?.unwrap_or(0);
+    // zinfer's prompt-lookup speculation, as on the protocol.
+    request.speculative = body.get("speculative")?;
     // Accepted and logged, as OpenAI stores them; they change nothing.
     let user = body.get::<String>("user")?;
     let metadata = body.get::<Map<String, Value>>("metadata")?;
@@ -764,6 +768,17 @@ mod tests {
         );
         assert_eq!(t.request.logit_bias_ids(), vec![(1, 5.0)]);
         assert_eq!(t.request.priority, -1);
+        assert_eq!(t.request.speculative, None);
+        let t = completion_ok(serde_json::json!({"prompt": "x", "speculative": {"max_draft": 5}}));
+        assert_eq!(
+            t.request.speculative,
+            Some(zinfer_protocol::Speculative {
+                ngram: 3,
+                max_draft: 5
+            })
+        );
+        let error = completion_err(serde_json::json!({"prompt": "x", "speculative": {"ngram": 1}}));
+        assert_eq!(param(&error).as_deref(), Some("speculative"), "{error}");
         let error = chat_err(serde_json::json!({"messages": user, "logit_bias": {"1": 101}}));
         assert_eq!(param(&error).as_deref(), Some("logit_bias"), "{error}");
         let error = chat_err(serde_json::json!({"messages": user, "frequency_penalty": -3}));

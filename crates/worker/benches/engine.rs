@@ -23,6 +23,13 @@
 //! stream constrained by a nested JSON schema against the same streams
 //! unconstrained (stream counts from `ZINFER_BENCH_STREAMS`, default 1,16),
 //! and the time to compile a 2 KB schema, cold and cached.
+//!
+//! `speculative` (not run by default): greedy decode of a workload file's
+//! prompts (`ZINFER_BENCH_SPEC_FILE`, default `bench/workloads/quoting.jsonl`)
+//! with prompt-lookup speculation off and on (`ZINFER_BENCH_SPEC_DRAFT`
+//! tokens, default 8; n-gram 3), alternating prompt by prompt, in groups of
+//! `ZINFER_BENCH_STREAMS` streams (default 1): decode tok/s, speed-up and
+//! acceptance. Checks that both modes give outputs of the same lengths.
 #![allow(clippy::unwrap_used)] // a benchmark may unwrap (team rules)
 
 use std::collections::HashMap;
@@ -246,6 +253,9 @@ fn main() {
     let mut config = EngineConfig::default();
     // Room for the 64-stream figure.
     config.scheduler.max_batch = 64;
+    // Requests ask for speculation themselves in `speculative`, at every
+    // batch size, to find where it stops paying.
+    config.scheduler.speculate_max_decodes = 64;
     let max_positions = loaded.model.max_positions();
     let trie_start = Instant::now();
     let grammars = selected("constrained").then(|| {
@@ -495,6 +505,10 @@ fn main() {
             ));
         }
     }
+    if selected("speculative") {
+        speculative(&handle, &mut rid, &mut rows);
+    }
+
     let stats = handle.stats();
     rows.push((
         "peak RSS (VmHWM)".into(),
@@ -534,4 +548,99 @@ fn main() {
         per_step(stats.step_s)
     );
     println!("sampling one 49,152-logit row: {}", sampling_cost());
+}
+
+/// The `speculative` case: a workload file's prompts decoded greedily with
+/// speculation off and on, alternating group by group.
+fn speculative(handle: &EngineHandle, rid: &mut u64, rows: &mut Vec<(String, String)>) {
+    let file = std::env::var("ZINFER_BENCH_SPEC_FILE").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../bench/workloads/quoting.jsonl"
+        )
+        .into()
+    });
+    let draft: u32 = std::env::var("ZINFER_BENCH_SPEC_DRAFT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8);
+    let prompts: Vec<(String, u32)> = std::fs::read_to_string(&file)
+        .unwrap_or_else(|e| panic!("reading {file}: {e}"))
+        .lines()
+        .filter(|line| !line.trim().is_empty())
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            let prompt = value["prompt"].as_str().unwrap().to_string();
+            let max_tokens = value["max_tokens"].as_u64().unwrap_or(128) as u32;
+            (prompt, max_tokens)
+        })
+        .collect();
+    let streams: Vec<usize> = std::env::var("ZINFER_BENCH_STREAMS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1]);
+    let name = std::path::Path::new(&file)
+        .file_name()
+        .map_or(file.clone(), |n| n.to_string_lossy().into_owned());
+    for &streams in &streams {
+        // Per mode: decode tokens and seconds (one stream: the requests'
+        // own decode time; several: first token to last done per group).
+        let mut totals = [(0u64, 0.0f64); 2];
+        let (mut drafted, mut accepted) = (0, 0);
+        for group in prompts.chunks(streams.max(1)) {
+            let mut lengths: [Vec<u32>; 2] = [Vec::new(), Vec::new()];
+            for (mode, on) in [false, true].into_iter().enumerate() {
+                let before = handle.stats();
+                let requests = group
+                    .iter()
+                    .map(|(prompt, max_tokens)| GenerateRequest {
+                        temperature: 0.0,
+                        max_tokens: *max_tokens,
+                        speculative: Some(zinfer_protocol::Speculative {
+                            ngram: 3,
+                            max_draft: if on { draft } else { 0 },
+                        }),
+                        ..GenerateRequest::from_prompt("bench", prompt.as_str())
+                    })
+                    .collect();
+                let done = run(handle, requests, *rid);
+                *rid += group.len() as u64;
+                let tokens: u64 = done
+                    .iter()
+                    .map(|f| u64::from(f.usage.completion_tokens.saturating_sub(1)))
+                    .sum();
+                let seconds = if streams == 1 {
+                    done.iter().map(|f| f.timings.decode_s).sum()
+                } else {
+                    let start = done.iter().filter_map(|f| f.first_chunk).min().unwrap();
+                    let end = done.iter().map(|f| f.done).max().unwrap();
+                    (end - start).as_secs_f64()
+                };
+                totals[mode].0 += tokens;
+                totals[mode].1 += seconds;
+                lengths[mode] = done.iter().map(|f| f.usage.completion_tokens).collect();
+                if on {
+                    let after = handle.stats();
+                    drafted += after.draft_tokens - before.draft_tokens;
+                    accepted += after.accepted_draft_tokens - before.accepted_draft_tokens;
+                }
+            }
+            assert_eq!(
+                lengths[0], lengths[1],
+                "speculation changed an output's length"
+            );
+        }
+        let rate = |(tokens, seconds): (u64, f64)| tokens as f64 / seconds.max(1e-9);
+        let (off, on) = (rate(totals[0]), rate(totals[1]));
+        rows.push((
+            format!("speculative, {name}, {streams} stream(s), off / on (draft {draft})"),
+            format!(
+                "{off:.1} / {on:.1} tok/s ({:.2}x), {accepted} of {drafted} draft tokens \
+                 accepted ({:.0}%), {} tokens",
+                on / off,
+                100.0 * accepted as f64 / drafted.max(1) as f64,
+                totals[1].0
+            ),
+        ));
+    }
 }
