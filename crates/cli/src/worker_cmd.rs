@@ -55,6 +55,12 @@ pub(crate) struct EngineArgs {
     /// every request.
     #[arg(long, default_value_t = 4, env = "ZINFER_SPECULATIVE_MAX_BATCH")]
     pub(crate) speculative_max_batch: usize,
+    /// A smaller model with the same tokenizer (a `.gguf` file or a
+    /// safetensors directory) that drafts the tokens speculative decoding
+    /// checks, instead of prompt lookup; it keeps its own KV pool of
+    /// `--kv-tokens`. Needs `--speculative-draft` (or requests that ask).
+    #[arg(long, env = "ZINFER_DRAFT_MODEL")]
+    pub(crate) draft_model: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -78,6 +84,13 @@ impl EngineArgs {
             "--speculative-max-batch".into(),
             self.speculative_max_batch.to_string(),
         ]
+        .into_iter()
+        .chain(
+            self.draft_model
+                .iter()
+                .flat_map(|path| ["--draft-model".to_string(), path.display().to_string()]),
+        )
+        .collect()
     }
 }
 
@@ -186,7 +199,26 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         },
         ..EngineConfig::default()
     };
-    let engine = Engine::start(loaded, config);
+    let engine = match &args.engine.draft_model {
+        None => Engine::start(loaded, config),
+        Some(path) => {
+            eprintln!(
+                "zinfer worker {id}: loading the draft model {}",
+                path.display()
+            );
+            let draft = model::load(
+                path,
+                &LoadOptions {
+                    kv_capacity: args.engine.kv_tokens,
+                    threads: Some(threads),
+                    device: device.clone(),
+                    kv_dtype: args.engine.kv_dtype,
+                },
+            )
+            .with_context(|| format!("loading the draft model {}", path.display()))?;
+            Engine::start_with_draft(loaded, draft, config)?
+        }
+    };
 
     let metrics = WorkerMetrics::new()?;
     metrics.kv_capacity.set(engine.kv_capacity() as i64);

@@ -112,7 +112,8 @@ impl WorkerMetrics {
         let step_phases = CounterVec::new(
             Opts::new(
                 "zinfer_worker_step_phase_seconds_total",
-                "Engine step time by phase: plan (scheduler and batch layout), forward (model), \
+                "Engine step time by phase: plan (scheduler and batch layout), draft (draft \
+                 model), forward (model), \
                  sample (masks and samplers), rest (events, detokenizing).",
             ),
             &["phase"],
@@ -211,6 +212,7 @@ impl WorkerMetrics {
         }
         for (phase, total) in [
             ("plan", stats.plan_s),
+            ("draft", stats.draft_s),
             ("forward", stats.forward_s),
             ("sample", stats.sample_s),
             ("rest", stats.rest_s),

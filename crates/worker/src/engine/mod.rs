@@ -11,6 +11,7 @@
 
 mod choices;
 mod clock;
+mod draft;
 mod handle;
 mod reply;
 mod run;
@@ -403,6 +404,9 @@ pub struct EngineStats {
     /// step, laying out its [`zinfer_model::StepBatch`], recording its
     /// results.
     pub plan_s: f64,
+    /// Phase of the steps spent in the draft model, seconds (speculative
+    /// decoding with `--draft-model`).
+    pub draft_s: f64,
     /// Phase of the steps spent sampling, seconds: handing out and waiting
     /// for constraint masks, applying them, and the samplers.
     pub sample_s: f64,
@@ -581,6 +585,22 @@ impl TokenDecoder for Decode<'_> {
     }
 }
 
+/// Why a draft model cannot serve beside a model.
+#[derive(Debug, thiserror::Error)]
+pub enum DraftModelError {
+    /// Its vocabulary or special tokens differ.
+    #[error(
+        "the draft model {draft} has another tokenizer than {model}; \
+         use a draft model of the same family (same vocabulary)"
+    )]
+    OtherTokenizer {
+        /// The served model.
+        model: String,
+        /// The draft model.
+        draft: String,
+    },
+}
+
 /// Starts engines.
 pub struct Engine;
 
@@ -595,11 +615,48 @@ impl Engine {
         )
     }
 
+    /// Starts the engine thread for a loaded model and a draft model that
+    /// proposes tokens for speculative decoding. Refuses a draft model
+    /// whose tokenizer differs from the model's: its token ids would mean
+    /// other text.
+    pub fn start_with_draft(
+        loaded: LoadedModel,
+        draft: LoadedModel,
+        config: EngineConfig,
+    ) -> Result<EngineHandle, DraftModelError> {
+        let same = loaded.model.vocab_size() == draft.model.vocab_size()
+            && loaded.tokenizer.eos_token_ids() == draft.tokenizer.eos_token_ids()
+            && loaded.tokenizer.token_bytes().ok() == draft.tokenizer.token_bytes().ok();
+        if !same {
+            return Err(DraftModelError::OtherTokenizer {
+                model: loaded.name,
+                draft: draft.name,
+            });
+        }
+        Ok(Engine::start_inner(
+            loaded.name,
+            loaded.model,
+            Some(draft.model),
+            Arc::new(loaded.tokenizer),
+            config,
+        ))
+    }
+
     /// Starts the engine thread for any forward pass and text codec (a
     /// model from elsewhere, or fakes in tests).
     pub fn start_with(
         name: String,
         model: Box<dyn ForwardModel + Send>,
+        text: Arc<dyn TextCodec>,
+        config: EngineConfig,
+    ) -> EngineHandle {
+        Engine::start_inner(name, model, None, text, config)
+    }
+
+    fn start_inner(
+        name: String,
+        model: Box<dyn ForwardModel + Send>,
+        draft: Option<Box<dyn ForwardModel + Send>>,
         text: Arc<dyn TextCodec>,
         config: EngineConfig,
     ) -> EngineHandle {
@@ -620,6 +677,7 @@ impl Engine {
         };
         let engine = run::EngineLoop::new(
             model,
+            draft,
             Arc::clone(&text),
             &config,
             command_rx,

@@ -17,6 +17,7 @@ use zinfer_protocol::{
 };
 
 use super::choices::{Choices, Pending, choice_seed};
+use super::draft::{DraftModel, DraftWant};
 use super::handle::{Command, Shared, Submission};
 use super::reply::{Delta, ReplyText};
 use super::transfer::{self, EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
@@ -177,6 +178,8 @@ pub(super) struct EngineLoop {
     batch: StepBatch,
     /// Speculation of requests that do not say.
     speculative: Speculative,
+    /// Drafts tokens for speculating sequences, when the worker has one.
+    draft: Option<DraftModel>,
 }
 
 /// Splits a step's time between its phases: [`Lap::charge`] adds the time
@@ -195,6 +198,7 @@ impl Lap {
 impl EngineLoop {
     pub(super) fn new(
         model: Box<dyn ForwardModel + Send>,
+        draft: Option<Box<dyn ForwardModel + Send>>,
         text: Arc<dyn TextCodec>,
         config: &EngineConfig,
         commands: Receiver<Command>,
@@ -227,6 +231,7 @@ impl EngineLoop {
             choices: Choices::default(),
             batch: StepBatch::new(),
             speculative: config.speculative,
+            draft: draft.map(DraftModel::new),
         }
     }
 
@@ -506,6 +511,8 @@ impl EngineLoop {
     /// phases of [`EngineStats`].
     fn step(&mut self) {
         let mut lap = Lap(self.clock.now());
+        self.propose_drafts();
+        lap.charge(&self.clock, &mut self.stats.draft_s);
         let plan = self.scheduler.schedule();
         lap.charge(&self.clock, &mut self.stats.plan_s);
         let now = self.clock.now();
@@ -635,6 +642,36 @@ impl EngineLoop {
             }
         }
         lap.charge(&self.clock, &mut self.stats.rest_s);
+    }
+
+    /// Has the draft model, if any, propose the next tokens of every
+    /// sequence that will speculate this step. A failing draft model costs
+    /// only the speed-up: the step goes on with prompt lookup.
+    fn propose_drafts(&mut self) {
+        let Some(draft) = self.draft.as_mut() else {
+            return;
+        };
+        let wants: Vec<DraftWant<'_>> = self
+            .scheduler
+            .draft_wants()
+            .into_iter()
+            .map(|(id, tokens, max)| DraftWant { id, tokens, max })
+            .collect();
+        if wants.is_empty() {
+            return;
+        }
+        let proposed = draft.propose(&wants);
+        let ids: Vec<u64> = wants.iter().map(|want| want.id).collect();
+        match proposed {
+            Ok(drafts) => {
+                for (id, tokens) in ids.into_iter().zip(drafts) {
+                    self.scheduler.offer_draft(id, tokens);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "the draft model failed; drafting by prompt lookup")
+            }
+        }
     }
 
     /// Verifies the draft of a decode chunk ([`speculate::verify`]): the
@@ -953,6 +990,9 @@ impl EngineLoop {
         if self.scheduler.contains(id) {
             let _ = self.scheduler.finish(id);
         }
+        if let Some(draft) = self.draft.as_mut() {
+            draft.forget(id);
+        }
         let Some(mut request) = self.requests.remove(&id) else {
             return;
         };
@@ -1051,6 +1091,9 @@ impl EngineLoop {
         for id in self.choices.remove(rid) {
             if self.scheduler.contains(id) {
                 let _ = self.scheduler.abort(id);
+            }
+            if let Some(draft) = self.draft.as_mut() {
+                draft.forget(id);
             }
             self.requests.remove(&id);
         }

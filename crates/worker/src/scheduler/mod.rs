@@ -284,6 +284,9 @@ struct Seq {
     /// The newest token then this step's draft, while a draft is planned:
     /// what the step feeds.
     fed: Vec<u32>,
+    /// A draft model's proposal and the token count it was made at; used
+    /// instead of prompt lookup while the sequence has not moved on.
+    offered: Option<(usize, Vec<u32>)>,
 }
 
 impl Seq {
@@ -385,6 +388,7 @@ impl Scheduler {
                 .filter(|spec| spec.max_draft > 0)
                 .map(|spec| (spec, DraftLength::new(spec.max_draft))),
             fed: Vec::new(),
+            offered: None,
         };
         self.next_order += 1;
         self.waiting.insert(seq.key());
@@ -604,7 +608,7 @@ impl Scheduler {
             .iter()
             .filter(|id| self.seqs.get(id).is_some_and(|seq| seq.prefilled))
             .count();
-        let speculate = decoding <= self.config.speculate_max_decodes;
+        let speculate = decoding > 0 && decoding <= self.config.speculate_max_decodes;
         let mut index = 0;
         while index < self.running.len() {
             let id = self.running[index];
@@ -646,6 +650,44 @@ impl Scheduler {
         }
     }
 
+    /// The decoding sequences that would speculate next step, with their
+    /// tokens and how many tokens each may draft: what a draft model is
+    /// asked for before [`Self::schedule`] (see [`Self::offer_draft`]).
+    pub fn draft_wants(&self) -> Vec<(u64, &[u32], usize)> {
+        let decoding = self
+            .running
+            .iter()
+            .filter(|id| self.seqs.get(id).is_some_and(|seq| seq.prefilled))
+            .count();
+        if decoding == 0 || decoding > self.config.speculate_max_decodes {
+            return Vec::new();
+        }
+        let free = self.kv.pool.available();
+        self.running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .filter(|seq| seq.prefilled)
+            .filter_map(|seq| {
+                let (_, length) = seq.speculation?;
+                let room = seq
+                    .max_new_tokens
+                    .saturating_sub(seq.generated() + 1)
+                    .min(length.next())
+                    .min(free);
+                (room > 0).then_some((seq.id, seq.tokens.as_slice(), room))
+            })
+            .collect()
+    }
+
+    /// A draft for sequence `id`'s next decode step, proposed by a draft
+    /// model; it replaces prompt lookup for that step if the sequence has
+    /// not moved on by then.
+    pub fn offer_draft(&mut self, id: u64, draft: Vec<u32>) {
+        if let Some(seq) = self.seqs.get_mut(&id) {
+            seq.offered = Some((seq.tokens.len(), draft)).filter(|(_, draft)| !draft.is_empty());
+        }
+    }
+
     /// Drafts the next tokens of decoding sequence `id` if it speculates,
     /// and gives it a slot for each from the free pool (a draft never
     /// evicts the cache or preempts anyone); returns the draft's length.
@@ -665,7 +707,13 @@ impl Scheduler {
             .min(length.next())
             .min(free);
         let mut draft = std::mem::take(&mut seq.fed);
-        speculate::lookup(&seq.tokens, spec.ngram, room, &mut draft);
+        match seq.offered.take() {
+            Some((at, mut offered)) if at == seq.tokens.len() => {
+                offered.truncate(room);
+                draft = offered;
+            }
+            _ => speculate::lookup(&seq.tokens, spec.ngram, room, &mut draft),
+        }
         let len = draft.len();
         if len > 0 {
             draft.insert(0, seq.tokens[seq.kv_len]);
