@@ -62,14 +62,12 @@ here="$root/scripts/llamacpp-reference"
 SYNTH_PRESETS=${SYNTH_PRESETS:-"llama-swa-tiny:2 qwen2-tiny:2 qwen3-tiny:2 phi3-tiny:2 gemma2-tiny:4 gemma3-tiny:6 smollm2-135m:2 tinyllama-1.1b:2 llama-3.2-1b:2"}
 
 pkg_version=0.3.36
-pkg_sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 threads=${THREADS:-2}
 lengths=${LENGTHS:-8,64,300}
 seed=${SEED:-0}
 profile=${CARGO_PROFILE:-dev}
 target_dir=${CARGO_TARGET_DIR:-$root/target}
 out=${OUT:-$target_dir/llamacpp-reference}
-cache="${ZINFER_HOME:-$HOME/.cache/zinfer}/reference"
 
 die() { echo "llamacpp-reference: $*" >&2; exit 2; }
 say() { echo "llamacpp-reference: $*" >&2; }
@@ -98,59 +96,14 @@ done
 [ "$synthetic" = 1 ] || [ ${#files[@]} -gt 0 ] || { usage >&2; die "give GGUF files, --synthetic, or both"; }
 [ "$all_logits" = 0 ] || [ "$embeddings" = 0 ] || die "--all-logits and --embeddings are separate runs"
 
-for tool in python3 g++ tar sha256sum; do
-  command -v "$tool" >/dev/null || die "$tool is missing (Debian/Ubuntu: apt-get install python3 g++ tar coreutils)"
-done
-if ! command -v cmake >/dev/null; then
-  say "cmake is missing; installing it with apt-get"
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo=sudo
-  { $sudo apt-get update -q && $sudo apt-get install -y -q cmake; } >&2 || die "could not install cmake: install it and run again"
-fi
+command -v g++ >/dev/null || die "g++ is missing (Debian/Ubuntu: apt-get install g++)"
 
 # --- llama.cpp from the source package -------------------------------------
-mkdir -p "$cache" "$out"
-tarball="$cache/llama_cpp_python-$pkg_version.tar.gz"
-src="$cache/llama_cpp_python-$pkg_version"
-if [ ! -f "$tarball" ]; then
-  say "downloading llama-cpp-python $pkg_version (source package) into $cache"
-  dl=$(mktemp -d "$cache/download.XXXXXX")
-  python3 -m pip download --quiet --disable-pip-version-check --no-deps --no-binary=llama-cpp-python \
-    "llama-cpp-python==$pkg_version" -d "$dl" >&2 || { rm -rf "$dl"; die "pip could not download llama-cpp-python==$pkg_version"; }
-  mv "$dl/llama_cpp_python-$pkg_version.tar.gz" "$tarball" || die "pip did not leave llama_cpp_python-$pkg_version.tar.gz in $dl"
-  rm -rf "$dl"
-fi
-actual=$(sha256sum "$tarball" | cut -d' ' -f1)
-[ "$actual" = "$pkg_sha256" ] || die "$tarball has sha256 $actual, not $pkg_sha256: delete it to download it again"
-if [ -d "$src" ]; then
-  # Every file of the package must still hold what the package has (extra
-  # files, such as the build directory, are allowed; so are other mtimes).
-  changed=$(cd "$cache" && tar --diff -zf "$tarball" 2>&1 | grep -v ': Mod time differs$' || true)
-  if [ -n "$changed" ]; then
-    die "$src differs from the source package:
-$(echo "$changed" | head -5)
-delete $src to extract (and build) it again"
-  fi
-else
-  say "extracting $tarball"
-  tmp=$(mktemp -d "$cache/extract.XXXXXX")
-  tar -xzf "$tarball" -C "$tmp"
-  mv "$tmp/llama_cpp_python-$pkg_version" "$src"
-  rm -rf "$tmp"
-fi
-
-llama="$src/vendor/llama.cpp"
-cmake_flags=(-DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DCMAKE_BUILD_TYPE=Release)
-configured=1
-for flag in "${cmake_flags[@]}"; do
-  # -DNAME=VALUE must appear in the cache as NAME:TYPE=VALUE.
-  name=${flag#-D}
-  grep -q "^${name%%=*}:[A-Z]*=${name#*=}\$" "$llama/build/CMakeCache.txt" 2>/dev/null || configured=0
-done
-if [ "$configured" = 0 ]; then
-  say "configuring llama.cpp: cmake -B build ${cmake_flags[*]}"
-  (cd "$llama" && cmake -B build "${cmake_flags[@]}") >&2 || die "cmake could not configure $llama"
-fi
+mkdir -p "$out"
+# shellcheck source=scripts/llamacpp-tree.sh
+. "$root/scripts/llamacpp-tree.sh"
+llamacpp_tree
+llama="$LLAMACPP_TREE"
 # A no-op when the library is up to date.
 (cd "$llama" && cmake --build build --target llama -j "$(nproc)") >"$out/llama-build.log" 2>&1 ||
   die "building libllama failed; see $out/llama-build.log"
