@@ -51,9 +51,10 @@ llamacpp_tree() {
   [ "$actual" = "$pkg_sha256" ] || { $_die "$tarball has sha256 $actual, not $pkg_sha256: delete it to download it again"; return 2; }
   if [ -d "$src" ]; then
     # Every file of the package must still hold what the package has (extra
-    # files, such as the build directory, are allowed; so are other mtimes).
+    # files, such as the build directory, are allowed; so are other mtimes,
+    # and git's own bookkeeping, which `git status` in the tree rewrites).
     local changed
-    changed=$(cd "$cache" && tar --diff -zf "$tarball" 2>&1 | grep -v ': Mod time differs$' || true)
+    changed=$(cd "$cache" && tar --diff -zf "$tarball" 2>&1 | grep -v -e ': Mod time differs$' -e '/\.git/' || true)
     if [ -n "$changed" ]; then
       $_die "$src differs from the source package:
 $(echo "$changed" | head -5)
