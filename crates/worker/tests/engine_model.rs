@@ -69,6 +69,8 @@ fn greedy(prompt: &str, max_tokens: u32) -> GenerateRequest {
 struct Outcome {
     chunks: Vec<String>,
     tokens: Vec<u32>,
+    /// Each token's log probability and its two best alternatives.
+    logprobs: Vec<(u32, f32, Vec<u32>)>,
     finish: Option<FinishReason>,
     usage: Usage,
 }
@@ -96,9 +98,20 @@ fn run_all(handle: &EngineHandle, requests: Vec<(u64, GenerateRequest)>) -> Hash
         let outcome = outcomes.get_mut(&event.rid()).unwrap();
         assert!(outcome.finish.is_none(), "event after the terminal one");
         match event {
-            EngineEvent::Chunk { text, tokens, .. } => {
+            EngineEvent::Chunk {
+                text,
+                tokens,
+                logprobs,
+                ..
+            } => {
                 outcome.chunks.push(text);
                 outcome.tokens.extend(tokens);
+                outcome
+                    .logprobs
+                    .extend(logprobs.into_iter().flatten().map(|entry| {
+                        let top = entry.top_logprobs.iter().map(|t| t.token).collect();
+                        (entry.token, entry.logprob, top)
+                    }));
             }
             EngineEvent::Done {
                 finish_reason,
@@ -389,11 +402,15 @@ fn speculation_changes_no_seeded_sample() {
             top_k: 20,
             presence_penalty: 0.3,
             seed: Some(seed),
+            logprobs: true,
+            top_logprobs: 2,
             ..greedy(prompt, 32)
         };
         let plain = run_one(&handle, seed, request.clone());
         let speculated = run_one(&handle, 10 + seed, speculating(request));
         assert_eq!(plain.tokens, speculated.tokens, "seed {seed}");
+        assert_eq!(plain.logprobs, speculated.logprobs, "seed {seed}");
+        assert_eq!(plain.logprobs.len(), plain.tokens.len());
     }
     assert!(handle.stats().draft_tokens > 0);
 }

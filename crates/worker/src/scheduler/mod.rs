@@ -639,14 +639,19 @@ impl Scheduler {
                     continue;
                 }
             }
-            let draft = if speculate { self.draft(id) } else { 0 };
             if let Some(seq) = self.seqs.get(&id) {
-                plan.items.push(PlanItem {
-                    draft,
-                    ..chunk_item(seq, 1 + draft)
-                });
+                plan.items.push(chunk_item(seq, 1));
             }
             index += 1;
+        }
+        // Drafts only once every decode has its slot: they take what is
+        // left free, so they never cost another sequence its next token.
+        if speculate {
+            for item in &mut plan.items {
+                let draft = self.draft(item.id);
+                item.len += draft;
+                item.draft = draft;
+            }
         }
     }
 

@@ -843,3 +843,28 @@ fn the_flat_batch_keeps_its_buffers_across_identical_steps() {
     }
     assert_flat(&h.sched, &plan, &batch);
 }
+
+/// Drafts take only the slots left once every decode has its own: a
+/// speculating sequence never costs another its next token (here the pool
+/// has 4 free slots for two decodes and a draft of 3).
+#[test]
+fn drafts_never_preempt_a_decoding_sequence() {
+    let mut h = Harness::new(24, config(64));
+    h.vocab = 4;
+    h.speculation = Some(Speculation {
+        ngram: 2,
+        max_draft: 4,
+    });
+    h.submit(1, vec![1, 2, 3, 1, 2, 3, 1, 2, 3, 1], 6, 0);
+    h.speculation = None;
+    h.submit(2, vec![3, 2, 1, 3, 2, 1, 3, 2, 1, 3], 2, 0);
+    let first = h.step();
+    assert_eq!(first.admitted.len(), 2, "{first:?} {:?}", h.sched.stats());
+    let second = h.step();
+    assert!(second.preempted.is_empty(), "{second:?}");
+    assert_eq!(second.items.len(), 2, "both decode");
+    assert!(second.items[0].draft > 0, "the first drafts: {second:?}");
+    h.run_until_idle(50);
+    assert_eq!(h.sched.stats().preemptions, 0);
+    assert!(h.drafted > 0);
+}
