@@ -669,6 +669,10 @@ fn a_supervisor_with_keys_starts_workers_that_get_in_and_any_curve_client_is_ser
         &path("admin.key"),
         "--worker-curve-key",
         &path("worker.key"),
+        "--device",
+        "cpu:0",
+        "--device",
+        "cpu:1",
     ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let _supervisor = spawn("supervisor", &args);
@@ -728,5 +732,53 @@ fn a_supervisor_with_keys_starts_workers_that_get_in_and_any_curve_client_is_ser
         output.status.success() && !output.stdout.is_empty(),
         "{}",
         String::from_utf8_lossy(&output.stderr)
+    );
+
+    // A migration carries the cache over CURVE too: the replacement's
+    // import socket is a CURVE server whose key its `ready` announces, and
+    // the old worker sends the K/V to that key alone.
+    let context = zmq::Context::new();
+    let server = keys.join("router.pub");
+    let client = dealer(&context, &clients, &server, Some(&keys.join("admin.key")));
+    let (usage, _, _) = generate(&client, greedy("warm", &long_prompt(), 2));
+    assert!(usage.prompt_tokens > 100, "{usage:?}");
+    let admin = dealer(&context, &control, &server, Some(&keys.join("admin.key")));
+    send(&admin, &AdminRequest::Workers {});
+    let Some(AdminReply::Workers { workers }) = recv::<AdminReply>(&admin, Duration::from_secs(5))
+    else {
+        panic!("no worker list");
+    };
+    let worker = workers
+        .into_iter()
+        .find(|w| w.state == WorkerState::Ready)
+        .expect("a ready worker");
+    let target = if worker.device == "cpu:0" {
+        "cpu:1"
+    } else {
+        "cpu:0"
+    };
+    send(
+        &admin,
+        &AdminRequest::Migrate {
+            worker: worker.id.clone(),
+            device: target.into(),
+            carry_tokens: None,
+        },
+    );
+    let reply = recv::<AdminReply>(&admin, Duration::from_secs(180));
+    let Some(AdminReply::Ack { ok: true, message }) = reply else {
+        panic!("the migration failed: {reply:?}");
+    };
+    let carried: u64 = message
+        .split("carried ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(carried > 100, "{message}");
+    let (usage, _, _) = generate(&client, greedy("after", &long_prompt(), 2));
+    assert!(
+        usage.cached_tokens > 100,
+        "the carried cache serves: {usage:?}"
     );
 }

@@ -144,6 +144,7 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
             context_length: None,
             vocab_size: None,
             import_endpoint: None,
+            import_key: None,
         },
     );
     let stop = Arc::new(AtomicBool::new(false));

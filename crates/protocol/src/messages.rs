@@ -928,6 +928,12 @@ pub enum RouterToWorker {
         endpoint: String,
         /// Most cached tokens to carry, hottest first.
         max_tokens: u64,
+        /// The replacement's `import_key`, from its `ready`: connect with
+        /// CURVE and trust only this server key. Set whenever the
+        /// replacement gave one; a worker using CURVE refuses to export
+        /// without it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
     },
     /// Exit, failing what is still running after `grace_ms`.
     Shutdown {
@@ -993,6 +999,11 @@ pub enum WorkerToRouter {
         /// replaces (set only on a worker started as a migration target).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         import_endpoint: Option<String>,
+        /// The CURVE public key (Z85) of the import socket, set when the
+        /// worker uses CURVE: the exporter encrypts the K/V to it and
+        /// trusts no other server there.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        import_key: Option<String>,
     },
     /// The worker is alive (every second).
     Heartbeat {},

@@ -521,7 +521,10 @@ impl WireMessage for RouterToWorker {
             RouterToWorker::Tokenize { request, .. } => request.validate(limits),
             RouterToWorker::Detokenize { request, .. } => request.validate(limits),
             RouterToWorker::ApplyTemplate { request, .. } => request.validate(limits),
-            RouterToWorker::ExportCache { endpoint, .. } => name("endpoint", endpoint, limits),
+            RouterToWorker::ExportCache { endpoint, key, .. } => {
+                name("endpoint", endpoint, limits)?;
+                key.as_deref().map_or(Ok(()), |key| curve_key("key", key))
+            }
             RouterToWorker::FlushCache {
                 namespace: Some(namespace),
             } => name("namespace", namespace, limits),
@@ -557,12 +560,16 @@ impl WireMessage for WorkerToRouter {
                 models,
                 device,
                 import_endpoint,
+                import_key,
                 ..
             } => {
                 name("worker_id", worker_id, limits)?;
                 name("device", device, limits)?;
                 if let Some(endpoint) = import_endpoint {
                     name("import_endpoint", endpoint, limits)?;
+                }
+                if let Some(key) = import_key {
+                    curve_key("import_key", key)?;
                 }
                 for model in models {
                     name("models", model, limits)?;
@@ -710,4 +717,18 @@ fn optional_path(
 
 impl WireMessage for AdminReply {
     const TYPES: &'static [&'static str] = &["workers", "ack", "error"];
+}
+
+/// A CURVE public key in Z85: 40 characters of its alphabet.
+fn curve_key(field: &'static str, key: &str) -> Result<(), DecodeError> {
+    const Z85: &str =
+        "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#";
+    if key.len() == 40 && key.chars().all(|c| Z85.contains(c)) {
+        Ok(())
+    } else {
+        Err(DecodeError::Invalid {
+            field,
+            detail: "not a CURVE public key: 40 Z85 characters".into(),
+        })
+    }
 }

@@ -285,6 +285,7 @@ fn name_lengths_on_admin_and_worker_messages() {
         context_length: None,
         vocab_size: None,
         import_endpoint: None,
+        import_key: None,
     };
     assert_name_bound("worker_id", ready("abcde"), ready("abcdef"));
     let flush = |n: &str| RouterToWorker::FlushCache {

@@ -380,6 +380,7 @@ fn core_cost_ns(chunks: u32) -> f64 {
         context_length: None,
         vocab_size: None,
         import_endpoint: None,
+        import_key: None,
     };
     core.handle_worker(now, &worker, &encode(&ready).expect("encode"));
     let generate = ClientRequest::Generate(request("r".into(), 128, true));

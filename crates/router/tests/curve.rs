@@ -135,6 +135,7 @@ fn allow_lists_admit_known_keys_refuse_others_and_tenants_scope_namespaces() {
         context_length: None,
         vocab_size: None,
         import_endpoint: None,
+        import_key: None,
     };
     back.send(encode(&ready).expect("encode"), 0).expect("send");
     let mut request = GenerateRequest::from_prompt("g1", "hi");

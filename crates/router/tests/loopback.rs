@@ -266,6 +266,7 @@ fn silent_worker(context: &zmq::Context, endpoint: &str, id: &str) -> zmq::Socke
         context_length: None,
         vocab_size: None,
         import_endpoint: None,
+        import_key: None,
     };
     worker
         .send(encode(&ready).expect("encode"), 0)

@@ -5,12 +5,20 @@
 //! engine hands it, hottest first, then `cache_end`. PUSH blocks when the
 //! receiver falls behind, so nothing is dropped and memory stays bounded;
 //! a send timeout ends the export if the receiver is gone.
+//!
+//! When the workers use CURVE the import socket is a CURVE server with a
+//! key pair made for this import; `ready` carries its public key to the
+//! router, `export_cache` carries it to the exporter, which trusts no
+//! other server there, so the K/V travels encrypted to the replacement
+//! alone.
 
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use zinfer_model::KvShape;
 use zinfer_protocol::{CacheTransfer, Limits};
+
+use zinfer_curve::{ClientCurve, KeyPair, PublicKey};
 
 use crate::engine::{CacheBlock, EngineHandle};
 
@@ -50,6 +58,41 @@ pub enum TransferError {
     /// The thread could not be started.
     #[error("cannot start the exporter thread: {0}")]
     Thread(#[from] std::io::Error),
+    /// This worker uses CURVE and the replacement gave no import key (or
+    /// a bad one): the K/V is not sent in the clear.
+    #[error(
+        "the replacement's import socket has no usable CURVE key ({0}); this worker uses \
+         CURVE and does not send the cache in the clear: start the replacement with CURVE too"
+    )]
+    NoImportKey(String),
+    /// A CURVE key could not be set or made.
+    #[error("cache transfer CURVE error: {0}")]
+    Curve(#[from] zinfer_curve::CurveError),
+}
+
+/// How the exporter connects to the replacement's import socket when the
+/// worker uses CURVE: trusting only the key the replacement announced, as
+/// this worker (its own key pair).
+pub struct ExportCurve(ClientCurve);
+
+impl ExportCurve {
+    /// Nothing when this worker does not use CURVE; the import `key`
+    /// (Z85) is then ignored. With CURVE, the key must be there.
+    pub fn new(
+        own: Option<&ClientCurve>,
+        key: Option<&str>,
+    ) -> Result<Option<Self>, TransferError> {
+        let Some(own) = own else {
+            return Ok(None);
+        };
+        let key = key.ok_or_else(|| TransferError::NoImportKey("none in its ready".into()))?;
+        let server =
+            PublicKey::from_z85(key).map_err(|e| TransferError::NoImportKey(e.to_string()))?;
+        Ok(Some(ExportCurve(ClientCurve {
+            server,
+            own: own.own.clone(),
+        })))
+    }
 }
 
 fn socket_error(context: &'static str) -> impl Fn(zmq::Error) -> TransferError {
@@ -57,14 +100,23 @@ fn socket_error(context: &'static str) -> impl Fn(zmq::Error) -> TransferError {
 }
 
 /// Binds the import socket on `host` at a free port; the socket and the
-/// endpoint to advertise.
+/// endpoint to advertise. With `curve` (a key pair made for this import)
+/// the socket is a CURVE server: the exporter must know its public key,
+/// which `ready` carries, and the K/V travels encrypted.
 pub fn bind_import(
     context: &zmq::Context,
     host: &str,
+    curve: Option<&KeyPair>,
 ) -> Result<(zmq::Socket, String), TransferError> {
     let pull = context
         .socket(zmq::PULL)
         .map_err(socket_error("creating the import socket"))?;
+    if let Some(keys) = curve {
+        pull.set_curve_server(true)
+            .map_err(socket_error("making the import socket a CURVE server"))?;
+        pull.set_curve_secretkey(keys.secret_bytes())
+            .map_err(socket_error("setting the import socket's CURVE key"))?;
+    }
     pull.set_maxmsgsize(MAX_TRANSFER_FRAME as i64)
         .map_err(socket_error("setting ZMQ_MAXMSGSIZE"))?;
     pull.set_rcvhwm(16)
@@ -90,10 +142,14 @@ pub fn start_export(
     engine: &EngineHandle,
     endpoint: &str,
     max_tokens: usize,
+    curve: Option<&ExportCurve>,
 ) -> Result<Receiver<ExportOutcome>, TransferError> {
     let push = context
         .socket(zmq::PUSH)
         .map_err(socket_error("creating the export socket"))?;
+    if let Some(curve) = curve {
+        curve.0.apply(&push)?;
+    }
     push.set_sndhwm(16)
         .map_err(socket_error("setting ZMQ_SNDHWM"))?;
     push.set_sndtimeo(SEND_TIMEOUT.as_millis() as i32)
@@ -279,5 +335,48 @@ mod tests {
             }
         );
         assert!(from_frame(b"\x81\xa4type\xa3bad", shape).is_err());
+    }
+
+    /// With CURVE the import socket takes frames from an exporter that
+    /// knows its key, and nothing from one that talks in the clear.
+    #[test]
+    fn a_curve_import_socket_takes_only_encrypted_frames() {
+        if zinfer_curve::check_available().is_err() {
+            return;
+        }
+        let context = zmq::Context::new();
+        let keys = KeyPair::generate().unwrap();
+        let (pull, endpoint) = bind_import(&context, "127.0.0.1", Some(&keys)).unwrap();
+        pull.set_rcvtimeo(2000).unwrap();
+        let own = ClientCurve {
+            server: KeyPair::generate().unwrap().public(),
+            own: KeyPair::generate().unwrap(),
+        };
+        // In the clear: the handshake never completes, nothing arrives.
+        let clear = context.socket(zmq::PUSH).unwrap();
+        clear.set_linger(0).unwrap();
+        clear.connect(&endpoint).unwrap();
+        clear.send("clear", zmq::DONTWAIT).ok();
+        // Encrypted to the announced key: arrives.
+        let key = keys.public().to_z85();
+        let curve = ExportCurve::new(Some(&own), Some(&key)).unwrap().unwrap();
+        let push = context.socket(zmq::PUSH).unwrap();
+        push.set_linger(0).unwrap();
+        curve.0.apply(&push).unwrap();
+        push.connect(&endpoint).unwrap();
+        push.send("sealed", 0).unwrap();
+        assert_eq!(pull.recv_bytes(0).unwrap(), b"sealed");
+        pull.set_rcvtimeo(300).unwrap();
+        assert!(pull.recv_bytes(0).is_err(), "a frame in the clear got in");
+
+        // A CURVE worker refuses a replacement without a usable key; one
+        // without CURVE needs none.
+        for bad in [None, Some("short")] {
+            assert!(matches!(
+                ExportCurve::new(Some(&own), bad),
+                Err(TransferError::NoImportKey(_))
+            ));
+        }
+        assert!(ExportCurve::new(None, Some(&key)).unwrap().is_none());
     }
 }

@@ -577,6 +577,7 @@ pub fn router_to_worker() -> Vec<Sample<RouterToWorker>> {
             RouterToWorker::ExportCache {
                 endpoint: "tcp://10.0.0.7:41234".into(),
                 max_tokens: 16384,
+                key: None,
             },
         ),
         sample(
@@ -606,6 +607,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 context_length: None,
                 vocab_size: None,
                 import_endpoint: None,
+                import_key: None,
             },
         ),
         sample(
@@ -620,6 +622,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 context_length: Some(8192),
                 vocab_size: Some(49152),
                 import_endpoint: Some("tcp://10.0.0.7:41234".into()),
+                import_key: None,
             },
         ),
         sample("worker_to_router.heartbeat", WorkerToRouter::Heartbeat {}),

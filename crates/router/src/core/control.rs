@@ -534,6 +534,7 @@ impl Core {
         now: Instant,
         identity: &[u8],
         import_endpoint: Option<String>,
+        import_key: Option<String>,
     ) {
         let Some(worker) = self.workers.get(identity) else {
             return;
@@ -566,6 +567,7 @@ impl Core {
                             &RouterToWorker::ExportCache {
                                 endpoint,
                                 max_tokens: carry_tokens,
+                                key: import_key,
                             },
                         );
                     }

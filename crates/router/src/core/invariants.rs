@@ -152,6 +152,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                     context_length: None,
                     vocab_size: None,
                     import_endpoint: None,
+                    import_key: None,
                 },
             ),
             Op::Generate {

@@ -104,6 +104,7 @@ impl Core {
             context_length,
             vocab_size,
             import_endpoint,
+            import_key,
         } = message
         {
             let registration = Registration {
@@ -116,6 +117,7 @@ impl Core {
                 context_length,
                 vocab_size,
                 import_endpoint,
+                import_key,
             };
             self.register(now, from, registration);
             return;
@@ -315,7 +317,7 @@ impl Core {
         self.order.push(from.identity.clone());
         self.wake_by(now + self.config.heartbeat_expiry + Duration::from_millis(1));
         self.refresh_gauges();
-        self.on_registered(now, &from.identity, ready.import_endpoint);
+        self.on_registered(now, &from.identity, ready.import_endpoint, ready.import_key);
         self.drain_queue(now);
         self.fail_orphans(now);
     }
@@ -735,4 +737,5 @@ struct Registration {
     context_length: Option<u32>,
     vocab_size: Option<u32>,
     import_endpoint: Option<String>,
+    import_key: Option<String>,
 }

@@ -43,6 +43,7 @@ impl EchoWorker {
             context_length: None,
             vocab_size: None,
             import_endpoint: None,
+            import_key: None,
         };
         Self::spawn(socket, false, Some(encode(&ready).expect("encode ready")))
     }

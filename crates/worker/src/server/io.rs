@@ -203,14 +203,20 @@ impl Io {
                 Action::StartExport {
                     endpoint,
                     max_tokens,
+                    key,
                 } => {
                     let max_tokens = usize::try_from(max_tokens).unwrap_or(usize::MAX);
-                    match migration::start_export(
-                        &self.context,
-                        &self.engine,
-                        &endpoint,
-                        max_tokens,
-                    ) {
+                    let curve =
+                        migration::ExportCurve::new(self.config.curve.as_ref(), key.as_deref());
+                    match curve.and_then(|curve| {
+                        migration::start_export(
+                            &self.context,
+                            &self.engine,
+                            &endpoint,
+                            max_tokens,
+                            curve.as_ref(),
+                        )
+                    }) {
                         Ok(outcome) => {
                             tracing::info!(%endpoint, max_tokens, "exporting the prefix cache");
                             self.export = Some(outcome);

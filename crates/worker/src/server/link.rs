@@ -78,6 +78,8 @@ pub enum Action {
         endpoint: String,
         /// About how many tokens to send.
         max_tokens: u64,
+        /// The replacement's import key, for CURVE.
+        key: Option<String>,
     },
     /// Stopping is over (idle, or the grace ran out): flush and return.
     Stop,
@@ -220,6 +222,7 @@ impl RouterLink {
             RouterToWorker::ExportCache {
                 endpoint,
                 max_tokens,
+                key,
             } => {
                 if self.exporting {
                     let message = "an export is already running".to_string();
@@ -229,6 +232,7 @@ impl RouterLink {
                     self.actions.push_back(Action::StartExport {
                         endpoint,
                         max_tokens,
+                        key,
                     });
                 }
             }

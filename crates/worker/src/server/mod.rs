@@ -75,6 +75,9 @@ pub struct ServerConfig {
     /// Where this worker takes a predecessor's cache, reported in `ready`
     /// (a migration target only); set by `run` when `import_host` is.
     pub import_endpoint: Option<String>,
+    /// The import socket's CURVE public key (Z85), reported in `ready`;
+    /// set by `run` when it binds the socket with CURVE.
+    pub import_key: Option<String>,
     /// Bind a cache-import socket on this host (a migration target).
     pub import_host: Option<String>,
     /// Heartbeat period; 3 periods of router silence trigger a reconnect.
@@ -104,6 +107,7 @@ impl ServerConfig {
             context_length: None,
             vocab_size: None,
             import_endpoint: None,
+            import_key: None,
             import_host: None,
             heartbeat: Duration::from_secs(1),
             load_interval: Duration::from_millis(100),
@@ -128,6 +132,7 @@ impl ServerConfig {
                 context_length: self.context_length,
                 vocab_size: self.vocab_size,
                 import_endpoint: self.import_endpoint.clone(),
+                import_key: self.import_key.clone(),
             },
             heartbeat: self.heartbeat,
             load_interval: self.load_interval,
@@ -178,9 +183,15 @@ pub fn run(
         .map_err(sock("connecting the relay socket"))?;
     let import = match &config.import_host {
         Some(host) => {
-            let (socket, endpoint) = migration::bind_import(&context, host)?;
-            tracing::info!(%endpoint, "taking a predecessor's cache here");
+            // With CURVE, a key pair for this import alone.
+            let keys = match &config.curve {
+                Some(_) => Some(zinfer_curve::KeyPair::generate()?),
+                None => None,
+            };
+            let (socket, endpoint) = migration::bind_import(&context, host, keys.as_ref())?;
+            tracing::info!(%endpoint, curve = keys.is_some(), "taking a predecessor's cache here");
             config.import_endpoint = Some(endpoint);
+            config.import_key = keys.map(|keys| keys.public().to_z85());
             Some(socket)
         }
         None => None,

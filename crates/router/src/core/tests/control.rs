@@ -50,6 +50,7 @@ impl Harness {
                 context_length: None,
                 vocab_size: None,
                 import_endpoint: import_endpoint.map(str::to_string),
+                import_key: import_endpoint.map(|_| IMPORT_KEY.to_string()),
             },
         );
     }
@@ -137,6 +138,10 @@ fn acks(out: &[Out]) -> Vec<(String, bool, String)> {
         })
         .collect()
 }
+
+/// A CURVE public key in Z85 (libzmq's example key), as a migration
+/// target's `ready` announces its import socket.
+const IMPORT_KEY: &str = "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7";
 
 #[test]
 fn concurrent_scales_of_one_model_start_exactly_the_workers_needed() {
@@ -449,8 +454,9 @@ fn migration_carries_the_cache_then_switches_routing_in_one_step() {
     let out = h.sent();
     assert!(out.iter().any(|o| matches!(
         o,
-        Out::Worker(to, RouterToWorker::ExportCache { endpoint, max_tokens: 4096 })
+        Out::Worker(to, RouterToWorker::ExportCache { endpoint, max_tokens: 4096, key })
             if to == b"old" && endpoint == "tcp://127.0.0.1:40000"
+                && key.as_deref() == Some(IMPORT_KEY)
     )));
     assert_eq!(h.state_of(&new), Some(WorkerState::Warming));
     // Not routed to while warming.

@@ -110,6 +110,7 @@ impl Harness {
                 context_length: None,
                 vocab_size: None,
                 import_endpoint: None,
+                import_key: None,
             },
         );
     }

@@ -184,6 +184,7 @@ fn the_same_connection_registering_as_another_worker_is_a_restart() {
             context_length: None,
             vocab_size: None,
             import_endpoint: None,
+            import_key: None,
         },
     );
     // Lost before any output: the request is retried on the new worker.
@@ -211,6 +212,7 @@ fn unknown_worker_and_bad_protocol_get_disconnect() {
         context_length: None,
         vocab_size: None,
         import_endpoint: None,
+        import_key: None,
     };
     h.worker("old", &future);
     let sent = h.sent();
@@ -309,6 +311,7 @@ impl Harness {
                 context_length: None,
                 vocab_size: None,
                 import_endpoint: None,
+                import_key: None,
             },
         );
     }
@@ -407,6 +410,7 @@ fn models_reply_carries_the_smallest_context_and_the_vocabulary() {
                 context_length: context,
                 vocab_size: context.map(|_| 49152),
                 import_endpoint: None,
+                import_key: None,
             },
         );
     }

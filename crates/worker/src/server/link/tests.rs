@@ -46,6 +46,7 @@ fn ready() -> WorkerToRouter {
         context_length: None,
         vocab_size: None,
         import_endpoint: None,
+        import_key: None,
     }
 }
 
@@ -329,12 +330,14 @@ fn one_export_at_a_time() {
     let export = RouterToWorker::ExportCache {
         endpoint: "tcp://127.0.0.1:1".into(),
         max_tokens: 100,
+        key: None,
     };
     assert_eq!(
         h.frame(0, &export),
         vec![Action::StartExport {
             endpoint: "tcp://127.0.0.1:1".into(),
             max_tokens: 100,
+            key: None,
         }]
     );
     match h.frame(10, &export).as_slice() {
