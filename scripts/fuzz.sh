@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Runs the protocol decoder's cargo-fuzz target (crates/protocol/fuzz) for a
-# bounded time, seeded with the golden frames: `scripts/fuzz.sh [SECONDS]`
-# (default 60). It needs a nightly toolchain and cargo-fuzz; cargo-fuzz is
+# Runs two cargo-fuzz targets for a bounded time each: the protocol decoder
+# (crates/protocol/fuzz, seeded with the golden frames) and the OpenAI
+# front's request translation (crates/http/fuzz, seeded with the bodies in
+# its seeds/): `scripts/fuzz.sh [SECONDS]` (default 60, per target). It
+# needs a nightly toolchain and cargo-fuzz; cargo-fuzz is
 # installed when missing. Where either cannot be had, it says so loudly and
 # exits 0: CI fuzzes where it can, and the decoder's proptests run anyway.
 set -euo pipefail
@@ -20,6 +22,7 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked >/dev/null 2>&1 || skip "cargo install cargo-fuzz failed"
 fi
 
+root=$(pwd)
 cd crates/protocol/fuzz
 corpus=corpus/decode
 mkdir -p "$corpus"
@@ -31,3 +34,17 @@ done
 # dependencies would double the build time on a 2-core machine.
 cargo +nightly fuzz run --sanitizer none decode "$corpus" -- \
   -max_len=4096 -max_total_time="$seconds" -print_final_stats=1
+
+cd "$root/crates/http/fuzz"
+corpus=corpus/translate
+mkdir -p "$corpus"
+cp seeds/*.json "$corpus/"
+# JSON keys help libFuzzer reach the fields behind each one.
+dict=$(mktemp)
+for field in model prompt messages role content max_tokens temperature top_p n stop stream \
+  logprobs top_logprobs tools tool_choice response_format json_schema input speculative; do
+  echo "\"\\\"$field\\\"\"" >>"$dict"
+done
+cargo +nightly fuzz run --sanitizer none translate "$corpus" -- \
+  -max_len=4096 -max_total_time="$seconds" -print_final_stats=1 -dict="$dict"
+rm -f "$dict"

@@ -436,6 +436,7 @@ fn finish(
     let include_usage = options.and_then(|o| o.include_usage).unwrap_or(false);
     request.stream = true;
     request.validate(ctx.limits).map_err(decode_error)?;
+    request.check_nesting(ctx.limits).map_err(decode_error)?;
     Ok(Translated {
         echo: None,
         request,
@@ -749,6 +750,25 @@ mod tests {
             "frequency_penalty": 0.0, "logit_bias": {},
             "response_format": {"type": "text"}, "parallel_tool_calls": true}),
         );
+    }
+
+    /// Found by the `translate` fuzz target: a tool schema nested past the
+    /// protocol's depth limit was forwarded, and the router refused it.
+    #[test]
+    fn a_schema_nested_past_the_frame_limit_is_refused_here() {
+        let user = serde_json::json!([{"role": "user", "content": "x"}]);
+        let mut schema = serde_json::json!({"type": "string"});
+        for _ in 0..20 {
+            schema = serde_json::json!({"type": "object", "properties": {"a": schema}});
+        }
+        let tools = serde_json::json!([{"type": "function",
+            "function": {"name": "f", "parameters": schema}}]);
+        let error = chat_err(serde_json::json!({"messages": user, "tools": tools}));
+        assert_eq!(error.status(), axum::http::StatusCode::BAD_REQUEST);
+        assert!(error.to_string().contains("nesting"), "{error}");
+        let shallow = serde_json::json!([{"type": "function",
+            "function": {"name": "f", "parameters": {"type": "object"}}}]);
+        chat_ok(serde_json::json!({"messages": user, "tools": shallow}));
     }
 
     #[test]

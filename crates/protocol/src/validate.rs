@@ -185,6 +185,20 @@ impl GenerateRequest {
         self.validate_logprobs(limits)
     }
 
+    /// Whether the request, sent as a frame, stays within
+    /// `limits.max_depth` levels of nesting (tool schemas, constraints and
+    /// chat template variables are free-form JSON). [`Self::validate`]
+    /// does not look, since a decoded frame was checked as it was read; a
+    /// request built elsewhere (the HTTP front) checks it here, so the
+    /// router never refuses what was sent to it.
+    pub fn check_nesting(&self, limits: &Limits) -> Result<(), DecodeError> {
+        let frame = crate::encode(self).map_err(|error| DecodeError::Invalid {
+            field: "request",
+            detail: error.to_string(),
+        })?;
+        crate::scan::check_structure(&frame, limits.max_depth)
+    }
+
     /// The token ids of `logit_bias` with their biases, in id order;
     /// valid once [`Self::validate`] passed.
     pub fn logit_bias_ids(&self) -> Vec<(u32, f32)> {
