@@ -539,9 +539,10 @@ fn main() {
         stats.preemptions
     );
     println!(
-        "step phases, ms/step: plan {:.3}, forward {:.3}, sample {:.3}, rest {:.3} \
-         (step {:.3})",
+        "step phases, ms/step: plan {:.3}, draft {:.3}, forward {:.3}, sample {:.3}, \
+         rest {:.3} (step {:.3})",
         per_step(stats.plan_s),
+        per_step(stats.draft_s),
         per_step(stats.forward_s),
         per_step(stats.sample_s),
         per_step(stats.rest_s),

@@ -396,9 +396,9 @@ pub struct EngineStats {
     pub forward_s: f64,
     /// Time spent in whole steps (scheduling, forward, sampling, text,
     /// events), seconds; minus `forward_s` it is the engine's overhead.
-    /// Its phases `plan_s`, `forward_s`, `sample_s` and `rest_s` split it:
-    /// each moment of a step is charged to one, so they add up to at most
-    /// this.
+    /// Its phases `plan_s`, `draft_s`, `forward_s`, `sample_s` and `rest_s`
+    /// split it: each moment of a step is charged to one, so they add up to
+    /// at most this.
     pub step_s: f64,
     /// Phase of the steps spent in the scheduler, seconds: planning the
     /// step, laying out its [`zinfer_model::StepBatch`], recording its
