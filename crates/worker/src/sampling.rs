@@ -33,6 +33,18 @@ pub enum SamplingError {
     /// Every logit was NaN or -inf.
     #[error("every logit is NaN or -inf; the forward pass is broken")]
     NoFiniteLogit,
+    /// A drafted chunk's logits are not one row per fed token.
+    #[error(
+        "{values} logits for {rows} rows of {vocab}; the forward pass returned the wrong shape"
+    )]
+    Rows {
+        /// Logits returned.
+        values: usize,
+        /// Rows expected: the newest token and each draft token.
+        rows: usize,
+        /// Logits per row.
+        vocab: usize,
+    },
 }
 
 /// The sampling part of a request, in engine units.

@@ -15,12 +15,11 @@ pub type Drawn = (u32, Option<Logprobs>);
 /// the extra rows.
 pub const MIN_NGRAM: usize = 2;
 
-/// Writes into `draft` (cleared first) up to `max` tokens that followed
-/// the latest earlier occurrence of the longest suffix of `tokens` that
-/// occurs earlier, trying suffixes of `ngram` tokens down to
-/// [`MIN_NGRAM`]. Leaves `draft` empty when no suffix recurs.
+/// Appends to `draft` up to `max` tokens that followed the latest earlier
+/// occurrence of the longest suffix of `tokens` that occurs earlier,
+/// trying suffixes of `ngram` tokens down to [`MIN_NGRAM`]. Appends
+/// nothing when no suffix recurs.
 pub fn lookup(tokens: &[u32], ngram: usize, max: usize, draft: &mut Vec<u32>) {
-    draft.clear();
     if max == 0 {
         return;
     }
@@ -97,8 +96,15 @@ pub fn verify(
     ends_output: impl Fn(u32) -> bool,
     drawn: &mut Vec<Drawn>,
 ) -> Result<(), SamplingError> {
-    if vocab == 0 || rows.len() != (draft.len() + 1) * vocab {
+    if vocab == 0 {
         return Err(SamplingError::EmptyLogits);
+    }
+    if rows.len() != (draft.len() + 1) * vocab {
+        return Err(SamplingError::Rows {
+            values: rows.len(),
+            rows: draft.len() + 1,
+            vocab,
+        });
     }
     let guesses = draft.iter().map(Some).chain([None]);
     for (row, guess) in rows.chunks_exact_mut(vocab).zip(guesses) {
@@ -120,7 +126,8 @@ mod tests {
     fn draft(tokens: &[u32], ngram: usize, max: usize) -> Vec<u32> {
         let mut out = vec![99];
         lookup(tokens, ngram, max, &mut out);
-        out
+        assert_eq!(out.first(), Some(&99), "appended after what was there");
+        out.split_off(1)
     }
 
     #[test]
@@ -224,7 +231,18 @@ mod tests {
         )
         .unwrap();
         assert_eq!(drawn.iter().map(|d| d.0).collect::<Vec<_>>(), [1, 0]);
-        assert!(verify(&mut sampler, &mut [0.0; 5], 3, &[1], |_| false, &mut drawn).is_err());
+        let wrong = verify(&mut sampler, &mut [0.0; 5], 3, &[1], |_| false, &mut drawn);
+        assert!(
+            matches!(
+                wrong,
+                Err(SamplingError::Rows {
+                    values: 5,
+                    rows: 2,
+                    vocab: 3
+                })
+            ),
+            "{wrong:?}"
+        );
     }
 
     /// Pearson's chi-square statistic of `counts` against probabilities.

@@ -686,19 +686,14 @@ impl EngineLoop {
         lap: &mut Lap,
     ) {
         let vocab = self.model.vocab_size();
-        let Some(chunk) = self.batch.chunk(index) else {
+        let Some((_, draft)) = self
+            .batch
+            .chunk(index)
+            .and_then(|chunk| chunk.tokens.split_first())
+        else {
             self.fail_internal(item.id, &InternalError::MissingChunk);
             return;
         };
-        if vocab == 0 || rows.len() != chunk.tokens.len() * vocab || chunk.tokens.len() != item.len
-        {
-            let error = InternalError::LogitRows {
-                rows: rows.len() / vocab.max(1),
-                chunks: item.len,
-            };
-            self.fail_internal(item.id, &error);
-            return;
-        }
         let Some(request) = self.requests.get_mut(&item.id) else {
             return;
         };
@@ -706,7 +701,7 @@ impl EngineLoop {
             &mut request.sampler,
             rows,
             vocab,
-            &chunk.tokens[1..],
+            draft,
             |token| request.stop.is_stop_token(token),
             drawn,
         );

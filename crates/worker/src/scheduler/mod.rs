@@ -304,6 +304,20 @@ impl Seq {
             .saturating_sub(self.generated())
             .min(reserve)
     }
+
+    /// Draft tokens this decoding sequence may have checked next step,
+    /// with `free` slots in the pool: every one may be accepted and one
+    /// more is drawn, so it stays within `max_new_tokens`; 0 when it does
+    /// not speculate.
+    fn draft_room(&self, free: usize) -> usize {
+        let Some((_, length)) = self.speculation else {
+            return 0;
+        };
+        self.max_new_tokens
+            .saturating_sub(self.generated() + 1)
+            .min(length.next())
+            .min(free)
+    }
 }
 
 /// Waiting order: priority high first, then arrival.
@@ -577,14 +591,8 @@ impl Scheduler {
             }
             // What admission will ask for: its uncached prompt, its own
             // reserve and every running sequence's (as `try_admit`).
-            let running_reserve: usize = self
-                .running
-                .iter()
-                .filter_map(|id| self.seqs.get(id))
-                .map(|seq| seq.reserve(self.config.decode_reserve))
-                .sum();
             if self.running.len() < self.config.max_batch
-                && self.kv.room() >= uncached + own_reserve + running_reserve
+                && self.kv.room() >= uncached + own_reserve + self.running_reserve()
             {
                 return;
             }
@@ -603,12 +611,7 @@ impl Scheduler {
     /// sequences while the pool is dry, and a draft to check where it
     /// speculates.
     fn plan_decodes(&mut self, plan: &mut StepPlan) {
-        let decoding = self
-            .running
-            .iter()
-            .filter(|id| self.seqs.get(id).is_some_and(|seq| seq.prefilled))
-            .count();
-        let speculate = decoding > 0 && decoding <= self.config.speculate_max_decodes;
+        let speculate = self.speculates_now();
         let mut index = 0;
         while index < self.running.len() {
             let id = self.running[index];
@@ -659,12 +662,7 @@ impl Scheduler {
     /// tokens and how many tokens each may draft: what a draft model is
     /// asked for before [`Self::schedule`] (see [`Self::offer_draft`]).
     pub fn draft_wants(&self) -> Vec<(u64, &[u32], usize)> {
-        let decoding = self
-            .running
-            .iter()
-            .filter(|id| self.seqs.get(id).is_some_and(|seq| seq.prefilled))
-            .count();
-        if decoding == 0 || decoding > self.config.speculate_max_decodes {
+        if !self.speculates_now() {
             return Vec::new();
         }
         let free = self.kv.pool.available();
@@ -673,15 +671,21 @@ impl Scheduler {
             .filter_map(|id| self.seqs.get(id))
             .filter(|seq| seq.prefilled)
             .filter_map(|seq| {
-                let (_, length) = seq.speculation?;
-                let room = seq
-                    .max_new_tokens
-                    .saturating_sub(seq.generated() + 1)
-                    .min(length.next())
-                    .min(free);
+                let room = seq.draft_room(free);
                 (room > 0).then_some((seq.id, seq.tokens.as_slice(), room))
             })
             .collect()
+    }
+
+    /// Whether this step's decodes may draft: some sequence decodes, and
+    /// no more than `speculate_max_decodes` do.
+    fn speculates_now(&self) -> bool {
+        let decoding = self
+            .running
+            .iter()
+            .filter(|id| self.seqs.get(id).is_some_and(|seq| seq.prefilled))
+            .count();
+        decoding > 0 && decoding <= self.config.speculate_max_decodes
     }
 
     /// A draft for sequence `id`'s next decode step, proposed by a draft
@@ -701,34 +705,29 @@ impl Scheduler {
         let Some(seq) = self.seqs.get_mut(&id) else {
             return 0;
         };
+        let room = seq.draft_room(free);
+        let offered = seq.offered.take();
         seq.fed.clear();
-        let Some((spec, length)) = seq.speculation else {
+        let Some((spec, _)) = seq.speculation.filter(|_| room > 0) else {
             return 0;
         };
-        // Every draft token may be accepted, and one more is drawn.
-        let room = seq
-            .max_new_tokens
-            .saturating_sub(seq.generated() + 1)
-            .min(length.next())
-            .min(free);
-        let mut draft = std::mem::take(&mut seq.fed);
-        match seq.offered.take() {
-            Some((at, mut offered)) if at == seq.tokens.len() => {
-                offered.truncate(room);
-                draft = offered;
+        // What the step feeds: the newest token, then the draft.
+        seq.fed.extend_from_slice(&seq.tokens[seq.kv_len..]);
+        match offered {
+            Some((at, offered)) if at == seq.tokens.len() => {
+                seq.fed.extend(offered.into_iter().take(room));
             }
-            _ => speculate::lookup(&seq.tokens, spec.ngram, room, &mut draft),
+            _ => speculate::lookup(&seq.tokens, spec.ngram, room, &mut seq.fed),
         }
-        let len = draft.len();
-        if len > 0 {
-            draft.insert(0, seq.tokens[seq.kv_len]);
-            match self.kv.pool.alloc(len) {
-                Ok(slots) => seq.slots.extend(slots),
-                Err(_) => draft.clear(),
-            }
+        let len = seq.fed.len() - 1;
+        if len > 0
+            && let Ok(slots) = self.kv.pool.alloc(len)
+        {
+            seq.slots.extend(slots);
+            return len;
         }
-        seq.fed = draft;
-        seq.fed.len().saturating_sub(1)
+        seq.fed.clear();
+        0
     }
 
     /// Admits waiting sequences in priority order while they fit.
@@ -833,12 +832,7 @@ impl Scheduler {
 
     /// Matches the cached prefix, checks room, locks and allocates.
     fn try_admit(&mut self, id: u64) -> Admit {
-        let running_reserve: usize = self
-            .running
-            .iter()
-            .filter_map(|id| self.seqs.get(id))
-            .map(|seq| seq.reserve(self.config.decode_reserve))
-            .sum();
+        let running_reserve = self.running_reserve();
         let Some(seq) = self.seqs.get(&id) else {
             return Admit::NoRoom;
         };
@@ -899,6 +893,15 @@ impl Scheduler {
             cached_tokens: usable,
             resumed,
         })
+    }
+
+    /// Slots the running sequences are expected to need soon, together.
+    fn running_reserve(&self) -> usize {
+        self.running
+            .iter()
+            .filter_map(|id| self.seqs.get(id))
+            .map(|seq| seq.reserve(self.config.decode_reserve))
+            .sum()
     }
 
     /// Whether `seq` should wait for a running prefill of the same prefix.
