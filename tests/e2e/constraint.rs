@@ -294,7 +294,8 @@ print(json.dumps(out))
 fn openai_response_format_through_the_http_front() {
     let python = venv_python("openai");
     let cluster = Cluster::start("cache_aware", 1);
-    let (_front, base) = crate::harness::http_front(&cluster);
+    let front = crate::harness::http_front(&cluster);
+    let base = front.base_url();
     let output = Command::new(&python)
         .args(["-c", OPENAI_CHECK, &base, &person_schema().to_string()])
         .output()

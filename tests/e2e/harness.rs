@@ -550,23 +550,40 @@ fn free_ports_are_distinct_spaced_and_not_ephemeral() {
     }
 }
 
+/// `zinfer http` running in front of a test cluster's router.
+pub struct HttpFront {
+    _process: Proc,
+    /// Where it listens, `127.0.0.1:PORT`.
+    pub addr: String,
+}
+
+impl HttpFront {
+    /// The OpenAI base URL, `http://ADDR/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+}
+
 /// `zinfer http` in front of `cluster`'s router, serving the default model
-/// as `smol`; returns the process and its `/v1` base URL.
-pub fn http_front(cluster: &Cluster) -> (Proc, String) {
-    let listen = format!("127.0.0.1:{}", free_port());
-    let front = spawn_until(
+/// as `smol`.
+pub fn http_front(cluster: &Cluster) -> HttpFront {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let process = spawn_until(
         "listening on",
         &[
             "http",
             "--router",
             &cluster.clients,
             "--listen",
-            &listen,
+            &addr,
             "--served-model-name",
             "smol",
         ],
     );
-    (front, format!("http://{listen}/v1"))
+    HttpFront {
+        _process: process,
+        addr,
+    }
 }
 
 /// Runs `tests/e2e/SCRIPT` with the openai venv's python and `args`, and

@@ -4,40 +4,16 @@
 
 use std::process::Command;
 
-use crate::harness::{Cluster, free_port, spawn_until, venv_python, zinfer};
+use crate::harness::{Cluster, http_front, openai_script, zinfer};
 
 #[test]
 fn openai_python_client_and_bench_against_zinfer_http() {
-    let python = venv_python("openai");
     let cluster = Cluster::start("cache_aware", 1);
-    let listen = format!("127.0.0.1:{}", free_port());
-    let _front = spawn_until(
-        "listening on",
-        &[
-            "http",
-            "--router",
-            &cluster.clients,
-            "--listen",
-            &listen,
-            "--served-model-name",
-            "smol",
-        ],
-    );
-
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../tests/e2e/openai_check.py"
-    );
-    let output = Command::new(&python)
-        .args([script, &format!("http://{listen}/v1"), "smol", "unused-key"])
-        .output()
-        .expect("running the openai check script");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    eprintln!("{stdout}");
-    assert!(
-        output.status.success() && stdout.contains("openai checks passed"),
-        "the openai client checks failed:\n{stdout}\n{stderr}"
+    let front = http_front(&cluster);
+    openai_script(
+        "openai_check.py",
+        &[&front.base_url(), "smol", "unused-key"],
+        "openai checks passed",
     );
 
     // `zinfer bench --compare-url` speaks /v1/completions: our own front
@@ -59,7 +35,7 @@ fn openai_python_client_and_bench_against_zinfer_http() {
             "--no-progress",
             "--json",
             "--compare-url",
-            &format!("http://{listen}"),
+            &format!("http://{}", front.addr),
         ])
         .output()
         .expect("running zinfer bench");

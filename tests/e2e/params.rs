@@ -6,7 +6,8 @@ use crate::harness::Cluster;
 #[test]
 fn openai_sampling_parameters_through_the_http_front() {
     let cluster = Cluster::start("cache_aware", 1);
-    let (_front, base) = crate::harness::http_front(&cluster);
+    let front = crate::harness::http_front(&cluster);
+    let base = front.base_url();
     crate::harness::openai_script(
         "openai_params.py",
         &[&base, "smol"],

@@ -291,19 +291,8 @@ fn workers_re_register_with_a_restarted_router_on_their_own() {
     let client = cluster.client();
     client.start_stream("lost", "1, 2, 3, 4, 5, 6, 7, 8,", 4000);
     // The OpenAI front's request in flight, too, is lost with the router.
-    let listen = format!("127.0.0.1:{}", harness::free_port());
-    let _front = harness::spawn_until(
-        "listening on",
-        &[
-            "http",
-            "--router",
-            &cluster.clients,
-            "--listen",
-            &listen,
-            "--served-model-name",
-            "smol",
-        ],
-    );
+    let front = harness::http_front(&cluster);
+    let listen = front.addr.clone();
     let http_request = {
         let listen = listen.clone();
         std::thread::spawn(move || {

@@ -116,7 +116,8 @@ fn forced_tool_calls_over_the_protocol() {
 #[test]
 fn openai_structured_output_and_tools_through_the_http_front() {
     let cluster = Cluster::start("cache_aware", 1);
-    let (_front, base) = crate::harness::http_front(&cluster);
+    let front = crate::harness::http_front(&cluster);
+    let base = front.base_url();
     crate::harness::openai_script(
         "openai_tools.py",
         &[&base, "smol"],

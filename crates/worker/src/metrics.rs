@@ -56,7 +56,8 @@ pub struct WorkerMetrics {
     pub preemptions: IntCounter,
     /// Messages to the router that could not be sent.
     pub dropped_sends: IntCounter,
-    /// Engine step time by phase (`plan`, `forward`, `sample`, `rest`),
+    /// Engine step time by phase (`plan`, `draft`, `forward`, `sample`,
+    /// `rest`),
     /// seconds; fed by [`WorkerMetrics::observe_engine`].
     pub step_phases: CounterVec,
     /// Speculative decoding's draft tokens, `drafted` (fed for checking)
@@ -113,8 +114,8 @@ impl WorkerMetrics {
             Opts::new(
                 "zinfer_worker_step_phase_seconds_total",
                 "Engine step time by phase: plan (scheduler and batch layout), draft (draft \
-                 model), forward (model), \
-                 sample (masks and samplers), rest (events, detokenizing).",
+                 model), forward (model), sample (masks and samplers), rest (events, \
+                 detokenizing).",
             ),
             &["phase"],
         )?;
