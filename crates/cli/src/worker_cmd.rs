@@ -313,7 +313,50 @@ fn set_thread_count(threads: usize) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::default_worker_id;
+    use clap::Parser;
+
+    use super::{EngineArgs, default_worker_id};
+
+    #[derive(Parser)]
+    struct Engine {
+        #[command(flatten)]
+        engine: EngineArgs,
+    }
+
+    /// `serve` and the supervisor hand a worker their engine flags through
+    /// `to_args`: every flag (speculation and the draft model included)
+    /// must come through as given.
+    #[test]
+    fn engine_flags_reach_a_child_worker_unchanged() {
+        let given = Engine::try_parse_from([
+            "worker",
+            "--kv-tokens",
+            "4096",
+            "--max-batch",
+            "8",
+            "--prefill-chunk",
+            "256",
+            "--kv-dtype",
+            "f16",
+            "--speculative-draft",
+            "6",
+            "--speculative-ngram",
+            "4",
+            "--speculative-max-batch",
+            "2",
+            "--draft-model",
+            "/models/draft.gguf",
+        ])
+        .unwrap()
+        .engine;
+        let args = std::iter::once("worker".to_string()).chain(given.to_args(3));
+        let child = Engine::try_parse_from(args).unwrap().engine;
+        let expected = EngineArgs {
+            threads: Some(3),
+            ..given
+        };
+        assert_eq!(format!("{child:?}"), format!("{expected:?}"));
+    }
 
     #[test]
     fn default_worker_ids_name_host_and_pid_and_differ() {
