@@ -15,10 +15,10 @@ use zinfer_protocol::{
 use crate::harness::{self, Client, Proc, RouterEndpoints};
 
 /// A router and one supervisor, on fresh loopback ports.
-struct ControlPlane {
-    clients: String,
-    control: String,
-    metrics: String,
+pub(crate) struct ControlPlane {
+    pub(crate) clients: String,
+    pub(crate) control: String,
+    pub(crate) metrics: String,
     _router: Proc,
     _supervisor: Proc,
     _guard: std::sync::MutexGuard<'static, ()>,
@@ -27,7 +27,7 @@ struct ControlPlane {
 impl ControlPlane {
     /// `router_args` and `supervisor_args` are added to the defaults (one
     /// thread and a small KV pool per worker).
-    fn start(router_args: &[&str], supervisor_args: &[&str]) -> ControlPlane {
+    pub(crate) fn start(router_args: &[&str], supervisor_args: &[&str]) -> ControlPlane {
         let guard = harness::exclusive();
         let endpoints = RouterEndpoints::fresh();
         let mut args = vec!["router"];
@@ -43,8 +43,14 @@ impl ControlPlane {
             &endpoints.workers,
         ];
         args.extend_from_slice(supervisor_args);
+        // With --models-dir the models come from there alone.
+        let model_flag = if supervisor_args.contains(&"--models-dir") {
+            "--models-dir"
+        } else {
+            "--model"
+        };
         for (flag, value) in [
-            ("--model", model.as_str()),
+            (model_flag, model.as_str()),
             ("--threads", "1"),
             ("--kv-tokens", "8192"),
             ("--max-batch", "8"),
@@ -67,7 +73,7 @@ impl ControlPlane {
     }
 
     /// Waits until the supervisor has registered with the router.
-    fn wait_for_supervisor(&self) {
+    pub(crate) fn wait_for_supervisor(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.try_metric("zinfer_router_supervisors").unwrap_or(0.0) < 1.0 {
             assert!(Instant::now() < deadline, "the supervisor did not register");
@@ -75,12 +81,12 @@ impl ControlPlane {
         }
     }
 
-    fn call(&self, request: &AdminRequest) -> AdminReply {
+    pub(crate) fn call(&self, request: &AdminRequest) -> AdminReply {
         call(&self.control, request, Duration::from_secs(180))
     }
 
     /// Scales `model`, retrying while the supervisor has not registered yet.
-    fn scale(&self, model: &str, workers: u32) -> (bool, String) {
+    pub(crate) fn scale(&self, model: &str, workers: u32) -> (bool, String) {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let reply = self.call(&AdminRequest::Scale {
@@ -100,28 +106,28 @@ impl ControlPlane {
         }
     }
 
-    fn workers(&self) -> Vec<WorkerInfo> {
+    pub(crate) fn workers(&self) -> Vec<WorkerInfo> {
         match self.call(&AdminRequest::Workers {}) {
             AdminReply::Workers { workers } => workers,
             other => panic!("workers answered {other:?}"),
         }
     }
 
-    fn serving(&self) -> Vec<WorkerInfo> {
+    pub(crate) fn serving(&self) -> Vec<WorkerInfo> {
         self.workers()
             .into_iter()
             .filter(|w| w.state == WorkerState::Ready)
             .collect()
     }
 
-    fn metric(&self, name: &str) -> f64 {
+    pub(crate) fn metric(&self, name: &str) -> f64 {
         self.try_metric(name)
             .unwrap_or_else(|| panic!("no metric {name} at {}", self.metrics))
     }
 
     /// A sample's value, or `None` when the endpoint is not up (yet) or
     /// has no such sample.
-    fn try_metric(&self, name: &str) -> Option<f64> {
+    pub(crate) fn try_metric(&self, name: &str) -> Option<f64> {
         harness::try_scrape(&self.metrics)?
             .lines()
             .find(|line| line.starts_with(name) && !line.starts_with('#'))

@@ -516,11 +516,16 @@ pub fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
 /// The `/metrics` body, or `None` while the endpoint is not up (or not
 /// answering 200).
 pub fn try_scrape(addr: &str) -> Option<String> {
+    http_get(addr, "/metrics")
+}
+
+/// The body of `GET path` on `addr`, or `None` unless it answers 200.
+pub fn http_get(addr: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).ok()?;
     write!(
         stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut response = String::new();
@@ -567,19 +572,15 @@ impl HttpFront {
 /// `zinfer http` in front of `cluster`'s router, serving the default model
 /// as `smol`.
 pub fn http_front(cluster: &Cluster) -> HttpFront {
+    http_front_for(&cluster.clients, &["--served-model-name", "smol"])
+}
+
+/// `zinfer http` in front of the router at `clients`, with `args` added.
+pub fn http_front_for(clients: &str, args: &[&str]) -> HttpFront {
     let addr = format!("127.0.0.1:{}", free_port());
-    let process = spawn_until(
-        "listening on",
-        &[
-            "http",
-            "--router",
-            &cluster.clients,
-            "--listen",
-            &addr,
-            "--served-model-name",
-            "smol",
-        ],
-    );
+    let mut all = vec!["http", "--router", clients, "--listen", &addr];
+    all.extend_from_slice(args);
+    let process = spawn_until("listening on", &all);
     HttpFront {
         _process: process,
         addr,

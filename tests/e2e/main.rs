@@ -16,6 +16,7 @@ mod deploy;
 mod harness;
 mod http;
 mod multihost;
+mod on_demand;
 mod params;
 mod reliability;
 mod security;

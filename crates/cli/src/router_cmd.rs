@@ -65,6 +65,13 @@ pub(crate) struct RouterArgs {
     /// Cached tokens `ctl migrate` carries to the new worker by default.
     #[arg(long, default_value_t = zinfer_router::DEFAULT_CARRY_TOKENS, env = "ZINFER_CARRY_TOKENS")]
     pub(crate) carry_tokens: u64,
+    /// How long a model loaded on demand (a request for a model a
+    /// supervisor offers and no worker serves) stays loaded once idle,
+    /// unless the request's `keep_alive` or the model's entry in
+    /// --models-config says: `5m`, `1h`, `30s`, seconds, or `-1` to keep
+    /// models loaded. Models started by `ctl scale` stay regardless.
+    #[arg(long, default_value = "5m", env = "ZINFER_KEEP_ALIVE")]
+    pub(crate) keep_alive: zinfer_protocol::KeepAlive,
     /// Turn the autoscaler on: at most this many workers per model a
     /// supervisor offers.
     #[arg(long, env = "ZINFER_AUTOSCALE_MAX")]
@@ -180,6 +187,7 @@ impl RouterArgs {
                 .filter(|rate| *rate > 0.0),
             spawn_timeout: Duration::from_secs(self.spawn_timeout),
             carry_tokens: self.carry_tokens,
+            keep_alive: self.keep_alive,
             autoscale: self.autoscale_max.map(|max| AutoscaleConfig {
                 min_workers: self.autoscale_min.min(max),
                 max_workers: max,

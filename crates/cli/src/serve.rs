@@ -1,7 +1,9 @@
-//! `zinfer serve`: a router, a supervisor and one worker process per
-//! device, all on this host. The workers are the control plane's: `ctl
-//! scale`, `ctl drain`, `ctl migrate` and the autoscaler start and stop
-//! them, and a worker that dies is replaced.
+//! `zinfer serve`: a router, a supervisor and worker processes, all on this
+//! host. With one model it starts one worker per device; with several, the
+//! router starts a model's workers on its first request (and unloads it
+//! when idle), except for the `--preload` ones. The workers are the control
+//! plane's: `ctl scale`, `ctl drain`, `ctl migrate` and the autoscaler
+//! start and stop them, and a worker that dies is replaced.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,8 +12,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use zinfer_curve::{ClientCurve, KeyPair, PublicKey};
 use zinfer_probe::Device;
-use zinfer_protocol::{AdminReply, AdminRequest};
+use zinfer_protocol::{AdminReply, AdminRequest, ClientReply, ClientRequest, Limits};
 use zinfer_router::RouterConfig;
+use zinfer_supervisor::ModelSpec;
 
 use crate::http_cmd::{Front, HttpOptions};
 use crate::router_cmd::RouterArgs;
@@ -53,6 +56,16 @@ pub(crate) struct ServeArgs {
     http: Option<SocketAddr>,
     #[command(flatten)]
     http_options: HttpOptions,
+    /// With several models, start this one at start-up (one worker per
+    /// device, as a single model is) instead of on its first request;
+    /// repeat or comma-separate for several. A single model always starts.
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "ZINFER_PRELOAD",
+        value_delimiter = ','
+    )]
+    preload: Vec<String>,
 }
 
 /// Runs router, supervisor and workers until Ctrl-C or SIGTERM.
@@ -118,7 +131,8 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     supervisor_config
         .worker_args
         .extend(["--grace".to_string(), args.grace.to_string()]);
-    let model = supervisor_config.models[0].clone();
+    let models = supervisor_config.models.clone();
+    let preload = preloaded(&models, &args.preload)?;
 
     let (router_stop_tx, router_stop_rx) = crossbeam_channel::bounded::<()>(1);
     let router = std::thread::Builder::new()
@@ -144,19 +158,35 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     };
 
     let started = Instant::now();
-    let result = start_workers(
-        &control_endpoint,
-        &model.name,
-        devices.len(),
-        Duration::from_secs(args.startup_timeout),
-        client_curve.as_ref(),
-    )
+    let deadline = started + Duration::from_secs(args.startup_timeout);
+    let result = match &models[..] {
+        [model] => start_workers(
+            &control_endpoint,
+            &model.name,
+            devices.len(),
+            deadline,
+            client_curve.as_ref(),
+        )
+        .map(|message| {
+            format!(
+                "{message} ({threads} thread(s) each, from {})",
+                model.path.display()
+            )
+        }),
+        _ => start_several(
+            &control_endpoint,
+            &local_endpoint(&client_endpoint),
+            &models,
+            &preload,
+            devices.len(),
+            deadline,
+            client_curve.as_ref(),
+        ),
+    }
     .map(|message| {
         eprintln!(
-            "zinfer serve: ready in {:.1} s: {message} ({} thread(s) each, from {}); clients connect to {}",
+            "zinfer serve: ready in {:.1} s: {message}; clients connect to {}",
             started.elapsed().as_secs_f64(),
-            threads,
-            model.path.display(),
             client_endpoint.replace("*", "127.0.0.1"),
         );
         let _ = stop_rx.recv();
@@ -183,13 +213,119 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     result
 }
 
+/// The models `--preload` names, in order and once each; the one model
+/// when there is only one (it always starts). An unknown name is an error
+/// listing the offered ones.
+fn preloaded(models: &[ModelSpec], names: &[String]) -> anyhow::Result<Vec<ModelSpec>> {
+    let mut chosen: Vec<ModelSpec> = Vec::new();
+    for name in names {
+        let Some(model) = models.iter().find(|model| &model.name == name) else {
+            bail!(
+                "--preload {name:?}: no such model; the models offered are {}",
+                supervisor_cmd::model_names(models)
+            );
+        };
+        if !chosen.contains(model) {
+            chosen.push(model.clone());
+        }
+    }
+    if let [model] = models {
+        return Ok(vec![model.clone()]);
+    }
+    Ok(chosen)
+}
+
+/// Several models: starts the `preload` ones, waits until the router lists
+/// every model (the supervisor has told it what it offers), and says so.
+fn start_several(
+    control: &str,
+    clients: &str,
+    models: &[ModelSpec],
+    preload: &[ModelSpec],
+    workers: usize,
+    deadline: Instant,
+    curve: Option<&ClientCurve>,
+) -> anyhow::Result<String> {
+    let mut started = Vec::new();
+    for model in preload {
+        started.push(start_workers(
+            control,
+            &model.name,
+            workers,
+            deadline,
+            curve,
+        )?);
+    }
+    wait_until_listed(clients, models, deadline, curve)?;
+    let names = supervisor_cmd::model_names(models);
+    Ok(if started.is_empty() {
+        format!(
+            "offering {} models, each loaded on its first request ({names})",
+            models.len()
+        )
+    } else {
+        format!(
+            "offering {} models ({names}); {}; the others load on their first request",
+            models.len(),
+            started.join("; ")
+        )
+    })
+}
+
+/// Asks the router for its model list until it names every one of
+/// `models`, or fails at `deadline` naming the missing ones.
+fn wait_until_listed(
+    endpoint: &str,
+    models: &[ModelSpec],
+    deadline: Instant,
+    curve: Option<&ClientCurve>,
+) -> anyhow::Result<()> {
+    const ID: &str = "zinfer-serve-startup";
+    let context = zmq::Context::new();
+    let socket = crate::zmq_util::client_socket(&context, endpoint, curve)?;
+    let request = zinfer_protocol::encode(&ClientRequest::Models {
+        id: Some(ID.into()),
+    })?;
+    let mut missing: Vec<&str> = models.iter().map(|model| model.name.as_str()).collect();
+    loop {
+        socket
+            .send(request.as_slice(), 0)
+            .with_context(|| format!("asking {endpoint} for its models"))?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        let wait = left.clamp(Duration::from_millis(1), Duration::from_secs(1));
+        if socket.poll(zmq::POLLIN, wait.as_millis() as i64)? > 0 {
+            while let Ok(frame) = socket.recv_bytes(zmq::DONTWAIT) {
+                if let Ok(ClientReply::Models {
+                    id: Some(id),
+                    models: listed,
+                }) = zinfer_protocol::decode(&frame, &Limits::default())
+                    && id == ID
+                {
+                    missing.retain(|name| !listed.iter().any(|model| model.name == *name));
+                }
+            }
+            if missing.is_empty() {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!(
+                "the router did not list the offered model(s) {} in time (--startup-timeout); \
+                 the supervisor may not have reached it",
+                missing.join(", ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// Asks the control plane for `workers` workers of `model` and waits until
-/// they serve; the router's message on success.
+/// they serve (or `deadline`); the router's message on success.
 fn start_workers(
     control: &str,
     model: &str,
     workers: usize,
-    timeout: Duration,
+    deadline: Instant,
     curve: Option<&ClientCurve>,
 ) -> anyhow::Result<String> {
     let request = AdminRequest::Scale {
@@ -197,7 +333,6 @@ fn start_workers(
         workers: u32::try_from(workers).unwrap_or(u32::MAX),
         device: None,
     };
-    let deadline = Instant::now() + timeout;
     loop {
         // The first call can beat the supervisor's registration; it then
         // says no supervisor is connected, and we ask again.
@@ -318,6 +453,53 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("unknown device `tpu`"), "{err}");
+    }
+
+    #[test]
+    fn several_models_and_preloads_parse() {
+        use clap::Parser;
+        let cli = crate::Cli::try_parse_from([
+            "zinfer",
+            "serve",
+            "--model",
+            "/m/a.gguf",
+            "--model",
+            "/m/b.gguf",
+            "--models-dir",
+            "/more",
+            "--preload",
+            "a,b",
+            "--preload",
+            "c",
+        ])
+        .unwrap();
+        let crate::Command::Serve(args) = cli.command else {
+            panic!("not serve");
+        };
+        let models = &args.supervisor.models;
+        assert_eq!(
+            models.model,
+            [PathBuf::from("/m/a.gguf"), PathBuf::from("/m/b.gguf")]
+        );
+        assert_eq!(models.models_dir, Some(PathBuf::from("/more")));
+        assert_eq!(args.preload, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn preloads_name_offered_models() {
+        let spec = |name: &str| ModelSpec::from_path(&PathBuf::from(format!("/m/{name}.gguf")));
+        let models = [spec("a"), spec("b"), spec("c")];
+        let names = |chosen: Vec<ModelSpec>| -> Vec<String> {
+            chosen.into_iter().map(|model| model.name).collect()
+        };
+        assert!(preloaded(&models, &[]).unwrap().is_empty());
+        let asked = ["c", "a", "c"].map(String::from);
+        assert_eq!(names(preloaded(&models, &asked).unwrap()), ["c", "a"]);
+        let err = preloaded(&models, &["d".into()]).unwrap_err().to_string();
+        assert!(err.contains("\"d\"") && err.contains("a, b, c"), "{err}");
+        // One model always starts, named or not.
+        assert_eq!(names(preloaded(&models[..1], &[]).unwrap()), ["a"]);
+        assert!(preloaded(&models[..1], &["b".into()]).is_err());
     }
 
     #[test]

@@ -13,14 +13,10 @@ use zinfer_worker::metrics::WorkerMetrics;
 use zinfer_worker::scheduler::SchedulerConfig;
 use zinfer_worker::server::{self, ServerConfig};
 
-/// Model and engine flags, shared by `zinfer worker` and `zinfer serve`.
+/// Engine flags, shared by `zinfer worker`, `zinfer supervisor` and `zinfer
+/// serve` (which take their models from flags of their own).
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct EngineArgs {
-    /// A local `.gguf` file or a safetensors directory (config.json,
-    /// tokenizer.json, *.safetensors). Default: SmolLM2-135M-Instruct Q4_1,
-    /// fetched into $ZINFER_HOME/models on first use.
-    #[arg(long, env = "ZINFER_MODEL")]
-    pub(crate) model: Option<PathBuf>,
     /// CPU threads for the forward pass. Default: all cores (split evenly
     /// between workers under `serve`).
     #[arg(long, env = "ZINFER_THREADS")]
@@ -129,6 +125,12 @@ pub(crate) struct WorkerArgs {
     /// workers must reach it.
     #[arg(long, default_value = "127.0.0.1", env = "ZINFER_IMPORT_HOST")]
     import_host: String,
+    /// The model: a local `.gguf` file or a safetensors directory
+    /// (config.json, tokenizer.json, *.safetensors). One per worker (`serve`
+    /// and `supervisor` take several). Default: SmolLM2-135M-Instruct Q4_1,
+    /// fetched into $ZINFER_HOME/models on first use.
+    #[arg(long, value_name = "PATH", env = "ZINFER_MODEL")]
+    model: Option<PathBuf>,
     #[command(flatten)]
     curve: crate::zmq_util::CurveArgs,
     #[command(flatten)]
@@ -168,7 +170,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     let device = model::check_device(args.device)?;
     device.pin(threads)?;
     let device = device.to_string();
-    let model_path = resolve_model(args.engine.model.as_deref())?;
+    let model_path = resolve_model(args.model.as_deref())?;
     let id = args.id.clone().unwrap_or_else(default_worker_id);
     eprintln!(
         "zinfer worker {id}: loading {} on {device} with {threads} thread(s)",
@@ -356,6 +358,30 @@ mod tests {
             ..given
         };
         assert_eq!(format!("{child:?}"), format!("{expected:?}"));
+    }
+
+    #[test]
+    fn a_worker_takes_one_model() {
+        use clap::Parser;
+        let cli = crate::Cli::try_parse_from(["zinfer", "worker", "--model", "/m/a.gguf"]).unwrap();
+        let crate::Command::Worker(args) = cli.command else {
+            panic!("not worker");
+        };
+        assert_eq!(
+            args.model.as_deref(),
+            Some(std::path::Path::new("/m/a.gguf"))
+        );
+        let err = crate::Cli::try_parse_from([
+            "zinfer",
+            "worker",
+            "--model",
+            "/m/a.gguf",
+            "--model",
+            "/m/b.gguf",
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("cannot be used multiple times"), "{err}");
     }
 
     #[test]

@@ -92,7 +92,7 @@ async fn health() -> impl IntoResponse {
 
 async fn ready(State(state): State<AppState>) -> Response {
     match state.client.models(MODELS_TIMEOUT).await {
-        Ok(models) if models.iter().any(|m| m.workers > 0) => {
+        Ok(models) if models.iter().any(|m| m.workers > 0 || m.state.is_some()) => {
             axum::Json(json!({"status": "ready", "models": models_json(&models)})).into_response()
         }
         Ok(_) => (
@@ -111,21 +111,40 @@ async fn ready(State(state): State<AppState>) -> Response {
 fn models_json(models: &[zinfer_protocol::ModelInfo]) -> serde_json::Value {
     models
         .iter()
-        .map(|m| json!({"name": m.name, "workers": m.workers}))
+        .map(|m| json!({"name": m.name, "workers": m.workers, "state": state_name(m)}))
         .collect()
 }
 
+/// A model's state as `/v1/models` shows it; a router too old to say
+/// lists only loaded models.
+fn state_name(model: &zinfer_protocol::ModelInfo) -> &'static str {
+    model
+        .state
+        .unwrap_or(zinfer_protocol::ModelState::Loaded)
+        .as_str()
+}
+
+/// Every model the router lists: loaded, loading, or offered and loaded on
+/// its first request (`state`, as Ollama's `ps` tells).
 async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
     let served = state.client.models(MODELS_TIMEOUT).await?;
     let created = now_unix();
-    let entry =
-        |id: &str| json!({"id": id, "object": "model", "created": created, "owned_by": "zinfer"});
-    let mut data: Vec<_> = state.alias.iter().map(|alias| entry(alias)).collect();
+    let entry = |id: &str, model_state: &str| {
+        json!({"id": id, "object": "model", "created": created, "owned_by": "zinfer",
+               "state": model_state})
+    };
+    let mut data: Vec<_> = state
+        .alias
+        .iter()
+        .map(|alias| entry(alias, "loaded"))
+        .collect();
     data.extend(
         served
             .iter()
-            .filter(|m| m.workers > 0 && Some(&m.name) != state.alias.as_ref())
-            .map(|m| entry(&m.name)),
+            .filter(|m| {
+                (m.workers > 0 || m.state.is_some()) && Some(&m.name) != state.alias.as_ref()
+            })
+            .map(|m| entry(&m.name, state_name(m))),
     );
     Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
 }

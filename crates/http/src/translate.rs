@@ -44,6 +44,7 @@ const COMPLETION_FIELDS: &[&str] = &[
     "metadata",
     "priority",
     "speculative",
+    "keep_alive",
 ];
 
 /// Fields of `POST /v1/chat/completions`.
@@ -81,6 +82,7 @@ const CHAT_FIELDS: &[&str] = &[
     "metadata",
     "priority",
     "speculative",
+    "keep_alive",
 ];
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
@@ -411,6 +413,8 @@ fn finish(
     request.priority = body.get::<i32>("priority")?.unwrap_or(0);
     // zinfer's prompt-lookup speculation, as on the protocol.
     request.speculative = body.get("speculative")?;
+    // Ollama's: how long a model loaded on demand stays loaded after this.
+    request.keep_alive = body.get("keep_alive")?;
     // Accepted and logged, as OpenAI stores them; they change nothing.
     let user = body.get::<String>("user")?;
     let metadata = body.get::<Map<String, Value>>("metadata")?;
@@ -799,6 +803,20 @@ mod tests {
         );
         let error = completion_err(serde_json::json!({"prompt": "x", "speculative": {"ngram": 1}}));
         assert_eq!(param(&error).as_deref(), Some("speculative"), "{error}");
+        let t = completion_ok(serde_json::json!({"prompt": "x", "keep_alive": "10m"}));
+        assert_eq!(
+            t.request.keep_alive,
+            Some(zinfer_protocol::KeepAlive::For(
+                std::time::Duration::from_secs(600)
+            ))
+        );
+        let t = completion_ok(serde_json::json!({"prompt": "x", "keep_alive": -1}));
+        assert_eq!(
+            t.request.keep_alive,
+            Some(zinfer_protocol::KeepAlive::Forever)
+        );
+        let error = completion_err(serde_json::json!({"prompt": "x", "keep_alive": "soon"}));
+        assert_eq!(param(&error).as_deref(), Some("keep_alive"), "{error}");
         let error = chat_err(serde_json::json!({"messages": user, "logit_bias": {"1": 101}}));
         assert_eq!(param(&error).as_deref(), Some("logit_bias"), "{error}");
         let error = chat_err(serde_json::json!({"messages": user, "frequency_penalty": -3}));

@@ -55,6 +55,7 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                         workers: 1,
                         context_length: Some(8192),
                         vocab_size: Some(49152),
+                        state: None,
                     }],
                 }),
                 ClientRequest::Generate(request) => {

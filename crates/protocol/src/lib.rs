@@ -22,6 +22,7 @@
 mod codec;
 mod constraint;
 mod embed;
+mod keep_alive;
 mod limits;
 mod messages;
 mod scan;
@@ -33,6 +34,7 @@ mod validate;
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
 pub use constraint::{Constraint, ConstraintKind};
 pub use embed::{EmbedRequest, Pooling};
+pub use keep_alive::{DEFAULT_KEEP_ALIVE, KeepAlive, ParseKeepAliveError};
 pub use limits::Limits;
 pub use messages::*;
 pub use speculative::{MAX_SPECULATIVE_DRAFT, MAX_SPECULATIVE_NGRAM, Speculative};

@@ -425,6 +425,12 @@ pub struct GenerateRequest {
     /// Requests with a `constraint` (or forced tool calls) never speculate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<crate::Speculative>,
+    /// How long the model stays loaded after this request, for a model
+    /// the router loads on demand: seconds, or a string such as `"5m"`;
+    /// negative keeps it loaded, 0 unloads it when idle. Absent: the
+    /// model's default. Ignored for models started by `scale`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_alive: Option<crate::KeepAlive>,
 }
 
 impl GenerateRequest {
@@ -464,6 +470,7 @@ impl GenerateRequest {
             prompt_logprobs: None,
             embed: None,
             speculative: None,
+            keep_alive: None,
         }
     }
 }
@@ -705,6 +712,33 @@ pub struct ModelInfo {
     /// reported it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vocab_size: Option<u32>,
+    /// Whether it can run now: absent from an older router.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<ModelState>,
+}
+
+/// Where a model stands in the `models` list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelState {
+    /// A worker serves it.
+    Loaded,
+    /// Its first worker is starting; requests for it wait.
+    Loading,
+    /// A supervisor offers it and no worker runs it: the first request
+    /// loads it.
+    Unloaded,
+}
+
+impl ModelState {
+    /// The name on the wire and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ModelState::Loaded => "loaded",
+            ModelState::Loading => "loading",
+            ModelState::Unloaded => "unloaded",
+        }
+    }
 }
 
 /// router -> client.
@@ -1283,6 +1317,10 @@ pub struct ModelOffer {
     pub path: String,
     /// Memory one worker of it is expected to use, in bytes.
     pub worker_bytes: u64,
+    /// How long it stays loaded after a request when it was loaded on
+    /// demand; absent: the router's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_alive: Option<crate::KeepAlive>,
 }
 
 /// supervisor -> router, on the control socket.

@@ -126,6 +126,9 @@ pub struct RouterConfig {
     /// Longest pause after failed spawns of a model before it may be
     /// spawned again (the pause doubles per failure from 1 s).
     pub spawn_backoff_max: Duration,
+    /// How long a model loaded on demand stays loaded after its last
+    /// request, when neither the request nor the model's offer says.
+    pub keep_alive: zinfer_protocol::KeepAlive,
     /// Adds and removes workers by load; `None` leaves counts to `scale`.
     pub autoscale: Option<AutoscaleConfig>,
     /// CURVE encryption and allow-lists on all three sockets; `None`:
@@ -193,6 +196,7 @@ impl Default for RouterConfig {
             carry_tokens: DEFAULT_CARRY_TOKENS,
             carry_timeout: Duration::from_secs(60),
             spawn_backoff_max: Duration::from_secs(60),
+            keep_alive: zinfer_protocol::DEFAULT_KEEP_ALIVE,
             autoscale: None,
             curve: None,
             spawn_nonce: std::process::id()

@@ -71,6 +71,15 @@ pub struct Metrics {
     pub(crate) supervisors: IntGauge,
     /// Autoscaler decisions, by direction (up, down).
     pub(crate) autoscale: IntCounterVec,
+    /// Models listed by `models`, by state (loaded, loading, unloaded).
+    pub(crate) models: IntGaugeVec,
+    /// Workers started to load a model on demand.
+    pub(crate) cold_starts: IntCounter,
+    /// A cold start's first request arriving to its worker registering.
+    pub(crate) cold_start_time: Histogram,
+    /// Models loaded on demand that were unloaded, by reason (idle,
+    /// evicted: for another model that needed the memory).
+    pub(crate) unloads: IntCounterVec,
 }
 
 fn latency_buckets() -> Vec<f64> {
@@ -114,7 +123,16 @@ impl Metrics {
         registry.register(Box::new(
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;
+        let models = IntGaugeVec::new(
+            Opts::new(
+                "zinfer_router_models",
+                "Models workers serve or supervisors offer, by state (loaded, loading, unloaded).",
+            ),
+            &["state"],
+        )?;
+        registry.register(Box::new(models.clone()))?;
         let metrics = Metrics {
+            models,
             requests: counter_vec(
                 "zinfer_router_requests_total",
                 "Requests ended, by outcome (finish reason or error code).",
@@ -232,10 +250,30 @@ impl Metrics {
                 "Autoscaler decisions, by direction (up, down).",
                 "direction",
             )?,
+            cold_starts: counter(
+                "zinfer_router_cold_starts_total",
+                "Workers started to load a model on demand (a request asked for a model no worker served).",
+            )?,
+            cold_start_time: histogram(
+                "zinfer_router_cold_start_seconds",
+                "A cold start's first request arriving to the model's first worker registering.",
+            )?,
+            unloads: counter_vec(
+                "zinfer_router_model_unloads_total",
+                "Models loaded on demand that were unloaded, by reason (idle: keep-alive over; \
+                 evicted: another model needed the memory).",
+                "reason",
+            )?,
             registry,
         };
         for outcome in ["ok", "failed"] {
             metrics.migrations.with_label_values(&[outcome]).inc_by(0);
+        }
+        for state in ["loaded", "loading", "unloaded"] {
+            metrics.models.with_label_values(&[state]).set(0);
+        }
+        for reason in ["idle", "evicted"] {
+            metrics.unloads.with_label_values(&[reason]).inc_by(0);
         }
         for direction in ["up", "down"] {
             metrics.autoscale.with_label_values(&[direction]).inc_by(0);
@@ -277,7 +315,8 @@ impl Metrics {
 }
 
 /// `/metrics` renders every metric; `/ready` is 200 while at least one
-/// worker is ready to take requests, 503 otherwise.
+/// worker is ready to take requests or a supervisor offers a model to
+/// load on demand, 503 otherwise.
 impl zinfer_metrics_http::Exporter for Metrics {
     fn render(&self) -> String {
         Metrics::render(self)
@@ -288,8 +327,14 @@ impl zinfer_metrics_http::Exporter for Metrics {
             .workers
             .with_label_values(&[zinfer_protocol::WorkerState::Ready.as_str()])
             .get();
+        let on_demand = self.models.with_label_values(&["unloaded"]).get()
+            + self.models.with_label_values(&["loading"]).get();
         if ready > 0 {
             Ok(format!("ready: {ready} worker(s)\n"))
+        } else if on_demand > 0 {
+            Ok(format!(
+                "ready: {on_demand} model(s) offered, loaded on their first request\n"
+            ))
         } else {
             Err("not ready: no worker is ready\n".into())
         }

@@ -16,28 +16,85 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
 use zinfer_probe::{Device, DeviceError};
-use zinfer_protocol::{Limits, ModelOffer, RouterToSupervisor, SupervisorToRouter};
+use zinfer_protocol::{KeepAlive, Limits, ModelOffer, RouterToSupervisor, SupervisorToRouter};
 
 pub use budget::{MemoryBudget, OverBudget, gib, parse_bytes, worker_bytes};
 use process::WorkerProcess;
 
-/// A model this supervisor can start workers for.
+/// A model this supervisor can start workers for, with its own settings
+/// where they differ from the supervisor's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelSpec {
     /// The name workers report (the file stem).
     pub name: String,
     /// Model file or directory.
     pub path: PathBuf,
+    /// Where its workers go when the router names no device (already
+    /// checked and resolved, e.g. `cuda:0`); `None`: the least used of
+    /// [`SupervisorConfig::devices`].
+    pub device: Option<String>,
+    /// CPU threads of each of its workers instead of the supervisor's
+    /// `--threads`.
+    pub threads: Option<usize>,
+    /// KV pool tokens of each of its workers instead of
+    /// [`SupervisorConfig::kv_tokens`].
+    pub kv_tokens: Option<usize>,
+    /// How long the router keeps it loaded after a request when it loaded
+    /// it on demand; `None`: the router's default.
+    pub keep_alive: Option<KeepAlive>,
 }
 
 impl ModelSpec {
-    /// A model named after its file, as workers name it.
+    /// A model named after its file, as workers name it, with the
+    /// supervisor's settings.
     pub fn from_path(path: &Path) -> Self {
         ModelSpec {
             name: zinfer_probe::model_name(path),
             path: path.to_path_buf(),
+            device: None,
+            threads: None,
+            kv_tokens: None,
+            keep_alive: None,
         }
     }
+
+    /// Flags of `zinfer worker` that this model sets itself, replacing the
+    /// same flags in [`SupervisorConfig::worker_args`].
+    fn worker_overrides(&self) -> Vec<(&'static str, String)> {
+        let mut flags = Vec::new();
+        if let Some(threads) = self.threads {
+            flags.push(("--threads", threads.to_string()));
+        }
+        if let Some(kv_tokens) = self.kv_tokens {
+            flags.push(("--kv-tokens", kv_tokens.to_string()));
+        }
+        flags
+    }
+}
+
+/// `args` with each `(flag, value)` of `overrides` in place of that flag's
+/// value (`--flag value` or `--flag=value`), or appended where `args` lacks
+/// the flag: `zinfer worker` refuses a flag given twice.
+fn override_flags(args: &[String], overrides: &[(&str, String)]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len() + 2 * overrides.len());
+    let mut rest = args.iter();
+    while let Some(arg) = rest.next() {
+        let replaced = overrides.iter().any(|(flag, _)| {
+            arg.strip_prefix(flag)
+                .is_some_and(|tail| tail.is_empty() || tail.starts_with('='))
+        });
+        if !replaced {
+            out.push(arg.clone());
+        } else if !arg.contains('=') {
+            // Skip the separate value too.
+            rest.next();
+        }
+    }
+    for (flag, value) in overrides {
+        out.push((*flag).to_string());
+        out.push(value.clone());
+    }
+    out
 }
 
 /// Settings of a supervisor.
@@ -56,7 +113,7 @@ pub struct SupervisorConfig {
     /// Memory its workers may hold together.
     pub budget: MemoryBudget,
     /// KV pool tokens per worker, for the memory estimate (`worker_args`
-    /// passes the flag on).
+    /// passes the flag on); a model's [`ModelSpec::kv_tokens`] replaces it.
     pub kv_tokens: usize,
     /// Element type of those tokens' K/V (`worker_args` passes the flag on).
     pub kv_dtype: zinfer_probe::KvDtype,
@@ -66,7 +123,9 @@ pub struct SupervisorConfig {
     pub check_device: fn(Device) -> Result<Device, DeviceError>,
     /// The `zinfer` binary.
     pub exe: PathBuf,
-    /// Flags for every `zinfer worker` it starts (threads, batch, ...).
+    /// Flags for every `zinfer worker` it starts (threads, batch, ...); a
+    /// model's own `threads` and `kv_tokens` replace `--threads` and
+    /// `--kv-tokens` here.
     pub worker_args: Vec<String>,
     /// Environment for every worker it starts.
     pub worker_env: Vec<(String, String)>,
@@ -188,8 +247,8 @@ struct Supervisor {
     workers: HashMap<String, WorkerProcess>,
     /// Highest resident memory seen per model, for estimates.
     measured: HashMap<String, u64>,
-    /// File and KV-pool bytes per offered model file.
-    unmeasured: HashMap<PathBuf, (u64, u64)>,
+    /// File and KV-pool bytes per model file and KV pool size.
+    unmeasured: HashMap<(PathBuf, usize), (u64, u64)>,
     outbox: Vec<SupervisorToRouter>,
     host: String,
 }
@@ -202,9 +261,10 @@ impl Supervisor {
             .models
             .iter()
             .map(|spec| {
+                let kv_tokens = spec.kv_tokens.unwrap_or(config.kv_tokens);
                 (
-                    spec.path.clone(),
-                    unmeasured_bytes(&spec.path, config.kv_tokens, config.kv_dtype),
+                    (spec.path.clone(), kv_tokens),
+                    unmeasured_bytes(&spec.path, kv_tokens, config.kv_dtype),
                 )
             })
             .collect();
@@ -220,9 +280,12 @@ impl Supervisor {
 
     /// Expected bytes of one more worker of `spec`.
     fn estimate(&self, spec: &ModelSpec) -> u64 {
-        let (file, kv) = self.unmeasured.get(&spec.path).copied().unwrap_or_else(|| {
-            unmeasured_bytes(&spec.path, self.config.kv_tokens, self.config.kv_dtype)
-        });
+        let kv_tokens = spec.kv_tokens.unwrap_or(self.config.kv_tokens);
+        let (file, kv) = self
+            .unmeasured
+            .get(&(spec.path.clone(), kv_tokens))
+            .copied()
+            .unwrap_or_else(|| unmeasured_bytes(&spec.path, kv_tokens, self.config.kv_dtype));
         worker_bytes(file, kv, self.measured.get(&spec.name).copied())
     }
 
@@ -244,6 +307,7 @@ impl Supervisor {
                 name: spec.name.clone(),
                 path: spec.path.display().to_string(),
                 worker_bytes: self.estimate(spec),
+                keep_alive: spec.keep_alive,
             })
             .collect();
         SupervisorToRouter::SupervisorStatus {
@@ -310,41 +374,21 @@ impl Supervisor {
         if !path.exists() {
             return Err(format!("model file {} does not exist", path.display()));
         }
-        let device = match device {
+        let device = match device.or_else(|| spec.device.clone()) {
             Some(device) => device,
             None => self.least_used_device(),
         };
         let parsed: Device = device.parse().map_err(|e| format!("{e}"))?;
         (self.config.check_device)(parsed).map_err(|e| format!("{e}"))?;
-        let need = self.estimate(&ModelSpec {
-            name: spec.name.clone(),
-            path: path.clone(),
-        });
+        let spec = ModelSpec { path, ..spec };
+        let need = self.estimate(&spec);
         let holdings = self.holdings();
         self.config
             .budget
             .admit(model, need, &holdings)
             .map_err(|e| e.to_string())?;
         let slot = self.free_slot();
-        let mut args = vec![
-            "worker".to_string(),
-            "--router".into(),
-            self.config.router.clone(),
-            "--model".into(),
-            path.display().to_string(),
-            "--device".into(),
-            device.clone(),
-            "--id".into(),
-            worker_id.to_string(),
-        ];
-        if let (Some(base), Some(slot)) = (self.config.metrics_base, slot) {
-            args.push("--metrics".into());
-            args.push(format!("127.0.0.1:{}", base.saturating_add(slot)));
-        }
-        if import_cache {
-            args.push("--import-cache".into());
-        }
-        args.extend(self.config.worker_args.iter().cloned());
+        let args = self.worker_command(&spec, &device, worker_id, slot, import_cache);
         let child =
             WorkerProcess::spawn(&self.config.exe, &args, &self.config.worker_env, worker_id)
                 .map_err(|e| format!("cannot start {}: {e}", self.config.exe.display()))?;
@@ -358,6 +402,41 @@ impl Supervisor {
         );
         self.workers.insert(worker_id.to_string(), worker);
         Ok(())
+    }
+
+    /// The `zinfer worker` arguments of a worker of `spec` (whose path is
+    /// the one to load) on `device`.
+    fn worker_command(
+        &self,
+        spec: &ModelSpec,
+        device: &str,
+        worker_id: &str,
+        slot: Option<u16>,
+        import_cache: bool,
+    ) -> Vec<String> {
+        let mut args = vec![
+            "worker".to_string(),
+            "--router".into(),
+            self.config.router.clone(),
+            "--model".into(),
+            spec.path.display().to_string(),
+            "--device".into(),
+            device.to_string(),
+            "--id".into(),
+            worker_id.to_string(),
+        ];
+        if let (Some(base), Some(slot)) = (self.config.metrics_base, slot) {
+            args.push("--metrics".into());
+            args.push(format!("127.0.0.1:{}", base.saturating_add(slot)));
+        }
+        if import_cache {
+            args.push("--import-cache".into());
+        }
+        args.extend(override_flags(
+            &self.config.worker_args,
+            &spec.worker_overrides(),
+        ));
+        args
     }
 
     /// The configured device with the fewest of our workers (the first on a tie).
@@ -467,4 +546,202 @@ pub fn host_name() -> String {
         .map(|name| name.trim().to_string())
         .filter(|name| !name.is_empty())
         .unwrap_or_else(|| "localhost".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn any_device(device: Device) -> Result<Device, DeviceError> {
+        Ok(device)
+    }
+
+    /// A GGUF header of a llama model with 2 layers, 2 KV heads and heads
+    /// 16 wide: 2 * 2 * (16 + 16) * 4 = 512 bytes per cached f32 token.
+    const KV_BYTES_PER_TOKEN: u64 = 512;
+
+    fn write_gguf(path: &Path) {
+        let string = |s: &str| {
+            let mut out = (s.len() as u64).to_le_bytes().to_vec();
+            out.extend(s.as_bytes());
+            out
+        };
+        let entries: [(&str, u32, Vec<u8>); 5] = [
+            ("general.architecture", 8, string("llama")),
+            ("llama.block_count", 4, 2u32.to_le_bytes().to_vec()),
+            ("llama.attention.head_count", 4, 4u32.to_le_bytes().to_vec()),
+            (
+                "llama.attention.head_count_kv",
+                4,
+                2u32.to_le_bytes().to_vec(),
+            ),
+            ("llama.embedding_length", 4, 64u32.to_le_bytes().to_vec()),
+        ];
+        let mut bytes = b"GGUF".to_vec();
+        bytes.extend(3u32.to_le_bytes());
+        bytes.extend(0u64.to_le_bytes());
+        bytes.extend((entries.len() as u64).to_le_bytes());
+        for (key, kind, value) in entries {
+            bytes.extend(string(key));
+            bytes.extend(kind.to_le_bytes());
+            bytes.extend(value);
+        }
+        std::fs::write(path, bytes).unwrap();
+    }
+
+    fn config(models: Vec<ModelSpec>) -> SupervisorConfig {
+        SupervisorConfig {
+            id: "test".into(),
+            control: "tcp://127.0.0.1:1".into(),
+            router: "tcp://127.0.0.1:2".into(),
+            models,
+            devices: vec!["cpu:0".into(), "cpu:1".into()],
+            budget: MemoryBudget { total: 1 << 40 },
+            kv_tokens: 1000,
+            kv_dtype: zinfer_probe::KvDtype::F32,
+            check_device: any_device,
+            exe: PathBuf::from("true"),
+            worker_args: ["--threads", "8", "--kv-tokens", "1000", "--max-batch", "32"]
+                .map(String::from)
+                .to_vec(),
+            worker_env: Vec::new(),
+            metrics_base: None,
+            stop_grace: Duration::from_secs(1),
+            curve: None,
+        }
+    }
+
+    /// The value after the only `flag` in `args`.
+    fn value<'a>(args: &'a [String], flag: &str) -> &'a str {
+        let at: Vec<usize> = (0..args.len()).filter(|&i| args[i] == flag).collect();
+        assert_eq!(at.len(), 1, "{flag} once in {args:?}");
+        &args[at[0] + 1]
+    }
+
+    #[test]
+    fn a_models_threads_and_kv_tokens_replace_the_global_flags() {
+        let plain = ModelSpec::from_path(Path::new("/m/plain.gguf"));
+        let tuned = ModelSpec {
+            threads: Some(2),
+            kv_tokens: Some(4096),
+            ..ModelSpec::from_path(Path::new("/m/tuned.gguf"))
+        };
+        let supervisor = Supervisor::new(config(vec![plain.clone(), tuned.clone()]));
+        let args = supervisor.worker_command(&tuned, "cpu:1", "w1", None, false);
+        assert_eq!(value(&args, "--threads"), "2");
+        assert_eq!(value(&args, "--kv-tokens"), "4096");
+        assert_eq!(value(&args, "--max-batch"), "32");
+        assert_eq!(value(&args, "--model"), "/m/tuned.gguf");
+        assert_eq!(value(&args, "--device"), "cpu:1");
+        let args = supervisor.worker_command(&plain, "cpu:0", "w2", None, false);
+        assert_eq!(value(&args, "--threads"), "8");
+        assert_eq!(value(&args, "--kv-tokens"), "1000");
+    }
+
+    #[test]
+    fn overrides_replace_both_flag_forms_and_add_missing_flags() {
+        let args = ["--threads=8", "--max-batch", "4", "--kv-tokens", "9"].map(String::from);
+        let out = override_flags(
+            &args,
+            &[("--threads", "3".into()), ("--kv-tokens", "7".into())],
+        );
+        assert_eq!(
+            out,
+            ["--max-batch", "4", "--threads", "3", "--kv-tokens", "7"].map(String::from)
+        );
+        let out = override_flags(
+            &["--grace".to_string(), "5".into()],
+            &[("--threads", "1".into())],
+        );
+        assert_eq!(out, ["--grace", "5", "--threads", "1"].map(String::from));
+        // A longer flag with the same beginning is left alone.
+        let out = override_flags(&["--threads-x".to_string()], &[("--threads", "1".into())]);
+        assert_eq!(out, ["--threads-x", "--threads", "1"].map(String::from));
+    }
+
+    #[test]
+    fn the_estimate_uses_a_models_own_kv_tokens() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        write_gguf(&path);
+        let plain = ModelSpec::from_path(&path);
+        let big = ModelSpec {
+            name: "big".into(),
+            kv_tokens: Some(4000),
+            ..plain.clone()
+        };
+        let supervisor = Supervisor::new(config(vec![plain.clone(), big.clone()]));
+        let file = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(
+            supervisor.estimate(&plain),
+            worker_bytes(file, 1000 * KV_BYTES_PER_TOKEN, None)
+        );
+        assert_eq!(
+            supervisor.estimate(&big),
+            worker_bytes(file, 4000 * KV_BYTES_PER_TOKEN, None)
+        );
+    }
+
+    #[test]
+    fn the_offer_carries_each_models_keep_alive_and_estimate() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        write_gguf(&path);
+        let ten_minutes = KeepAlive::For(Duration::from_secs(600));
+        let kept = ModelSpec {
+            keep_alive: Some(ten_minutes),
+            kv_tokens: Some(2000),
+            ..ModelSpec::from_path(&path)
+        };
+        let other = ModelSpec {
+            name: "other".into(),
+            ..ModelSpec::from_path(&path)
+        };
+        let mut supervisor = Supervisor::new(config(vec![kept, other]));
+        let SupervisorToRouter::SupervisorStatus { models, .. } = supervisor.status() else {
+            panic!("not a status");
+        };
+        let file = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(models.len(), 2);
+        assert_eq!(models[0].name, "tiny");
+        assert_eq!(models[0].keep_alive, Some(ten_minutes));
+        assert_eq!(
+            models[0].worker_bytes,
+            worker_bytes(file, 2000 * KV_BYTES_PER_TOKEN, None)
+        );
+        assert_eq!(models[1].name, "other");
+        assert_eq!(models[1].keep_alive, None);
+    }
+
+    #[test]
+    fn workers_go_to_their_models_device_unless_the_router_names_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        write_gguf(&path);
+        let pinned = ModelSpec {
+            device: Some("cpu:1".into()),
+            ..ModelSpec::from_path(&path)
+        };
+        let mut supervisor = Supervisor::new(config(vec![pinned]));
+        // `true` stands in for `zinfer worker`: it starts and exits.
+        for (id, asked) in [
+            ("w1", None),
+            ("w2", None),
+            ("w3", Some("cpu:0".to_string())),
+        ] {
+            supervisor.spawn(id, "tiny", None, asked, false).unwrap();
+        }
+        let device = |id: &str| supervisor.workers[id].device.clone();
+        assert_eq!(
+            (device("w1"), device("w2")),
+            ("cpu:1".into(), "cpu:1".into())
+        );
+        assert_eq!(device("w3"), "cpu:0");
+        let err = supervisor
+            .spawn("w4", "nope", None, None, false)
+            .unwrap_err();
+        assert!(err.contains("\"tiny\""), "{err}");
+        supervisor.stop_all();
+        assert!(supervisor.workers.is_empty());
+    }
 }

@@ -60,7 +60,23 @@ pub fn full_generate() -> GenerateRequest {
         prompt_logprobs: None,
         embed: None,
         speculative: None,
+        keep_alive: None,
     }
+}
+
+/// A generate for a model loaded on demand, kept ten minutes after it,
+/// with prompt-lookup speculation.
+pub fn keep_alive_generate() -> GenerateRequest {
+    let mut request = GenerateRequest::from_prompt("req-8", "Repeat: the cat sat");
+    request.model = Some("qwen2.5-1.5b-instruct-q4_k_m".into());
+    request.keep_alive = Some(zinfer_protocol::KeepAlive::For(
+        std::time::Duration::from_secs(600),
+    ));
+    request.speculative = Some(zinfer_protocol::Speculative {
+        ngram: 3,
+        max_draft: 8,
+    });
+    request
 }
 
 /// A generate asking for log probabilities and two alternatives per token.
@@ -270,6 +286,10 @@ pub fn client_requests() -> Vec<Sample<ClientRequest>> {
             ClientRequest::Generate(tools_generate()),
         ),
         sample(
+            "client_request.generate_keep_alive",
+            ClientRequest::Generate(keep_alive_generate()),
+        ),
+        sample(
             "client_request.cancel",
             ClientRequest::Cancel { id: "req-1".into() },
         ),
@@ -469,6 +489,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                     workers: 2,
                     context_length: None,
                     vocab_size: None,
+                    state: None,
                 }],
             },
         ),
@@ -481,7 +502,30 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                     workers: 2,
                     context_length: Some(8192),
                     vocab_size: Some(49152),
+                    state: None,
                 }],
+            },
+        ),
+        sample(
+            "client_reply.models_with_state",
+            ClientReply::Models {
+                id: Some("m2".into()),
+                models: vec![
+                    ModelInfo {
+                        name: "smollm2-135m".into(),
+                        workers: 1,
+                        context_length: Some(8192),
+                        vocab_size: Some(49152),
+                        state: Some(zinfer_protocol::ModelState::Loaded),
+                    },
+                    ModelInfo {
+                        name: "qwen2.5-1.5b-instruct-q4_k_m".into(),
+                        workers: 0,
+                        context_length: None,
+                        vocab_size: None,
+                        state: Some(zinfer_protocol::ModelState::Unloaded),
+                    },
+                ],
             },
         ),
         sample(
@@ -788,6 +832,24 @@ pub fn supervisor_to_router() -> Vec<Sample<SupervisorToRouter>> {
                     name: "smollm2-135m".into(),
                     path: "/models/smollm2-135m.gguf".into(),
                     worker_bytes: 1_700_000_000,
+                    keep_alive: None,
+                }],
+                devices: vec!["cpu:0".into(), "cpu:1".into()],
+                memory_budget_bytes: 8_000_000_000,
+                memory_used_bytes: 1_700_000_000,
+                workers: vec!["smollm2-135m-1".into()],
+            },
+        ),
+        sample(
+            "supervisor_to_router.supervisor_status_keep_alive",
+            SupervisorToRouter::SupervisorStatus {
+                supervisor_id: "sup-host1".into(),
+                host: "host1".into(),
+                models: vec![ModelOffer {
+                    name: "smollm2-135m".into(),
+                    path: "/models/smollm2-135m.gguf".into(),
+                    worker_bytes: 1_700_000_000,
+                    keep_alive: Some(zinfer_protocol::KeepAlive::Forever),
                 }],
                 devices: vec!["cpu:0".into(), "cpu:1".into()],
                 memory_budget_bytes: 8_000_000_000,

@@ -129,7 +129,8 @@ impl Core {
                 return;
             }
         };
-        if !self.any_routable(&model) {
+        let cold = !self.any_routable(&model) && self.offered(&model);
+        if !cold && !self.any_routable(&model) {
             let message = format!(
                 "no worker is taking requests for model {model:?} (all draining or lost); \
                  retry later"
@@ -170,6 +171,9 @@ impl Core {
                 self.fail_overloaded(now, rid);
             } else {
                 self.enqueue(rid);
+                if cold {
+                    self.cold_start(now, &model);
+                }
             }
         }
     }
@@ -285,10 +289,12 @@ impl Core {
     }
 
     /// The model a request runs on, or why it cannot run. Without `model`,
-    /// the model served by the most workers (ties: the first by name).
+    /// the model served by the most workers (ties: the first by name), or
+    /// the only model offered when none is loaded.
     pub(super) fn resolve_model(&self, model: Option<&str>) -> Result<String, (ErrorCode, String)> {
         let served = self.known_models();
-        if served.is_empty() {
+        let offered = self.offered_models();
+        if served.is_empty() && offered.is_empty() {
             return Err((
                 ErrorCode::Unavailable,
                 "no worker is registered; start `zinfer worker` and retry".into(),
@@ -296,13 +302,27 @@ impl Core {
         }
         match model {
             Some(name) if served.iter().any(|info| info.name == name) => Ok(name.to_string()),
+            Some(name) if offered.iter().any(|offer| offer == name) => Ok(name.to_string()),
             Some(name) => {
-                let names: Vec<&str> = served.iter().map(|info| info.name.as_str()).collect();
+                let mut names: Vec<&str> = served.iter().map(|info| info.name.as_str()).collect();
+                names.extend(offered.iter().map(String::as_str));
+                names.sort_unstable();
+                names.dedup();
                 Err((
                     ErrorCode::UnknownModel,
                     format!("model {name:?} is not served; models served: {names:?}"),
                 ))
             }
+            None if served.is_empty() => match offered.as_slice() {
+                [only] => Ok(only.clone()),
+                _ => Err((
+                    ErrorCode::BadRequest,
+                    format!(
+                        "field \"model\" is required while no model is loaded; models offered: \
+                         {offered:?}"
+                    ),
+                )),
+            },
             None => {
                 let best = served.iter().fold(&served[0], |best, info| {
                     if info.workers > best.workers {
@@ -328,15 +348,33 @@ impl Core {
                     workers: 0,
                     context_length: None,
                     vocab_size: None,
+                    state: None,
                 });
             }
         }
         models
     }
 
-    /// Models of workers taking requests, for the `models` reply.
+    /// Models of workers taking requests, then the models supervisors
+    /// offer that none serves, each with its state, for the `models` reply.
     pub(super) fn served_models(&self) -> Vec<ModelInfo> {
-        self.count_models(|worker| worker.routable())
+        let mut models = self.count_models(|worker| worker.routable());
+        for name in self.offered_models() {
+            if !models.iter().any(|info| info.name == name) {
+                models.push(ModelInfo {
+                    name,
+                    workers: 0,
+                    context_length: None,
+                    vocab_size: None,
+                    state: None,
+                });
+            }
+        }
+        for info in &mut models {
+            info.state = Some(self.model_state(&info.name));
+        }
+        models.sort_by(|a, b| a.name.cmp(&b.name));
+        models
     }
 
     fn count_models(&self, include: impl Fn(&super::Worker) -> bool) -> Vec<ModelInfo> {
@@ -358,6 +396,7 @@ impl Core {
                         workers: 1,
                         context_length: worker.context_length,
                         vocab_size: worker.vocab_size,
+                        state: None,
                     }),
                 }
             }

@@ -25,17 +25,20 @@ use super::{Addr, Core, Peer, seconds};
 /// A connected supervisor, as its last `supervisor_status` described it.
 pub(super) struct Supervisor {
     addr: Addr,
-    id: String,
-    models: Vec<ModelOffer>,
-    memory_free: u64,
+    pub(super) id: String,
+    pub(super) models: Vec<ModelOffer>,
+    /// Its budget less what its workers hold or reserved, as it last said,
+    /// less what spawns sent since will reserve.
+    pub(super) memory_free: u64,
+    pub(super) memory_budget: u64,
     /// Ids of the workers it runs.
-    workers: Vec<String>,
+    pub(super) workers: Vec<String>,
     last_seen: Instant,
 }
 
 /// A worker the router asked a supervisor to start, until it registers.
-struct Spawn {
-    model: String,
+pub(super) struct Spawn {
+    pub(super) model: String,
     supervisor: Vec<u8>,
     started: Instant,
 }
@@ -80,13 +83,13 @@ struct Drain {
 /// Control-plane state inside [`Core`].
 #[derive(Default)]
 pub(super) struct ControlPlane {
-    supervisors: HashMap<Vec<u8>, Supervisor>,
-    /// Wanted worker counts of the models `scale` (or the autoscaler) set;
-    /// kept up when workers die.
-    targets: HashMap<String, u32>,
+    pub(super) supervisors: HashMap<Vec<u8>, Supervisor>,
+    /// Wanted worker counts of the models `scale`, the autoscaler or a
+    /// cold start set; kept up when workers die.
+    pub(super) targets: HashMap<String, u32>,
     scales: HashMap<String, ScaleOp>,
     /// By the worker id the spawn was for.
-    spawns: HashMap<String, Spawn>,
+    pub(super) spawns: HashMap<String, Spawn>,
     /// By the replacement's worker id.
     migrations: HashMap<String, Migration>,
     backoff: HashMap<String, Backoff>,
@@ -179,6 +182,7 @@ impl Core {
                         id: supervisor_id,
                         models,
                         memory_free: memory_budget_bytes.saturating_sub(memory_used_bytes),
+                        memory_budget: memory_budget_bytes,
                         workers,
                         last_seen: now,
                     },
@@ -193,6 +197,7 @@ impl Core {
                         self.reconcile(now, &model);
                     }
                 }
+                self.retry_cold_starts(now);
             }
             SupervisorToRouter::SpawnFailed { worker_id, reason } => {
                 self.spawn_failed(now, &worker_id, &reason);
@@ -221,7 +226,8 @@ impl Core {
         }
     }
 
-    /// `scale`: `waiter` (none for the autoscaler) gets the outcome.
+    /// `scale`: `waiter` (none for the autoscaler) gets the outcome. An
+    /// operator's `scale` pins the model: it is no longer unloaded when idle.
     pub(super) fn scale(
         &mut self,
         now: Instant,
@@ -230,6 +236,9 @@ impl Core {
         target: u32,
         device: Option<String>,
     ) {
+        if waiter.is_some() {
+            self.on_demand.pin(model);
+        }
         if let Some(refusal) = self.backoff_refusal(now, model) {
             if let Some(waiter) = waiter {
                 self.ack(&waiter, false, refusal);
@@ -259,7 +268,7 @@ impl Core {
     }
 
     /// Why spawning `model` is refused now, when a backoff holds.
-    fn backoff_refusal(&self, now: Instant, model: &str) -> Option<String> {
+    pub(super) fn backoff_refusal(&self, now: Instant, model: &str) -> Option<String> {
         let backoff = self.control.backoff.get(model)?;
         (backoff.until > now).then(|| {
             format!(
@@ -394,7 +403,7 @@ impl Core {
     }
 
     /// Asks the best supervisor for a worker of `model`; its id, or why not.
-    fn request_spawn(
+    pub(super) fn request_spawn(
         &mut self,
         now: Instant,
         model: &str,
@@ -437,6 +446,17 @@ impl Core {
         );
         let to = Peer::Admin(supervisor.addr.clone());
         let supervisor = supervisor.addr.identity.clone();
+        // Its memory and the worker are the supervisor's from now on, as its
+        // next status will say.
+        if let Some(s) = self.control.supervisors.get_mut(&supervisor) {
+            let bytes = s
+                .models
+                .iter()
+                .find(|m| m.name == model)
+                .map_or(0, |m| m.worker_bytes);
+            s.memory_free = s.memory_free.saturating_sub(bytes);
+            s.workers.push(worker_id.clone());
+        }
         tracing::info!(model, worker = %worker_id, ?device, import_cache, "spawning a worker");
         self.send(
             to,
@@ -485,6 +505,7 @@ impl Core {
             return;
         }
         self.back_off(now, &spawn.model, reason);
+        self.cold_start_failed(now, &spawn.model, reason);
         self.fail_scale(now, &spawn.model, reason);
         // Requests held for this spawn fail unless another worker can take them.
         self.fail_orphans(now);
@@ -576,6 +597,7 @@ impl Core {
             }
             None => {
                 if let Some(spawn) = spawn {
+                    self.cold_start_done(now, &spawn.model);
                     self.reconcile(now, &spawn.model);
                 }
             }
@@ -962,6 +984,7 @@ impl Core {
         self.metrics
             .supervisors
             .set(self.control.supervisors.len() as i64);
+        self.unload_idle(now);
         self.autoscale(now);
         let models: Vec<String> = self.control.targets.keys().cloned().collect();
         for model in models {
@@ -987,6 +1010,12 @@ impl Core {
                 continue;
             }
             let serving = self.serving(&model);
+            // An offered model nobody loaded (or one unloaded) stays so
+            // until a request or `scale` asks for it.
+            let wanted = self.control.targets.get(&model).is_some_and(|&t| t > 0);
+            if serving.is_empty() && !wanted {
+                continue;
+            }
             let waiting: u64 = self
                 .queue
                 .iter()

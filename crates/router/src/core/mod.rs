@@ -13,6 +13,7 @@ mod admin;
 mod autoscale;
 mod client;
 mod control;
+mod on_demand;
 mod quota;
 mod routing;
 mod text;
@@ -213,6 +214,8 @@ pub struct Core {
     quotas: HashMap<Vec<u8>, quota::ClientQuota>,
     /// Supervisors, scaling, drains and migrations.
     control: control::ControlPlane,
+    /// Models loaded on demand: cold starts, keep-alive, eviction.
+    on_demand: on_demand::OnDemand,
     /// Text requests (`tokenize`, ...) on workers, by rid.
     texts: HashMap<u64, text::TextOp>,
     /// The same, by (client identity, client id).
@@ -243,6 +246,7 @@ impl Core {
             refused: HashMap::new(),
             quotas: HashMap::new(),
             control: control::ControlPlane::default(),
+            on_demand: on_demand::OnDemand::default(),
             texts: HashMap::new(),
             text_ids: HashMap::new(),
         }
@@ -331,6 +335,7 @@ impl Core {
             .chain(refusals)
             .chain(deadlines)
             .chain(self.control.next_timer(&self.config, now))
+            .chain(self.next_unload())
             .fold(self.next_heartbeat, Instant::min)
             .max(now + Duration::from_millis(1))
     }
@@ -415,6 +420,9 @@ impl Core {
         self.metrics
             .e2e
             .observe(now.saturating_duration_since(request.arrived).as_secs_f64());
+        if let Some(model) = &request.request.model {
+            self.model_used(now, model, request.request.keep_alive);
+        }
         Some(request)
     }
 
@@ -437,6 +445,18 @@ impl Core {
                 .set(count as i64);
         }
         self.metrics.queue_depth.set(self.queue.len() as i64);
+        let listed = self.served_models();
+        for state in [
+            zinfer_protocol::ModelState::Loaded,
+            zinfer_protocol::ModelState::Loading,
+            zinfer_protocol::ModelState::Unloaded,
+        ] {
+            let count = listed.iter().filter(|m| m.state == Some(state)).count();
+            self.metrics
+                .models
+                .with_label_values(&[state.as_str()])
+                .set(count as i64);
+        }
     }
 }
 

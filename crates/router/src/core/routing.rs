@@ -42,6 +42,7 @@ impl Core {
             .values()
             .any(|worker| worker.routable() && worker.serves(model))
             || self.control.scale_spawns(model) > 0
+            || self.on_demand.is_loading(model)
     }
 
     /// Sends request `rid` to a worker if one has room; false if none has.

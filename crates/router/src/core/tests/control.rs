@@ -17,6 +17,7 @@ impl Harness {
                 name: "m".into(),
                 path: "/models/m.gguf".into(),
                 worker_bytes: 1 << 30,
+                keep_alive: None,
             }],
             devices: vec!["cpu:0".into(), "cpu:1".into()],
             memory_budget_bytes: 8 << 30,

@@ -17,6 +17,7 @@ use crate::{Metrics, Policy, RouterConfig};
 
 mod admin;
 mod control;
+mod on_demand;
 mod policies;
 mod quota;
 mod requests;
