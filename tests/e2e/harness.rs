@@ -563,6 +563,11 @@ pub struct HttpFront {
 }
 
 impl HttpFront {
+    /// The process id of `zinfer http`.
+    pub fn pid(&self) -> u32 {
+        self._process.child.id()
+    }
+
     /// The OpenAI base URL, `http://ADDR/v1`.
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)

@@ -15,6 +15,7 @@ mod control;
 mod deploy;
 mod harness;
 mod http;
+mod http_abuse;
 mod multihost;
 mod on_demand;
 mod params;

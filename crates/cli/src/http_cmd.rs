@@ -40,6 +40,11 @@ pub(crate) struct HttpOptions {
     /// request before answering 504.
     #[arg(long, default_value_t = 600, env = "ZINFER_HTTP_TIMEOUT")]
     http_timeout: u64,
+    /// Seconds a client may take to send a request's headers (and an idle
+    /// keep-alive connection may wait for its next request) before its
+    /// connection is closed: slow senders hold no connection for long.
+    #[arg(long, default_value_t = 15, env = "ZINFER_HEADER_TIMEOUT")]
+    header_timeout: u64,
 }
 
 impl HttpOptions {
@@ -51,6 +56,7 @@ impl HttpOptions {
             api_key: self.api_key.clone().filter(|k| !k.is_empty()),
             served_model_name: self.served_model_name.clone().filter(|n| !n.is_empty()),
             reply_timeout: Duration::from_secs(self.http_timeout.max(1)),
+            header_timeout: Duration::from_secs(self.header_timeout.max(1)),
             curve: None,
         }
     }

@@ -59,6 +59,12 @@ pub enum ApiError {
     /// The connection to the router's I/O thread is gone (shutting down).
     #[error("the HTTP front is shutting down")]
     ShuttingDown,
+    /// The body is longer than the front accepts.
+    #[error("the request body exceeds the limit of {0} bytes")]
+    BodyTooLarge(usize),
+    /// The body could not be read (the client stopped sending it).
+    #[error("the request body could not be read: {0}")]
+    BodyUnreadable(String),
 }
 
 impl ApiError {
@@ -83,7 +89,9 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { .. }
             | ApiError::Unsupported { .. }
-            | ApiError::UnknownField(_) => StatusCode::BAD_REQUEST,
+            | ApiError::UnknownField(_)
+            | ApiError::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
+            ApiError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::ModelNotFound(_) | ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Router { code, .. } => match code {
@@ -123,6 +131,8 @@ impl ApiError {
                 Some("model_not_found"),
             ),
             ApiError::NoRoute(_) => ("invalid_request_error", None, Some("not_found")),
+            ApiError::BodyTooLarge(_) => ("invalid_request_error", None, Some("request_too_large")),
+            ApiError::BodyUnreadable(_) => ("invalid_request_error", None, None),
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),
             ApiError::Router { code, .. } => match code {
                 ErrorCode::BadRequest => ("invalid_request_error", None, Some(code.as_str())),

@@ -47,6 +47,9 @@ pub struct HttpConfig {
     pub served_model_name: Option<String>,
     /// Longest wait for the router's next reply to a request.
     pub reply_timeout: Duration,
+    /// Longest a client may take to send a request's headers; then its
+    /// connection is closed, so slow senders (slowloris) hold nothing.
+    pub header_timeout: Duration,
     /// CURVE to the router's client socket; `None`: plain.
     pub curve: Option<zinfer_curve::ClientCurve>,
 }
@@ -72,6 +75,7 @@ pub struct HttpServer {
     listener: tokio::net::TcpListener,
     client: RouterClient,
     state: AppState,
+    header_timeout: Duration,
 }
 
 impl HttpServer {
@@ -96,6 +100,7 @@ impl HttpServer {
             listener,
             client,
             state,
+            header_timeout: config.header_timeout,
         })
     }
 
@@ -106,16 +111,73 @@ impl HttpServer {
 
     /// Serves until `shutdown` completes, then lets open responses finish
     /// and stops the router I/O thread.
+    ///
+    /// Each connection is HTTP/1.1 with Nagle off (every SSE event leaves
+    /// at once) and a header read timeout, so a client that trickles its
+    /// headers is cut off instead of holding a connection for ever.
     pub async fn run(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), HttpError> {
-        let addr = self.local_addr().unwrap_or(([0, 0, 0, 0], 0).into());
-        let result = axum::serve(self.listener, server::app(self.state))
-            .with_graceful_shutdown(shutdown)
-            .await
-            .map_err(|source| HttpError::Io { addr, source });
+        let app = server::app(self.state);
+        let (closing, closed) = tokio::sync::watch::channel(false);
+        let mut connections = tokio::task::JoinSet::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                accepted = self.listener.accept() => {
+                    let stream = match accepted {
+                        Ok((stream, _)) => stream,
+                        Err(error) => {
+                            // Out of descriptors, say: let some close.
+                            tracing::warn!(%error, "accepting a connection failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    connections.spawn(serve_connection(
+                        stream,
+                        app.clone(),
+                        self.header_timeout,
+                        closed.clone(),
+                    ));
+                }
+                Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            }
+        }
+        let _ = closing.send(true);
+        while connections.join_next().await.is_some() {}
         self.client.shutdown();
-        result
+        Ok(())
+    }
+}
+
+/// Serves one connection until it closes, or finishes its open response
+/// and closes once `closing` turns true.
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    app: axum::Router,
+    header_timeout: Duration,
+    mut closing: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(header_timeout);
+    let service = hyper_util::service::TowerToHyperService::new(app);
+    let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+    let mut connection = std::pin::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%error, "connection ended");
+            }
+        }
+        () = async { closing.wait_for(|closing| *closing).await.map_or((), |_| ()) } => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
     }
 }

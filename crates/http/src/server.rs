@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Request, State};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -43,6 +44,25 @@ pub struct AppState {
     pub limits: Arc<Limits>,
 }
 
+/// Longest request body read: twice the protocol's frame limit, so every
+/// body that could translate to a valid frame fits, and nothing bigger is
+/// buffered.
+pub const MAX_BODY_BYTES: usize = 2 << 20;
+
+/// A handler's body, or why it could not be read.
+type Body = Result<Bytes, BytesRejection>;
+
+/// The body, or an OpenAI-shaped 413 (over [`MAX_BODY_BYTES`]) or 400.
+fn read(body: Body) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::BodyTooLarge(MAX_BODY_BYTES)
+        } else {
+            ApiError::BodyUnreadable(rejection.body_text())
+        }
+    })
+}
+
 /// The routes: `/v1/*` behind the API key when one is set; `/health` and
 /// `/ready` open, for probes.
 pub fn app(state: AppState) -> Router {
@@ -60,6 +80,7 @@ pub fn app(state: AppState) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .fallback(no_route)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
 
@@ -149,19 +170,19 @@ async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
     Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
 }
 
-async fn completions(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn completions(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let body = read(body)?;
     generate(state, Endpoint::Completions, body).await
 }
 
-async fn chat_completions(
-    State(state): State<AppState>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+async fn chat_completions(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let body = read(body)?;
     generate(state, Endpoint::Chat, body).await
 }
 
 /// llama-server's `/tokenize`.
-async fn tokenize(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn tokenize(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let body = read(body)?;
     let id = state.client.next_id();
     let request = text::tokenize(&body, text_context(&state, &id))?;
     answer_text(&state, TextRequest::Tokenize(request)).await
@@ -169,7 +190,8 @@ async fn tokenize(State(state): State<AppState>, body: Bytes) -> Result<Response
 
 /// OpenAI's `/v1/embeddings`: one protocol request per input, all sent
 /// at once so the worker batches them; the vectors in input order.
-async fn embeddings(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn embeddings(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let body = read(body)?;
     let id = state.client.next_id();
     let request = embeddings::request(&body, text_context(&state, &id))?;
     let mut pending = Vec::with_capacity(request.requests.len());
@@ -213,14 +235,16 @@ async fn embeddings(State(state): State<AppState>, body: Bytes) -> Result<Respon
 }
 
 /// llama-server's `/detokenize`.
-async fn detokenize(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn detokenize(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let body = read(body)?;
     let id = state.client.next_id();
     let request = text::detokenize(&body, text_context(&state, &id))?;
     answer_text(&state, TextRequest::Detokenize(request)).await
 }
 
 /// llama-server's `/apply-template`.
-async fn apply_template(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn apply_template(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+    let body = read(body)?;
     let id = state.client.next_id();
     let request = text::apply_template(&body, text_context(&state, &id))?;
     answer_text(&state, TextRequest::ApplyTemplate(request)).await

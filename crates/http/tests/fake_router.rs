@@ -191,6 +191,7 @@ fn start_front(api_key: Option<&str>) -> (SocketAddr, mpsc::Receiver<String>) {
         api_key: api_key.map(str::to_string),
         served_model_name: Some("alias".into()),
         reply_timeout: Duration::from_secs(10),
+        header_timeout: Duration::from_secs(15),
         curve: None,
     };
     (serve(config), cancelled)
@@ -364,6 +365,7 @@ fn no_router_is_a_fast_503() {
         api_key: None,
         served_model_name: None,
         reply_timeout: Duration::from_secs(60),
+        header_timeout: Duration::from_secs(15),
         curve: None,
     });
     let started = std::time::Instant::now();
@@ -391,6 +393,7 @@ fn a_router_that_starts_after_the_front_still_answers() {
         api_key: None,
         served_model_name: None,
         reply_timeout: Duration::from_secs(10),
+        header_timeout: Duration::from_secs(15),
         curve: None,
     });
     std::thread::spawn(move || {
