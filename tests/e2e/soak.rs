@@ -500,3 +500,250 @@ fn a_soak_with_chaos_ends_every_request_exactly_once() {
 fn finish_label(reason: FinishReason) -> &'static str {
     reason.as_str()
 }
+
+/// What one HTTP request of the soak does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HttpKind {
+    /// One JSON body.
+    Whole,
+    /// An SSE stream read to its end.
+    Streamed,
+    /// An SSE stream whose client hangs up after the first event.
+    HangUp,
+}
+
+/// How one HTTP request ended, as its client saw it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum HttpEnd {
+    /// Status and body complete (`[DONE]` ends a stream; an error event
+    /// before it is an error).
+    Answered { status: u16, error: bool },
+    /// The client hung up on purpose.
+    HungUp,
+    /// No complete answer: a lost request.
+    Lost(String),
+}
+
+/// Sends one chat request over a fresh connection and reads its answer.
+fn http_request(addr: &str, rng: &mut Rng, kind: HttpKind) -> HttpEnd {
+    use std::io::{Read, Write};
+    let body = serde_json::json!({
+        "model": "smol",
+        "messages": [{"role": "user", "content": QUESTIONS[rng.below(QUESTIONS.len() as u64)]}],
+        "max_tokens": 1 + rng.below(16),
+        "temperature": if rng.below(2) == 0 { 0.0 } else { 0.8 },
+        "seed": rng.below(1 << 30),
+        "stream": kind != HttpKind::Whole,
+    })
+    .to_string();
+    let Ok(mut stream) = std::net::TcpStream::connect(addr) else {
+        return HttpEnd::Lost("cannot connect".into());
+    };
+    let _ = stream.set_read_timeout(Some(STALL));
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(head.as_bytes()).is_err() {
+        return HttpEnd::Lost("the front closed before the request was sent".into());
+    }
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    loop {
+        match stream.read(&mut buffer) {
+            Ok(0) => break,
+            Ok(n) => seen.extend_from_slice(&buffer[..n]),
+            Err(error) => return HttpEnd::Lost(format!("read: {error}")),
+        }
+        if kind == HttpKind::HangUp && seen.windows(6).any(|w| w == b"data: ") {
+            return HttpEnd::HungUp;
+        }
+    }
+    let text = String::from_utf8_lossy(&seen);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let Some((_, body)) = text.split_once("\r\n\r\n") else {
+        return HttpEnd::Lost(format!("no complete head: {text}"));
+    };
+    let streamed = text.contains("text/event-stream");
+    if streamed {
+        // Exactly one `[DONE]`, and no event after it.
+        let ends = body.matches("data: [DONE]").count();
+        let last_event = body.rfind("data: ").unwrap_or(0);
+        if ends != 1 || !body[last_event..].starts_with("data: [DONE]") {
+            return HttpEnd::Lost(format!("{ends} [DONE] in {body}"));
+        }
+        return HttpEnd::Answered {
+            status,
+            error: body.contains("\"error\""),
+        };
+    }
+    match serde_json::from_str::<serde_json::Value>(body) {
+        Ok(value) => HttpEnd::Answered {
+            status,
+            error: value.get("error").is_some(),
+        },
+        Err(error) => HttpEnd::Lost(format!("{status}, body not JSON ({error}): {body}")),
+    }
+}
+
+/// The soak through `zinfer serve --http`: HTTP clients whole, streamed and
+/// hanging up mid-stream while workers are killed. Every request gets one
+/// complete answer (or was hung up on), and the router ended exactly as
+/// many requests as the front was sent. `ZINFER_HTTP_SOAK_REQUESTS`
+/// (default 300) and `ZINFER_HTTP_SOAK_CLIENTS` (16) size it.
+#[test]
+fn a_soak_through_the_http_front_answers_every_request_once() {
+    let var = |name: &str, default: usize| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let requests = var("ZINFER_HTTP_SOAK_REQUESTS", 300);
+    let clients = var("ZINFER_HTTP_SOAK_CLIENTS", 16);
+    let _guard = harness::exclusive();
+    let endpoints = harness::RouterEndpoints::fresh();
+    let http = format!("127.0.0.1:{}", harness::free_port());
+    let metrics_base = harness::free_port().to_string();
+    let model = harness::model_path().display().to_string();
+    let mut args = vec!["serve"];
+    args.extend(endpoints.args());
+    args.extend([
+        "--model",
+        &model,
+        "--threads",
+        "1",
+        "--kv-tokens",
+        "4096",
+        "--max-batch",
+        "16",
+        "--worker-metrics-port",
+        &metrics_base,
+        "--http",
+        &http,
+        "--served-model-name",
+        "smol",
+    ]);
+    for _ in 0..WORKERS {
+        args.extend_from_slice(&["--device", "cpu"]);
+    }
+    let serve: Proc = harness::spawn("serve", &args);
+    let serve_pid = serve.child.id();
+    let started = Instant::now();
+    while ready_workers(&endpoints.control) < WORKERS
+        || harness::http_get(&http, "/health").is_none()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "zinfer serve did not start"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let ended_before = metric(
+        &harness::scrape(&endpoints.metrics),
+        "zinfer_router_requests_total",
+    );
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let kills = Arc::new(AtomicUsize::new(0));
+    let chaos_thread = {
+        let (stop, kills) = (Arc::clone(&stop), Arc::clone(&kills));
+        std::thread::spawn(move || chaos(serve_pid, 11, stop, kills))
+    };
+    let load_started = Instant::now();
+    let ends: Vec<(HttpKind, HttpEnd)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..clients)
+            .map(|c| {
+                let http = http.clone();
+                scope.spawn(move || {
+                    let mut rng = Rng(0x5eed + c as u64);
+                    (0..requests.div_ceil(clients))
+                        .map(|_| {
+                            let kind = match rng.below(10) {
+                                0..=3 => HttpKind::Whole,
+                                4..=7 => HttpKind::Streamed,
+                                _ => HttpKind::HangUp,
+                            };
+                            (kind, http_request(&http, &mut rng, kind))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a soak client"))
+            .collect()
+    });
+    let load_time = load_started.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    chaos_thread.join().expect("the chaos loop");
+    let kills = kills.load(Ordering::Relaxed);
+
+    // Hung-up requests end in the router once it notices; give it a moment.
+    let sent = ends.len();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ended = loop {
+        let page = harness::scrape(&endpoints.metrics);
+        let ended = metric(&page, "zinfer_router_requests_total") - ended_before;
+        let active = metric(&page, "zinfer_router_queue_depth");
+        if (ended >= sent as f64 && active == 0.0) || Instant::now() > deadline {
+            break ended;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let mut outcomes: BTreeMap<String, usize> = BTreeMap::new();
+    for (kind, end) in &ends {
+        let label = match end {
+            HttpEnd::Answered { status, error } => {
+                format!("{kind:?}:{status}{}", if *error { ":error" } else { "" })
+            }
+            HttpEnd::HungUp => format!("{kind:?}:hung_up"),
+            HttpEnd::Lost(_) => format!("{kind:?}:lost"),
+        };
+        *outcomes.entry(label).or_default() += 1;
+    }
+    eprintln!(
+        "http soak: {sent} requests from {clients} clients in {:.1} s, {kills} workers killed; \
+         the router ended {ended}; outcomes {outcomes:?}",
+        load_time.as_secs_f64()
+    );
+    let lost: Vec<&HttpEnd> = ends
+        .iter()
+        .map(|(_, end)| end)
+        .filter(|end| matches!(end, HttpEnd::Lost(_)))
+        .collect();
+    assert!(lost.is_empty(), "{} lost: {:?}", lost.len(), lost.first());
+    assert_eq!(
+        ended, sent as f64,
+        "the router ended as many requests as were sent, none twice"
+    );
+    for (kind, end) in &ends {
+        if let HttpEnd::Answered { status, error } = end {
+            assert!(
+                *status == 200 || (*error && [429, 502, 503, 504].contains(status)),
+                "{kind:?}: status {status}"
+            );
+        }
+    }
+    assert!(kills >= 1, "the chaos loop killed no worker");
+    let good = ends
+        .iter()
+        .filter(|(_, end)| {
+            matches!(
+                end,
+                HttpEnd::Answered {
+                    status: 200,
+                    error: false
+                }
+            )
+        })
+        .count();
+    assert!(good * 2 >= sent, "fewer than half answered: {outcomes:?}");
+    drop(serve);
+}
