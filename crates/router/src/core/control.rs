@@ -980,6 +980,8 @@ impl Core {
             for worker_id in orphans {
                 self.spawn_failed(now, &worker_id, "its supervisor stopped answering");
             }
+            // Cold starts waiting for its memory look elsewhere, or fail.
+            self.retry_cold_starts(now);
         }
         self.metrics
             .supervisors
@@ -1010,12 +1012,6 @@ impl Core {
                 continue;
             }
             let serving = self.serving(&model);
-            // An offered model nobody loaded (or one unloaded) stays so
-            // until a request or `scale` asks for it.
-            let wanted = self.control.targets.get(&model).is_some_and(|&t| t > 0);
-            if serving.is_empty() && !wanted {
-                continue;
-            }
             let waiting: u64 = self
                 .queue
                 .iter()

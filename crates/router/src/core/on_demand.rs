@@ -12,7 +12,8 @@
 //! and what holds the memory.
 //!
 //! Models started by `scale` (or `serve`) are pinned: never unloaded for
-//! idleness nor evicted.
+//! idleness nor evicted. So is every model while the autoscaler keeps a
+//! minimum of workers per offered model (`--autoscale-min` above 0).
 
 use std::{
     collections::HashMap,
@@ -282,9 +283,21 @@ impl Core {
         self.control.spawns.get(id).map(|s| s.model.clone())
     }
 
+    /// Whether the autoscaler keeps every offered model at a minimum of
+    /// workers: then nothing is unloaded or evicted under it.
+    fn autoscaler_floor(&self) -> bool {
+        self.config
+            .autoscale
+            .as_ref()
+            .is_some_and(|autoscale| autoscale.min_workers > 0)
+    }
+
     /// Models loaded on demand with a worker among `workers`, nothing in
     /// flight or queued and not loading, least recently used first.
     fn evictable_on(&self, workers: &[String]) -> Vec<String> {
+        if self.autoscaler_floor() {
+            return Vec::new();
+        }
         let mut idle: Vec<(Instant, String)> = self
             .on_demand
             .models
@@ -450,6 +463,9 @@ impl Core {
 
     /// When an idle model's keep-alive next runs out, if any does.
     pub(super) fn next_unload(&self) -> Option<Instant> {
+        if self.autoscaler_floor() {
+            return None;
+        }
         self.on_demand
             .models
             .iter()
@@ -465,6 +481,9 @@ impl Core {
 
     /// Unloads every on-demand model idle past its keep-alive.
     pub(super) fn unload_idle(&mut self, now: Instant) {
+        if self.autoscaler_floor() {
+            return;
+        }
         let expired: Vec<String> = self
             .on_demand
             .models

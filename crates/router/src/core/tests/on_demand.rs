@@ -448,3 +448,51 @@ fn without_a_model_the_only_offered_one_is_used_and_several_need_a_name() {
     assert_eq!(failed[0].0, ErrorCode::UnknownModel);
     assert!(failed[0].1.contains("[\"a\", \"b\"]"), "{}", failed[0].1);
 }
+
+#[test]
+fn a_cold_start_waiting_for_memory_fails_when_its_supervisor_goes() {
+    let mut h = Harness::new(keep_alive_config(300));
+    let host = Host::new(&[("a", GIB), ("b", GIB)], GIB);
+    h.host_status(&host, 0, &[]);
+    let a = h.load("a", "a1");
+    h.generate("c", for_model("b1", "b"));
+    assert_eq!(Harness::drains(&h.sent()), std::slice::from_ref(&a));
+    // The host falls silent before the memory is free.
+    h.advance(3_500);
+    let failed = errors(&h.client_replies());
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(
+        failed[0].1.contains("no connected supervisor"),
+        "{}",
+        failed[0].1
+    );
+}
+
+#[test]
+fn the_autoscalers_minimum_keeps_idle_models_loaded() {
+    let mut h = Harness::new(RouterConfig {
+        autoscale: Some(crate::AutoscaleConfig {
+            min_workers: 1,
+            ..crate::AutoscaleConfig::default()
+        }),
+        ..keep_alive_config(2)
+    });
+    let host = Host::new(&[("a", GIB)], 8 * GIB);
+    h.host_status(&host, 0, &[]);
+    let out = h.pass(1_000, &host, 0, &[]);
+    let spawned: Vec<&Out> = out
+        .iter()
+        .filter(|o| matches!(o, Out::Supervisor(RouterToSupervisor::Spawn { .. })))
+        .collect();
+    assert_eq!(spawned.len(), 1, "the minimum loads the offered model");
+    let Out::Supervisor(RouterToSupervisor::Spawn { worker_id, .. }) = spawned[0] else {
+        unreachable!()
+    };
+    let worker = worker_id.clone();
+    h.ready(&worker, &["a"], 8);
+    let out = h.pass(10_000, &host, GIB, &[&worker]);
+    assert!(
+        Harness::drains(&out).is_empty(),
+        "no keep-alive unload under a minimum"
+    );
+}
