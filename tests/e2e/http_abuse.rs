@@ -27,11 +27,14 @@ fn post_within(addr: &str, path: &str, body: &[u8], timeout: Duration) -> (u16, 
          Content-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    let _ = stream
+    let sent = stream
         .write_all(head.as_bytes())
         .and_then(|()| stream.write_all(body));
     let mut response = Vec::new();
-    let _ = stream.read_to_end(&mut response);
+    let read = stream.read_to_end(&mut response);
+    if response.is_empty() {
+        return (0, format!("no answer (send: {sent:?}, read: {read:?})"));
+    }
     let response = String::from_utf8_lossy(&response).into_owned();
     let status = response
         .split_whitespace()

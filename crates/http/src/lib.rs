@@ -83,12 +83,10 @@ impl HttpServer {
     /// tokio runtime.
     pub async fn bind(config: HttpConfig) -> Result<HttpServer, HttpError> {
         let client = RouterClient::connect_with(&config.router, config.curve.as_ref())?;
-        let listener = tokio::net::TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| HttpError::Io {
-                addr: config.listen,
-                source,
-            })?;
+        let listener = listen(config.listen).map_err(|source| HttpError::Io {
+            addr: config.listen,
+            source,
+        })?;
         let state = AppState {
             client: client.clone(),
             alias: config.served_model_name,
@@ -152,6 +150,22 @@ impl HttpServer {
         self.client.shutdown();
         Ok(())
     }
+}
+
+/// Connections the kernel may hold for `accept`: enough for a thousand
+/// clients arriving at once (the kernel caps it at `net.core.somaxconn`).
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listening socket on `addr` with [`LISTEN_BACKLOG`].
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 /// Serves one connection until it closes, or finishes its open response
