@@ -53,10 +53,28 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
 /// widest vector unit available.
 pub fn flash_unit() -> UnitFn {
     #[cfg(target_arch = "x86_64")]
-    if level() != Level::Scalar {
-        return avx2::flash_unit;
+    match level() {
+        Level::Avx512Vnni => return avx512::flash_unit,
+        Level::Avx2 => return avx2::flash_unit,
+        Level::Scalar => {}
     }
     scalar::flash_unit
+}
+
+/// Every build of the blocked attention unit this CPU can run, by name,
+/// so tests check each level the machine has, not only the widest.
+pub fn flash_units() -> Vec<(&'static str, UnitFn)> {
+    let mut units: Vec<(&'static str, UnitFn)> = vec![("portable", scalar::flash_unit)];
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level() != Level::Scalar {
+            units.push(("avx2", avx2::flash_unit));
+        }
+        if level() == Level::Avx512Vnni {
+            units.push(("avx512", avx512::flash_unit));
+        }
+    }
+    units
 }
 
 /// Quantizes activations to i8 blocks ([`crate::Q8Acts`]).

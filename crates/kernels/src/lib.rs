@@ -45,7 +45,7 @@ mod x86;
 
 pub use attention::{HeadShape, KvElem, RowJob, ScoreRule};
 pub use blocked::{BK, UnitBuf, UnitFn, UnitJob, Values, first_packed_key};
-pub use dispatch::{attend_row, flash_unit, gelu_mul, silu_mul};
+pub use dispatch::{attend_row, flash_unit, flash_units, gelu_mul, silu_mul};
 pub use format::{Q8Acts, QKind};
 pub use matrix::{Layout, LayoutError, QMatrix, matmul_dense, q5_0_as_q5_1, run_units};
 /// The portable build of the blocked attention unit, to check the SIMD

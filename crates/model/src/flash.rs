@@ -448,11 +448,7 @@ mod tests {
             start_pos: start,
             slots: &slots,
         };
-        let units: Vec<(&str, UnitFn)> = vec![
-            ("portable", zinfer_kernels::flash_unit_portable),
-            ("best", zinfer_kernels::flash_unit()),
-        ];
-        for (name, unit) in units {
+        for (name, unit) in zinfer_kernels::flash_units() {
             let mut out = vec![7f32; (first_row + len) * qd];
             let mut scratch = FlashScratch::default();
             attend_chunk(
@@ -717,10 +713,7 @@ mod tests {
         let q = random(n * qd, 10, 2.0);
         let slots: Vec<u32> = (0..n as u32).rev().collect();
         let keys = all_keys(shape);
-        for unit in [
-            zinfer_kernels::flash_unit_portable,
-            zinfer_kernels::flash_unit(),
-        ] {
+        for (_, unit) in zinfer_kernels::flash_units() {
             let mut whole = vec![0f32; n * qd];
             let chunk = ChunkRows {
                 first_row: 0,

@@ -281,7 +281,7 @@ pub(crate) fn flash_unit(job: &UnitJob<'_>, buf: &mut UnitBuf) {
 }
 
 /// The blocked attention's inner loops in AVX2 + FMA.
-struct Avx2Micro;
+pub(crate) struct Avx2Micro;
 
 impl Micro for Avx2Micro {
     /// 32 keys (4 vectors) per pass, `R` query vectors broadcast one column at a time.

@@ -7,6 +7,7 @@ use std::ops::Range;
 
 use super::{Dot, tile_any};
 use crate::attention::{KvElem, RowJob};
+use crate::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
 use crate::format::{QK, QK_K, QKind, RowTile, TileOut};
 use crate::scalar;
 use crate::tiled::{TiledMatmul, Tiling};
@@ -233,6 +234,124 @@ mod tiles {
                 scale_block::<MT>(job, i0, b, dv, mv, &iacc, &mut facc);
             }
             store::<MT>(job, &facc, i0, t);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn flash_unit_avx512_tf(job: &UnitJob<'_>, buf: &mut UnitBuf) {
+    // Three query vectors per pass, as in AVX2: 12 of the 32 zmm
+    // registers accumulate a whole 64-key block.
+    // SAFETY: this function's target features are the ones Avx512Micro uses.
+    unsafe { unit_impl::<Avx512Micro, 3>(job, buf) }
+}
+
+/// [`unit_impl`] for AVX-512; only handed out after the CPU check in
+/// `dispatch::flash_unit`, and checked again here because it is a safe fn.
+pub(crate) fn flash_unit(job: &UnitJob<'_>, buf: &mut UnitBuf) {
+    use crate::level::{Level, level};
+    assert_eq!(level(), Level::Avx512Vnni);
+    // SAFETY: this level has AVX-512 F and VL, AVX2 and FMA (checked above).
+    unsafe { flash_unit_avx512_tf(job, buf) }
+}
+
+/// The blocked attention's inner loops in AVX-512 F: twice the lanes of
+/// AVX2 and twice the registers, so a whole key block is one pass.
+struct Avx512Micro;
+
+impl Micro for Avx512Micro {
+    /// All 64 keys of a block (4 vectors) per pass, `R` query vectors
+    /// broadcast one column at a time.
+    #[inline(always)]
+    // Indexes spell out which register each FMA reads and writes.
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]) {
+        const KV: usize = BK / 16;
+        assert!(q.len() >= R * d && kt.len() >= d * BK && BK == 16 * KV);
+        // SAFETY: loads stay within kt[..d * BK] and q[..R * d] (asserted),
+        // stores within s; the caller vouches for AVX-512 F and FMA.
+        unsafe {
+            let (qp, kp) = (q.as_ptr(), kt.as_ptr());
+            let mut acc = [[_mm512_setzero_ps(); KV]; R];
+            for c in 0..d {
+                // R broadcasts, then one key vector at a time: R + 1 + R * KV registers.
+                let row = kp.add(c * BK);
+                let qv: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(*qp.add(r * d + c)));
+                for x in 0..KV {
+                    let kv = _mm512_loadu_ps(row.add(16 * x));
+                    for r in 0..R {
+                        acc[r][x] = _mm512_fmadd_ps(qv[r], kv, acc[r][x]);
+                    }
+                }
+            }
+            for (sr, acc_r) in s.iter_mut().zip(&acc) {
+                for (x, a) in acc_r.iter().enumerate() {
+                    _mm512_storeu_ps(sr.as_mut_ptr().add(16 * x), *a);
+                }
+            }
+        }
+    }
+
+    /// 64 output columns (4 vectors) per pass when `d` allows, else 16;
+    /// head sizes that are not a multiple of 16 take the AVX2 loops.
+    #[inline(always)]
+    unsafe fn pv<const R: usize>(
+        p: &[[f32; BK]; R],
+        v: &[&[f32]; BK],
+        d: usize,
+        n: usize,
+        acc: &mut [f32],
+    ) {
+        // SAFETY: forwarded from the caller, whose AVX-512 implies AVX2.
+        unsafe {
+            if d.is_multiple_of(64) {
+                pv_cols::<R, 4>(p, v, d, n, acc);
+            } else if d.is_multiple_of(16) {
+                pv_cols::<R, 1>(p, v, d, n, acc);
+            } else {
+                <super::avx2::Avx2Micro as Micro>::pv::<R>(p, v, d, n, acc);
+            }
+        }
+    }
+}
+
+/// [`Avx512Micro::pv`] on `16 * CV` output columns at a time.
+#[inline(always)]
+// Indexes spell out which register each FMA reads and writes.
+#[allow(clippy::needless_range_loop)]
+unsafe fn pv_cols<const R: usize, const CV: usize>(
+    p: &[[f32; BK]; R],
+    v: &[&[f32]; BK],
+    d: usize,
+    n: usize,
+    acc: &mut [f32],
+) {
+    assert!(n <= BK && acc.len() >= R * d && d.is_multiple_of(16 * CV));
+    assert!(v[..n].iter().all(|row| row.len() >= d));
+    // SAFETY: loads stay within v[j][..d] for j < n, loads and stores within
+    // acc[..R * d] (asserted); the caller vouches for AVX-512 F and FMA.
+    unsafe {
+        let ap = acc.as_mut_ptr();
+        for c0 in (0..d).step_by(16 * CV) {
+            let mut a: [[__m512; CV]; R] = std::array::from_fn(|r| {
+                std::array::from_fn(|x| _mm512_loadu_ps(ap.add(r * d + c0 + 16 * x)))
+            });
+            for j in 0..n {
+                // R broadcasts, then one value vector at a time: R + 1 + R * CV registers.
+                let row = v[j].as_ptr().add(c0);
+                let pj: [__m512; R] = std::array::from_fn(|r| _mm512_set1_ps(p[r][j]));
+                for x in 0..CV {
+                    let vv = _mm512_loadu_ps(row.add(16 * x));
+                    for r in 0..R {
+                        a[r][x] = _mm512_fmadd_ps(pj[r], vv, a[r][x]);
+                    }
+                }
+            }
+            for (r, ar) in a.iter().enumerate() {
+                for (x, o) in ar.iter().enumerate() {
+                    _mm512_storeu_ps(ap.add(r * d + c0 + 16 * x), *o);
+                }
+            }
         }
     }
 }
