@@ -306,7 +306,7 @@ fn spawn_router(endpoints: &RouterEndpoints, policy: &str) -> Proc {
     spawn("router", &args)
 }
 
-pub fn spawn(name: &str, args: &[&str]) -> Proc {
+pub fn spawn<S: AsRef<std::ffi::OsStr>>(name: &str, args: &[S]) -> Proc {
     let child = Command::new(zinfer())
         .args(args)
         .env("RUST_LOG", "warn")
@@ -488,19 +488,33 @@ pub fn scrape(addr: &str) -> String {
 
 /// `POST path` with a JSON `body` on `addr`; returns the status and body.
 pub fn http_post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    http_post_bytes(addr, path, body.as_bytes(), Duration::from_secs(600))
+}
+
+/// `POST path` with raw `body` bytes, waiting up to `timeout` for each
+/// read; the status and the body. Tolerates the server answering (and
+/// closing) before the body is all sent; status 0 and why when nothing
+/// came back.
+pub fn http_post_bytes(addr: &str, path: &str, body: &[u8], timeout: Duration) -> (u16, String) {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).expect("connecting to the HTTP front");
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .expect("sending the HTTP request");
-    let mut response = String::new();
     stream
-        .read_to_string(&mut response)
-        .expect("reading the HTTP answer");
+        .set_read_timeout(Some(timeout))
+        .expect("a read timeout");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let sent = stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body));
+    let mut response = Vec::new();
+    let read = stream.read_to_end(&mut response);
+    if response.is_empty() {
+        return (0, format!("no answer (send: {sent:?}, read: {read:?})"));
+    }
+    let response = String::from_utf8_lossy(&response);
     let status = response
         .split_whitespace()
         .nth(1)

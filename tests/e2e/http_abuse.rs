@@ -12,40 +12,9 @@ use std::time::{Duration, Instant};
 
 use crate::harness::{self, Cluster, HttpFront};
 
-/// `POST path` with raw `body` bytes; the status and the body. Tolerates
-/// the server answering (and closing) before the body is all sent.
+/// `POST path` with raw `body` bytes; the status and the body.
 fn post_raw(addr: &str, path: &str, body: &[u8]) -> (u16, String) {
-    post_within(addr, path, body, Duration::from_secs(60))
-}
-
-/// [`post_raw`] waiting up to `timeout` for each read.
-fn post_within(addr: &str, path: &str, body: &[u8], timeout: Duration) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("connecting to the HTTP front");
-    stream.set_read_timeout(Some(timeout)).unwrap();
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let sent = stream
-        .write_all(head.as_bytes())
-        .and_then(|()| stream.write_all(body));
-    let mut response = Vec::new();
-    let read = stream.read_to_end(&mut response);
-    if response.is_empty() {
-        return (0, format!("no answer (send: {sent:?}, read: {read:?})"));
-    }
-    let response = String::from_utf8_lossy(&response).into_owned();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(0);
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
+    harness::http_post_bytes(addr, path, body, Duration::from_secs(60))
 }
 
 /// Resident memory of process `pid`, bytes.
@@ -434,7 +403,7 @@ fn a_thousand_sse_streams_at_once_all_complete() {
                             "stream": true,
                         })
                         .to_string();
-                        let (status, text) = post_within(
+                        let (status, text) = harness::http_post_bytes(
                             &addr,
                             "/v1/chat/completions",
                             body.as_bytes(),

@@ -134,6 +134,29 @@ fn request(rng: &mut Rng, id: &str, kind: Kind) -> ClientRequest {
     ClientRequest::Generate(request)
 }
 
+/// `zinfer serve` on `endpoints` with [`WORKERS`] one-thread workers of
+/// the default model, and `extra` flags.
+fn serve_args(endpoints: &harness::RouterEndpoints, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = ["serve"].into_iter().map(String::from).collect();
+    args.extend(endpoints.args().map(String::from));
+    let model = harness::model_path().display().to_string();
+    let metrics_base = harness::free_port().to_string();
+    for (flag, value) in [
+        ("--model", model.as_str()),
+        ("--threads", "1"),
+        ("--kv-tokens", "4096"),
+        ("--max-batch", "16"),
+        ("--worker-metrics-port", metrics_base.as_str()),
+    ] {
+        args.extend([flag.to_string(), value.to_string()]);
+    }
+    for _ in 0..WORKERS {
+        args.extend(["--device".to_string(), "cpu".to_string()]);
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
 /// The workers `zinfer serve` (process `serve`) has started: its children.
 fn worker_pids(serve: u32) -> Vec<i32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
@@ -218,26 +241,7 @@ fn a_soak_with_chaos_ends_every_request_exactly_once() {
         endpoints.control.clone(),
         endpoints.metrics.clone(),
     );
-    let metrics_base = harness::free_port().to_string();
-    let model = harness::model_path().display().to_string();
-    let mut args = vec!["serve"];
-    args.extend(endpoints.args());
-    args.extend([
-        "--model",
-        &model,
-        "--threads",
-        "1",
-        "--kv-tokens",
-        "4096",
-        "--max-batch",
-        "16",
-        "--worker-metrics-port",
-        &metrics_base,
-    ]);
-    for _ in 0..WORKERS {
-        args.extend_from_slice(&["--device", "cpu"]);
-    }
-    let serve: Proc = harness::spawn("serve", &args);
+    let serve: Proc = harness::spawn("serve", &serve_args(&endpoints, &[]));
     let serve_pid = serve.child.id();
     let started = Instant::now();
     while ready_workers(&control) < WORKERS {
@@ -609,30 +613,13 @@ fn a_soak_through_the_http_front_answers_every_request_once() {
     let _guard = harness::exclusive();
     let endpoints = harness::RouterEndpoints::fresh();
     let http = format!("127.0.0.1:{}", harness::free_port());
-    let metrics_base = harness::free_port().to_string();
-    let model = harness::model_path().display().to_string();
-    let mut args = vec!["serve"];
-    args.extend(endpoints.args());
-    args.extend([
-        "--model",
-        &model,
-        "--threads",
-        "1",
-        "--kv-tokens",
-        "4096",
-        "--max-batch",
-        "16",
-        "--worker-metrics-port",
-        &metrics_base,
-        "--http",
-        &http,
-        "--served-model-name",
-        "smol",
-    ]);
-    for _ in 0..WORKERS {
-        args.extend_from_slice(&["--device", "cpu"]);
-    }
-    let serve: Proc = harness::spawn("serve", &args);
+    let serve: Proc = harness::spawn(
+        "serve",
+        &serve_args(
+            &endpoints,
+            &["--http", &http, "--served-model-name", "smol"],
+        ),
+    );
     let serve_pid = serve.child.id();
     let started = Instant::now();
     while ready_workers(&endpoints.control) < WORKERS

@@ -469,14 +469,22 @@ impl Core {
         self.on_demand
             .models
             .iter()
-            .filter(|(name, m)| m.loading.is_none() && !self.busy(name))
-            .filter_map(|(_, m)| {
-                m.keep_alive
-                    .duration()
-                    .and_then(|d| m.last_used.checked_add(d))
-            })
+            .filter_map(|(name, m)| self.unload_at(name, m))
             .min()
             .map(|at| at + Duration::from_millis(1))
+    }
+
+    /// When on-demand `name` is to be unloaded: its keep-alive after its
+    /// last use, once it is loaded and idle; `None` while loading, busy or
+    /// kept for ever.
+    fn unload_at(&self, name: &str, model: &DemandModel) -> Option<Instant> {
+        if model.loading.is_some() || self.busy(name) {
+            return None;
+        }
+        model
+            .keep_alive
+            .duration()
+            .and_then(|d| model.last_used.checked_add(d))
     }
 
     /// Unloads every on-demand model idle past its keep-alive.
@@ -488,14 +496,7 @@ impl Core {
             .on_demand
             .models
             .iter()
-            .filter(|(name, m)| {
-                m.loading.is_none()
-                    && !self.busy(name)
-                    && m.keep_alive
-                        .duration()
-                        .and_then(|d| m.last_used.checked_add(d))
-                        .is_some_and(|at| at <= now)
-            })
+            .filter(|(name, m)| self.unload_at(name, m).is_some_and(|at| at <= now))
             .map(|(name, _)| name.clone())
             .collect();
         for model in expired {
