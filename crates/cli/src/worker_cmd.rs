@@ -125,6 +125,11 @@ pub(crate) struct WorkerArgs {
     /// workers must reach it.
     #[arg(long, default_value = "127.0.0.1", env = "ZINFER_IMPORT_HOST")]
     import_host: String,
+    /// With --import-cache and CURVE: the public key (Z85) of the worker
+    /// being replaced, the only client the import socket admits
+    /// (supervisors pass what the router names).
+    #[arg(long, value_name = "KEY", env = "ZINFER_IMPORT_FROM_KEY")]
+    import_from_key: Option<String>,
     /// The model: a local `.gguf` file or a safetensors directory
     /// (config.json, tokenizer.json, *.safetensors). One per worker (`serve`
     /// and `supervisor` take several). Default: SmolLM2-135M-Instruct Q4_1,
@@ -252,6 +257,12 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         vocab_size: u32::try_from(engine.vocab_size()).ok(),
         grace: Duration::from_secs(args.grace),
         import_host: args.import_cache.then(|| args.import_host.clone()),
+        import_from: args
+            .import_from_key
+            .as_deref()
+            .map(zinfer_curve::PublicKey::from_z85)
+            .transpose()
+            .context("--import-from-key")?,
         curve,
         ..ServerConfig::new(args.router.clone(), id.clone())
     };

@@ -1381,6 +1381,10 @@ pub enum RouterToSupervisor {
         /// Start it as a migration target that takes a predecessor's cache.
         #[serde(default)]
         import_cache: bool,
+        /// With `import_cache` and CURVE: the predecessor's public key
+        /// (Z85), the only client the new worker's import socket admits.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exporter_key: Option<String>,
     },
     /// Stop a worker process (it was drained and told to exit; this makes
     /// sure it does), killing it after `grace_ms`.

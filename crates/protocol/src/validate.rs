@@ -677,6 +677,7 @@ impl WireMessage for RouterToSupervisor {
                 model,
                 model_path,
                 device,
+                exporter_key,
                 ..
             } => {
                 name("worker_id", worker_id, limits)?;
@@ -684,6 +685,9 @@ impl WireMessage for RouterToSupervisor {
                 optional_path("model_path", model_path.as_deref(), limits)?;
                 if let Some(device) = device {
                     name("device", device, limits)?;
+                }
+                if let Some(key) = exporter_key {
+                    curve_key("exporter_key", key)?;
                 }
                 Ok(())
             }

@@ -303,6 +303,7 @@ fn name_lengths_on_admin_and_worker_messages() {
         model_path: None,
         device: None,
         import_cache: false,
+        exporter_key: None,
     };
     assert_name_bound("model", spawn("abcde"), spawn("abcdef"));
 }

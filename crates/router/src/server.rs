@@ -205,7 +205,7 @@ impl Router {
                         let tenant = user_id.as_deref().and_then(auth::tenant_of);
                         core.handle_client_as(now, &from, tenant.as_deref(), &payload);
                     }
-                    Side::Back => core.handle_worker(now, &from, &payload),
+                    Side::Back => core.handle_worker_as(now, &from, user_id.as_deref(), &payload),
                     Side::Control => core.handle_admin(now, &from, &payload),
                 },
                 Err(EnvelopeError { from, detail }) => {

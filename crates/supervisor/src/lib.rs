@@ -329,10 +329,10 @@ impl Supervisor {
                 model_path,
                 device,
                 import_cache,
+                exporter_key,
             } => {
-                if let Err(reason) =
-                    self.spawn(&worker_id, &model, model_path, device, import_cache)
-                {
+                let import = import_cache.then_some(exporter_key.as_deref());
+                if let Err(reason) = self.spawn(&worker_id, &model, model_path, device, import) {
                     tracing::warn!(worker = %worker_id, %reason, "spawn refused");
                     self.outbox
                         .push(SupervisorToRouter::SpawnFailed { worker_id, reason });
@@ -359,7 +359,7 @@ impl Supervisor {
         model: &str,
         model_path: Option<String>,
         device: Option<String>,
-        import_cache: bool,
+        import: Option<Option<&str>>,
     ) -> Result<(), String> {
         if self.workers.contains_key(worker_id) {
             return Err(format!("a worker {worker_id:?} already runs here"));
@@ -388,7 +388,7 @@ impl Supervisor {
             .admit(model, need, &holdings)
             .map_err(|e| e.to_string())?;
         let slot = self.free_slot();
-        let args = self.worker_command(&spec, &device, worker_id, slot, import_cache);
+        let args = self.worker_command(&spec, &device, worker_id, slot, import);
         let child =
             WorkerProcess::spawn(&self.config.exe, &args, &self.config.worker_env, worker_id)
                 .map_err(|e| format!("cannot start {}: {e}", self.config.exe.display()))?;
@@ -405,14 +405,15 @@ impl Supervisor {
     }
 
     /// The `zinfer worker` arguments of a worker of `spec` (whose path is
-    /// the one to load) on `device`.
+    /// the one to load) on `device`; with `import`, a migration target
+    /// (admitting only the exporter's key when the router named one).
     fn worker_command(
         &self,
         spec: &ModelSpec,
         device: &str,
         worker_id: &str,
         slot: Option<u16>,
-        import_cache: bool,
+        import: Option<Option<&str>>,
     ) -> Vec<String> {
         let mut args = vec![
             "worker".to_string(),
@@ -429,8 +430,12 @@ impl Supervisor {
             args.push("--metrics".into());
             args.push(format!("127.0.0.1:{}", base.saturating_add(slot)));
         }
-        if import_cache {
+        if let Some(exporter) = import {
             args.push("--import-cache".into());
+            if let Some(key) = exporter {
+                args.push("--import-from-key".into());
+                args.push(key.to_string());
+            }
         }
         args.extend(override_flags(
             &self.config.worker_args,
@@ -627,15 +632,19 @@ mod tests {
             ..ModelSpec::from_path(Path::new("/m/tuned.gguf"))
         };
         let supervisor = Supervisor::new(config(vec![plain.clone(), tuned.clone()]));
-        let args = supervisor.worker_command(&tuned, "cpu:1", "w1", None, false);
+        let args = supervisor.worker_command(&tuned, "cpu:1", "w1", None, None);
         assert_eq!(value(&args, "--threads"), "2");
         assert_eq!(value(&args, "--kv-tokens"), "4096");
         assert_eq!(value(&args, "--max-batch"), "32");
         assert_eq!(value(&args, "--model"), "/m/tuned.gguf");
         assert_eq!(value(&args, "--device"), "cpu:1");
-        let args = supervisor.worker_command(&plain, "cpu:0", "w2", None, false);
+        assert!(!args.iter().any(|a| a.starts_with("--import")));
+        let args = supervisor.worker_command(&plain, "cpu:0", "w2", None, Some(Some("KEY")));
         assert_eq!(value(&args, "--threads"), "8");
         assert_eq!(value(&args, "--kv-tokens"), "1000");
+        // A migration target admits the exporter the router named.
+        assert!(args.iter().any(|a| a == "--import-cache"));
+        assert_eq!(value(&args, "--import-from-key"), "KEY");
     }
 
     #[test]
@@ -729,7 +738,7 @@ mod tests {
             ("w2", None),
             ("w3", Some("cpu:0".to_string())),
         ] {
-            supervisor.spawn(id, "tiny", None, asked, false).unwrap();
+            supervisor.spawn(id, "tiny", None, asked, None).unwrap();
         }
         let device = |id: &str| supervisor.workers[id].device.clone();
         assert_eq!(
@@ -738,7 +747,7 @@ mod tests {
         );
         assert_eq!(device("w3"), "cpu:0");
         let err = supervisor
-            .spawn("w4", "nope", None, None, false)
+            .spawn("w4", "nope", None, None, None)
             .unwrap_err();
         assert!(err.contains("\"tiny\""), "{err}");
         supervisor.stop_all();

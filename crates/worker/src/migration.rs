@@ -10,7 +10,9 @@
 //! key pair made for this import; `ready` carries its public key to the
 //! router, `export_cache` carries it to the exporter, which trusts no
 //! other server there, so the K/V travels encrypted to the replacement
-//! alone.
+//! alone. When the router names the exporter's key (`--import-from-key`),
+//! a ZAP handler admits that key alone, so no other CURVE client can push
+//! spans into the replacement's cache.
 
 use std::time::{Duration, Instant};
 
@@ -99,18 +101,28 @@ fn socket_error(context: &'static str) -> impl Fn(zmq::Error) -> TransferError {
     move |source| TransferError::Socket { context, source }
 }
 
+/// Where libzmq asks a context's ZAP handler about handshakes (RFC 27).
+const ZAP_ENDPOINT: &str = "inproc://zeromq.zap.01";
+
 /// Binds the import socket on `host` at a free port; the socket and the
 /// endpoint to advertise. With `curve` (a key pair made for this import)
 /// the socket is a CURVE server: the exporter must know its public key,
-/// which `ready` carries, and the K/V travels encrypted.
+/// which `ready` carries, and the K/V travels encrypted. With `exporter`
+/// too, only a client with that public key completes the handshake.
 pub fn bind_import(
     context: &zmq::Context,
     host: &str,
     curve: Option<&KeyPair>,
+    exporter: Option<PublicKey>,
 ) -> Result<(zmq::Socket, String), TransferError> {
     let pull = context
         .socket(zmq::PULL)
         .map_err(socket_error("creating the import socket"))?;
+    if let (Some(_), Some(exporter)) = (curve, exporter) {
+        admit_only(context, exporter)?;
+        pull.set_zap_domain("import")
+            .map_err(socket_error("setting the import socket's ZAP domain"))?;
+    }
     if let Some(keys) = curve {
         pull.set_curve_server(true)
             .map_err(socket_error("making the import socket a CURVE server"))?;
@@ -133,6 +145,60 @@ pub fn bind_import(
         }
     };
     Ok((pull, endpoint))
+}
+
+/// Answers the context's CURVE handshakes on a thread of its own: only
+/// `exporter` gets in. The thread ends with the context.
+fn admit_only(context: &zmq::Context, exporter: PublicKey) -> Result<(), TransferError> {
+    let zap = context
+        .socket(zmq::REP)
+        .map_err(socket_error("creating the ZAP handler socket"))?;
+    zap.set_linger(0)
+        .map_err(socket_error("setting the ZAP handler's linger"))?;
+    zap.bind(ZAP_ENDPOINT)
+        .map_err(socket_error("binding the ZAP handler"))?;
+    std::thread::Builder::new()
+        .name("import-zap".into())
+        .spawn(move || {
+            // ETERM when the context ends: then the socket closes here.
+            while let Ok(request) = zap.recv_multipart(0) {
+                let reply = zap_reply(&request, &exporter);
+                if let Err(error) = zap.send_multipart(reply, 0) {
+                    tracing::warn!(%error, "sending a ZAP reply failed");
+                }
+            }
+        })
+        .map_err(|_| TransferError::Socket {
+            context: "starting the ZAP handler thread",
+            source: zmq::Error::EMFILE,
+        })?;
+    Ok(())
+}
+
+/// The reply to one ZAP request (version, request id, domain, address,
+/// routing id, mechanism, credentials): 200 for `exporter`'s key over
+/// CURVE, 400 for anything else.
+fn zap_reply(request: &[Vec<u8>], exporter: &PublicKey) -> [Vec<u8>; 6] {
+    let field = |i: usize| request.get(i).map(Vec::as_slice).unwrap_or_default();
+    let admitted =
+        field(0) == b"1.0" && field(5) == b"CURVE" && field(6) == exporter.as_bytes().as_slice();
+    let (status, text) = if admitted {
+        ("200", "OK")
+    } else {
+        tracing::warn!("a CURVE client other than the expected exporter was refused");
+        (
+            "400",
+            "only the worker being replaced may send its cache here",
+        )
+    };
+    [
+        b"1.0".to_vec(),
+        field(1).to_vec(),
+        status.as_bytes().to_vec(),
+        text.as_bytes().to_vec(),
+        Vec::new(),
+        Vec::new(),
+    ]
 }
 
 /// Starts streaming the engine's hottest `max_tokens` cached tokens to
@@ -346,7 +412,7 @@ mod tests {
         }
         let context = zmq::Context::new();
         let keys = KeyPair::generate().unwrap();
-        let (pull, endpoint) = bind_import(&context, "127.0.0.1", Some(&keys)).unwrap();
+        let (pull, endpoint) = bind_import(&context, "127.0.0.1", Some(&keys), None).unwrap();
         pull.set_rcvtimeo(2000).unwrap();
         let own = ClientCurve {
             server: KeyPair::generate().unwrap().public(),
@@ -378,5 +444,75 @@ mod tests {
             ));
         }
         assert!(ExportCurve::new(None, Some(&key)).unwrap().is_none());
+    }
+}
+
+#[cfg(test)]
+mod zap_tests {
+    use super::*;
+
+    /// Told the exporter's key, the import socket takes its frames and
+    /// none from another CURVE client that knows the socket's key.
+    #[test]
+    fn only_the_named_exporter_gets_into_the_import_socket() {
+        if zinfer_curve::check_available().is_err() {
+            return;
+        }
+        let context = zmq::Context::new();
+        let keys = KeyPair::generate().unwrap();
+        let (exporter, stranger) = (KeyPair::generate().unwrap(), KeyPair::generate().unwrap());
+        let (pull, endpoint) =
+            bind_import(&context, "127.0.0.1", Some(&keys), Some(exporter.public())).unwrap();
+        let import_key = keys.public().to_z85();
+        let push_as = |own: &KeyPair, payload: &str| {
+            let curve = ClientCurve {
+                server: keys.public(),
+                own: own.clone(),
+            };
+            let curve = ExportCurve::new(Some(&curve), Some(&import_key))
+                .unwrap()
+                .unwrap();
+            let push = context.socket(zmq::PUSH).unwrap();
+            push.set_linger(0).unwrap();
+            curve.0.apply(&push).unwrap();
+            push.connect(&endpoint).unwrap();
+            push.send(payload, zmq::DONTWAIT).ok();
+            push
+        };
+        let _stranger = push_as(&stranger, "from a stranger");
+        let _exporter = push_as(&exporter, "from the exporter");
+        pull.set_rcvtimeo(3000).unwrap();
+        assert_eq!(pull.recv_bytes(0).unwrap(), b"from the exporter");
+        pull.set_rcvtimeo(500).unwrap();
+        assert!(pull.recv_bytes(0).is_err(), "the stranger's frame got in");
+
+        let ok = zap_reply(
+            &[
+                b"1.0".to_vec(),
+                b"7".to_vec(),
+                b"import".to_vec(),
+                b"127.0.0.1".to_vec(),
+                Vec::new(),
+                b"CURVE".to_vec(),
+                exporter.public().as_bytes().to_vec(),
+            ],
+            &exporter.public(),
+        );
+        assert_eq!(
+            (ok[1].as_slice(), ok[2].as_slice()),
+            (&b"7"[..], &b"200"[..])
+        );
+        let plain = zap_reply(
+            &[
+                b"1.0".to_vec(),
+                b"8".to_vec(),
+                b"import".to_vec(),
+                Vec::new(),
+                Vec::new(),
+                b"NULL".to_vec(),
+            ],
+            &exporter.public(),
+        );
+        assert_eq!(plain[2], b"400");
     }
 }

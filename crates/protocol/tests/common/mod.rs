@@ -884,6 +884,18 @@ pub fn router_to_supervisor() -> Vec<Sample<RouterToSupervisor>> {
                 model_path: None,
                 device: Some("cpu:1".into()),
                 import_cache: true,
+                exporter_key: None,
+            },
+        ),
+        sample(
+            "router_to_supervisor.spawn_curve",
+            RouterToSupervisor::Spawn {
+                worker_id: "smollm2-135m-3".into(),
+                model: "smollm2-135m".into(),
+                model_path: None,
+                device: Some("cpu:0".into()),
+                import_cache: true,
+                exporter_key: Some("rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7".into()),
             },
         ),
         sample(

@@ -315,7 +315,7 @@ impl Core {
                 .get(model)
                 .and_then(|op| op.device.clone());
             for _ in have..target_n {
-                match self.request_spawn(now, model, None, device.clone(), false) {
+                match self.request_spawn(now, model, None, device.clone(), None) {
                     Ok(worker_id) => {
                         if let Some(op) = self.control.scales.get_mut(model) {
                             op.started.push(worker_id);
@@ -409,7 +409,7 @@ impl Core {
         model: &str,
         model_path: Option<String>,
         device: Option<String>,
-        import_cache: bool,
+        import: Option<Option<String>>,
     ) -> Result<String, String> {
         let Some(supervisor) = self
             .control
@@ -457,6 +457,7 @@ impl Core {
             s.memory_free = s.memory_free.saturating_sub(bytes);
             s.workers.push(worker_id.clone());
         }
+        let import_cache = import.is_some();
         tracing::info!(model, worker = %worker_id, ?device, import_cache, "spawning a worker");
         self.send(
             to,
@@ -466,6 +467,7 @@ impl Core {
                 model_path,
                 device,
                 import_cache,
+                exporter_key: import.flatten(),
             },
         );
         self.metrics.spawns.inc();
@@ -725,13 +727,9 @@ impl Core {
         } else {
             carry_tokens.unwrap_or(self.config.carry_tokens)
         };
-        match self.request_spawn(
-            now,
-            &model,
-            model_path,
-            Some(device.clone()),
-            carry_tokens > 0,
-        ) {
+        // With CURVE the replacement admits only this worker's key.
+        let import = (carry_tokens > 0).then(|| worker.curve_key.clone());
+        match self.request_spawn(now, &model, model_path, Some(device.clone()), import) {
             Ok(new_id) => {
                 if let Some(worker) = self.workers.get_mut(&identity) {
                     worker.state = WorkerState::Migrating;

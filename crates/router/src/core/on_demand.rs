@@ -180,7 +180,7 @@ impl Core {
         });
         if fits {
             self.control.targets.insert(model.to_string(), 1);
-            return match self.request_spawn(now, model, None, None, false) {
+            return match self.request_spawn(now, model, None, None, None) {
                 Ok(_) => {
                     self.metrics.cold_starts.inc();
                     Ok(Placement::Spawned)

@@ -31,6 +31,9 @@ pub(crate) struct Worker {
     pub(super) inflight: HashSet<u64>,
     max_inflight: u32,
     pub(super) index: PrefixIndex,
+    /// Its CURVE public key (Z85), from its `ready`'s `User-Id`; `None`
+    /// without CURVE.
+    pub(super) curve_key: Option<String>,
 }
 
 impl Worker {
@@ -87,6 +90,13 @@ impl Worker {
 impl Core {
     /// A frame from a worker on the back socket.
     pub fn handle_worker(&mut self, now: Instant, from: &Addr, frame: &[u8]) {
+        self.handle_worker_as(now, from, None, frame);
+    }
+
+    /// A frame from a worker whose CURVE handshake named it by `key` (its
+    /// public key, Z85): a migration's replacement admits only its
+    /// predecessor's key on its import socket.
+    pub fn handle_worker_as(&mut self, now: Instant, from: &Addr, key: Option<&str>, frame: &[u8]) {
         let message = match decode::<WorkerToRouter>(frame, &self.config.limits) {
             Ok(message) => message,
             Err(err) => {
@@ -118,6 +128,7 @@ impl Core {
                 vocab_size,
                 import_endpoint,
                 import_key,
+                curve_key: key.map(str::to_string),
             };
             self.register(now, from, registration);
             return;
@@ -312,6 +323,7 @@ impl Core {
             inflight: HashSet::new(),
             max_inflight,
             index: PrefixIndex::new(self.config.index_bytes_per_worker),
+            curve_key: ready.curve_key,
         };
         self.workers.insert(from.identity.clone(), worker);
         self.order.push(from.identity.clone());
@@ -738,4 +750,5 @@ struct Registration {
     vocab_size: Option<u32>,
     import_endpoint: Option<String>,
     import_key: Option<String>,
+    curve_key: Option<String>,
 }

@@ -80,6 +80,10 @@ pub struct ServerConfig {
     pub import_key: Option<String>,
     /// Bind a cache-import socket on this host (a migration target).
     pub import_host: Option<String>,
+    /// With CURVE, the only client key the import socket admits: the
+    /// worker being replaced (the router names it); `None`: any CURVE
+    /// client that knows the import key.
+    pub import_from: Option<zinfer_curve::PublicKey>,
     /// Heartbeat period; 3 periods of router silence trigger a reconnect.
     pub heartbeat: Duration,
     /// Least time between two `load` reports.
@@ -109,6 +113,7 @@ impl ServerConfig {
             import_endpoint: None,
             import_key: None,
             import_host: None,
+            import_from: None,
             heartbeat: Duration::from_secs(1),
             load_interval: Duration::from_millis(100),
             grace: Duration::from_secs(10),
@@ -188,7 +193,8 @@ pub fn run(
                 Some(_) => Some(zinfer_curve::KeyPair::generate()?),
                 None => None,
             };
-            let (socket, endpoint) = migration::bind_import(&context, host, keys.as_ref())?;
+            let (socket, endpoint) =
+                migration::bind_import(&context, host, keys.as_ref(), config.import_from)?;
             tracing::info!(%endpoint, curve = keys.is_some(), "taking a predecessor's cache here");
             config.import_endpoint = Some(endpoint);
             config.import_key = keys.map(|keys| keys.public().to_z85());

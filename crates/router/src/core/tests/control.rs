@@ -668,3 +668,44 @@ fn a_drained_worker_of_a_scaled_model_is_not_replaced() {
     }
     assert!(spawns(&h.sent()).is_empty(), "the drain lowered the target");
 }
+
+#[test]
+fn a_migration_target_admits_only_its_predecessors_curve_key() {
+    let mut h = Harness::new(config(Policy::RoundRobin));
+    h.supervisor_status(&["old"]);
+    let ready = WorkerToRouter::Ready {
+        worker_id: "old".into(),
+        protocol: PROTOCOL_VERSION,
+        models: vec!["m".into()],
+        device: "cpu:0".into(),
+        kv_capacity: 4096,
+        max_batch: 8,
+        context_length: None,
+        vocab_size: None,
+        import_endpoint: None,
+        import_key: None,
+    };
+    let frame = encode(&ready).unwrap();
+    h.core
+        .handle_worker_as(h.now, &Addr::new("old"), Some(IMPORT_KEY), &frame);
+    h.sent();
+    let migrate = |carry_tokens| AdminRequest::Migrate {
+        worker: "old".into(),
+        device: "cpu:1".into(),
+        carry_tokens: Some(carry_tokens),
+    };
+    h.control_request("admin", &migrate(4096));
+    let exporter_keys: Vec<Option<String>> = h
+        .sent()
+        .into_iter()
+        .filter_map(|o| match o {
+            Out::Supervisor(RouterToSupervisor::Spawn {
+                import_cache: true,
+                exporter_key,
+                ..
+            }) => Some(exporter_key),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(exporter_keys, [Some(IMPORT_KEY.to_string())]);
+}
