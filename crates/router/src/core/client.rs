@@ -129,8 +129,9 @@ impl Core {
                 return;
             }
         };
-        let cold = !self.any_routable(&model) && self.offered(&model);
-        if !cold && !self.any_routable(&model) {
+        let routable = self.any_routable(&model);
+        let cold = !routable && self.offered(&model);
+        if !routable && !cold {
             let message = format!(
                 "no worker is taking requests for model {model:?} (all draining or lost); \
                  retry later"

@@ -36,6 +36,17 @@ pub(super) struct Supervisor {
     last_seen: Instant,
 }
 
+impl Supervisor {
+    /// Memory one worker of `model` needs here, as its offer says (0 for a
+    /// model it does not offer).
+    pub(super) fn worker_bytes(&self, model: &str) -> u64 {
+        self.models
+            .iter()
+            .find(|m| m.name == model)
+            .map_or(0, |m| m.worker_bytes)
+    }
+}
+
 /// A worker the router asked a supervisor to start, until it registers.
 pub(super) struct Spawn {
     pub(super) model: String,
@@ -449,12 +460,7 @@ impl Core {
         // Its memory and the worker are the supervisor's from now on, as its
         // next status will say.
         if let Some(s) = self.control.supervisors.get_mut(&supervisor) {
-            let bytes = s
-                .models
-                .iter()
-                .find(|m| m.name == model)
-                .map_or(0, |m| m.worker_bytes);
-            s.memory_free = s.memory_free.saturating_sub(bytes);
+            s.memory_free = s.memory_free.saturating_sub(s.worker_bytes(model));
             s.workers.push(worker_id.clone());
         }
         let import_cache = import.is_some();

@@ -74,8 +74,8 @@ struct MemoryPlan {
     need: u64,
     /// Free memory once the workers already leaving have gone.
     soon_free: u64,
-    /// Idle models there, least recently used first.
-    evictable: Vec<String>,
+    /// Idle models there and their bytes, least recently used first.
+    evictable: Vec<(String, u64)>,
 }
 
 /// GiB with two decimals, for messages.
@@ -192,31 +192,31 @@ impl Core {
         // memory gets closest to the need.
         let mut best: Option<MemoryPlan> = None;
         for (identity, supervisor) in &self.control.supervisors {
-            let Some(offer) = supervisor.models.iter().find(|m| m.name == model) else {
+            if !supervisor.models.iter().any(|m| m.name == model) {
                 continue;
-            };
-            let bytes_of = |name: &str| {
-                supervisor
-                    .models
-                    .iter()
-                    .find(|m| m.name == name)
-                    .map_or(0, |m| m.worker_bytes)
-            };
+            }
             let freeing: u64 = supervisor
                 .workers
                 .iter()
                 .filter(|id| self.releasing(id))
                 .filter_map(|id| self.model_of_worker(id))
-                .map(|name| bytes_of(&name))
+                .map(|name| supervisor.worker_bytes(&name))
                 .sum();
-            let evictable = self.evictable_on(&supervisor.workers);
-            let evictable_bytes: u64 = evictable.iter().map(|name| bytes_of(name)).sum();
+            let evictable: Vec<(String, u64)> = self
+                .evictable_on(&supervisor.workers)
+                .into_iter()
+                .map(|name| {
+                    let bytes = supervisor.worker_bytes(&name);
+                    (name, bytes)
+                })
+                .collect();
+            let evictable_bytes: u64 = evictable.iter().map(|(_, bytes)| bytes).sum();
             let reach = supervisor.memory_free + freeing + evictable_bytes;
             if best.as_ref().is_none_or(|b| reach > b.reach) {
                 best = Some(MemoryPlan {
                     reach,
                     supervisor: identity.clone(),
-                    need: offer.worker_bytes,
+                    need: supervisor.worker_bytes(model),
                     soon_free: supervisor.memory_free + freeing,
                     evictable,
                 });
@@ -244,19 +244,12 @@ impl Core {
                 self.no_room_message(model, &identity),
             ));
         }
-        let bytes_of = |core: &Core, name: &str| {
-            core.control
-                .supervisors
-                .get(&identity)
-                .and_then(|s| s.models.iter().find(|m| m.name == name))
-                .map_or(0, |m| m.worker_bytes)
-        };
         let mut free = soon_free;
-        for victim in evictable {
+        for (victim, bytes) in evictable {
             if free >= need {
                 break;
             }
-            free += bytes_of(self, &victim);
+            free += bytes;
             tracing::info!(model, evicted = %victim, "evicting an idle model for a cold start");
             self.unload(now, &victim, "evicted");
         }
@@ -330,21 +323,13 @@ impl Core {
         let Some(s) = self.control.supervisors.get(supervisor) else {
             return format!("no supervisor has memory for model {model:?}");
         };
-        let need = s
-            .models
-            .iter()
-            .find(|m| m.name == model)
-            .map_or(0, |m| m.worker_bytes);
+        let need = s.worker_bytes(model);
         let mut holders: Vec<String> = Vec::new();
         for id in &s.workers {
             let Some(name) = self.model_of_worker(id) else {
                 continue;
             };
-            let bytes = s
-                .models
-                .iter()
-                .find(|m| m.name == name)
-                .map_or(0, |m| m.worker_bytes);
+            let bytes = s.worker_bytes(&name);
             let why = if !self.on_demand.manages(&name) {
                 "pinned by scale"
             } else if self.on_demand.is_loading(&name) {
@@ -450,12 +435,16 @@ impl Core {
     /// A request for `model` ended: its keep-alive (the request's own, or
     /// the model's default) counts from now.
     pub(super) fn model_used(&mut self, now: Instant, model: &str, keep_alive: Option<KeepAlive>) {
-        let default = self.default_keep_alive(model);
+        // Every request ends here: most are for models nobody unloads.
+        if !self.on_demand.manages(model) {
+            return;
+        }
+        let keep_alive = keep_alive.unwrap_or_else(|| self.default_keep_alive(model));
         let Some(entry) = self.on_demand.models.get_mut(model) else {
             return;
         };
         entry.last_used = now;
-        entry.keep_alive = keep_alive.unwrap_or(default);
+        entry.keep_alive = keep_alive;
         if let Some(at) = entry.keep_alive.duration().and_then(|d| now.checked_add(d)) {
             self.wake_by(at + Duration::from_millis(1));
         }

@@ -39,21 +39,7 @@ impl Harness {
     }
 
     fn ready_as(&mut self, worker: &str, import_endpoint: Option<&str>) {
-        self.worker(
-            worker,
-            &WorkerToRouter::Ready {
-                worker_id: worker.into(),
-                protocol: PROTOCOL_VERSION,
-                models: vec!["m".into()],
-                device: "cpu:1".into(),
-                kv_capacity: 4096,
-                max_batch: 8,
-                context_length: None,
-                vocab_size: None,
-                import_endpoint: import_endpoint.map(str::to_string),
-                import_key: import_endpoint.map(|_| IMPORT_KEY.to_string()),
-            },
-        );
+        self.worker(worker, &ready_frame(worker, import_endpoint));
     }
 
     /// The supervisor reports `worker`'s process killed.
@@ -82,6 +68,23 @@ impl Harness {
             panic!("expected workers");
         };
         workers.iter().find(|w| w.id == worker).map(|w| w.state)
+    }
+}
+
+/// `worker`'s `ready` for model `m`; a migration target's with
+/// `import_endpoint`.
+fn ready_frame(worker: &str, import_endpoint: Option<&str>) -> WorkerToRouter {
+    WorkerToRouter::Ready {
+        worker_id: worker.into(),
+        protocol: PROTOCOL_VERSION,
+        models: vec!["m".into()],
+        device: "cpu:1".into(),
+        kv_capacity: 4096,
+        max_batch: 8,
+        context_length: None,
+        vocab_size: None,
+        import_endpoint: import_endpoint.map(str::to_string),
+        import_key: import_endpoint.map(|_| IMPORT_KEY.to_string()),
     }
 }
 
@@ -673,19 +676,7 @@ fn a_drained_worker_of_a_scaled_model_is_not_replaced() {
 fn a_migration_target_admits_only_its_predecessors_curve_key() {
     let mut h = Harness::new(config(Policy::RoundRobin));
     h.supervisor_status(&["old"]);
-    let ready = WorkerToRouter::Ready {
-        worker_id: "old".into(),
-        protocol: PROTOCOL_VERSION,
-        models: vec!["m".into()],
-        device: "cpu:0".into(),
-        kv_capacity: 4096,
-        max_batch: 8,
-        context_length: None,
-        vocab_size: None,
-        import_endpoint: None,
-        import_key: None,
-    };
-    let frame = encode(&ready).unwrap();
+    let frame = encode(&ready_frame("old", None)).unwrap();
     h.core
         .handle_worker_as(h.now, &Addr::new("old"), Some(IMPORT_KEY), &frame);
     h.sent();
