@@ -352,7 +352,8 @@ impl Supervisor {
     }
 
     /// Starts a worker, or says why not (the router reports it to everyone
-    /// waiting on the spawn).
+    /// waiting on the spawn). `import` is `Some` for a migration target,
+    /// holding the exporter's key when the router named one.
     fn spawn(
         &mut self,
         worker_id: &str,

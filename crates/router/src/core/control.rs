@@ -414,6 +414,8 @@ impl Core {
     }
 
     /// Asks the best supervisor for a worker of `model`; its id, or why not.
+    /// `import` is `Some` for a migration target, holding the exporter's
+    /// CURVE key when the router knows it.
     pub(super) fn request_spawn(
         &mut self,
         now: Instant,
