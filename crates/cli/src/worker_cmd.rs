@@ -35,6 +35,12 @@ pub(crate) struct EngineArgs {
     /// memory per cached token, with K/V rounded to half precision.
     #[arg(long, default_value_t = model::KvDtype::F32, env = "ZINFER_KV_DTYPE")]
     pub(crate) kv_dtype: model::KvDtype,
+    /// Number format of the CPU attention's products: `auto` (bf16 where
+    /// the CPU has AVX512_BF16, else f32), `f32`, or `bf16` (twice the
+    /// products per instruction; queries, keys, values and softmax weights
+    /// rounded to 8 significant bits, sums in f32).
+    #[arg(long, default_value_t = model::AttentionDtype::Auto, env = "ZINFER_ATTENTION_DTYPE")]
+    pub(crate) attention_dtype: model::AttentionDtype,
     /// Prompt-lookup speculative decoding for requests that do not set
     /// `speculative`: each decode step drafts up to this many tokens by
     /// finding the sequence's last tokens earlier in its prompt or output,
@@ -73,6 +79,8 @@ impl EngineArgs {
             self.prefill_chunk.to_string(),
             "--kv-dtype".into(),
             self.kv_dtype.to_string(),
+            "--attention-dtype".into(),
+            self.attention_dtype.to_string(),
             "--speculative-draft".into(),
             self.speculative_draft.to_string(),
             "--speculative-ngram".into(),
@@ -188,6 +196,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
             threads: Some(threads),
             device: device.clone(),
             kv_dtype: args.engine.kv_dtype,
+            attention: args.engine.attention_dtype,
         },
     )
     .with_context(|| format!("loading {}", model_path.display()))?;
@@ -220,6 +229,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
                     threads: Some(threads),
                     device: device.clone(),
                     kv_dtype: args.engine.kv_dtype,
+                    attention: args.engine.attention_dtype,
                 },
             )
             .with_context(|| format!("loading the draft model {}", path.display()))?;

@@ -1,7 +1,8 @@
 //! The unit of work of the blocked (flash-style) attention in
 //! the model's `flash` module: one KV head's packed key blocks
 //! against a few query rows, with an online softmax. Generic over the inner
-//! loops ([`Micro`]): plain Rust in [`super::scalar`], AVX2 in `x86::avx2`.
+//! loops ([`Micro`]): plain Rust in [`super::scalar`], AVX2 and AVX-512 in
+//! `x86`, and bf16 dot products (f32 sums) in `x86::avx512bf16`.
 
 use crate::attention::{HeadShape, ScoreRule, softcap};
 use crate::fast_exp::exp_nonpositive;
@@ -14,11 +15,9 @@ pub const BK: usize = 64;
 pub struct UnitJob<'a> {
     /// `[rows][n_heads * d]`: the unit's query rows, every head.
     pub q: &'a [f32],
-    /// `[block][d][BK]`: this KV head's keys, transposed per block; key `j`
-    /// of block `b` is at position `first_key + b * BK + j`.
-    pub kt: &'a [f32],
-    /// This KV head's values.
-    pub v: Values<'a>,
+    /// This KV head's keys and values, packed as the unit's build reads
+    /// them ([`FlashUnit::packing`]).
+    pub packed: Packed<'a>,
     /// The attention's head layout.
     pub shape: HeadShape,
     /// The KV head whose keys and values these are.
@@ -37,11 +36,80 @@ pub struct UnitJob<'a> {
     pub rule: ScoreRule,
 }
 
+/// The packed keys and values of one KV head, in blocks of [`BK`] keys;
+/// key `j` of block `b` is at position `first_key + b * BK + j`.
+#[derive(Clone, Copy, Debug)]
+pub enum Packed<'a> {
+    /// f32: keys `[block][d][BK]` (transposed per block), values as [`Values`].
+    F32 {
+        /// `[block][d][BK]`, zero past the last key.
+        kt: &'a [f32],
+        /// The values.
+        v: Values<'a>,
+    },
+    /// bf16 pairs, each `u32` two bf16 (the lower half first), made by
+    /// [`crate::pack_keys_bf16`] and [`crate::pack_values_bf16`]: keys
+    /// `[block][d / 2][BK]` (dimensions `2i, 2i + 1` of one key), values
+    /// `[block][BK / 2][d]` (keys `2j, 2j + 1` of one column); zero past
+    /// the last key.
+    Bf16 {
+        /// `[block][d / 2][BK]`.
+        kt: &'a [u32],
+        /// `[block][BK / 2][d]`.
+        v: &'a [u32],
+    },
+}
+
+/// How a build of the unit wants keys and values packed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Packing {
+    /// [`Packed::F32`].
+    F32,
+    /// [`Packed::Bf16`].
+    Bf16,
+}
+
+/// A build of the blocked attention unit and the packing it reads.
+#[derive(Clone, Copy, Debug)]
+pub struct FlashUnit {
+    /// A short name for tests and logs (`avx512`, `avx512-bf16`).
+    pub name: &'static str,
+    /// The packing the unit reads.
+    pub packing: Packing,
+    /// The unit.
+    pub run: UnitFn,
+    /// Widest head the unit takes.
+    pub max_head_dim: usize,
+}
+
+/// One f32 key block: `kt` `[d][BK]` and the block's value rows.
+pub(crate) struct F32Block<'a> {
+    pub(crate) kt: &'a [f32],
+    pub(crate) v: [&'a [f32]; BK],
+}
+
+impl<'a> F32Block<'a> {
+    /// Block `b` of `packed`, which must be [`Packed::F32`], with `keys`
+    /// keys at most that hold values.
+    #[inline(always)]
+    pub(crate) fn of(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> Self {
+        let Packed::F32 { kt, v } = *packed else {
+            panic!("an f32 unit was handed bf16 blocks");
+        };
+        let mut rows: [&[f32]; BK] = [&[]; BK];
+        v.block_rows(b, keys, d, &mut rows);
+        F32Block {
+            kt: &kt[b * BK * d..(b + 1) * BK * d],
+            v: rows,
+        }
+    }
+}
+
 /// Where a unit reads its values: V rows need no transpose, so an f32
 /// pool is read in place through the slot list instead of being copied.
 #[derive(Clone, Copy, Debug)]
 pub enum Values<'a> {
-    /// `[block * BK + j][d]`: packed rows, in the blocks of [`UnitJob::kt`].
+    /// `[block * BK + j][d]`: packed rows, in the blocks of the keys.
     Packed(&'a [f32]),
     /// Rows of a `[slot][stride]` pool: key position `first_key + i` is at
     /// `pool[slots[i] * stride + offset..][..d]`.
@@ -117,20 +185,41 @@ pub type UnitFn = fn(&UnitJob<'_>, &mut UnitBuf);
 /// The inner loops of a unit: scores of `R` query vectors against one key
 /// block, and their weighted sum of the block's values.
 pub(crate) trait Micro {
-    /// `s[r][j] = q[r] . k_j` for the `BK` keys of a transposed block `kt` `[d][BK]`.
+    /// One block of keys and values as the loops read it.
+    type Block<'a>;
+
+    /// Block `b` of `packed`, whose keys from `b * BK` on number `keys`
+    /// (values past them are never read).
+    fn block<'a>(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> Self::Block<'a>;
+
+    /// `s[r][j] = q[r] . k_j` for the `BK` keys of a block.
     ///
     /// # Safety
     /// The CPU must have the instructions the implementation uses.
-    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]);
+    unsafe fn qk<const R: usize>(
+        q: &[f32],
+        d: usize,
+        block: &Self::Block<'_>,
+        s: &mut [[f32; BK]; R],
+    );
 
-    /// `acc[r] += sum_j p[r][j] * v[j]` over the first `n` value rows of a
-    /// block (each at least `d` long).
+    /// Rounds softmax weights to the precision `pv` multiplies them in, so
+    /// that the running sum is the sum of the weights actually applied
+    /// (the output's weights then add up to one). f32 builds keep them.
+    ///
+    /// # Safety
+    /// As for [`Micro::qk`].
+    #[inline(always)]
+    unsafe fn round_weights(_p: &mut [f32; BK]) {}
+
+    /// `acc[r] += sum_j p[r][j] * v[j]` over the first `n` keys of a block
+    /// (`p[r][j]` is zero for `n <= j`).
     ///
     /// # Safety
     /// As for [`Micro::qk`].
     unsafe fn pv<const R: usize>(
         p: &[[f32; BK]; R],
-        v: &[&[f32]; BK],
+        block: &Self::Block<'_>,
         d: usize,
         n: usize,
         acc: &mut [f32],
@@ -163,17 +252,12 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
     buf.out.clear();
     buf.out.resize(nq * d, 0.0);
 
-    let block_len = BK * d;
     let last_pos = job.first_pos + job.rows - 1;
     let blocks = (last_pos - job.first_key) / BK + 1;
-    assert!(job.kt.len() >= blocks * block_len);
     let mut p = [[0f32; BK]; R];
-    let mut v: [&[f32]; BK] = [&[]; BK];
     for b in 0..blocks {
-        let kt = &job.kt[b * block_len..(b + 1) * block_len];
         let first_key = job.first_key + b * BK;
-        job.v.block_rows(b, last_pos + 1 - first_key, d, &mut v);
-        let v = &v;
+        let block = M::block(&job.packed, b, last_pos + 1 - first_key, d);
         let mut i = 0;
         while i < nq {
             let take = R.min(nq - i);
@@ -194,12 +278,12 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
                 let q = &buf.q[i * d..(i + take) * d];
                 if take == R {
                     // SAFETY: the caller vouches for M's instructions.
-                    unsafe { M::qk::<R>(q, d, kt, &mut p) };
+                    unsafe { M::qk::<R>(q, d, &block, &mut p) };
                 } else {
                     for t in 0..take {
                         let mut one = [[0f32; BK]; 1];
                         // SAFETY: as above.
-                        unsafe { M::qk::<1>(&q[t * d..(t + 1) * d], d, kt, &mut one) };
+                        unsafe { M::qk::<1>(&q[t * d..(t + 1) * d], d, &block, &mut one) };
                         p[t] = one[0];
                     }
                 }
@@ -209,7 +293,7 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
                     }
                 }
                 for t in 0..take {
-                    softmax_step(
+                    softmax_step::<M>(
                         &mut p[t],
                         from[t],
                         valid[t],
@@ -221,13 +305,13 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
                 let out = &mut buf.out[i * d..(i + take) * d];
                 if take == R {
                     // SAFETY: as above.
-                    unsafe { M::pv::<R>(&p, v, d, most, out) };
+                    unsafe { M::pv::<R>(&p, &block, d, most, out) };
                 } else {
                     for t in 0..take {
                         let one = [p[t]; 1];
                         let o = &mut out[t * d..(t + 1) * d];
                         // SAFETY: as above.
-                        unsafe { M::pv::<1>(&one, v, d, most, o) };
+                        unsafe { M::pv::<1>(&one, &block, d, most, o) };
                     }
                 }
             }
@@ -241,11 +325,12 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
 }
 
 /// Online softmax over one block: turns scores `s[from..valid]` into
-/// weights relative to the new running max (zero outside), and rescales the
+/// weights relative to the new running max (zero outside; rounded as `M`
+/// applies them), and rescales the
 /// running sum `l` and output `acc` when the max grew. Straight loops over
 /// the whole block so that they vectorize.
 #[inline(always)]
-fn softmax_step(
+fn softmax_step<M: Micro>(
     s: &mut [f32; BK],
     from: usize,
     valid: usize,
@@ -272,6 +357,8 @@ fn softmax_step(
     }
     s[..from].fill(0.0);
     s[valid..].fill(0.0);
+    // SAFETY: the unit's caller vouches for M's instructions.
+    unsafe { M::round_weights(s) };
     let mut sums = [0f32; 8];
     for c in s.chunks_exact(8) {
         for (a, &x) in sums.iter_mut().zip(c) {

@@ -5,13 +5,13 @@
 use std::ops::Range;
 
 use crate::attention::{KvElem, RowJob};
-use crate::blocked::UnitFn;
+use crate::blocked::{FlashUnit, Packing, UnitFn};
 use crate::format::{QKind, RowTile, TileOut};
-use crate::level::{Level, level};
+use crate::level::{Level, has_avx512_bf16, level};
 use crate::scalar;
 use crate::tiled::{TiledMatmul, Tiling};
 #[cfg(target_arch = "x86_64")]
-use crate::x86::{avx2, avx512};
+use crate::x86::{avx2, avx512, avx512bf16};
 
 /// Runs one attention row with the widest vector unit available.
 pub fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, out: &mut [f32]) {
@@ -49,32 +49,86 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     scalar::gelu_mul(gate, up);
 }
 
-/// The blocked attention unit ([`super::blocked::unit_impl`]) built for the
-/// widest vector unit available.
-pub fn flash_unit() -> UnitFn {
+/// The blocked attention unit ([`super::blocked::unit_impl`]) in f32,
+/// built for the widest vector unit available.
+pub fn flash_unit() -> FlashUnit {
     #[cfg(target_arch = "x86_64")]
     match level() {
-        Level::Avx512Vnni => return avx512::flash_unit,
-        Level::Avx2 => return avx2::flash_unit,
+        Level::Avx512Vnni => return f32_unit("avx512", avx512::flash_unit),
+        Level::Avx2 => return f32_unit("avx2", avx2::flash_unit),
         Level::Scalar => {}
     }
-    scalar::flash_unit
+    f32_unit("portable", scalar::flash_unit)
 }
 
-/// Every build of the blocked attention unit this CPU can run, by name,
-/// so tests check each level the machine has, not only the widest.
-pub fn flash_units() -> Vec<(&'static str, UnitFn)> {
-    let mut units: Vec<(&'static str, UnitFn)> = vec![("portable", scalar::flash_unit)];
+/// The blocked attention unit in bf16 with f32 sums, where the CPU has
+/// AVX512_BF16; it takes heads up to [`FlashUnit::max_head_dim`] wide.
+pub fn flash_unit_bf16() -> Option<FlashUnit> {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_bf16() {
+        return Some(FlashUnit {
+            name: "avx512-bf16",
+            packing: Packing::Bf16,
+            run: avx512bf16::flash_unit,
+            max_head_dim: avx512bf16::MAX_HEAD_DIM,
+        });
+    }
+    None
+}
+
+fn f32_unit(name: &'static str, run: UnitFn) -> FlashUnit {
+    FlashUnit {
+        name,
+        packing: Packing::F32,
+        run,
+        max_head_dim: usize::MAX,
+    }
+}
+
+/// Every build of the blocked attention unit this CPU can run, so tests
+/// check each level the machine has, not only the widest.
+pub fn flash_units() -> Vec<FlashUnit> {
+    let mut units = vec![f32_unit("portable", scalar::flash_unit)];
     #[cfg(target_arch = "x86_64")]
     {
         if level() != Level::Scalar {
-            units.push(("avx2", avx2::flash_unit));
+            units.push(f32_unit("avx2", avx2::flash_unit));
         }
         if level() == Level::Avx512Vnni {
-            units.push(("avx512", avx512::flash_unit));
+            units.push(f32_unit("avx512", avx512::flash_unit));
         }
     }
+    units.extend(flash_unit_bf16());
     units
+}
+
+/// Packs up to [`crate::BK`] key rows (each at least `d` long, `d` a
+/// multiple of 16 up to the bf16 unit's widest) for the bf16 unit:
+/// `[d / 2][BK]` pairs of bf16 (dimensions `2i, 2i + 1` of one key), zeros
+/// past the last key. Panics where the CPU has no bf16 unit.
+pub fn pack_keys_bf16(rows: &[&[f32]], d: usize, kt: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    avx512bf16::pack_keys(rows, d, kt);
+    #[cfg(not(target_arch = "x86_64"))]
+    panic!(
+        "no bf16 attention on this CPU ({} rows, d {d}, {})",
+        rows.len(),
+        kt.len()
+    );
+}
+
+/// Packs up to [`crate::BK`] value rows for the bf16 unit: `[BK / 2][d]`
+/// pairs of bf16 (keys `2j, 2j + 1` of one column), zeros past the last
+/// key. Panics where the CPU has no bf16 unit.
+pub fn pack_values_bf16(rows: &[&[f32]], d: usize, v: &mut [u32]) {
+    #[cfg(target_arch = "x86_64")]
+    avx512bf16::pack_values(rows, d, v);
+    #[cfg(not(target_arch = "x86_64"))]
+    panic!(
+        "no bf16 attention on this CPU ({} rows, d {d}, {})",
+        rows.len(),
+        v.len()
+    );
 }
 
 /// Quantizes activations to i8 blocks ([`crate::Q8Acts`]).

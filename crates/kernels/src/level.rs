@@ -37,3 +37,17 @@ pub(crate) fn level() -> Level {
         Level::Scalar
     })
 }
+
+/// Whether this CPU has AVX512_BF16 besides [`Level::Avx512Vnni`]: the
+/// bf16 attention unit's instructions.
+pub(crate) fn has_avx512_bf16() -> bool {
+    static BF16: OnceLock<bool> = OnceLock::new();
+    *BF16.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            level() == Level::Avx512Vnni && is_x86_feature_detected!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}

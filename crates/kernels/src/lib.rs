@@ -12,7 +12,8 @@
 //! - [`blocked`]: the unit of work of the blocked (flash-style) attention;
 //! - [`scalar`]: portable Rust builds of every kernel (the fallback, and the
 //!   bodies the SIMD builds inline);
-//! - `x86::avx2`, `x86::avx512`: intrinsics builds, called only through
+//! - `x86::avx2`, `x86::avx512`, `x86::avx512bf16`: intrinsics builds
+//!   (the last: attention in bf16 with f32 sums), called only through
 //! - [`dispatch`], which detects the CPU's widest instruction set once and
 //!   picks each kernel's build.
 //!
@@ -44,8 +45,13 @@ mod tiled;
 mod x86;
 
 pub use attention::{HeadShape, KvElem, RowJob, ScoreRule};
-pub use blocked::{BK, UnitBuf, UnitFn, UnitJob, Values, first_packed_key};
-pub use dispatch::{attend_row, flash_unit, flash_units, gelu_mul, silu_mul};
+pub use blocked::{
+    BK, FlashUnit, Packed, Packing, UnitBuf, UnitFn, UnitJob, Values, first_packed_key,
+};
+pub use dispatch::{
+    attend_row, flash_unit, flash_unit_bf16, flash_units, gelu_mul, pack_keys_bf16,
+    pack_values_bf16, silu_mul,
+};
 pub use format::{Q8Acts, QKind};
 pub use matrix::{Layout, LayoutError, QMatrix, matmul_dense, q5_0_as_q5_1, run_units};
 /// The portable build of the blocked attention unit, to check the SIMD

@@ -3,7 +3,7 @@
 //! (the compiler vectorizes the straight loops there).
 
 use crate::attention::{KvElem, RowJob};
-use crate::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
+use crate::blocked::{BK, F32Block, Micro, Packed, UnitBuf, UnitJob, unit_impl};
 use crate::fast_exp::exp_nonpositive;
 use crate::format::{ACT_TILE, Q8Acts, QK, QK_K, QKind, RowTile, TileOut};
 
@@ -459,8 +459,21 @@ fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
 pub(crate) struct Portable;
 
 impl Micro for Portable {
+    type Block<'a> = F32Block<'a>;
+
     #[inline(always)]
-    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]) {
+    fn block<'a>(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> F32Block<'a> {
+        F32Block::of(packed, b, keys, d)
+    }
+
+    #[inline(always)]
+    unsafe fn qk<const R: usize>(
+        q: &[f32],
+        d: usize,
+        block: &F32Block<'_>,
+        s: &mut [[f32; BK]; R],
+    ) {
+        let kt = block.kt;
         assert!(q.len() >= R * d && kt.len() >= d * BK);
         let mut acc = [[0f32; BK]; R];
         for c in 0..d {
@@ -478,11 +491,12 @@ impl Micro for Portable {
     #[inline(always)]
     unsafe fn pv<const R: usize>(
         p: &[[f32; BK]; R],
-        v: &[&[f32]; BK],
+        block: &F32Block<'_>,
         d: usize,
         n: usize,
         acc: &mut [f32],
     ) {
+        let v = &block.v;
         assert!(n <= BK && acc.len() >= R * d);
         for (r, pr) in p.iter().enumerate() {
             let out = &mut acc[r * d..(r + 1) * d];

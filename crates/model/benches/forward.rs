@@ -85,6 +85,10 @@ fn main() {
                 .ok()
                 .map(|v| v.parse().unwrap())
                 .unwrap_or_default(),
+            attention: std::env::var("ZINFER_ATTENTION_DTYPE")
+                .ok()
+                .map(|v| v.parse().unwrap())
+                .unwrap_or_default(),
             ..LoadOptions::default()
         },
     )

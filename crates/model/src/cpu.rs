@@ -20,7 +20,9 @@ use super::kv::{KvPool, LayerView};
 use super::linear::{Embedding, Linear, Workspace};
 use super::spec::{Activation, ModelSpec, RopeStyle};
 use super::weights::{GateUp, Qkv, Weights};
-use super::{ChunkOutput, ForwardModel, KvShape, LoadOptions, ModelError, SeqChunk};
+use super::{
+    AttentionDtype, ChunkOutput, ForwardModel, KvShape, LoadOptions, ModelError, SeqChunk,
+};
 
 /// Chunks of at least this many rows run on the blocked attention kernel
 /// ([`flash`]). One: decode tokens too, because a row's result must not
@@ -43,6 +45,8 @@ pub struct CpuModel {
     kv: KvPool,
     ws: Workspace,
     flash: FlashScratch,
+    /// The blocked attention's build (f32 or bf16, [`AttentionDtype`]).
+    unit: kernels::FlashUnit,
     bufs: StepBuffers,
 }
 
@@ -212,6 +216,13 @@ impl CpuModel {
             spec.kv_dim(),
             options.kv_dtype,
         )?;
+        let unit = match options.attention {
+            AttentionDtype::F32 => kernels::flash_unit(),
+            AttentionDtype::Bf16 => {
+                kernels::flash_unit_bf16().ok_or(ModelError::NoBf16Attention)?
+            }
+            AttentionDtype::Auto => kernels::flash_unit_bf16().unwrap_or_else(kernels::flash_unit),
+        };
         Ok(Self {
             spec,
             w,
@@ -219,6 +230,7 @@ impl CpuModel {
             kv,
             ws: Workspace::new(options.threads),
             flash: FlashScratch::default(),
+            unit,
             bufs: StepBuffers::default(),
         })
     }
@@ -306,6 +318,7 @@ impl ForwardModel for CpuModel {
                 shape,
                 window: ls.window,
                 rule: spec.attn,
+                unit: self.unit,
             };
             match self.kv.layer(layer) {
                 LayerView::F32(kp, vp) => {
@@ -492,6 +505,8 @@ struct Attention {
     shape: HeadShape,
     window: Option<usize>,
     rule: ScoreRule,
+    /// The blocked unit's build.
+    unit: kernels::FlashUnit,
 }
 
 /// Attention of every row of the step: blocked chunks on [`flash`], the
@@ -508,12 +523,13 @@ fn attention<T: KvElem>(
     scratch: &mut FlashScratch,
     ws: &Workspace,
 ) {
-    let unit = kernels::flash_unit();
     let Attention {
         shape,
         window,
         rule,
+        unit,
     } = how;
+    let unit = flash::unit_for(unit, shape);
     let keys = flash::Keys { window, rule };
     if !plan.blocked_rows.is_empty() {
         let rows = &plan.blocked_rows;

@@ -21,7 +21,8 @@ use std::cell::RefCell;
 use std::sync::Mutex;
 
 use zinfer_kernels::{
-    BK, HeadShape, KvElem, ScoreRule, UnitBuf, UnitFn, UnitJob, Values, first_packed_key,
+    BK, FlashUnit, HeadShape, KvElem, Packed, Packing, ScoreRule, UnitBuf, UnitJob, Values,
+    first_packed_key,
 };
 /// Query rows (each with all heads of one KV group) per unit of work.
 const BR: usize = 32;
@@ -60,6 +61,19 @@ pub(crate) struct FlashScratch {
     /// `[kv_head][block * BK + j][d]`: V rows, zero past the last key; only
     /// for pools that are not f32 (those are read in place).
     v: Vec<f32>,
+    /// For a bf16 unit: `[kv_head][block]` key blocks of [`Packed::Bf16`].
+    kt16: Vec<u32>,
+    /// For a bf16 unit: `[kv_head][block]` value blocks of [`Packed::Bf16`].
+    v16: Vec<u32>,
+}
+
+/// Whether `unit` takes this head width; else the f32 unit runs.
+pub(crate) fn unit_for(unit: FlashUnit, shape: HeadShape) -> FlashUnit {
+    if shape.head_dim <= unit.max_head_dim {
+        unit
+    } else {
+        zinfer_kernels::flash_unit()
+    }
 }
 
 /// `out[r] = softmax(score(q[r], K)) V` for the rows of `chunk`, each
@@ -68,7 +82,8 @@ pub(crate) struct FlashScratch {
 /// are not packed.
 ///
 /// `q` and `out` are `[step_rows, n_heads * d]`; the pools are
-/// `[slots, n_kv_heads * d]`. `unit` is a build of the blocked unit ([`zinfer_kernels::flash_unit`]).
+/// `[slots, n_kv_heads * d]`. `unit` is a build of the blocked unit
+/// ([`zinfer_kernels::flash_unit`]); keys and values are packed as it reads them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend_chunk<T: KvElem>(
     q: &[f32],
@@ -80,28 +95,58 @@ pub(crate) fn attend_chunk<T: KvElem>(
     out: &mut [f32],
     scratch: &mut FlashScratch,
     parallel: bool,
-    unit: UnitFn,
+    unit: FlashUnit,
 ) {
     let d = shape.head_dim;
     let (n_kv, q_len) = (shape.n_kv_heads, shape.n_heads * d);
     let kv_dim = n_kv * d;
     let n_keys = chunk.start_pos + chunk.len;
-    assert!(chunk.slots.len() >= n_keys && supports(shape));
+    assert!(chunk.slots.len() >= n_keys && supports(shape) && d <= unit.max_head_dim);
     assert!(q.len() >= (chunk.first_row + chunk.len) * q_len);
     assert!(out.len() >= (chunk.first_row + chunk.len) * q_len);
     let first_key = first_packed_key(chunk.start_pos, keys.window);
     let blocks = (n_keys - first_key).div_ceil(BK);
     let block_len = BK * d;
-    scratch.kt.resize(n_kv * blocks * block_len, 0.0);
-    let v_len = if T::as_f32(v_pool).is_some() {
+    let bf16 = unit.packing == Packing::Bf16;
+    let v_len = if bf16 || T::as_f32(v_pool).is_some() {
         0
     } else {
         block_len
     };
+    let (kt_len, pair_len) = if bf16 {
+        (0, block_len / 2)
+    } else {
+        (block_len, 0)
+    };
+    scratch.kt.resize(n_kv * blocks * kt_len, 0.0);
     scratch.v.resize(n_kv * blocks * v_len, 0.0);
+    scratch.kt16.resize(n_kv * blocks * pair_len, 0);
+    scratch.v16.resize(n_kv * blocks * pair_len, 0);
 
-    // Pack: one unit per (KV head, key block).
-    {
+    if bf16 {
+        // Pack: one unit per (KV head, key block), as below.
+        let parts: Vec<Mutex<(&mut [u32], &mut [u32])>> = scratch
+            .kt16
+            .chunks_mut(pair_len)
+            .zip(scratch.v16.chunks_mut(pair_len))
+            .map(Mutex::new)
+            .collect();
+        let copies = n_kv * n_keys * d * 2;
+        zinfer_kernels::run_units(n_kv * blocks, copies * 8, parallel, |range| {
+            let mut rows = Vec::new();
+            for u in range {
+                let (g, b) = (u / blocks, u % blocks);
+                // Each part is handed to exactly one unit: the lock is uncontended.
+                let mut part = parts[u].lock().unwrap_or_else(|e| e.into_inner());
+                let (kt, v) = &mut *part;
+                let from = first_key + b * BK;
+                let slots = &chunk.slots[from..n_keys.min(from + BK)];
+                let pools = (k_pool, v_pool);
+                pack_block_bf16(pools, slots, g * d, kv_dim, d, kt, v, &mut rows);
+            }
+        });
+    } else {
+        // Pack: one unit per (KV head, key block).
         let kt_parts: Vec<Mutex<&mut [f32]>> =
             scratch.kt.chunks_mut(block_len).map(Mutex::new).collect();
         let mut v_parts: Vec<Mutex<&mut [f32]>> = match v_len {
@@ -146,17 +191,27 @@ pub(crate) fn attend_chunk<T: KvElem>(
         .collect();
     let macs = n_keys * chunk.len * q_len * 2;
     let (kt, v) = (&scratch.kt[..], &scratch.v[..]);
+    let (kt16, v16) = (&scratch.kt16[..], &scratch.v16[..]);
     zinfer_kernels::run_units(n_kv * row_blocks, macs, parallel, |range| {
         let mut buf = UnitBuf::default();
         for u in range {
             let (rb, g) = (row_blocks - 1 - u / n_kv, u % n_kv);
             let rows = rb * br..chunk.len.min((rb + 1) * br);
-            let head_blocks = g * blocks * block_len..(g + 1) * blocks * block_len;
-            let head_v = &v[g * blocks * v_len..(g + 1) * blocks * v_len];
+            let head = |len: usize| g * blocks * len..(g + 1) * blocks * len;
+            let packed = if bf16 {
+                Packed::Bf16 {
+                    kt: &kt16[head(pair_len)],
+                    v: &v16[head(pair_len)],
+                }
+            } else {
+                Packed::F32 {
+                    kt: &kt[head(kt_len)],
+                    v: values(v_pool, chunk.slots, first_key, g, shape, &v[head(v_len)]),
+                }
+            };
             let job = UnitJob {
                 q: &q[(chunk.first_row + rows.start) * q_len..(chunk.first_row + rows.end) * q_len],
-                kt: &kt[head_blocks],
-                v: values(v_pool, chunk.slots, first_key, g, shape, head_v),
+                packed,
                 shape,
                 kv_head: g,
                 rows: rows.len(),
@@ -165,7 +220,7 @@ pub(crate) fn attend_chunk<T: KvElem>(
                 window: keys.window,
                 rule: keys.rule,
             };
-            unit(&job, &mut buf);
+            (unit.run)(&job, &mut buf);
             let group = shape.n_heads / n_kv;
             for (i, r) in rows.enumerate() {
                 // Each unit writes only its own heads of a row; locks are held briefly.
@@ -194,57 +249,74 @@ pub(crate) fn attend_rows<T: KvElem>(
     keys: Keys,
     out: &mut [f32],
     parallel: bool,
-    unit: UnitFn,
+    unit: FlashUnit,
 ) {
     thread_local! {
-        static PACKED: RefCell<(Vec<f32>, Vec<f32>, UnitBuf)> = RefCell::default();
+        static PACKED: RefCell<RowPacking> = RefCell::default();
     }
     let d = shape.head_dim;
     let (n_kv, q_len) = (shape.n_kv_heads, shape.n_heads * d);
     let (kv_dim, group) = (n_kv * d, shape.n_heads / n_kv);
-    assert!(supports(shape));
+    assert!(supports(shape) && d <= unit.max_head_dim);
     for c in chunks {
         assert!(c.len == 1 && c.slots.len() > c.start_pos);
         assert!(q.len() >= (c.first_row + 1) * q_len && out.len() >= (c.first_row + 1) * q_len);
     }
+    let bf16 = unit.packing == Packing::Bf16;
     // One lock per (row, KV head): the part of `out` one unit writes.
     let parts: Vec<Mutex<&mut [f32]>> = out.chunks_mut(group * d).map(Mutex::new).collect();
     let macs = chunks.iter().map(|c| c.start_pos + 1).sum::<usize>() * q_len * 2;
     zinfer_kernels::run_units(chunks.len() * n_kv, macs, parallel, |range| {
-        PACKED.with_borrow_mut(|(kt, v, buf)| {
+        PACKED.with_borrow_mut(|p| {
             let mut row = vec![0f32; d];
             for u in range {
                 let (chunk, g) = (&chunks[u / n_kv], u % n_kv);
                 let n_keys = chunk.start_pos + 1;
                 let first_key = first_packed_key(chunk.start_pos, keys.window);
                 let blocks = (n_keys - first_key).div_ceil(BK);
-                let v_len = if T::as_f32(v_pool).is_some() {
-                    0
-                } else {
-                    BK * d
-                };
-                kt.resize(blocks * BK * d, 0.0);
-                v.resize(blocks * v_len, 0.0);
-                let v_parts = v
-                    .chunks_mut(v_len.max(1))
-                    .chain(std::iter::repeat_with(|| &mut [][..]));
-                let packed = kt.chunks_mut(BK * d).zip(v_parts);
-                for (b, (kt, v)) in packed.take(blocks).enumerate() {
+                let block_slots = |b: usize| {
                     let from = first_key + b * BK;
-                    let slots = &chunk.slots[from..n_keys.min(from + BK)];
-                    pack_block(k_pool, v_pool, slots, g * d, kv_dim, kt, v, &mut row);
-                }
+                    &chunk.slots[from..n_keys.min(from + BK)]
+                };
+                let packed = if bf16 {
+                    let pair_len = BK * d / 2;
+                    p.kt16.resize(blocks * pair_len, 0);
+                    p.v16.resize(blocks * pair_len, 0);
+                    let blocks_of = p.kt16.chunks_mut(pair_len).zip(p.v16.chunks_mut(pair_len));
+                    for (b, (kt, v)) in blocks_of.take(blocks).enumerate() {
+                        let pools = (k_pool, v_pool);
+                        let slots = block_slots(b);
+                        pack_block_bf16(pools, slots, g * d, kv_dim, d, kt, v, &mut p.rows);
+                    }
+                    Packed::Bf16 {
+                        kt: &p.kt16[..blocks * pair_len],
+                        v: &p.v16[..blocks * pair_len],
+                    }
+                } else {
+                    let v_len = if T::as_f32(v_pool).is_some() {
+                        0
+                    } else {
+                        BK * d
+                    };
+                    p.kt.resize(blocks * BK * d, 0.0);
+                    p.v.resize(blocks * v_len, 0.0);
+                    let v_parts =
+                        p.v.chunks_mut(v_len.max(1))
+                            .chain(std::iter::repeat_with(|| &mut [][..]));
+                    let blocks_of = p.kt.chunks_mut(BK * d).zip(v_parts);
+                    for (b, (kt, v)) in blocks_of.take(blocks).enumerate() {
+                        let slots = block_slots(b);
+                        pack_block(k_pool, v_pool, slots, g * d, kv_dim, kt, v, &mut row);
+                    }
+                    let v = &p.v[..blocks * v_len];
+                    Packed::F32 {
+                        kt: &p.kt[..blocks * BK * d],
+                        v: values(v_pool, chunk.slots, first_key, g, shape, v),
+                    }
+                };
                 let job = UnitJob {
                     q: &q[chunk.first_row * q_len..(chunk.first_row + 1) * q_len],
-                    kt: &kt[..blocks * BK * d],
-                    v: values(
-                        v_pool,
-                        chunk.slots,
-                        first_key,
-                        g,
-                        shape,
-                        &v[..blocks * v_len],
-                    ),
+                    packed,
                     shape,
                     kv_head: g,
                     rows: 1,
@@ -253,15 +325,85 @@ pub(crate) fn attend_rows<T: KvElem>(
                     window: keys.window,
                     rule: keys.rule,
                 };
-                unit(&job, buf);
+                (unit.run)(&job, &mut p.buf);
                 // Each part is handed to exactly one unit: the lock is uncontended.
                 let mut o = parts[chunk.first_row * n_kv + g]
                     .lock()
                     .unwrap_or_else(|e| e.into_inner());
-                o.copy_from_slice(&buf.out[..group * d]);
+                o.copy_from_slice(&p.buf.out[..group * d]);
             }
         });
     });
+}
+
+/// A thread's buffers for [`attend_rows`]: one sequence's packed keys and
+/// values for one KV head, and the unit's buffers.
+#[derive(Default)]
+struct RowPacking {
+    kt: Vec<f32>,
+    v: Vec<f32>,
+    kt16: Vec<u32>,
+    v16: Vec<u32>,
+    /// f16 rows converted to f32 on their way to bf16.
+    rows: Vec<f32>,
+    buf: UnitBuf,
+}
+
+/// Packs the keys and values at `slots` (at most [`BK`]) of the KV head at
+/// column `offset` for a bf16 unit ([`Packed::Bf16`]); rows of an f16 pool
+/// go through f32 in `rows`.
+#[allow(clippy::too_many_arguments)]
+fn pack_block_bf16<T: KvElem>(
+    (k_pool, v_pool): (&[T], &[T]),
+    slots: &[u32],
+    offset: usize,
+    kv_dim: usize,
+    d: usize,
+    kt: &mut [u32],
+    v: &mut [u32],
+    rows: &mut Vec<f32>,
+) {
+    with_rows(k_pool, slots, offset, kv_dim, d, rows, |r| {
+        zinfer_kernels::pack_keys_bf16(r, d, kt)
+    });
+    with_rows(v_pool, slots, offset, kv_dim, d, rows, |r| {
+        zinfer_kernels::pack_values_bf16(r, d, v)
+    });
+}
+
+/// Hands `f` the rows at `slots` of the KV head at column `offset` as f32:
+/// in place from an f32 pool, else converted into `buf`.
+fn with_rows<T: KvElem>(
+    pool: &[T],
+    slots: &[u32],
+    offset: usize,
+    kv_dim: usize,
+    d: usize,
+    buf: &mut Vec<f32>,
+    f: impl FnOnce(&[&[f32]]),
+) {
+    let mut rows: [&[f32]; BK] = [&[]; BK];
+    let n = slots.len().min(BK);
+    match T::as_f32(pool) {
+        Some(pool) => {
+            for (r, &slot) in rows.iter_mut().zip(slots) {
+                let at = slot as usize * kv_dim + offset;
+                *r = &pool[at..at + d];
+            }
+            f(&rows[..n]);
+        }
+        None => {
+            buf.resize(n * d, 0.0);
+            for (row, &slot) in buf.chunks_exact_mut(d).zip(slots) {
+                let at = slot as usize * kv_dim + offset;
+                T::load(&pool[at..at + d], row);
+            }
+            for (r, row) in rows.iter_mut().zip(buf.chunks_exact(d)) {
+                *r = row;
+            }
+            f(&rows[..n]);
+        }
+    }
 }
 
 /// Keys [`pack_block`] transposes together from an f32 pool (8 and 32
@@ -421,11 +563,12 @@ mod tests {
 
     /// Runs one chunk of `len` rows after `start` cached positions through
     /// every SIMD build and compares with [`reference`].
-    fn check(shape: HeadShape, start: usize, len: usize, parallel: bool) {
-        check_keys(shape, all_keys(shape), start, len, parallel);
+    /// Returns the largest error of a bf16 unit (0 without one).
+    fn check(shape: HeadShape, start: usize, len: usize, parallel: bool) -> f64 {
+        check_keys(shape, all_keys(shape), start, len, parallel)
     }
 
-    fn check_keys(shape: HeadShape, keys: Keys, start: usize, len: usize, parallel: bool) {
+    fn check_keys(shape: HeadShape, keys: Keys, start: usize, len: usize, parallel: bool) -> f64 {
         let d = shape.head_dim;
         let (qd, kvd) = (shape.n_heads * d, shape.n_kv_heads * d);
         let n_keys = start + len;
@@ -448,7 +591,20 @@ mod tests {
             start_pos: start,
             slots: &slots,
         };
-        for (name, unit) in zinfer_kernels::flash_units() {
+        let mut worst_bf16 = 0f64;
+        for unit in zinfer_kernels::flash_units() {
+            let name = unit.name;
+            // A bf16 unit against the reference on bf16 keys and values;
+            // its queries and softmax weights are rounded too, which the
+            // tolerance allows for.
+            let bf16 = unit.packing == Packing::Bf16;
+            let round = |x: &[f32]| -> Vec<f32> {
+                x.iter()
+                    .map(|&x| if bf16 { to_bf16(x) } else { x })
+                    .collect()
+            };
+            let tolerance = if bf16 { BF16_TOLERANCE } else { 2e-5 };
+            let (kb, vb) = (round(&k), round(&v));
             let mut out = vec![7f32; (first_row + len) * qd];
             let mut scratch = FlashScratch::default();
             attend_chunk(
@@ -468,11 +624,15 @@ mod tests {
                 "{name}: wrote other rows"
             );
             for i in 0..len {
-                let want = reference(&q, &k, &v, &slots, shape, keys, first_row + i, start + i);
+                let want = reference(&q, &kb, &vb, &slots, shape, keys, first_row + i, start + i);
                 let got = &out[(first_row + i) * qd..(first_row + i + 1) * qd];
                 for (c, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    let error = (f64::from(g) - w).abs();
+                    if bf16 {
+                        worst_bf16 = worst_bf16.max(error);
+                    }
                     assert!(
-                        (f64::from(g) - w).abs() < 2e-5,
+                        error < tolerance,
                         "{name} start {start} len {len} row {i} col {c}: {g} vs {w}"
                     );
                 }
@@ -486,6 +646,7 @@ mod tests {
                 k16.iter().map(|x| x.to_f32()).collect(),
                 v16.iter().map(|x| x.to_f32()).collect(),
             );
+            let (kr, vr) = (round(&kr), round(&vr));
             let mut out16 = vec![0f32; (first_row + len) * qd];
             attend_chunk(
                 &q,
@@ -502,9 +663,27 @@ mod tests {
             let i = len - 1;
             let want = reference(&q, &kr, &vr, &slots, shape, keys, first_row + i, start + i);
             for (&g, &w) in out16[(first_row + i) * qd..].iter().zip(&want) {
-                assert!((f64::from(g) - w).abs() < 2e-5, "{name} f16: {g} vs {w}");
+                assert!(
+                    (f64::from(g) - w).abs() < tolerance,
+                    "{name} f16: {g} vs {w}"
+                );
             }
         }
+        worst_bf16
+    }
+
+    /// Largest difference allowed between a bf16 unit's output and the f64
+    /// reference on bf16 keys and values. Queries are rounded to 8
+    /// significant bits too, so each product of a score is off by up to
+    /// 2^-8 relative: with these tests' values (in [-2, 2], scores of a few
+    /// units) scores move by ~5e-3 and outputs by up to ~1e-2. Softmax
+    /// weights are rounded as well, but their sum is that of the rounded
+    /// weights. A packing or pairing mistake is off by tenths.
+    const BF16_TOLERANCE: f64 = 2e-2;
+
+    /// `x` rounded to bf16 (nearest, ties to even), as f32.
+    fn to_bf16(x: f32) -> f32 {
+        half::bf16::from_f32(x).to_f32()
     }
 
     #[test]
@@ -516,6 +695,7 @@ mod tests {
         };
         // Lengths around the block sizes (BK = 64 keys, BR = 32 rows), from
         // position 0 and after a cached prefix that ends mid-block.
+        let mut worst = 0f64;
         for (start, len) in [
             (0, 8),
             (0, 63),
@@ -525,23 +705,28 @@ mod tests {
             (37, 50),
             (100, 33),
         ] {
-            check(gqa, start, len, false);
+            worst = worst.max(check(gqa, start, len, false));
         }
-        check(gqa, 950, 50, true);
+        worst = worst.max(check(gqa, 950, 50, true));
         // One query head per KV head, and a head width that is not a multiple of 64.
         let mha = HeadShape {
             n_heads: 2,
             n_kv_heads: 2,
             head_dim: 48,
         };
-        check(mha, 5, 70, true);
+        worst = worst.max(check(mha, 5, 70, true));
         // Three query heads per KV head (the default model's grouping).
         let smol = HeadShape {
             n_heads: 9,
             n_kv_heads: 3,
             head_dim: 64,
         };
-        check(smol, 129, 40, true);
+        worst = worst.max(check(smol, 129, 40, true));
+        // Rounding shows: a bf16 unit that quietly ran in f32 would not.
+        if zinfer_kernels::flash_unit_bf16().is_some() {
+            assert!(worst > 1e-5, "bf16 error {worst}");
+            eprintln!("largest bf16 error: {worst:.2e}");
+        }
     }
 
     /// A row's output does not depend on how its sequence was chunked:
@@ -561,7 +746,23 @@ mod tests {
         let (k, v) = (random(n * kvd, 5, 2.0), random(n * kvd, 6, 2.0));
         let q = random(n * qd, 4, 2.0);
         let slots: Vec<u32> = (0..n as u32).rev().collect();
-        let unit = zinfer_kernels::flash_unit();
+        for unit in zinfer_kernels::flash_units() {
+            rows_are_independent_with(unit, shape, &q, &k, &v, &slots);
+        }
+    }
+
+    /// [`rows_are_independent_of_chunking`] for one build of the unit.
+    fn rows_are_independent_with(
+        unit: FlashUnit,
+        shape: HeadShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        slots: &[u32],
+    ) {
+        let qd = shape.n_heads * shape.head_dim;
+        let n = slots.len();
+        let name = unit.name;
         let mut scratch = FlashScratch::default();
         let mut run = |start: usize, len: usize| {
             let mut out = vec![0f32; n * qd];
@@ -573,9 +774,9 @@ mod tests {
             };
             let keys = all_keys(shape);
             attend_chunk(
-                &q,
-                &k,
-                &v,
+                q,
+                k,
+                v,
                 chunk,
                 shape,
                 keys,
@@ -588,8 +789,8 @@ mod tests {
         };
         let whole = run(0, n);
         let row = |out: &[f32], r: usize| out[r * qd..(r + 1) * qd].to_vec();
-        assert_eq!(row(&run(100, 50), n - 1), row(&whole, n - 1));
-        assert_eq!(row(&run(n - 1, 1), n - 1), row(&whole, n - 1));
+        assert_eq!(row(&run(100, 50), n - 1), row(&whole, n - 1), "{name}");
+        assert_eq!(row(&run(n - 1, 1), n - 1), row(&whole, n - 1), "{name}");
 
         let positions = [149, 0, 63, 64, 100, 65];
         let q_rows: Vec<f32> = positions
@@ -608,9 +809,9 @@ mod tests {
             .collect();
         let mut out = vec![0f32; positions.len() * qd];
         let keys = all_keys(shape);
-        attend_rows(&q_rows, &k, &v, &chunks, shape, keys, &mut out, true, unit);
+        attend_rows(&q_rows, k, v, &chunks, shape, keys, &mut out, true, unit);
         for (i, &p) in positions.iter().enumerate() {
-            assert_eq!(row(&out, i), row(&whole, p), "decode row at position {p}");
+            assert_eq!(row(&out, i), row(&whole, p), "{name}: decode row at {p}");
         }
     }
 
@@ -634,7 +835,7 @@ mod tests {
                     },
                 };
                 for (start, len) in [(0, 40), (0, 150), (70, 1), (130, 60), (200, 1)] {
-                    check_keys(shape, keys, start, len, start > 100);
+                    let _ = check_keys(shape, keys, start, len, start > 100);
                 }
             }
         }
@@ -659,38 +860,44 @@ mod tests {
         let (k, v) = (random(n * kvd, 8, 2.0), random(n * kvd, 9, 2.0));
         let q = random(n * qd, 7, 2.0);
         let slots: Vec<u32> = (0..n as u32).collect();
-        let unit = zinfer_kernels::flash_unit();
-        let mut scratch = FlashScratch::default();
-        let mut whole = vec![0f32; n * qd];
-        let chunk = ChunkRows {
-            first_row: 0,
-            len: n,
-            start_pos: 0,
-            slots: &slots,
-        };
-        attend_chunk(
-            &q,
-            &k,
-            &v,
-            chunk,
-            shape,
-            keys,
-            &mut whole,
-            &mut scratch,
-            false,
-            unit,
-        );
-        for p in [0, 69, 70, 130, 199] {
-            let rows = [ChunkRows {
+        for unit in zinfer_kernels::flash_units() {
+            let mut scratch = FlashScratch::default();
+            let mut whole = vec![0f32; n * qd];
+            let chunk = ChunkRows {
                 first_row: 0,
-                len: 1,
-                start_pos: p,
-                slots: &slots[..=p],
-            }];
-            let mut one = vec![0f32; qd];
-            let q_row = &q[p * qd..(p + 1) * qd];
-            attend_rows(q_row, &k, &v, &rows, shape, keys, &mut one, false, unit);
-            assert_eq!(one, whole[p * qd..(p + 1) * qd], "position {p}");
+                len: n,
+                start_pos: 0,
+                slots: &slots,
+            };
+            attend_chunk(
+                &q,
+                &k,
+                &v,
+                chunk,
+                shape,
+                keys,
+                &mut whole,
+                &mut scratch,
+                false,
+                unit,
+            );
+            for p in [0, 69, 70, 130, 199] {
+                let rows = [ChunkRows {
+                    first_row: 0,
+                    len: 1,
+                    start_pos: p,
+                    slots: &slots[..=p],
+                }];
+                let mut one = vec![0f32; qd];
+                let q_row = &q[p * qd..(p + 1) * qd];
+                attend_rows(q_row, &k, &v, &rows, shape, keys, &mut one, false, unit);
+                assert_eq!(
+                    one,
+                    whole[p * qd..(p + 1) * qd],
+                    "{}: position {p}",
+                    unit.name
+                );
+            }
         }
     }
 
@@ -713,7 +920,7 @@ mod tests {
         let q = random(n * qd, 10, 2.0);
         let slots: Vec<u32> = (0..n as u32).rev().collect();
         let keys = all_keys(shape);
-        for (_, unit) in zinfer_kernels::flash_units() {
+        for unit in zinfer_kernels::flash_units() {
             let mut whole = vec![0f32; n * qd];
             let chunk = ChunkRows {
                 first_row: 0,

@@ -16,7 +16,8 @@ use candle_transformers::models::{
 use zinfer_fetch::test_model_path;
 use zinfer_model::synthetic::{SynthShape, SynthSpec, generate, tiny_presets};
 use zinfer_model::{
-    ChunkOutput, ForwardModel, LoadOptions, LoadedModel, SeqChunk, load, load_candle,
+    AttentionDtype, ChunkOutput, ForwardModel, LoadOptions, LoadedModel, SeqChunk, load,
+    load_candle,
 };
 
 mod support;
@@ -69,6 +70,7 @@ fn options() -> LoadOptions {
     LoadOptions {
         kv_capacity: 1024,
         threads: Some(2),
+        attention: AttentionDtype::F32,
         ..LoadOptions::default()
     }
 }

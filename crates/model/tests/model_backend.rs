@@ -14,7 +14,8 @@ use candle_core::quantized::GgmlDType;
 use zinfer_fetch::test_model_path;
 use zinfer_model::device::{Device, test_device};
 use zinfer_model::{
-    ChunkOutput, LoadOptions, LoadedModel, SeqChunk, candle_device, load, load_candle,
+    AttentionDtype, ChunkOutput, LoadOptions, LoadedModel, SeqChunk, candle_device, load,
+    load_candle,
 };
 
 mod support;
@@ -48,6 +49,7 @@ fn load_backend_from(path: &Path, kv_capacity: usize) -> LoadedModel {
     let device: Device = test_device().parse().unwrap();
     let options = LoadOptions {
         kv_capacity,
+        attention: AttentionDtype::F32,
         ..LoadOptions::default()
     };
     load_candle(path, &options, &candle_device(device).unwrap()).unwrap()
@@ -79,6 +81,7 @@ fn logits_agree_with_quantized_llama_and_the_cpu_kernels() {
         &path,
         &LoadOptions {
             kv_capacity: 256,
+            attention: AttentionDtype::F32,
             ..LoadOptions::default()
         },
     )
@@ -229,6 +232,7 @@ fn every_row_of_a_chunk_matches_one_position_per_step() {
         &f32_copy,
         &LoadOptions {
             kv_capacity: 64,
+            attention: AttentionDtype::F32,
             ..LoadOptions::default()
         },
     )

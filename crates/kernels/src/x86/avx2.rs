@@ -9,7 +9,7 @@ pub(crate) use tiles::matmul_tiles;
 
 use super::{Dot, KBlock, Q4KBlock, Q5KBlock, Q6KBlock, f16_to_f32, tile_any};
 use crate::attention::{KvElem, RowJob};
-use crate::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
+use crate::blocked::{BK, F32Block, Micro, Packed, UnitBuf, UnitJob, unit_impl};
 use crate::format::{QK, QK_K, QKind, RowTile, TileOut};
 use crate::scalar;
 
@@ -284,11 +284,24 @@ pub(crate) fn flash_unit(job: &UnitJob<'_>, buf: &mut UnitBuf) {
 pub(crate) struct Avx2Micro;
 
 impl Micro for Avx2Micro {
+    type Block<'a> = F32Block<'a>;
+
+    #[inline(always)]
+    fn block<'a>(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> F32Block<'a> {
+        F32Block::of(packed, b, keys, d)
+    }
+
     /// 32 keys (4 vectors) per pass, `R` query vectors broadcast one column at a time.
     #[inline(always)]
     // Indexes spell out which register each FMA reads and writes.
     #[allow(clippy::needless_range_loop)]
-    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]) {
+    unsafe fn qk<const R: usize>(
+        q: &[f32],
+        d: usize,
+        block: &F32Block<'_>,
+        s: &mut [[f32; BK]; R],
+    ) {
+        let kt = block.kt;
         const KV: usize = 4;
         assert!(q.len() >= R * d && kt.len() >= d * BK && BK.is_multiple_of(8 * KV));
         // SAFETY: loads stay within kt[..d * BK] and q[..R * d] (asserted),
@@ -322,11 +335,12 @@ impl Micro for Avx2Micro {
     #[inline(always)]
     unsafe fn pv<const R: usize>(
         p: &[[f32; BK]; R],
-        v: &[&[f32]; BK],
+        block: &F32Block<'_>,
         d: usize,
         n: usize,
         acc: &mut [f32],
     ) {
+        let v = &block.v;
         // SAFETY: forwarded from the caller.
         unsafe {
             if d.is_multiple_of(32) {

@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use super::{Dot, tile_any};
 use crate::attention::{KvElem, RowJob};
-use crate::blocked::{BK, Micro, UnitBuf, UnitJob, unit_impl};
+use crate::blocked::{BK, F32Block, Micro, Packed, UnitBuf, UnitJob, unit_impl};
 use crate::format::{QK, QK_K, QKind, RowTile, TileOut};
 use crate::scalar;
 use crate::tiled::{TiledMatmul, Tiling};
@@ -260,12 +260,25 @@ pub(crate) fn flash_unit(job: &UnitJob<'_>, buf: &mut UnitBuf) {
 struct Avx512Micro;
 
 impl Micro for Avx512Micro {
+    type Block<'a> = F32Block<'a>;
+
+    #[inline(always)]
+    fn block<'a>(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> F32Block<'a> {
+        F32Block::of(packed, b, keys, d)
+    }
+
     /// All 64 keys of a block (4 vectors) per pass, `R` query vectors
     /// broadcast one column at a time.
     #[inline(always)]
     // Indexes spell out which register each FMA reads and writes.
     #[allow(clippy::needless_range_loop)]
-    unsafe fn qk<const R: usize>(q: &[f32], d: usize, kt: &[f32], s: &mut [[f32; BK]; R]) {
+    unsafe fn qk<const R: usize>(
+        q: &[f32],
+        d: usize,
+        block: &F32Block<'_>,
+        s: &mut [[f32; BK]; R],
+    ) {
+        let kt = block.kt;
         const KV: usize = BK / 16;
         assert!(q.len() >= R * d && kt.len() >= d * BK && BK == 16 * KV);
         // SAFETY: loads stay within kt[..d * BK] and q[..R * d] (asserted),
@@ -297,11 +310,12 @@ impl Micro for Avx512Micro {
     #[inline(always)]
     unsafe fn pv<const R: usize>(
         p: &[[f32; BK]; R],
-        v: &[&[f32]; BK],
+        block: &F32Block<'_>,
         d: usize,
         n: usize,
         acc: &mut [f32],
     ) {
+        let v = &block.v;
         // SAFETY: forwarded from the caller, whose AVX-512 implies AVX2.
         unsafe {
             if d.is_multiple_of(64) {
@@ -309,7 +323,7 @@ impl Micro for Avx512Micro {
             } else if d.is_multiple_of(16) {
                 pv_cols::<R, 1>(p, v, d, n, acc);
             } else {
-                <super::avx2::Avx2Micro as Micro>::pv::<R>(p, v, d, n, acc);
+                <super::avx2::Avx2Micro as Micro>::pv::<R>(p, block, d, n, acc);
             }
         }
     }

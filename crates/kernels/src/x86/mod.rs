@@ -8,6 +8,7 @@ use crate::format::{Q8Acts, QK, QKind, RowTile, TileOut};
 
 pub(super) mod avx2;
 pub(super) mod avx512;
+pub(super) mod avx512bf16;
 
 /// `sum_j w[j] * a[j]` in eight i32 lanes, `w` unsigned bytes, `a` signed.
 pub(super) trait Dot {
