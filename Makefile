@@ -16,6 +16,9 @@ build: setup
 # missing); the synthetic checkpoint tests need the model crate's `synthetic` feature.
 test: setup-tests
 	cargo test --workspace --features zinfer-model/synthetic
+	# The kernels again as a CPU without AVX-512, and without AVX2, dispatches them.
+	ZINFER_CPU_LEVEL=avx2 cargo test -p zinfer-kernels
+	ZINFER_CPU_LEVEL=scalar cargo test -p zinfer-kernels
 
 # Serves the default model: router on tcp://127.0.0.1:5555, one CPU worker.
 serve: build

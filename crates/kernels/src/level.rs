@@ -13,29 +13,41 @@ pub(crate) enum Level {
     Avx512Vnni,
 }
 
-/// The level of this CPU.
+/// The level of this CPU, or a lower one named by `ZINFER_CPU_LEVEL`
+/// (`scalar`, `avx2`, `avx512`), so one machine can time and test the
+/// builds of lower levels; a name above the CPU's level changes nothing.
 pub(crate) fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            let avx2 = is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-                && is_x86_feature_detected!("f16c");
-            // Every feature a `target_feature` of the AVX-512 builds enables.
-            let avx512 = is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx512bw")
-                && is_x86_feature_detected!("avx512vl")
-                && is_x86_feature_detected!("avx512vnni");
-            if avx2 && avx512 {
-                return Level::Avx512Vnni;
-            }
-            if avx2 {
-                return Level::Avx2;
-            }
+        let detected = detected();
+        match std::env::var("ZINFER_CPU_LEVEL").as_deref() {
+            Ok("scalar") => Level::Scalar,
+            Ok("avx2") if detected != Level::Scalar => Level::Avx2,
+            _ => detected,
         }
-        Level::Scalar
     })
+}
+
+/// The widest level this CPU has.
+fn detected() -> Level {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
+        // Every feature a `target_feature` of the AVX-512 builds enables.
+        let avx512 = is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni");
+        if avx2 && avx512 {
+            return Level::Avx512Vnni;
+        }
+        if avx2 {
+            return Level::Avx2;
+        }
+    }
+    Level::Scalar
 }
 
 /// Whether this CPU has AVX512_BF16 besides [`Level::Avx512Vnni`]: the

@@ -512,8 +512,8 @@ fn phi3_long_context_factors_round_trip() {
     assert_sane(&m.forward(&[1, 2, 3], 0), summary.vocab, "phi3-long");
 }
 
-/// llama.cpp's Q4_K_M counts Phi-3's fused QKV as an `attn_v`: Q6_K in the
-/// layers `use_more_bits` picks.
+/// llama.cpp's Q4_K_M and Q5_K_M count Phi-3's fused QKV as an `attn_v`:
+/// Q6_K in the layers `use_more_bits` picks.
 #[test]
 fn q4_k_m_treats_phi3_fused_qkv_as_attn_v() {
     let dir = tempfile::tempdir().unwrap();
@@ -545,4 +545,19 @@ fn q4_k_m_treats_phi3_fused_qkv_as_attn_v() {
     }
     assert_eq!(dtype("output.weight"), GgmlDType::Q6K);
     assert!(matches!("q4_k_m".parse().unwrap(), Quant::Q4KM));
+
+    // Q5_K_M: the same layers get Q6_K, the rest Q5_K.
+    let (_, _, ct) = write_and_read(dir.path(), &shape, "q5_k_m");
+    let dtype = |name: &str| ct.tensor_infos[name].ggml_dtype;
+    for i in 0..8 {
+        let want = if use_more_bits(i, 8) {
+            GgmlDType::Q6K
+        } else {
+            GgmlDType::Q5K
+        };
+        let qkv = format!("blk.{i}.attn_qkv.weight");
+        assert_eq!(dtype(&qkv), want, "layer {i}");
+        assert_eq!(dtype(&format!("blk.{i}.ffn_up.weight")), GgmlDType::Q5K);
+    }
+    assert_eq!(dtype("output.weight"), GgmlDType::Q6K);
 }

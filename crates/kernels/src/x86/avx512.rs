@@ -39,6 +39,8 @@ pub(crate) unsafe fn attend_row<T: KvElem>(
 const ACT_TILE: usize = 4;
 /// Activation rows per pass over a K-quant weight tile, where there are as many.
 const K_ACT_TILE: usize = 8;
+/// Activation rows of a K-quant tile pass that reads each super-block once for two groups.
+const TWO_K_ACT_TILES: usize = 2 * K_ACT_TILE;
 
 /// `out[i, 16t..16t+16]` for every activation row `i < m` and tile `t` in `tiles`.
 ///
@@ -52,8 +54,15 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
         let mut i0 = 0;
         while i0 < job.m {
             let left = job.m - i0;
-            // K-quant tiles unpack more per weight byte: shared by 8 rows.
-            let mt = if job.kind.block_values() == QK_K && left >= K_ACT_TILE {
+            // K-quant tiles unpack more per weight byte: shared by 8 rows,
+            // and (Q4_K, Q5_K) each super-block by two groups of 8 where
+            // there are 16.
+            let kquant = job.kind.block_values() == QK_K;
+            // (Q6_K's two groups measured slower: its quants take more registers.)
+            let two_groups = matches!(job.kind, QKind::Q4K | QKind::Q5K);
+            let mt = if two_groups && left >= TWO_K_ACT_TILES {
+                TWO_K_ACT_TILES
+            } else if kquant && left >= K_ACT_TILE {
                 K_ACT_TILE
             } else {
                 ACT_TILE.min(left)
@@ -73,27 +82,33 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
                     (QKind::Q8_0, 2) => tiles::tile_q8_0::<2>(job, i0, t),
                     (QKind::Q8_0, 3) => tiles::tile_q8_0::<3>(job, i0, t),
                     (QKind::Q8_0, _) => tiles::tile_q8_0::<4>(job, i0, t),
-                    (QKind::Q4K, 1) => ktiles::tile_k::<ktiles::Q4K, 1>(job, i0, t),
-                    (QKind::Q4K, 2) => ktiles::tile_k::<ktiles::Q4K, 2>(job, i0, t),
-                    (QKind::Q4K, 3) => ktiles::tile_k::<ktiles::Q4K, 3>(job, i0, t),
+                    (QKind::Q4K, 1) => ktiles::tile_k::<ktiles::Q4K, 1, 1>(job, i0, t),
+                    (QKind::Q4K, 2) => ktiles::tile_k::<ktiles::Q4K, 2, 1>(job, i0, t),
+                    (QKind::Q4K, 3) => ktiles::tile_k::<ktiles::Q4K, 3, 1>(job, i0, t),
+                    (QKind::Q4K, TWO_K_ACT_TILES) => {
+                        ktiles::tile_k::<ktiles::Q4K, K_ACT_TILE, 2>(job, i0, t)
+                    }
                     (QKind::Q4K, K_ACT_TILE) => {
-                        ktiles::tile_k::<ktiles::Q4K, K_ACT_TILE>(job, i0, t)
+                        ktiles::tile_k::<ktiles::Q4K, K_ACT_TILE, 1>(job, i0, t)
                     }
-                    (QKind::Q4K, _) => ktiles::tile_k::<ktiles::Q4K, 4>(job, i0, t),
-                    (QKind::Q5K, 1) => ktiles::tile_k::<ktiles::Q5K, 1>(job, i0, t),
-                    (QKind::Q5K, 2) => ktiles::tile_k::<ktiles::Q5K, 2>(job, i0, t),
-                    (QKind::Q5K, 3) => ktiles::tile_k::<ktiles::Q5K, 3>(job, i0, t),
+                    (QKind::Q4K, _) => ktiles::tile_k::<ktiles::Q4K, 4, 1>(job, i0, t),
+                    (QKind::Q5K, 1) => ktiles::tile_k::<ktiles::Q5K, 1, 1>(job, i0, t),
+                    (QKind::Q5K, 2) => ktiles::tile_k::<ktiles::Q5K, 2, 1>(job, i0, t),
+                    (QKind::Q5K, 3) => ktiles::tile_k::<ktiles::Q5K, 3, 1>(job, i0, t),
+                    (QKind::Q5K, TWO_K_ACT_TILES) => {
+                        ktiles::tile_k::<ktiles::Q5K, K_ACT_TILE, 2>(job, i0, t)
+                    }
                     (QKind::Q5K, K_ACT_TILE) => {
-                        ktiles::tile_k::<ktiles::Q5K, K_ACT_TILE>(job, i0, t)
+                        ktiles::tile_k::<ktiles::Q5K, K_ACT_TILE, 1>(job, i0, t)
                     }
-                    (QKind::Q5K, _) => ktiles::tile_k::<ktiles::Q5K, 4>(job, i0, t),
-                    (QKind::Q6K, 1) => ktiles::tile_k::<ktiles::Q6K, 1>(job, i0, t),
-                    (QKind::Q6K, 2) => ktiles::tile_k::<ktiles::Q6K, 2>(job, i0, t),
-                    (QKind::Q6K, 3) => ktiles::tile_k::<ktiles::Q6K, 3>(job, i0, t),
+                    (QKind::Q5K, _) => ktiles::tile_k::<ktiles::Q5K, 4, 1>(job, i0, t),
+                    (QKind::Q6K, 1) => ktiles::tile_k::<ktiles::Q6K, 1, 1>(job, i0, t),
+                    (QKind::Q6K, 2) => ktiles::tile_k::<ktiles::Q6K, 2, 1>(job, i0, t),
+                    (QKind::Q6K, 3) => ktiles::tile_k::<ktiles::Q6K, 3, 1>(job, i0, t),
                     (QKind::Q6K, K_ACT_TILE) => {
-                        ktiles::tile_k::<ktiles::Q6K, K_ACT_TILE>(job, i0, t)
+                        ktiles::tile_k::<ktiles::Q6K, K_ACT_TILE, 1>(job, i0, t)
                     }
-                    (QKind::Q6K, _) => ktiles::tile_k::<ktiles::Q6K, 4>(job, i0, t),
+                    (QKind::Q6K, _) => ktiles::tile_k::<ktiles::Q6K, 4, 1>(job, i0, t),
                 }
             }
             i0 += mt;
@@ -106,7 +121,7 @@ mod ktiles;
 mod tiles {
     use std::arch::x86_64::*;
 
-    use super::ktiles::high_bits;
+    use super::ktiles::with_high_bits;
     use super::{QK, TiledMatmul};
 
     /// Rows per tile.
@@ -187,8 +202,8 @@ mod tiles {
                     let mut hi = _mm512_and_si512(_mm512_srli_epi16::<4>(raw), low);
                     if FIFTH {
                         let top = base.add(64 + 4 * 64);
-                        lo = _mm512_or_si512(lo, high_bits(top, 2 * g, 1));
-                        hi = _mm512_or_si512(hi, high_bits(top, 2 * g + 1, 1));
+                        lo = with_high_bits(lo, top, 2 * g, 1);
+                        hi = with_high_bits(hi, top, 2 * g + 1, 1);
                     }
                     for (j, acc) in iacc.iter_mut().enumerate() {
                         let ap = job

@@ -62,6 +62,7 @@ pub fn tiny_presets() -> impl Iterator<Item = &'static str> {
 /// Names [`Quant`] parses from (`"q4_k_m".parse()`).
 pub const QUANTS: &[&str] = &[
     "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m",
+    "q5_k_m",
 ];
 
 /// Standard deviation of the random weights: that of a freshly initialised

@@ -510,6 +510,8 @@ pub enum Quant {
     /// llama.cpp's Q4_K_M mix: Q4_K, with Q6_K for the output matrix and for
     /// `attn_v` / `ffn_down` of the layers `use_more_bits` picks.
     Q4KM,
+    /// llama.cpp's Q5_K_M mix: Q5_K, with Q6_K where Q4_K_M has it.
+    Q5KM,
 }
 
 impl FromStr for Quant {
@@ -529,6 +531,7 @@ impl FromStr for Quant {
             "q5_k" => GgmlDType::Q5K,
             "q6_k" => GgmlDType::Q6K,
             "q4_k_m" => return Ok(Self::Q4KM),
+            "q5_k_m" => return Ok(Self::Q5KM),
             _ => return Err(SynthError::UnknownQuant(s.to_string())),
         };
         Ok(Self::Pure(t))
@@ -541,6 +544,7 @@ impl Quant {
     pub fn file_type(self) -> u32 {
         match self {
             Self::Q4KM => 15,
+            Self::Q5KM => 17,
             Self::Pure(t) => match t {
                 GgmlDType::F16 => 1,
                 GgmlDType::Q4_0 => 2,
@@ -561,9 +565,10 @@ impl Quant {
     fn matrix_type(self, role: Role, layer: usize, n_layers: usize) -> GgmlDType {
         match self {
             Self::Pure(t) => t,
-            Self::Q4KM => match role {
+            Self::Q4KM | Self::Q5KM => match role {
                 Role::Output => GgmlDType::Q6K,
                 Role::AttnV | Role::FfnDown if use_more_bits(layer, n_layers) => GgmlDType::Q6K,
+                _ if self == Self::Q5KM => GgmlDType::Q5K,
                 _ => GgmlDType::Q4K,
             },
         }
