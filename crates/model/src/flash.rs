@@ -13,9 +13,12 @@
 //! Values need no transpose: from an f32 pool the unit reads them in place
 //! through the slot list ([`Values::Pool`]), so a decode step copies only
 //! its keys; an f16 pool's values are packed (converted) with the keys.
+//! A bf16 unit (CPUs with AVX512_BF16) reads keys and values packed as
+//! bf16 pairs instead ([`Packed::Bf16`]), both per block.
 //!
 //! This module packs and schedules; the unit's loops are in
-//! [`super::kernels`] (AVX2 where the CPU has it, plain Rust otherwise).
+//! `zinfer_kernels` (AVX-512, bf16 or AVX2 where the CPU has them, plain
+//! Rust otherwise).
 
 use std::cell::RefCell;
 use std::sync::Mutex;
