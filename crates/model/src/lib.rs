@@ -330,7 +330,7 @@ pub enum ModelError {
     InvalidBatch(String),
     /// `--attention-dtype bf16` on a CPU without AVX512_BF16.
     #[error(
-        "bf16 attention needs a CPU with AVX512_BF16, which this one lacks: use --attention-dtype auto or f32"
+        "bf16 attention needs a CPU with AVX512_BF16 (and AVX-512 VNNI), which this one lacks or ZINFER_CPU_LEVEL hides: use --attention-dtype auto or f32"
     )]
     NoBf16Attention,
     /// Reading or writing K/V for a cache transfer failed: bad slots, data
