@@ -88,11 +88,16 @@ pub(crate) struct F32Block<'a> {
     pub(crate) v: [&'a [f32]; BK],
 }
 
-impl<'a> F32Block<'a> {
-    /// Block `b` of `packed`, which must be [`Packed::F32`], with `keys`
-    /// keys at most that hold values.
+/// A block of keys and values as one build's loops read it.
+pub(crate) trait BlockOf<'a> {
+    /// Block `b` of `packed`, whose keys from `b * BK` on number `keys`
+    /// (values past them are never read). Panics on the other packing.
+    fn of(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> Self;
+}
+
+impl<'a> BlockOf<'a> for F32Block<'a> {
     #[inline(always)]
-    pub(crate) fn of(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> Self {
+    fn of(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> Self {
         let Packed::F32 { kt, v } = *packed else {
             panic!("an f32 unit was handed bf16 blocks");
         };
@@ -186,11 +191,7 @@ pub type UnitFn = fn(&UnitJob<'_>, &mut UnitBuf);
 /// block, and their weighted sum of the block's values.
 pub(crate) trait Micro {
     /// One block of keys and values as the loops read it.
-    type Block<'a>;
-
-    /// Block `b` of `packed`, whose keys from `b * BK` on number `keys`
-    /// (values past them are never read).
-    fn block<'a>(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> Self::Block<'a>;
+    type Block<'a>: BlockOf<'a>;
 
     /// `s[r][j] = q[r] . k_j` for the `BK` keys of a block.
     ///
@@ -232,7 +233,7 @@ pub(crate) trait Micro {
 /// # Safety
 /// The CPU must have the instructions `M` uses.
 #[inline(always)]
-pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf: &mut UnitBuf) {
+pub(crate) unsafe fn unit_impl<'a, M: Micro, const R: usize>(job: &UnitJob<'a>, buf: &mut UnitBuf) {
     let d = job.shape.head_dim;
     let group = job.shape.n_heads / job.shape.n_kv_heads;
     let nq = job.rows * group;
@@ -257,7 +258,7 @@ pub(crate) unsafe fn unit_impl<M: Micro, const R: usize>(job: &UnitJob<'_>, buf:
     let mut p = [[0f32; BK]; R];
     for b in 0..blocks {
         let first_key = job.first_key + b * BK;
-        let block = M::block(&job.packed, b, last_pos + 1 - first_key, d);
+        let block = M::Block::<'a>::of(&job.packed, b, last_pos + 1 - first_key, d);
         let mut i = 0;
         while i < nq {
             let take = R.min(nq - i);

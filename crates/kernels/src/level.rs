@@ -63,3 +63,32 @@ pub(crate) fn has_avx512_bf16() -> bool {
         false
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::dispatch::{flash_unit_bf16, flash_units};
+
+    /// `make test` runs this under `ZINFER_CPU_LEVEL=avx2` and `scalar`
+    /// too: a cap must hide every wider build, and no cap hide none.
+    #[test]
+    fn the_level_cap_hides_the_wider_builds() {
+        let names: Vec<&str> = flash_units().iter().map(|u| u.name).collect();
+        match std::env::var("ZINFER_CPU_LEVEL").as_deref() {
+            Ok("scalar") => assert_eq!(names, ["portable"]),
+            Ok("avx2") => {
+                assert!(!names.iter().any(|n| n.starts_with("avx512")), "{names:?}");
+                assert!(flash_unit_bf16().is_none());
+            }
+            _ => {
+                #[cfg(target_arch = "x86_64")]
+                if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512bw") {
+                    assert!(names.contains(&"avx512"), "{names:?}");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                    assert!(names.contains(&"avx2"), "{names:?}");
+                }
+            }
+        }
+    }
+}

@@ -3,7 +3,7 @@
 //! (the compiler vectorizes the straight loops there).
 
 use crate::attention::{KvElem, RowJob};
-use crate::blocked::{BK, F32Block, Micro, Packed, UnitBuf, UnitJob, unit_impl};
+use crate::blocked::{BK, F32Block, Micro, UnitBuf, UnitJob, unit_impl};
 use crate::fast_exp::exp_nonpositive;
 use crate::format::{ACT_TILE, Q8Acts, QK, QK_K, QKind, RowTile, TileOut};
 
@@ -460,11 +460,6 @@ pub(crate) struct Portable;
 
 impl Micro for Portable {
     type Block<'a> = F32Block<'a>;
-
-    #[inline(always)]
-    fn block<'a>(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> F32Block<'a> {
-        F32Block::of(packed, b, keys, d)
-    }
 
     #[inline(always)]
     unsafe fn qk<const R: usize>(

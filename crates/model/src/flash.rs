@@ -863,45 +863,16 @@ mod tests {
         let (k, v) = (random(n * kvd, 8, 2.0), random(n * kvd, 9, 2.0));
         let q = random(n * qd, 7, 2.0);
         let slots: Vec<u32> = (0..n as u32).collect();
-        for unit in zinfer_kernels::flash_units() {
-            let mut scratch = FlashScratch::default();
-            let mut whole = vec![0f32; n * qd];
-            let chunk = ChunkRows {
-                first_row: 0,
-                len: n,
-                start_pos: 0,
-                slots: &slots,
-            };
-            attend_chunk(
-                &q,
-                &k,
-                &v,
-                chunk,
-                shape,
-                keys,
-                &mut whole,
-                &mut scratch,
-                false,
-                unit,
-            );
-            for p in [0, 69, 70, 130, 199] {
-                let rows = [ChunkRows {
-                    first_row: 0,
-                    len: 1,
-                    start_pos: p,
-                    slots: &slots[..=p],
-                }];
-                let mut one = vec![0f32; qd];
-                let q_row = &q[p * qd..(p + 1) * qd];
-                attend_rows(q_row, &k, &v, &rows, shape, keys, &mut one, false, unit);
-                assert_eq!(
-                    one,
-                    whole[p * qd..(p + 1) * qd],
-                    "{}: position {p}",
-                    unit.name
-                );
-            }
-        }
+        decode_rows_match_whole_chunk(
+            &q,
+            &k,
+            &v,
+            &slots,
+            shape,
+            keys,
+            &[0, 69, 70, 130, 199],
+            false,
+        );
     }
 
     /// An f16 pool (values packed, not read in place): a decode row on
@@ -923,28 +894,47 @@ mod tests {
         let q = random(n * qd, 10, 2.0);
         let slots: Vec<u32> = (0..n as u32).rev().collect();
         let keys = all_keys(shape);
+        decode_rows_match_whole_chunk(&q, &k, &v, &slots, shape, keys, &[0, 63, 64, 139], true);
+    }
+
+    /// With every build of the unit: the rows at `positions` attended
+    /// alone on [`attend_rows`] get the bits they get in one chunk of all
+    /// `slots` (attended in parallel or not).
+    #[allow(clippy::too_many_arguments)]
+    fn decode_rows_match_whole_chunk<T: KvElem>(
+        q: &[f32],
+        k: &[T],
+        v: &[T],
+        slots: &[u32],
+        shape: HeadShape,
+        keys: Keys,
+        positions: &[usize],
+        parallel: bool,
+    ) {
+        let qd = shape.n_heads * shape.head_dim;
+        let n = slots.len();
         for unit in zinfer_kernels::flash_units() {
             let mut whole = vec![0f32; n * qd];
             let chunk = ChunkRows {
                 first_row: 0,
                 len: n,
                 start_pos: 0,
-                slots: &slots,
+                slots,
             };
             let mut scratch = FlashScratch::default();
             attend_chunk(
-                &q,
-                &k,
-                &v,
+                q,
+                k,
+                v,
                 chunk,
                 shape,
                 keys,
                 &mut whole,
                 &mut scratch,
-                true,
+                parallel,
                 unit,
             );
-            for p in [0, 63, 64, 139] {
+            for &p in positions {
                 let rows = [ChunkRows {
                     first_row: 0,
                     len: 1,
@@ -953,8 +943,9 @@ mod tests {
                 }];
                 let mut one = vec![0f32; qd];
                 let q_row = &q[p * qd..(p + 1) * qd];
-                attend_rows(q_row, &k, &v, &rows, shape, keys, &mut one, false, unit);
-                assert_eq!(one, whole[p * qd..(p + 1) * qd], "position {p}");
+                attend_rows(q_row, k, v, &rows, shape, keys, &mut one, false, unit);
+                let want = &whole[p * qd..(p + 1) * qd];
+                assert_eq!(one, want, "{}: position {p}", unit.name);
             }
         }
     }

@@ -125,21 +125,25 @@ fn an_f16_kv_pool_gives_nearly_the_logits_of_f32() {
         logits(&f16_weights, KvDtype::F16),
     );
     let _ = std::fs::remove_file(&f16_weights);
-    let diff = max_abs_diff(&a, &b);
-    eprintln!("float weights: max |f16 KV - f32 KV| = {diff}");
-    assert!(diff < 0.05, "float weights: max |f16 KV - f32 KV| = {diff}");
-    assert_eq!(argmax(&a), argmax(&b));
-
+    assert_nearly_same(&a, &b, 0.05, "float weights: max |f16 KV - f32 KV|");
     let (a, b) = (logits(&path, KvDtype::F32), logits(&path, KvDtype::F16));
-    let diff = max_abs_diff(&a, &b);
-    eprintln!("Q4_1: max |f16 KV - f32 KV| = {diff}");
-    assert!(diff < QUANT_TOL, "Q4_1: max |f16 KV - f32 KV| = {diff}");
-    assert_eq!(argmax(&a), argmax(&b));
-    let (ta, tb) = (top_k(&a, 5), top_k(&b, 5));
+    assert_nearly_same(&a, &b, QUANT_TOL, "Q4_1: max |f16 KV - f32 KV|");
+}
+
+/// Asserts that two logit rows differ by less than `tolerance` and agree
+/// on the top token and on at least 4 of the top 5; returns the largest
+/// difference.
+fn assert_nearly_same(a: &[f32], b: &[f32], tolerance: f32, what: &str) -> f32 {
+    let diff = max_abs_diff(a, b);
+    eprintln!("{what} = {diff}");
+    assert!(diff < tolerance, "{what} = {diff}");
+    assert_eq!(argmax(a), argmax(b), "{what}: top token");
+    let (ta, tb) = (top_k(a, 5), top_k(b, 5));
     assert!(
         ta.iter().filter(|i| tb.contains(i)).count() >= 4,
-        "top-5 {ta:?} vs {tb:?}"
+        "{what}: top-5 {ta:?} vs {tb:?}"
     );
+    diff
 }
 
 /// bf16 attention (where the CPU has AVX512_BF16) rounds queries, keys,
@@ -177,31 +181,14 @@ fn bf16_attention_gives_nearly_the_logits_of_f32() {
         logits(&f32_weights, AttentionDtype::Bf16),
     );
     let _ = std::fs::remove_file(&f32_weights);
-    let diff = max_abs_diff(&a, &b);
-    eprintln!("float weights: max |bf16 - f32 attention| = {diff}");
+    let what = "float weights: max |bf16 - f32 attention|";
+    let diff = assert_nearly_same(&a, &b, 0.15, what);
     assert!(diff > 0.0, "bf16 attention changed nothing");
-    assert!(
-        diff < 0.3,
-        "float weights: max |bf16 - f32 attention| = {diff}"
-    );
-    assert_eq!(argmax(&a), argmax(&b));
-    let (ta, tb) = (top_k(&a, 5), top_k(&b, 5));
-    assert!(
-        ta.iter().filter(|i| tb.contains(i)).count() >= 4,
-        "top-5 {ta:?} vs {tb:?}"
-    );
-
     let (a, b) = (
         logits(&path, AttentionDtype::F32),
         logits(&path, AttentionDtype::Bf16),
     );
-    let diff = max_abs_diff(&a, &b);
-    eprintln!("Q4_1: max |bf16 - f32 attention| = {diff}");
-    assert!(
-        diff < QUANT_TOL,
-        "Q4_1: max |bf16 - f32 attention| = {diff}"
-    );
-    assert_eq!(argmax(&a), argmax(&b));
+    assert_nearly_same(&a, &b, QUANT_TOL, "Q4_1: max |bf16 - f32 attention|");
 }
 
 #[test]

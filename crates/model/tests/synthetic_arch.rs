@@ -528,36 +528,22 @@ fn q4_k_m_treats_phi3_fused_qkv_as_attn_v() {
         vocab_from_tokenizer: false,
         ..SynthShape::preset("phi3-tiny").unwrap()
     };
-    let (_, _, ct) = write_and_read(dir.path(), &shape, "q4_k_m");
-    let dtype = |name: &str| ct.tensor_infos[name].ggml_dtype;
-    for i in 0..8 {
-        let want = if use_more_bits(i, 8) {
-            GgmlDType::Q6K
-        } else {
-            GgmlDType::Q4K
-        };
-        assert_eq!(
-            dtype(&format!("blk.{i}.attn_qkv.weight")),
-            want,
-            "layer {i}"
-        );
-        assert_eq!(dtype(&format!("blk.{i}.ffn_up.weight")), GgmlDType::Q4K);
+    // Q5_K_M gives the same layers Q6_K, the rest Q5_K.
+    for (quant, base) in [("q4_k_m", GgmlDType::Q4K), ("q5_k_m", GgmlDType::Q5K)] {
+        let (_, _, ct) = write_and_read(dir.path(), &shape, quant);
+        let dtype = |name: &str| ct.tensor_infos[name].ggml_dtype;
+        for i in 0..8 {
+            let want = if use_more_bits(i, 8) {
+                GgmlDType::Q6K
+            } else {
+                base
+            };
+            let qkv = format!("blk.{i}.attn_qkv.weight");
+            assert_eq!(dtype(&qkv), want, "{quant} layer {i}");
+            assert_eq!(dtype(&format!("blk.{i}.ffn_up.weight")), base, "{quant}");
+        }
+        assert_eq!(dtype("output.weight"), GgmlDType::Q6K, "{quant}");
     }
-    assert_eq!(dtype("output.weight"), GgmlDType::Q6K);
     assert!(matches!("q4_k_m".parse().unwrap(), Quant::Q4KM));
-
-    // Q5_K_M: the same layers get Q6_K, the rest Q5_K.
-    let (_, _, ct) = write_and_read(dir.path(), &shape, "q5_k_m");
-    let dtype = |name: &str| ct.tensor_infos[name].ggml_dtype;
-    for i in 0..8 {
-        let want = if use_more_bits(i, 8) {
-            GgmlDType::Q6K
-        } else {
-            GgmlDType::Q5K
-        };
-        let qkv = format!("blk.{i}.attn_qkv.weight");
-        assert_eq!(dtype(&qkv), want, "layer {i}");
-        assert_eq!(dtype(&format!("blk.{i}.ffn_up.weight")), GgmlDType::Q5K);
-    }
-    assert_eq!(dtype("output.weight"), GgmlDType::Q6K);
+    assert!(matches!("q5_k_m".parse().unwrap(), Quant::Q5KM));
 }

@@ -9,7 +9,7 @@ pub(crate) use tiles::matmul_tiles;
 
 use super::{Dot, KBlock, Q4KBlock, Q5KBlock, Q6KBlock, f16_to_f32, tile_any};
 use crate::attention::{KvElem, RowJob};
-use crate::blocked::{BK, F32Block, Micro, Packed, UnitBuf, UnitJob, unit_impl};
+use crate::blocked::{BK, F32Block, Micro, UnitBuf, UnitJob, unit_impl};
 use crate::format::{QK, QK_K, QKind, RowTile, TileOut};
 use crate::scalar;
 
@@ -285,11 +285,6 @@ pub(crate) struct Avx2Micro;
 
 impl Micro for Avx2Micro {
     type Block<'a> = F32Block<'a>;
-
-    #[inline(always)]
-    fn block<'a>(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> F32Block<'a> {
-        F32Block::of(packed, b, keys, d)
-    }
 
     /// 32 keys (4 vectors) per pass, `R` query vectors broadcast one column at a time.
     #[inline(always)]

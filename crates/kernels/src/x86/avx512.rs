@@ -7,7 +7,7 @@ use std::ops::Range;
 
 use super::{Dot, tile_any};
 use crate::attention::{KvElem, RowJob};
-use crate::blocked::{BK, F32Block, Micro, Packed, UnitBuf, UnitJob, unit_impl};
+use crate::blocked::{BK, F32Block, Micro, UnitBuf, UnitJob, unit_impl};
 use crate::format::{QK, QK_K, QKind, RowTile, TileOut};
 use crate::scalar;
 use crate::tiled::{TiledMatmul, Tiling};
@@ -276,11 +276,6 @@ struct Avx512Micro;
 
 impl Micro for Avx512Micro {
     type Block<'a> = F32Block<'a>;
-
-    #[inline(always)]
-    fn block<'a>(packed: &Packed<'a>, b: usize, keys: usize, d: usize) -> F32Block<'a> {
-        F32Block::of(packed, b, keys, d)
-    }
 
     /// All 64 keys of a block (4 vectors) per pass, `R` query vectors
     /// broadcast one column at a time.

@@ -7,7 +7,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::blocked::{BK, Micro, Packed, UnitBuf, UnitJob, unit_impl};
+use crate::blocked::{BK, BlockOf, Micro, Packed, UnitBuf, UnitJob, unit_impl};
 
 /// Widest head the unit takes: its query vectors are converted on the stack.
 pub(crate) const MAX_HEAD_DIM: usize = 256;
@@ -21,11 +21,9 @@ pub(crate) struct Bf16Block<'a> {
 /// The blocked attention's inner loops on `vdpbf16ps`.
 struct Bf16Micro;
 
-impl Micro for Bf16Micro {
-    type Block<'a> = Bf16Block<'a>;
-
+impl<'a> BlockOf<'a> for Bf16Block<'a> {
     #[inline(always)]
-    fn block<'a>(packed: &Packed<'a>, b: usize, _keys: usize, d: usize) -> Bf16Block<'a> {
+    fn of(packed: &Packed<'a>, b: usize, _keys: usize, d: usize) -> Self {
         let Packed::Bf16 { kt, v } = *packed else {
             panic!("a bf16 unit was handed f32 blocks");
         };
@@ -35,6 +33,10 @@ impl Micro for Bf16Micro {
             v: &v[b * len..(b + 1) * len],
         }
     }
+}
+
+impl Micro for Bf16Micro {
+    type Block<'a> = Bf16Block<'a>;
 
     /// All 64 keys of a block (4 vectors of 16) per pass, `R` query
     /// vectors broadcast two dimensions at a time.
