@@ -121,9 +121,10 @@ pub(crate) struct WorkerArgs {
     engine: EngineArgs,
 }
 
-/// Flags of `zinfer worker` that a supervisor leaves to its workers'
-/// environment unless it sets them for one worker (metrics port, cache
-/// import): its workers take them from the environment they share.
+/// Flags of `zinfer worker` that a supervisor's workers take from the
+/// environment they share with it ([`WorkerHostArgs::from_env`]) where
+/// the supervisor sets nothing: it sets the metrics port and the cache
+/// import per worker, and `serve` the grace from its own `--grace`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct WorkerHostArgs {
     /// Address of this worker's Prometheus /metrics endpoint.

@@ -6,6 +6,8 @@
 //! The router decides (how many workers, where, when to drain); the
 //! supervisor only owns processes and this host's memory budget. It runs
 //! inside `zinfer serve` and as `zinfer supervisor` on worker-only hosts.
+//! Each worker it starts is `zinfer spawned-worker`, which reads its whole
+//! [`WorkerConfig`] as JSON from stdin.
 
 mod budget;
 mod config;
@@ -767,5 +769,55 @@ mod tests {
         assert!(err.contains("\"tiny\""), "{err}");
         supervisor.stop_all();
         assert!(supervisor.workers.is_empty());
+    }
+
+    /// The worker gets its configuration whole on stdin: a script in the
+    /// place of `zinfer` keeps what it reads.
+    #[cfg(unix)]
+    #[test]
+    fn a_spawned_worker_reads_its_whole_configuration_on_stdin() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        write_gguf(&path);
+        let got = dir.path().join("got.json");
+        let exe = dir.path().join("zinfer");
+        std::fs::write(
+            &exe,
+            format!(
+                "#!/bin/sh\n[ \"$1\" = {SPAWNED_WORKER} ] && [ $# = 1 ] && cat > '{}'\n",
+                got.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let offered = OfferedModel::from_path(&path);
+        let mut supervisor = Supervisor::new(SupervisorConfig {
+            exe,
+            ..config(vec![offered.clone()])
+        });
+        // Another test's fork can hold the fresh script open for a moment
+        // ("text file busy").
+        let mut started = supervisor.spawn("w1", "tiny", None, None, None);
+        for _ in 0..50 {
+            if started.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            started = supervisor.spawn("w1", "tiny", None, None, None);
+        }
+        started.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !supervisor.workers.is_empty() && Instant::now() < deadline {
+            supervisor.watch(Instant::now());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let exited = supervisor.outbox.iter().any(|message| {
+            matches!(message, SupervisorToRouter::WorkerExited { status, .. } if status.contains("exit status: 0"))
+        });
+        assert!(exited, "{:?}", supervisor.outbox);
+        let read = WorkerConfig::read(std::fs::File::open(&got).unwrap()).unwrap();
+        let expected = supervisor.worker_config(&offered, Device::CpuSet(0), "w1", None, None);
+        assert_eq!(read, expected);
     }
 }
