@@ -60,7 +60,7 @@ type CheckDevice = fn(Device) -> Result<Device, DeviceError>;
 impl ModelArgs {
     /// Every model the flags name (--model, then --models-dir, then
     /// --models-config), or the default model when no flag names one.
-    pub(crate) fn specs(&self, check_device: CheckDevice) -> anyhow::Result<Vec<OfferedModel>> {
+    pub(crate) fn offered(&self, check_device: CheckDevice) -> anyhow::Result<Vec<OfferedModel>> {
         let mut found: Vec<(OfferedModel, String)> = Vec::new();
         for path in &self.model {
             if !path.exists() {
@@ -271,7 +271,7 @@ pub(crate) fn config(
     devices: Vec<String>,
     threads: usize,
 ) -> anyhow::Result<SupervisorConfig> {
-    let models = supervisor.models.specs(zinfer_model::check_device)?;
+    let models = supervisor.models.offered(zinfer_model::check_device)?;
     let total = match supervisor.memory_budget {
         Some(bytes) => bytes,
         None => zinfer_probe::procfs::available_bytes()
@@ -413,7 +413,7 @@ mod tests {
         let found = discover_models(root).unwrap();
         let expected = ["alpha.gguf", "qwen", "zeta.gguf"].map(|name| root.join(name));
         assert_eq!(found, expected);
-        let specs = args(&[], Some(root), None).specs(cpu_only).unwrap();
+        let specs = args(&[], Some(root), None).offered(cpu_only).unwrap();
         assert_eq!(names(&specs), ["alpha", "qwen", "zeta"]);
         assert!(specs.iter().all(|spec| spec.device.is_none()));
     }
@@ -548,13 +548,15 @@ keep_alive = -1
         let file = config_file(dir.path(), "[[model]]\npath = \"a.gguf\"\n");
         let other = dir.path().join("more/b.gguf");
         touch(&other);
-        let specs = args(&[&other], None, Some(&file)).specs(cpu_only).unwrap();
+        let specs = args(&[&other], None, Some(&file))
+            .offered(cpu_only)
+            .unwrap();
         assert_eq!(names(&specs), ["b", "a"]);
 
         let clash = dir.path().join("more/a.gguf");
         touch(&clash);
         let err = args(&[&clash], None, Some(&file))
-            .specs(cpu_only)
+            .offered(cpu_only)
             .unwrap_err()
             .to_string();
         assert!(err.contains("two models are named \"a\""), "{err}");
@@ -566,7 +568,7 @@ keep_alive = -1
         assert!(err.contains("--models-config"), "{err}");
 
         let err = args(&[&clash], Some(&dir.path().join("more")), None)
-            .specs(cpu_only)
+            .offered(cpu_only)
             .unwrap_err()
             .to_string();
         assert!(
@@ -580,7 +582,7 @@ keep_alive = -1
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("gone.gguf");
         let err = args(&[&missing], None, None)
-            .specs(cpu_only)
+            .offered(cpu_only)
             .unwrap_err()
             .to_string();
         assert!(
