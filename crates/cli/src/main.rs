@@ -9,6 +9,7 @@ mod inspect;
 mod keys;
 mod router_cmd;
 mod serve;
+mod supervise;
 mod supervisor_cmd;
 mod tokenize_cmd;
 mod worker_cmd;
@@ -60,6 +61,10 @@ enum Command {
     Supervisor(supervisor_cmd::SupervisorCmdArgs),
     /// Run one worker: a model on a device, connected to a router.
     Worker(worker_cmd::WorkerArgs),
+    /// Run one worker a supervisor started, its configuration read as JSON
+    /// from stdin.
+    #[command(name = zinfer_supervisor::SPAWNED_WORKER, hide = true)]
+    SpawnedWorker,
     /// Send one prompt to a running router and stream the answer.
     Generate(generate::GenerateArgs),
     /// Run the router alone: clients and workers connect to it.
@@ -104,6 +109,7 @@ fn main() -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args),
         Command::Supervisor(args) => supervisor_cmd::run(args),
         Command::Worker(args) => worker_cmd::run(args),
+        Command::SpawnedWorker => worker_cmd::run_spawned(),
         Command::Generate(args) => generate::run(args),
         Command::Router(args) => router_cmd::run(args),
         Command::Http(args) => http_cmd::run(args),

@@ -14,11 +14,11 @@ use zinfer_curve::{ClientCurve, KeyPair, PublicKey};
 use zinfer_probe::Device;
 use zinfer_protocol::{AdminReply, AdminRequest, ClientReply, ClientRequest, Limits};
 use zinfer_router::RouterConfig;
-use zinfer_supervisor::ModelSpec;
+use zinfer_supervisor::OfferedModel;
 
 use crate::http_cmd::{Front, HttpOptions};
 use crate::router_cmd::RouterArgs;
-use crate::supervisor_cmd::{self, SupervisorArgs};
+use crate::supervise::{self, SupervisorArgs};
 use crate::worker_cmd::EngineArgs;
 
 /// Flags of `zinfer serve`.
@@ -70,11 +70,11 @@ pub(crate) struct ServeArgs {
 
 /// Runs router, supervisor and workers until Ctrl-C or SIGTERM.
 pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    let devices = supervisor_cmd::check_devices(&args.devices)?;
+    let devices = supervise::check_devices(&args.devices)?;
     let threads = args
         .engine
         .threads
-        .unwrap_or_else(|| default_threads(devices.len()));
+        .unwrap_or_else(|| supervise::default_threads(devices.len()));
 
     let (stop_tx, stop_rx) = crossbeam_channel::bounded::<()>(4);
     ctrlc::set_handler(move || {
@@ -108,7 +108,7 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let worker_endpoint = local_endpoint(&config.workers);
     let control_endpoint = local_endpoint(&config.control);
     let client_endpoint = config.clients.clone();
-    let mut supervisor_config = supervisor_cmd::config(
+    let mut supervisor_config = supervise::config(
         format!("serve-{}", zinfer_supervisor::host_name()),
         control_endpoint.clone(),
         worker_endpoint,
@@ -120,17 +120,11 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
     supervisor_config.metrics_base = Some(args.worker_metrics_port);
     supervisor_config.curve = client_curve.clone();
     if let Some(internal) = &internal {
-        supervisor_config
-            .worker_args
-            .extend(supervisor_cmd::worker_curve_args(
-                &internal.server_key_path(),
-                &internal.key_path(),
-            )?);
+        supervisor_config.worker.curve =
+            supervise::worker_curve_files(&internal.server_key_path(), &internal.key_path())?;
     }
     supervisor_config.stop_grace = Duration::from_secs(args.grace + 5);
-    supervisor_config
-        .worker_args
-        .extend(["--grace".to_string(), args.grace.to_string()]);
+    supervisor_config.worker.grace_secs = args.grace;
     let models = supervisor_config.models.clone();
     let preload = preloaded(&models, &args.preload)?;
 
@@ -216,13 +210,13 @@ pub(crate) fn run(args: &ServeArgs) -> anyhow::Result<()> {
 /// The models `--preload` names, in order and once each; the one model
 /// when there is only one (it always starts). An unknown name is an error
 /// listing the offered ones.
-fn preloaded(models: &[ModelSpec], names: &[String]) -> anyhow::Result<Vec<ModelSpec>> {
-    let mut chosen: Vec<ModelSpec> = Vec::new();
+fn preloaded(models: &[OfferedModel], names: &[String]) -> anyhow::Result<Vec<OfferedModel>> {
+    let mut chosen: Vec<OfferedModel> = Vec::new();
     for name in names {
         let Some(model) = models.iter().find(|model| &model.name == name) else {
             bail!(
                 "--preload {name:?}: no such model; the models offered are {}",
-                supervisor_cmd::model_names(models)
+                supervise::model_names(models)
             );
         };
         if !chosen.contains(model) {
@@ -240,8 +234,8 @@ fn preloaded(models: &[ModelSpec], names: &[String]) -> anyhow::Result<Vec<Model
 fn start_several(
     control: &str,
     clients: &str,
-    models: &[ModelSpec],
-    preload: &[ModelSpec],
+    models: &[OfferedModel],
+    preload: &[OfferedModel],
     workers: usize,
     deadline: Instant,
     curve: Option<&ClientCurve>,
@@ -257,7 +251,7 @@ fn start_several(
         )?);
     }
     wait_until_listed(clients, models, deadline, curve)?;
-    let names = supervisor_cmd::model_names(models);
+    let names = supervise::model_names(models);
     Ok(if started.is_empty() {
         format!(
             "offering {} models, each loaded on its first request ({names})",
@@ -276,7 +270,7 @@ fn start_several(
 /// `models`, or fails at `deadline` naming the missing ones.
 fn wait_until_listed(
     endpoint: &str,
-    models: &[ModelSpec],
+    models: &[OfferedModel],
     deadline: Instant,
     curve: Option<&ClientCurve>,
 ) -> anyhow::Result<()> {
@@ -401,23 +395,6 @@ impl Drop for InternalKeys {
     }
 }
 
-/// This process's `--log-format`, for its workers.
-pub(crate) fn log_format() -> &'static str {
-    crate::LOG_FORMAT
-        .get()
-        .copied()
-        .unwrap_or(crate::LogFormat::Text)
-        .as_str()
-}
-
-/// CPU threads per worker: the cores split evenly, at least one each, so
-/// workers do not fight over cores (the kernels' helper threads spin while a
-/// step runs).
-pub(crate) fn default_threads(workers: usize) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    (cores / workers.max(1)).max(1)
-}
-
 /// A bind address such as `tcp://*:5556` as a peer on this host dials it.
 fn local_endpoint(bind: &str) -> String {
     bind.replace("*", "127.0.0.1")
@@ -430,7 +407,7 @@ mod tests {
 
     #[test]
     fn devices_expand_and_reject_unknown() {
-        let check = supervisor_cmd::check_devices;
+        let check = supervise::check_devices;
         let auto = check(&[Device::Auto]).unwrap();
         assert!(auto == ["cpu"] || auto == ["cuda:0"], "{auto:?}");
         assert_eq!(check(&[Device::CpuSet(1)]).unwrap(), ["cpu:1"]);
@@ -487,9 +464,9 @@ mod tests {
 
     #[test]
     fn preloads_name_offered_models() {
-        let spec = |name: &str| ModelSpec::from_path(&PathBuf::from(format!("/m/{name}.gguf")));
+        let spec = |name: &str| OfferedModel::from_path(&PathBuf::from(format!("/m/{name}.gguf")));
         let models = [spec("a"), spec("b"), spec("c")];
-        let names = |chosen: Vec<ModelSpec>| -> Vec<String> {
+        let names = |chosen: Vec<OfferedModel>| -> Vec<String> {
             chosen.into_iter().map(|model| model.name).collect()
         };
         assert!(preloaded(&models, &[]).unwrap().is_empty());
@@ -507,11 +484,5 @@ mod tests {
         assert_eq!(local_endpoint("tcp://*:5556"), "tcp://127.0.0.1:5556");
         assert_eq!(local_endpoint("tcp://0.0.0.0:9"), "tcp://127.0.0.1:9");
         assert_eq!(local_endpoint("ipc:///tmp/x"), "ipc:///tmp/x");
-    }
-
-    #[test]
-    fn threads_split_cores() {
-        assert!(default_threads(1) >= 1);
-        assert_eq!(default_threads(10_000), 1);
     }
 }

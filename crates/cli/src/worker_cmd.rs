@@ -6,8 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::{Args, FromArgMatches};
+use zinfer_curve::ClientCurve;
 use zinfer_model::{self as model, LoadOptions};
 use zinfer_probe::Device;
+use zinfer_supervisor::{CurveFiles, EngineSettings, WorkerConfig};
 use zinfer_worker::engine::{Engine, EngineConfig};
 use zinfer_worker::metrics::WorkerMetrics;
 use zinfer_worker::scheduler::SchedulerConfig;
@@ -66,35 +69,20 @@ pub(crate) struct EngineArgs {
 }
 
 impl EngineArgs {
-    /// The flags again, for a child `zinfer worker` process.
-    pub(crate) fn to_args(&self, threads: usize) -> Vec<String> {
-        vec![
-            "--threads".into(),
-            threads.to_string(),
-            "--kv-tokens".into(),
-            self.kv_tokens.to_string(),
-            "--max-batch".into(),
-            self.max_batch.to_string(),
-            "--prefill-chunk".into(),
-            self.prefill_chunk.to_string(),
-            "--kv-dtype".into(),
-            self.kv_dtype.to_string(),
-            "--attention-dtype".into(),
-            self.attention_dtype.to_string(),
-            "--speculative-draft".into(),
-            self.speculative_draft.to_string(),
-            "--speculative-ngram".into(),
-            self.speculative_ngram.to_string(),
-            "--speculative-max-batch".into(),
-            self.speculative_max_batch.to_string(),
-        ]
-        .into_iter()
-        .chain(
-            self.draft_model
-                .iter()
-                .flat_map(|path| ["--draft-model".to_string(), path.display().to_string()]),
-        )
-        .collect()
+    /// The engine settings these flags give.
+    pub(crate) fn settings(&self) -> EngineSettings {
+        EngineSettings {
+            threads: self.threads,
+            kv_tokens: self.kv_tokens,
+            kv_dtype: self.kv_dtype,
+            attention_dtype: self.attention_dtype,
+            max_batch: self.max_batch,
+            prefill_chunk: self.prefill_chunk,
+            speculative_draft: self.speculative_draft,
+            speculative_ngram: self.speculative_ngram,
+            speculative_max_batch: self.speculative_max_batch,
+            draft_model: self.draft_model.clone(),
+        }
     }
 }
 
@@ -119,6 +107,26 @@ pub(crate) struct WorkerArgs {
     /// best one present (the first GPU, else the CPU).
     #[arg(long, default_value = "auto", env = "ZINFER_DEVICE")]
     device: Device,
+    #[command(flatten)]
+    host: WorkerHostArgs,
+    /// The model: a local `.gguf` file or a safetensors directory
+    /// (config.json, tokenizer.json, *.safetensors). One per worker (`serve`
+    /// and `supervisor` take several). Default: SmolLM2-135M-Instruct Q4_1,
+    /// fetched into $ZINFER_HOME/models on first use.
+    #[arg(long, value_name = "PATH", env = "ZINFER_MODEL")]
+    model: Option<PathBuf>,
+    #[command(flatten)]
+    curve: crate::zmq_util::CurveArgs,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Flags of `zinfer worker` that a supervisor's workers take from the
+/// environment they share with it ([`WorkerHostArgs::from_env`]) where
+/// the supervisor sets nothing: it sets the metrics port and the cache
+/// import per worker, and `serve` the grace from its own `--grace`.
+#[derive(Debug, clap::Args)]
+pub(crate) struct WorkerHostArgs {
     /// Address of this worker's Prometheus /metrics endpoint.
     #[arg(long, env = "ZINFER_METRICS")]
     metrics: Option<SocketAddr>,
@@ -138,16 +146,63 @@ pub(crate) struct WorkerArgs {
     /// (supervisors pass what the router names).
     #[arg(long, value_name = "KEY", env = "ZINFER_IMPORT_FROM_KEY")]
     import_from_key: Option<String>,
-    /// The model: a local `.gguf` file or a safetensors directory
-    /// (config.json, tokenizer.json, *.safetensors). One per worker (`serve`
-    /// and `supervisor` take several). Default: SmolLM2-135M-Instruct Q4_1,
-    /// fetched into $ZINFER_HOME/models on first use.
-    #[arg(long, value_name = "PATH", env = "ZINFER_MODEL")]
+}
+
+impl WorkerHostArgs {
+    /// These flags as the environment alone sets them (a worker's
+    /// defaults where it sets none).
+    pub(crate) fn from_env() -> anyhow::Result<Self> {
+        let command = Self::augment_args(clap::Command::new("worker"));
+        let matches = command
+            .try_get_matches_from(["worker"])
+            .context("reading the workers' settings from the environment")?;
+        Ok(Self::from_arg_matches(&matches)?)
+    }
+}
+
+/// The one place a worker's configuration is put together, for `zinfer
+/// worker` from its flags and for a supervisor's workers from `serve`'s or
+/// `zinfer supervisor`'s.
+pub(crate) fn worker_config(
+    router: String,
+    id: Option<String>,
+    device: Device,
     model: Option<PathBuf>,
-    #[command(flatten)]
-    curve: crate::zmq_util::CurveArgs,
-    #[command(flatten)]
-    engine: EngineArgs,
+    host: &WorkerHostArgs,
+    curve: CurveFiles,
+    engine: EngineSettings,
+) -> WorkerConfig {
+    WorkerConfig {
+        router,
+        id,
+        device,
+        metrics: host.metrics,
+        grace_secs: host.grace,
+        import_cache: host.import_cache,
+        import_host: host.import_host.clone(),
+        import_from_key: host.import_from_key.clone(),
+        model,
+        curve,
+        engine,
+    }
+}
+
+impl WorkerArgs {
+    /// The configuration these flags give.
+    fn config(&self) -> WorkerConfig {
+        worker_config(
+            self.router.clone(),
+            self.id.clone(),
+            self.device,
+            self.model.clone(),
+            &self.host,
+            CurveFiles {
+                server_key: self.curve.curve_server_key.clone(),
+                key: self.curve.curve_key.clone(),
+            },
+            self.engine.settings(),
+        )
+    }
 }
 
 /// The model to serve: the given path, or the default model, fetched when missing.
@@ -167,73 +222,81 @@ pub(crate) fn resolve_model(model: Option<&Path>) -> anyhow::Result<PathBuf> {
     }
 }
 
+/// `zinfer worker`: serves with the configuration its flags give.
+///
+/// Must run before this process starts any thread (see [`run_config`]).
+pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
+    run_config(&args.config())
+}
+
+/// A worker a supervisor started: serves with the configuration the
+/// supervisor wrote to its stdin.
+///
+/// Must run before this process starts any thread (see [`run_config`]).
+pub(crate) fn run_spawned() -> anyhow::Result<()> {
+    let config = WorkerConfig::read(std::io::stdin().lock())?;
+    run_config(&config)
+}
+
 /// Loads the model, connects to the router and serves until stopped.
 ///
 /// Must run before this process starts any thread: it sets the thread-count
 /// environment variables candle reads when its pool starts.
-pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
-    zinfer_supervisor::exit_with_parent().map_err(anyhow::Error::msg)?;
+fn run_config(config: &WorkerConfig) -> anyhow::Result<()> {
+    zinfer_supervisor::exit_with_parent()?;
     // Key files are checked before the (slow) model load.
-    let curve = args.curve.load()?;
-    let threads = args
-        .engine
+    let curve = ClientCurve::from_flags(
+        config.curve.server_key.as_deref(),
+        config.curve.key.as_deref(),
+    )?;
+    let settings = &config.engine;
+    let threads = settings
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     set_thread_count(threads)?;
-    let device = model::check_device(args.device)?;
+    let device = model::check_device(config.device)?;
     device.pin(threads)?;
     let device = device.to_string();
-    let model_path = resolve_model(args.model.as_deref())?;
-    let id = args.id.clone().unwrap_or_else(default_worker_id);
+    let model_path = resolve_model(config.model.as_deref())?;
+    let id = config.id.clone().unwrap_or_else(default_worker_id);
     eprintln!(
         "zinfer worker {id}: loading {} on {device} with {threads} thread(s)",
         model_path.display()
     );
-    let loaded = model::load(
-        &model_path,
-        &LoadOptions {
-            kv_capacity: args.engine.kv_tokens,
-            threads: Some(threads),
-            device: device.clone(),
-            kv_dtype: args.engine.kv_dtype,
-            attention: args.engine.attention_dtype,
-        },
-    )
-    .with_context(|| format!("loading {}", model_path.display()))?;
-    let config = EngineConfig {
+    let load_options = LoadOptions {
+        kv_capacity: settings.kv_tokens,
+        threads: Some(threads),
+        device: device.clone(),
+        kv_dtype: settings.kv_dtype,
+        attention: settings.attention_dtype,
+    };
+    let loaded = model::load(&model_path, &load_options)
+        .with_context(|| format!("loading {}", model_path.display()))?;
+    let engine_config = EngineConfig {
         scheduler: SchedulerConfig {
-            max_batch: args.engine.max_batch,
-            step_token_budget: args.engine.prefill_chunk,
+            max_batch: settings.max_batch,
+            step_token_budget: settings.prefill_chunk,
             // Beside decodes, prefill gets half the chunk (256 by default).
-            decode_prefill_budget: args.engine.prefill_chunk / 2,
-            speculate_max_decodes: args.engine.speculative_max_batch,
+            decode_prefill_budget: settings.prefill_chunk / 2,
+            speculate_max_decodes: settings.speculative_max_batch,
             ..SchedulerConfig::default()
         },
         speculative: zinfer_protocol::Speculative {
-            ngram: args.engine.speculative_ngram,
-            max_draft: args.engine.speculative_draft,
+            ngram: settings.speculative_ngram,
+            max_draft: settings.speculative_draft,
         },
         ..EngineConfig::default()
     };
-    let engine = match &args.engine.draft_model {
-        None => Engine::start(loaded, config),
+    let engine = match &settings.draft_model {
+        None => Engine::start(loaded, engine_config),
         Some(path) => {
             eprintln!(
                 "zinfer worker {id}: loading the draft model {}",
                 path.display()
             );
-            let draft = model::load(
-                path,
-                &LoadOptions {
-                    kv_capacity: args.engine.kv_tokens,
-                    threads: Some(threads),
-                    device: device.clone(),
-                    kv_dtype: args.engine.kv_dtype,
-                    attention: args.engine.attention_dtype,
-                },
-            )
-            .with_context(|| format!("loading the draft model {}", path.display()))?;
-            Engine::start_with_draft(loaded, draft, config)?
+            let draft = model::load(path, &load_options)
+                .with_context(|| format!("loading the draft model {}", path.display()))?;
+            Engine::start_with_draft(loaded, draft, engine_config)?
         }
     };
 
@@ -241,7 +304,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
     metrics.kv_capacity.set(engine.kv_capacity() as i64);
     metrics.set_info(engine.model_name(), &device);
     // Answers scrapes and probes until `run` returns.
-    let _metrics_server = match args.metrics {
+    let _metrics_server = match config.metrics {
         Some(addr) => {
             let exported = metrics.clone();
             Some(zinfer_worker::metrics::serve(
@@ -265,22 +328,22 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         max_batch: engine.max_batch() as u32,
         context_length: u32::try_from(engine.context_length()).ok(),
         vocab_size: u32::try_from(engine.vocab_size()).ok(),
-        grace: Duration::from_secs(args.grace),
-        import_host: args.import_cache.then(|| args.import_host.clone()),
-        import_from: args
+        grace: Duration::from_secs(config.grace_secs),
+        import_host: config.import_cache.then(|| config.import_host.clone()),
+        import_from: config
             .import_from_key
             .as_deref()
             .map(zinfer_curve::PublicKey::from_z85)
             .transpose()
             .context("--import-from-key")?,
         curve,
-        ..ServerConfig::new(args.router.clone(), id.clone())
+        ..ServerConfig::new(config.router.clone(), id.clone())
     };
     eprintln!(
         "zinfer worker {id}: serving {} ({} KV tokens), connecting to {}{}",
         engine.model_name(),
         engine.kv_capacity(),
-        args.router,
+        config.router,
         match &server_config.curve {
             // The key to put on the router's --worker-keys list.
             Some(curve) => format!(" with CURVE as key {}", curve.own.public()),
@@ -338,7 +401,9 @@ fn set_thread_count(threads: usize) -> anyhow::Result<()> {
 mod tests {
     use clap::Parser;
 
-    use super::{EngineArgs, default_worker_id};
+    use std::path::Path;
+
+    use super::{EngineArgs, WorkerHostArgs, default_worker_id};
 
     #[derive(Parser)]
     struct Engine {
@@ -346,13 +411,15 @@ mod tests {
         engine: EngineArgs,
     }
 
-    /// `serve` and the supervisor hand a worker their engine flags through
-    /// `to_args`: every flag (speculation and the draft model included)
-    /// must come through as given.
+    /// A worker by hand and a supervisor's worker get their engine
+    /// settings from the same flags: every flag (speculation and the draft
+    /// model included) comes through as given, and whole through JSON.
     #[test]
-    fn engine_flags_reach_a_child_worker_unchanged() {
+    fn engine_flags_reach_a_worker_unchanged() {
         let given = Engine::try_parse_from([
             "worker",
+            "--threads",
+            "3",
             "--kv-tokens",
             "4096",
             "--max-batch",
@@ -361,6 +428,8 @@ mod tests {
             "256",
             "--kv-dtype",
             "f16",
+            "--attention-dtype",
+            "bf16",
             "--speculative-draft",
             "6",
             "--speculative-ngram",
@@ -372,13 +441,78 @@ mod tests {
         ])
         .unwrap()
         .engine;
-        let args = std::iter::once("worker".to_string()).chain(given.to_args(3));
-        let child = Engine::try_parse_from(args).unwrap().engine;
-        let expected = EngineArgs {
-            threads: Some(3),
-            ..given
+        let settings = given.settings();
+        assert_eq!(
+            format!("{settings:?}"),
+            "EngineSettings { threads: Some(3), kv_tokens: 4096, kv_dtype: F16, \
+             attention_dtype: Bf16, max_batch: 8, prefill_chunk: 256, speculative_draft: 6, \
+             speculative_ngram: 4, speculative_max_batch: 2, draft_model: \
+             Some(\"/models/draft.gguf\") }"
+        );
+    }
+
+    #[test]
+    fn a_hand_started_worker_gets_its_flags_as_its_configuration() {
+        use clap::Parser;
+        let cli = crate::Cli::try_parse_from([
+            "zinfer",
+            "worker",
+            "--router",
+            "tcp://10.0.0.1:5556",
+            "--id",
+            "w7",
+            "--device",
+            "cpu:1",
+            "--metrics",
+            "127.0.0.1:9200",
+            "--grace",
+            "3",
+            "--import-cache",
+            "--import-host",
+            "10.0.0.2",
+            "--import-from-key",
+            "KEY",
+            "--model",
+            "/m/a.gguf",
+            "--curve-server-key",
+            "/k/router.pub",
+            "--curve-key",
+            "/k/w.key",
+            "--kv-tokens",
+            "64",
+        ])
+        .unwrap();
+        let crate::Command::Worker(args) = cli.command else {
+            panic!("not worker");
         };
-        assert_eq!(format!("{child:?}"), format!("{expected:?}"));
+        let config = args.config();
+        assert_eq!(config.router, "tcp://10.0.0.1:5556");
+        assert_eq!(config.id.as_deref(), Some("w7"));
+        assert_eq!(config.device, zinfer_probe::Device::CpuSet(1));
+        assert_eq!(config.metrics, "127.0.0.1:9200".parse().ok());
+        assert_eq!(config.grace_secs, 3);
+        assert!(config.import_cache);
+        assert_eq!(config.import_host, "10.0.0.2");
+        assert_eq!(config.import_from_key.as_deref(), Some("KEY"));
+        assert_eq!(config.model.as_deref(), Some(Path::new("/m/a.gguf")));
+        assert_eq!(
+            config.curve.server_key.as_deref(),
+            Some(Path::new("/k/router.pub"))
+        );
+        assert_eq!(config.curve.key.as_deref(), Some(Path::new("/k/w.key")));
+        assert_eq!(config.engine.kv_tokens, 64);
+        assert_eq!(config.engine.threads, None);
+    }
+
+    #[test]
+    fn host_flags_default_without_an_environment() {
+        // The test environment sets none of these variables.
+        let host = WorkerHostArgs::from_env().unwrap();
+        assert_eq!(host.metrics, None);
+        assert_eq!(host.grace, 10);
+        assert!(!host.import_cache);
+        assert_eq!(host.import_host, "127.0.0.1");
+        assert_eq!(host.import_from_key, None);
     }
 
     #[test]

@@ -28,7 +28,7 @@ mod weights;
 use std::path::{Path, PathBuf};
 
 pub use device::{Device, DeviceError, candle_device, check_device};
-pub use zinfer_probe::{KvDtype, model_name};
+pub use zinfer_probe::{AttentionDtype, KvDtype, model_name};
 
 pub use arch::supported as supported_architectures;
 pub use batch::StepBatch;
@@ -218,50 +218,6 @@ pub struct LoadOptions {
     pub kv_dtype: KvDtype,
     /// Number format of the attention's dot products (CPU backend).
     pub attention: AttentionDtype,
-}
-
-/// Number format the CPU attention multiplies in; sums and the softmax are
-/// f32 either way.
-///
-/// bf16 rounds queries, keys, values and softmax weights to 8 significant
-/// bits, as GPU serving of bf16 models does, and runs twice the products
-/// per instruction on CPUs with AVX512_BF16 (prefill of long prompts and
-/// cached-prefix chunks are attention-bound). Every row of a model uses
-/// the same format, so results still do not depend on batching or caching.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum AttentionDtype {
-    /// bf16 where the CPU has AVX512_BF16, else f32.
-    #[default]
-    Auto,
-    /// f32 products.
-    F32,
-    /// bf16 products; the model does not load on a CPU without AVX512_BF16.
-    Bf16,
-}
-
-impl std::str::FromStr for AttentionDtype {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "f32" => Ok(Self::F32),
-            "bf16" => Ok(Self::Bf16),
-            other => Err(format!(
-                "unknown attention dtype `{other}`: use auto, f32 or bf16"
-            )),
-        }
-    }
-}
-
-impl std::fmt::Display for AttentionDtype {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Auto => "auto",
-            Self::F32 => "f32",
-            Self::Bf16 => "bf16",
-        })
-    }
 }
 
 impl Default for LoadOptions {

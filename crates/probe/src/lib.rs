@@ -61,6 +61,52 @@ impl std::fmt::Display for KvDtype {
     }
 }
 
+/// Number format the CPU attention multiplies in; sums and the softmax are
+/// f32 either way.
+///
+/// bf16 rounds queries, keys, values and softmax weights to 8 significant
+/// bits, as GPU serving of bf16 models does, and runs twice the products
+/// per instruction on CPUs with AVX512_BF16 (prefill of long prompts and
+/// cached-prefix chunks are attention-bound). Every row of a model uses
+/// the same format, so results still do not depend on batching or caching.
+/// It lives here, beside [`KvDtype`], so that a worker's configuration
+/// (`zinfer_supervisor::WorkerConfig`) names it without linking the model.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AttentionDtype {
+    /// bf16 where the CPU has AVX512_BF16, else f32.
+    #[default]
+    Auto,
+    /// f32 products.
+    F32,
+    /// bf16 products; the model does not load on a CPU without AVX512_BF16.
+    Bf16,
+}
+
+impl std::str::FromStr for AttentionDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(format!(
+                "unknown attention dtype `{other}`: use auto, f32 or bf16"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for AttentionDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        })
+    }
+}
+
 /// Architectures (GGUF `general.architecture`, Hugging Face `model_type`)
 /// this build's loader runs, kept here so that `zinfer model inspect` and
 /// the loader share one list.

@@ -82,8 +82,19 @@ pub fn gib(bytes: u64) -> String {
     }
 }
 
+/// Why a text is not a byte count (`--memory-budget`'s parser says so).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadSize {
+    /// No number in front.
+    #[error("{0:?} is not a size; write e.g. 8GiB, 512MiB or 2000000000")]
+    NotANumber(String),
+    /// A unit this parser does not know.
+    #[error("unknown size unit {0:?}; use B, KiB, MiB, GiB or TiB")]
+    UnknownUnit(String),
+}
+
 /// Parses `8GiB`, `512MiB`, `2G`, `1500000000` (bytes).
-pub fn parse_bytes(text: &str) -> Result<u64, String> {
+pub fn parse_bytes(text: &str) -> Result<u64, BadSize> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit() && c != '.')
@@ -91,18 +102,14 @@ pub fn parse_bytes(text: &str) -> Result<u64, String> {
     let (number, unit) = text.split_at(split);
     let value: f64 = number
         .parse()
-        .map_err(|_| format!("{text:?} is not a size; write e.g. 8GiB, 512MiB or 2000000000"))?;
+        .map_err(|_| BadSize::NotANumber(text.to_string()))?;
     let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1 << 10,
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
-        other => {
-            return Err(format!(
-                "unknown size unit {other:?}; use B, KiB, MiB, GiB or TiB"
-            ));
-        }
+        other => return Err(BadSize::UnknownUnit(other.to_string())),
     };
     Ok((value * scale as f64) as u64)
 }
@@ -147,6 +154,7 @@ mod tests {
         assert_eq!(parse_bytes("1.5G"), Ok(3 * GIB / 2));
         assert_eq!(parse_bytes("1000"), Ok(1000));
         assert!(parse_bytes("lots").is_err());
-        assert!(parse_bytes("3 parsecs").unwrap_err().contains("unit"));
+        let err = parse_bytes("3 parsecs").unwrap_err().to_string();
+        assert!(err.contains("unit \"parsecs\""), "{err}");
     }
 }

@@ -6,11 +6,15 @@
 //! The router decides (how many workers, where, when to drain); the
 //! supervisor only owns processes and this host's memory budget. It runs
 //! inside `zinfer serve` and as `zinfer supervisor` on worker-only hosts.
+//! Each worker it starts is `zinfer spawned-worker`, which reads its whole
+//! [`WorkerConfig`] as JSON from stdin.
 
 mod budget;
+mod config;
 mod process;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -18,13 +22,16 @@ use crossbeam_channel::Receiver;
 use zinfer_probe::{Device, DeviceError};
 use zinfer_protocol::{KeepAlive, Limits, ModelOffer, RouterToSupervisor, SupervisorToRouter};
 
-pub use budget::{MemoryBudget, OverBudget, gib, parse_bytes, worker_bytes};
+pub use budget::{BadSize, MemoryBudget, OverBudget, gib, parse_bytes, worker_bytes};
+pub use config::{ConfigError, CurveFiles, EngineSettings, WorkerConfig};
 use process::WorkerProcess;
 
 /// A model this supervisor can start workers for, with its own settings
-/// where they differ from the supervisor's.
+/// where they differ from the supervisor's. (The router hears of it as a
+/// `zinfer_protocol::ModelOffer`; the model crate's `ModelSpec` is a
+/// checkpoint's shape, another thing.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelSpec {
+pub struct OfferedModel {
     /// The name workers report (the file stem).
     pub name: String,
     /// Model file or directory.
@@ -36,19 +43,19 @@ pub struct ModelSpec {
     /// CPU threads of each of its workers instead of the supervisor's
     /// `--threads`.
     pub threads: Option<usize>,
-    /// KV pool tokens of each of its workers instead of
-    /// [`SupervisorConfig::kv_tokens`].
+    /// KV pool tokens of each of its workers instead of the
+    /// [`SupervisorConfig::worker`]'s.
     pub kv_tokens: Option<usize>,
     /// How long the router keeps it loaded after a request when it loaded
     /// it on demand; `None`: the router's default.
     pub keep_alive: Option<KeepAlive>,
 }
 
-impl ModelSpec {
+impl OfferedModel {
     /// A model named after its file, as workers name it, with the
     /// supervisor's settings.
     pub fn from_path(path: &Path) -> Self {
-        ModelSpec {
+        OfferedModel {
             name: zinfer_probe::model_name(path),
             path: path.to_path_buf(),
             device: None,
@@ -58,43 +65,10 @@ impl ModelSpec {
         }
     }
 
-    /// Flags of `zinfer worker` that this model sets itself, replacing the
-    /// same flags in [`SupervisorConfig::worker_args`].
-    fn worker_overrides(&self) -> Vec<(&'static str, String)> {
-        let mut flags = Vec::new();
-        if let Some(threads) = self.threads {
-            flags.push(("--threads", threads.to_string()));
-        }
-        if let Some(kv_tokens) = self.kv_tokens {
-            flags.push(("--kv-tokens", kv_tokens.to_string()));
-        }
-        flags
+    /// KV pool tokens of each of its workers.
+    fn kv_tokens(&self, worker: &WorkerConfig) -> usize {
+        self.kv_tokens.unwrap_or(worker.engine.kv_tokens)
     }
-}
-
-/// `args` with each `(flag, value)` of `overrides` in place of that flag's
-/// value (`--flag value` or `--flag=value`), or appended where `args` lacks
-/// the flag: `zinfer worker` refuses a flag given twice.
-fn override_flags(args: &[String], overrides: &[(&str, String)]) -> Vec<String> {
-    let mut out = Vec::with_capacity(args.len() + 2 * overrides.len());
-    let mut rest = args.iter();
-    while let Some(arg) = rest.next() {
-        let replaced = overrides.iter().any(|(flag, _)| {
-            arg.strip_prefix(flag)
-                .is_some_and(|tail| tail.is_empty() || tail.starts_with('='))
-        });
-        if !replaced {
-            out.push(arg.clone());
-        } else if !arg.contains('=') {
-            // Skip the separate value too.
-            rest.next();
-        }
-    }
-    for (flag, value) in overrides {
-        out.push((*flag).to_string());
-        out.push(value.clone());
-    }
-    out
 }
 
 /// Settings of a supervisor.
@@ -104,29 +78,24 @@ pub struct SupervisorConfig {
     pub id: String,
     /// The router's control endpoint, e.g. `tcp://10.0.0.1:5557`.
     pub control: String,
-    /// The router's worker endpoint the started workers connect to.
-    pub router: String,
     /// Models it offers.
-    pub models: Vec<ModelSpec>,
+    pub models: Vec<OfferedModel>,
     /// Devices it starts workers on, least used first.
     pub devices: Vec<String>,
     /// Memory its workers may hold together.
     pub budget: MemoryBudget,
-    /// KV pool tokens per worker, for the memory estimate (`worker_args`
-    /// passes the flag on); a model's [`ModelSpec::kv_tokens`] replaces it.
-    pub kv_tokens: usize,
-    /// Element type of those tokens' K/V (`worker_args` passes the flag on).
-    pub kv_dtype: zinfer_probe::KvDtype,
     /// Checks a device before a worker is started on it and resolves
     /// `auto`. This crate links no GPU library, so whether a GPU is present
     /// is asked through this (the CLI passes `zinfer_model::check_device`).
     pub check_device: fn(Device) -> Result<Device, DeviceError>,
     /// The `zinfer` binary.
     pub exe: PathBuf,
-    /// Flags for every `zinfer worker` it starts (threads, batch, ...); a
-    /// model's own `threads` and `kv_tokens` replace `--threads` and
-    /// `--kv-tokens` here.
-    pub worker_args: Vec<String>,
+    /// What every worker it starts begins from: the router's worker
+    /// endpoint, the engine settings (whose KV tokens and dtype the memory
+    /// estimate reads), grace, CURVE files. Each spawn sets the model,
+    /// device, id, metrics address and cache import, and a model's own
+    /// `threads` and `kv_tokens` replace the engine's.
+    pub worker: WorkerConfig,
     /// Environment for every worker it starts.
     pub worker_env: Vec<(String, String)>,
     /// First port of the workers' /metrics endpoints (one per worker
@@ -135,7 +104,7 @@ pub struct SupervisorConfig {
     /// How long a stopped worker may take before it is killed.
     pub stop_grace: Duration,
     /// CURVE to the router's control socket; `None`: plain. (Workers get
-    /// their own key flags through `worker_args`.)
+    /// their own key files through `worker`.)
     pub curve: Option<zinfer_curve::ClientCurve>,
 }
 
@@ -155,6 +124,59 @@ pub enum SupervisorError {
     },
 }
 
+/// Why a worker started by a supervisor cannot tie its life to it.
+#[derive(Debug, thiserror::Error)]
+pub enum ParentError {
+    /// The kernel refused the parent-death signal.
+    #[error("cannot ask to stop with the supervisor: {0}")]
+    DeathSignal(nix::Error),
+    /// The supervisor died before the request took effect.
+    #[error("the supervisor (pid {0}) is gone")]
+    Gone(String),
+}
+
+/// Why a worker was not started; the router passes the text on to
+/// everyone waiting on the spawn.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The router asked for an id one of ours already has.
+    #[error("a worker {0:?} already runs here")]
+    AlreadyRuns(String),
+    /// The model is not one this supervisor offers.
+    #[error("this supervisor does not offer model {model:?} (it offers {offered:?})")]
+    NotOffered {
+        /// The model asked for.
+        model: String,
+        /// The models offered.
+        offered: Vec<String>,
+    },
+    /// The model's file is gone.
+    #[error("model file {} does not exist", .0.display())]
+    MissingFile(PathBuf),
+    /// The device is unknown or unusable in this build.
+    #[error(transparent)]
+    Device(#[from] DeviceError),
+    /// The worker does not fit the memory budget.
+    #[error(transparent)]
+    OverBudget(#[from] OverBudget),
+    /// The worker's configuration could not be written.
+    #[error("cannot write the worker's configuration: {0}")]
+    Config(#[from] ConfigError),
+    /// The process could not be started.
+    #[error("cannot start {}: {source}", .exe.display())]
+    Start {
+        /// The `zinfer` binary.
+        exe: PathBuf,
+        /// What the system said.
+        source: std::io::Error,
+    },
+}
+
+/// The `zinfer` subcommand a supervisor starts each worker with: a worker
+/// that reads its [`WorkerConfig`] as JSON from stdin (hidden from
+/// `zinfer --help`; `zinfer worker` keeps its flags for people).
+pub const SPAWNED_WORKER: &str = "spawned-worker";
+
 /// Set on every worker a supervisor starts, to the supervisor's process
 /// id: the worker exits when that process dies (see [`exit_with_parent`]),
 /// so a killed supervisor leaves no orphans behind.
@@ -163,15 +185,15 @@ pub const EXIT_WITH_PARENT: &str = "ZINFER_EXIT_WITH_PARENT";
 /// In a worker started by a supervisor: asks the kernel for SIGTERM when
 /// the supervisor dies, and exits at once if it already has. Call it
 /// first thing in the worker; a no-op elsewhere.
-pub fn exit_with_parent() -> Result<(), String> {
+pub fn exit_with_parent() -> Result<(), ParentError> {
     let Ok(parent) = std::env::var(EXIT_WITH_PARENT) else {
         return Ok(());
     };
     nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM)
-        .map_err(|e| format!("cannot ask to stop with the supervisor: {e}"))?;
+        .map_err(ParentError::DeathSignal)?;
     // The supervisor may have died before the request took effect.
     if nix::unistd::getppid().as_raw().to_string() != parent {
-        return Err(format!("the supervisor (pid {parent}) is gone"));
+        return Err(ParentError::Gone(parent));
     }
     Ok(())
 }
@@ -261,10 +283,10 @@ impl Supervisor {
             .models
             .iter()
             .map(|spec| {
-                let kv_tokens = spec.kv_tokens.unwrap_or(config.kv_tokens);
+                let kv_tokens = spec.kv_tokens(&config.worker);
                 (
                     (spec.path.clone(), kv_tokens),
-                    unmeasured_bytes(&spec.path, kv_tokens, config.kv_dtype),
+                    unmeasured_bytes(&spec.path, kv_tokens, config.worker.engine.kv_dtype),
                 )
             })
             .collect();
@@ -279,13 +301,14 @@ impl Supervisor {
     }
 
     /// Expected bytes of one more worker of `spec`.
-    fn estimate(&self, spec: &ModelSpec) -> u64 {
-        let kv_tokens = spec.kv_tokens.unwrap_or(self.config.kv_tokens);
+    fn estimate(&self, spec: &OfferedModel) -> u64 {
+        let kv_tokens = spec.kv_tokens(&self.config.worker);
+        let kv_dtype = self.config.worker.engine.kv_dtype;
         let (file, kv) = self
             .unmeasured
             .get(&(spec.path.clone(), kv_tokens))
             .copied()
-            .unwrap_or_else(|| unmeasured_bytes(&spec.path, kv_tokens, self.config.kv_dtype));
+            .unwrap_or_else(|| unmeasured_bytes(&spec.path, kv_tokens, kv_dtype));
         worker_bytes(file, kv, self.measured.get(&spec.name).copied())
     }
 
@@ -332,7 +355,8 @@ impl Supervisor {
                 exporter_key,
             } => {
                 let import = import_cache.then_some(exporter_key.as_deref());
-                if let Err(reason) = self.spawn(&worker_id, &model, model_path, device, import) {
+                if let Err(error) = self.spawn(&worker_id, &model, model_path, device, import) {
+                    let reason = error.to_string();
                     tracing::warn!(worker = %worker_id, %reason, "spawn refused");
                     self.outbox
                         .push(SupervisorToRouter::SpawnFailed { worker_id, reason });
@@ -361,38 +385,38 @@ impl Supervisor {
         model_path: Option<String>,
         device: Option<String>,
         import: Option<Option<&str>>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SpawnError> {
         if self.workers.contains_key(worker_id) {
-            return Err(format!("a worker {worker_id:?} already runs here"));
+            return Err(SpawnError::AlreadyRuns(worker_id.to_string()));
         }
         let Some(spec) = self.config.models.iter().find(|m| m.name == model).cloned() else {
-            let offered: Vec<&str> = self.config.models.iter().map(|m| m.name.as_str()).collect();
-            return Err(format!(
-                "this supervisor does not offer model {model:?} (it offers {offered:?})"
-            ));
+            return Err(SpawnError::NotOffered {
+                model: model.to_string(),
+                offered: self.config.models.iter().map(|m| m.name.clone()).collect(),
+            });
         };
         let path = model_path.map_or(spec.path.clone(), PathBuf::from);
         if !path.exists() {
-            return Err(format!("model file {} does not exist", path.display()));
+            return Err(SpawnError::MissingFile(path));
         }
         let device = match device.or_else(|| spec.device.clone()) {
             Some(device) => device,
             None => self.least_used_device(),
         };
-        let parsed: Device = device.parse().map_err(|e| format!("{e}"))?;
-        (self.config.check_device)(parsed).map_err(|e| format!("{e}"))?;
-        let spec = ModelSpec { path, ..spec };
+        let parsed: Device = device.parse()?;
+        (self.config.check_device)(parsed)?;
+        let spec = OfferedModel { path, ..spec };
         let need = self.estimate(&spec);
         let holdings = self.holdings();
-        self.config
-            .budget
-            .admit(model, need, &holdings)
-            .map_err(|e| e.to_string())?;
+        self.config.budget.admit(model, need, &holdings)?;
         let slot = self.free_slot();
-        let args = self.worker_command(&spec, &device, worker_id, slot, import);
-        let child =
-            WorkerProcess::spawn(&self.config.exe, &args, &self.config.worker_env, worker_id)
-                .map_err(|e| format!("cannot start {}: {e}", self.config.exe.display()))?;
+        let config = self.worker_config(&spec, parsed, worker_id, slot, import);
+        let child = WorkerProcess::spawn(
+            &self.config.exe,
+            &config,
+            &self.config.worker_env,
+            worker_id,
+        )?;
         let worker = WorkerProcess::watch(
             child,
             worker_id.to_string(),
@@ -405,44 +429,37 @@ impl Supervisor {
         Ok(())
     }
 
-    /// The `zinfer worker` arguments of a worker of `spec` (whose path is
-    /// the one to load) on `device`; with `import`, a migration target
-    /// (admitting only the exporter's key when the router named one).
-    fn worker_command(
+    /// The configuration of a worker of `spec` (whose path is the one to
+    /// load) on `device`: [`SupervisorConfig::worker`] with this worker's
+    /// own values; with `import`, a migration target (admitting only the
+    /// exporter's key when the router named one).
+    fn worker_config(
         &self,
-        spec: &ModelSpec,
-        device: &str,
+        spec: &OfferedModel,
+        device: Device,
         worker_id: &str,
         slot: Option<u16>,
         import: Option<Option<&str>>,
-    ) -> Vec<String> {
-        let mut args = vec![
-            "worker".to_string(),
-            "--router".into(),
-            self.config.router.clone(),
-            "--model".into(),
-            spec.path.display().to_string(),
-            "--device".into(),
-            device.to_string(),
-            "--id".into(),
-            worker_id.to_string(),
-        ];
+    ) -> WorkerConfig {
+        let mut config = self.config.worker.clone();
+        config.id = Some(worker_id.to_string());
+        config.model = Some(spec.path.clone());
+        config.device = device;
         if let (Some(base), Some(slot)) = (self.config.metrics_base, slot) {
-            args.push("--metrics".into());
-            args.push(format!("127.0.0.1:{}", base.saturating_add(slot)));
+            config.metrics = Some(SocketAddr::from((
+                [127, 0, 0, 1],
+                base.saturating_add(slot),
+            )));
         }
         if let Some(exporter) = import {
-            args.push("--import-cache".into());
+            config.import_cache = true;
             if let Some(key) = exporter {
-                args.push("--import-from-key".into());
-                args.push(key.to_string());
+                config.import_from_key = Some(key.to_string());
             }
         }
-        args.extend(override_flags(
-            &self.config.worker_args,
-            &spec.worker_overrides(),
-        ));
-        args
+        config.engine.threads = spec.threads.or(config.engine.threads);
+        config.engine.kv_tokens = spec.kv_tokens(&self.config.worker);
+        config
     }
 
     /// The configured device with the fewest of our workers (the first on a tie).
@@ -595,21 +612,39 @@ mod tests {
         std::fs::write(path, bytes).unwrap();
     }
 
-    fn config(models: Vec<ModelSpec>) -> SupervisorConfig {
+    fn config(models: Vec<OfferedModel>) -> SupervisorConfig {
         SupervisorConfig {
             id: "test".into(),
             control: "tcp://127.0.0.1:1".into(),
-            router: "tcp://127.0.0.1:2".into(),
             models,
             devices: vec!["cpu:0".into(), "cpu:1".into()],
             budget: MemoryBudget { total: 1 << 40 },
-            kv_tokens: 1000,
-            kv_dtype: zinfer_probe::KvDtype::F32,
             check_device: any_device,
             exe: PathBuf::from("true"),
-            worker_args: ["--threads", "8", "--kv-tokens", "1000", "--max-batch", "32"]
-                .map(String::from)
-                .to_vec(),
+            worker: WorkerConfig {
+                router: "tcp://127.0.0.1:2".into(),
+                id: None,
+                device: Device::Auto,
+                metrics: None,
+                grace_secs: 10,
+                import_cache: false,
+                import_host: "127.0.0.1".into(),
+                import_from_key: None,
+                model: None,
+                curve: CurveFiles::default(),
+                engine: EngineSettings {
+                    threads: Some(8),
+                    kv_tokens: 1000,
+                    kv_dtype: zinfer_probe::KvDtype::F32,
+                    attention_dtype: zinfer_probe::AttentionDtype::Auto,
+                    max_batch: 32,
+                    prefill_chunk: 512,
+                    speculative_draft: 0,
+                    speculative_ngram: 3,
+                    speculative_max_batch: 4,
+                    draft_model: None,
+                },
+            },
             worker_env: Vec::new(),
             metrics_base: None,
             stop_grace: Duration::from_secs(1),
@@ -617,56 +652,36 @@ mod tests {
         }
     }
 
-    /// The value after the only `flag` in `args`.
-    fn value<'a>(args: &'a [String], flag: &str) -> &'a str {
-        let at: Vec<usize> = (0..args.len()).filter(|&i| args[i] == flag).collect();
-        assert_eq!(at.len(), 1, "{flag} once in {args:?}");
-        &args[at[0] + 1]
-    }
-
     #[test]
-    fn a_models_threads_and_kv_tokens_replace_the_global_flags() {
-        let plain = ModelSpec::from_path(Path::new("/m/plain.gguf"));
-        let tuned = ModelSpec {
+    fn a_models_threads_and_kv_tokens_replace_the_supervisors() {
+        let plain = OfferedModel::from_path(Path::new("/m/plain.gguf"));
+        let tuned = OfferedModel {
             threads: Some(2),
             kv_tokens: Some(4096),
-            ..ModelSpec::from_path(Path::new("/m/tuned.gguf"))
+            ..OfferedModel::from_path(Path::new("/m/tuned.gguf"))
         };
-        let supervisor = Supervisor::new(config(vec![plain.clone(), tuned.clone()]));
-        let args = supervisor.worker_command(&tuned, "cpu:1", "w1", None, None);
-        assert_eq!(value(&args, "--threads"), "2");
-        assert_eq!(value(&args, "--kv-tokens"), "4096");
-        assert_eq!(value(&args, "--max-batch"), "32");
-        assert_eq!(value(&args, "--model"), "/m/tuned.gguf");
-        assert_eq!(value(&args, "--device"), "cpu:1");
-        assert!(!args.iter().any(|a| a.starts_with("--import")));
-        let args = supervisor.worker_command(&plain, "cpu:0", "w2", None, Some(Some("KEY")));
-        assert_eq!(value(&args, "--threads"), "8");
-        assert_eq!(value(&args, "--kv-tokens"), "1000");
-        // A migration target admits the exporter the router named.
-        assert!(args.iter().any(|a| a == "--import-cache"));
-        assert_eq!(value(&args, "--import-from-key"), "KEY");
-    }
-
-    #[test]
-    fn overrides_replace_both_flag_forms_and_add_missing_flags() {
-        let args = ["--threads=8", "--max-batch", "4", "--kv-tokens", "9"].map(String::from);
-        let out = override_flags(
-            &args,
-            &[("--threads", "3".into()), ("--kv-tokens", "7".into())],
-        );
+        let mut supervisor = Supervisor::new(config(vec![plain.clone(), tuned.clone()]));
+        let config = supervisor.worker_config(&tuned, Device::CpuSet(1), "w1", None, None);
+        assert_eq!(config.engine.threads, Some(2));
+        assert_eq!(config.engine.kv_tokens, 4096);
+        assert_eq!(config.engine.max_batch, 32);
+        assert_eq!(config.model.as_deref(), Some(Path::new("/m/tuned.gguf")));
+        assert_eq!(config.device, Device::CpuSet(1));
+        assert_eq!(config.id.as_deref(), Some("w1"));
+        assert_eq!(config.router, "tcp://127.0.0.1:2");
+        assert_eq!((config.import_cache, config.metrics), (false, None));
+        supervisor.config.metrics_base = Some(9100);
+        let config =
+            supervisor.worker_config(&plain, Device::CpuSet(0), "w2", Some(3), Some(Some("KEY")));
+        assert_eq!(config.engine.threads, Some(8));
+        assert_eq!(config.engine.kv_tokens, 1000);
         assert_eq!(
-            out,
-            ["--max-batch", "4", "--threads", "3", "--kv-tokens", "7"].map(String::from)
+            config.metrics,
+            Some(SocketAddr::from(([127, 0, 0, 1], 9103)))
         );
-        let out = override_flags(
-            &["--grace".to_string(), "5".into()],
-            &[("--threads", "1".into())],
-        );
-        assert_eq!(out, ["--grace", "5", "--threads", "1"].map(String::from));
-        // A longer flag with the same beginning is left alone.
-        let out = override_flags(&["--threads-x".to_string()], &[("--threads", "1".into())]);
-        assert_eq!(out, ["--threads-x", "--threads", "1"].map(String::from));
+        // A migration target admits the exporter the router named.
+        assert!(config.import_cache);
+        assert_eq!(config.import_from_key.as_deref(), Some("KEY"));
     }
 
     #[test]
@@ -674,8 +689,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
         write_gguf(&path);
-        let plain = ModelSpec::from_path(&path);
-        let big = ModelSpec {
+        let plain = OfferedModel::from_path(&path);
+        let big = OfferedModel {
             name: "big".into(),
             kv_tokens: Some(4000),
             ..plain.clone()
@@ -698,14 +713,14 @@ mod tests {
         let path = dir.path().join("tiny.gguf");
         write_gguf(&path);
         let ten_minutes = KeepAlive::For(Duration::from_secs(600));
-        let kept = ModelSpec {
+        let kept = OfferedModel {
             keep_alive: Some(ten_minutes),
             kv_tokens: Some(2000),
-            ..ModelSpec::from_path(&path)
+            ..OfferedModel::from_path(&path)
         };
-        let other = ModelSpec {
+        let other = OfferedModel {
             name: "other".into(),
-            ..ModelSpec::from_path(&path)
+            ..OfferedModel::from_path(&path)
         };
         let mut supervisor = Supervisor::new(config(vec![kept, other]));
         let SupervisorToRouter::SupervisorStatus { models, .. } = supervisor.status() else {
@@ -728,9 +743,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("tiny.gguf");
         write_gguf(&path);
-        let pinned = ModelSpec {
+        let pinned = OfferedModel {
             device: Some("cpu:1".into()),
-            ..ModelSpec::from_path(&path)
+            ..OfferedModel::from_path(&path)
         };
         let mut supervisor = Supervisor::new(config(vec![pinned]));
         // `true` stands in for `zinfer worker`: it starts and exits.
@@ -749,9 +764,60 @@ mod tests {
         assert_eq!(device("w3"), "cpu:0");
         let err = supervisor
             .spawn("w4", "nope", None, None, None)
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("\"tiny\""), "{err}");
         supervisor.stop_all();
         assert!(supervisor.workers.is_empty());
+    }
+
+    /// The worker gets its configuration whole on stdin: a script in the
+    /// place of `zinfer` keeps what it reads.
+    #[cfg(unix)]
+    #[test]
+    fn a_spawned_worker_reads_its_whole_configuration_on_stdin() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tiny.gguf");
+        write_gguf(&path);
+        let got = dir.path().join("got.json");
+        let exe = dir.path().join("zinfer");
+        std::fs::write(
+            &exe,
+            format!(
+                "#!/bin/sh\n[ \"$1\" = {SPAWNED_WORKER} ] && [ $# = 1 ] && cat > '{}'\n",
+                got.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let offered = OfferedModel::from_path(&path);
+        let mut supervisor = Supervisor::new(SupervisorConfig {
+            exe,
+            ..config(vec![offered.clone()])
+        });
+        // Another test's fork can hold the fresh script open for a moment
+        // ("text file busy").
+        let mut started = supervisor.spawn("w1", "tiny", None, None, None);
+        for _ in 0..50 {
+            if started.is_ok() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+            started = supervisor.spawn("w1", "tiny", None, None, None);
+        }
+        started.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !supervisor.workers.is_empty() && Instant::now() < deadline {
+            supervisor.watch(Instant::now());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let exited = supervisor.outbox.iter().any(|message| {
+            matches!(message, SupervisorToRouter::WorkerExited { status, .. } if status.contains("exit status: 0"))
+        });
+        assert!(exited, "{:?}", supervisor.outbox);
+        let read = WorkerConfig::read(std::fs::File::open(&got).unwrap()).unwrap();
+        let expected = supervisor.worker_config(&offered, Device::CpuSet(0), "w1", None, None);
+        assert_eq!(read, expected);
     }
 }

@@ -4,7 +4,7 @@
 //! kept, so a worker that dies while loading is reported with its reason.
 
 use std::collections::VecDeque;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,6 +12,8 @@ use std::time::Instant;
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
+
+use crate::{SPAWNED_WORKER, SpawnError, WorkerConfig};
 
 /// Log lines kept per worker for failure reports.
 const TAIL_LINES: usize = 12;
@@ -34,22 +36,35 @@ pub(crate) struct WorkerProcess {
 }
 
 impl WorkerProcess {
-    /// Starts `exe` with `args`, echoing its stderr.
+    /// Starts `exe` as a worker ([`SPAWNED_WORKER`]) with `envs` added,
+    /// and writes `config` to its stdin.
     pub(crate) fn spawn(
         exe: &Path,
-        args: &[String],
+        config: &WorkerConfig,
         envs: &[(String, String)],
         id: &str,
-    ) -> std::io::Result<Child> {
-        Command::new(exe)
-            .args(args)
+    ) -> Result<Child, SpawnError> {
+        let json = config.to_json()?;
+        let mut child = Command::new(exe)
+            .arg(SPAWNED_WORKER)
             .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .inspect(|child| {
-                tracing::info!(worker = id, pid = child.id(), "worker process started")
-            })
+            .map_err(|source| SpawnError::Start {
+                exe: exe.to_path_buf(),
+                source,
+            })?;
+        tracing::info!(worker = id, pid = child.id(), "worker process started");
+        // About 1 KiB, far under a pipe's buffer: the write does not wait
+        // on the worker, and dropping the pipe then ends its input.
+        if let Some(mut stdin) = child.stdin.take()
+            && let Err(error) = stdin.write_all(json.as_bytes())
+        {
+            // It already exited; `watch` reports that with its last lines.
+            tracing::warn!(worker = id, %error, "cannot hand the worker its configuration");
+        }
+        Ok(child)
     }
 
     /// Wraps a started child; its stderr is read on a thread of its own.
