@@ -94,10 +94,7 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
                 index: index as u32,
                 text: text.into(),
                 tokens: vec![index as u32 + 10],
-                logprobs: None,
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                ..ChunkBody::default()
             },
         });
     }
@@ -105,21 +102,16 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
     reply(&ClientReply::Done {
         id,
         body: DoneBody {
-            finish_reason: FinishReason::Length,
-            text: None,
-            usage: Usage {
-                prompt_tokens,
-                cached_tokens: prompt_tokens / 2,
-                completion_tokens: 3,
-            },
-            timings: Timings::default(),
             worker: Some("fake".into()),
-            reasoning: None,
-            tool_calls: None,
-            logprobs: None,
-            choice: 0,
-            prompt_logprobs: None,
-            embedding: None,
+            ..DoneBody::new(
+                FinishReason::Length,
+                Usage {
+                    prompt_tokens,
+                    cached_tokens: prompt_tokens / 2,
+                    completion_tokens: 3,
+                },
+                Timings::default(),
+            )
         },
     });
 }

@@ -554,9 +554,7 @@ mod tests {
                 text: text.into(),
                 tokens: entries.iter().map(|e| e.token).collect(),
                 logprobs: Some(entries),
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                ..ChunkBody::default()
             },
         }
     }
@@ -576,10 +574,7 @@ mod tests {
                 index,
                 text: text.into(),
                 tokens: vec![1],
-                logprobs: None,
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                ..ChunkBody::default()
             },
         }
     }
@@ -588,21 +583,16 @@ mod tests {
         ClientReply::Done {
             id: "h-1".into(),
             body: DoneBody {
-                finish_reason: FinishReason::Length,
-                text: None,
-                usage: Usage {
-                    prompt_tokens: 10,
-                    cached_tokens: 4,
-                    completion_tokens: 2,
-                },
-                timings: Timings::default(),
                 worker: Some("w0".into()),
-                logprobs: None,
-                reasoning: None,
-                tool_calls: None,
-                choice: 0,
-                prompt_logprobs: None,
-                embedding: None,
+                ..DoneBody::new(
+                    FinishReason::Length,
+                    Usage {
+                        prompt_tokens: 10,
+                        cached_tokens: 4,
+                        completion_tokens: 2,
+                    },
+                    Timings::default(),
+                )
             },
         }
     }
@@ -669,13 +659,9 @@ mod tests {
         let mut payloads = encoder.on_reply(ClientReply::Chunk {
             id: id.clone(),
             body: ChunkBody {
-                index: 0,
-                text: String::new(),
                 tokens: tokens.clone(),
-                logprobs: None,
                 reasoning: "Paris?".into(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                ..ChunkBody::default()
             },
         });
         for (index, c) in [call("a", "f", "{\"x\":1}"), call("b", "g", "{}")]
@@ -686,12 +672,9 @@ mod tests {
                 id: id.clone(),
                 body: ChunkBody {
                     index: index as u32 + 1,
-                    text: String::new(),
                     tokens: tokens.clone(),
-                    logprobs: None,
-                    reasoning: String::new(),
                     tool_calls: vec![c],
-                    choice: 0,
+                    ..ChunkBody::default()
                 },
             }));
         }

@@ -77,10 +77,7 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                             index,
                             text: text.into(),
                             tokens: vec![index],
-                            logprobs: None,
-                            reasoning: String::new(),
-                            tool_calls: Vec::new(),
-                            choice: 0,
+                            ..ChunkBody::default()
                         },
                     };
                     send(chunk(0, "Hel"));
@@ -91,21 +88,16 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                     send(ClientReply::Done {
                         id,
                         body: DoneBody {
-                            finish_reason: FinishReason::Length,
-                            text: None,
-                            usage: Usage {
-                                prompt_tokens: 5,
-                                cached_tokens: 3,
-                                completion_tokens: 2,
-                            },
-                            timings: Timings::default(),
                             worker: Some("w0".into()),
-                            logprobs: None,
-                            reasoning: None,
-                            tool_calls: None,
-                            choice: 0,
-                            prompt_logprobs: None,
-                            embedding: None,
+                            ..DoneBody::new(
+                                FinishReason::Length,
+                                Usage {
+                                    prompt_tokens: 5,
+                                    cached_tokens: 3,
+                                    completion_tokens: 2,
+                                },
+                                Timings::default(),
+                            )
                         },
                     });
                 }

@@ -431,17 +431,9 @@ fn logprob_frames_at_the_limits_fit_a_frame() {
     let done = WorkerToRouter::Done {
         rid: u64::MAX,
         body: DoneBody {
-            finish_reason: FinishReason::Length,
             text: Some("x".repeat(48 * tokens)),
-            usage: Usage::default(),
-            timings: Timings::default(),
             logprobs: Some((0..tokens as u32).map(entry).collect()),
-            reasoning: None,
-            tool_calls: None,
-            choice: 0,
-            prompt_logprobs: None,
-            embedding: None,
-            worker: None,
+            ..DoneBody::new(FinishReason::Length, Usage::default(), Timings::default())
         },
     };
     let frame = encode(&done).unwrap();
@@ -454,13 +446,9 @@ fn logprob_frames_at_the_limits_fit_a_frame() {
     let chunk = WorkerToRouter::Chunk {
         rid: 1,
         body: ChunkBody {
-            index: 0,
-            text: String::new(),
             tokens: (0..16).collect(),
             logprobs: Some((0..16).map(entry).collect()),
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            ..ChunkBody::default()
         },
     };
     let frame = encode(&chunk).unwrap();
@@ -475,13 +463,10 @@ fn logprobs_come_one_per_token_with_bounded_alternatives() {
         encode(&WorkerToRouter::Chunk {
             rid: 1,
             body: ChunkBody {
-                index: 0,
                 text: "a".into(),
                 tokens: vec![7042, 2208],
                 logprobs: Some(entries),
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                ..ChunkBody::default()
             },
         })
         .unwrap()
@@ -509,13 +494,9 @@ fn logprobs_come_one_per_token_with_bounded_alternatives() {
     let reply = encode(&ClientReply::Chunk {
         id: "r".into(),
         body: ChunkBody {
-            index: 0,
-            text: String::new(),
             tokens: vec![1, 2, 3],
             logprobs: Some(common::token_logprobs()),
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            ..ChunkBody::default()
         },
     })
     .unwrap();

@@ -400,10 +400,7 @@ fn core_cost_ns(chunks: u32) -> f64 {
                     index,
                     text: " token".into(),
                     tokens: vec![index],
-                    logprobs: None,
-                    reasoning: String::new(),
-                    tool_calls: Vec::new(),
-                    choice: 0,
+                    ..ChunkBody::default()
                 },
             };
             encode(&chunk).expect("encode")

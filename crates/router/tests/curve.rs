@@ -168,19 +168,7 @@ fn allow_lists_admit_known_keys_refuse_others_and_tenants_scope_namespaces() {
     );
     let done = WorkerToRouter::Done {
         rid,
-        body: DoneBody {
-            finish_reason: FinishReason::Stop,
-            text: None,
-            usage: Usage::default(),
-            timings: Timings::default(),
-            logprobs: None,
-            reasoning: None,
-            tool_calls: None,
-            choice: 0,
-            prompt_logprobs: None,
-            embedding: None,
-            worker: None,
-        },
+        body: DoneBody::new(FinishReason::Stop, Usage::default(), Timings::default()),
     };
     back.send(encode(&done).expect("encode"), 0).expect("send");
     let reply = loop {

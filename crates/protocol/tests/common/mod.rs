@@ -343,13 +343,9 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
             ClientReply::Chunk {
                 id: "req-1".into(),
                 body: ChunkBody {
-                    index: 0,
                     text: "Paris é".into(),
                     tokens: vec![7042, 2208],
-                    logprobs: None,
-                    reasoning: String::new(),
-                    tool_calls: Vec::new(),
-                    choice: 0,
+                    ..ChunkBody::default()
                 },
             },
         ),
@@ -358,13 +354,10 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
             ClientReply::Chunk {
                 id: "req-4".into(),
                 body: ChunkBody {
-                    index: 0,
                     text: " Paris".into(),
                     tokens: vec![7042, 2208],
                     logprobs: Some(token_logprobs()),
-                    reasoning: String::new(),
-                    tool_calls: Vec::new(),
-                    choice: 0,
+                    ..ChunkBody::default()
                 },
             },
         ),
@@ -374,12 +367,11 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                 id: "req-6".into(),
                 body: ChunkBody {
                     index: 1,
-                    text: String::new(),
                     tokens: vec![27, 14506],
-                    logprobs: None,
                     reasoning: "Paris, so".into(),
                     tool_calls: vec![tool_call()],
                     choice: 1,
+                    ..ChunkBody::default()
                 },
             },
         ),
@@ -388,15 +380,10 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
             ClientReply::Done {
                 id: "req-6".into(),
                 body: DoneBody {
-                    finish_reason: FinishReason::ToolCalls,
                     text: Some(String::new()),
-                    usage: usage(),
-                    timings: timings(),
                     worker: Some("w-cpu-0".into()),
-                    logprobs: None,
                     reasoning: Some("The user wants Paris.".into()),
                     tool_calls: Some(vec![tool_call()]),
-                    choice: 0,
                     prompt_logprobs: Some(vec![
                         zinfer_protocol::PromptLogprob {
                             token: 785,
@@ -415,7 +402,7 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
                             }],
                         },
                     ]),
-                    embedding: None,
+                    ..DoneBody::new(FinishReason::ToolCalls, usage(), timings())
                 },
             },
         ),
@@ -424,17 +411,9 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
             ClientReply::Done {
                 id: "req-1".into(),
                 body: DoneBody {
-                    finish_reason: FinishReason::Stop,
                     text: Some("The capital of France is Paris.".into()),
-                    usage: usage(),
-                    timings: timings(),
                     worker: Some("w-cpu-0".into()),
-                    logprobs: None,
-                    reasoning: None,
-                    tool_calls: None,
-                    choice: 0,
-                    prompt_logprobs: None,
-                    embedding: None,
+                    ..DoneBody::new(FinishReason::Stop, usage(), timings())
                 },
             },
         ),
@@ -443,17 +422,10 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
             ClientReply::Done {
                 id: "req-4".into(),
                 body: DoneBody {
-                    finish_reason: FinishReason::Length,
                     text: Some(" Paris\u{fffd}".into()),
-                    usage: usage(),
-                    timings: timings(),
                     worker: Some("w-cpu-0".into()),
                     logprobs: Some(token_logprobs()),
-                    reasoning: None,
-                    tool_calls: None,
-                    choice: 0,
-                    prompt_logprobs: None,
-                    embedding: None,
+                    ..DoneBody::new(FinishReason::Length, usage(), timings())
                 },
             },
         ),
@@ -462,17 +434,8 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
             ClientReply::Done {
                 id: "req-2".into(),
                 body: DoneBody {
-                    finish_reason: FinishReason::Length,
-                    text: None,
-                    usage: usage(),
-                    timings: timings(),
                     worker: Some("w-cpu-0".into()),
-                    logprobs: None,
-                    reasoning: None,
-                    tool_calls: None,
-                    choice: 0,
-                    prompt_logprobs: None,
-                    embedding: None,
+                    ..DoneBody::new(FinishReason::Length, usage(), timings())
                 },
             },
         ),
@@ -693,10 +656,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                     index: 2,
                     text: " Paris".into(),
                     tokens: vec![7042],
-                    logprobs: None,
-                    reasoning: String::new(),
-                    tool_calls: Vec::new(),
-                    choice: 0,
+                    ..ChunkBody::default()
                 },
             },
         ),
@@ -705,13 +665,10 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
             WorkerToRouter::Chunk {
                 rid: 8,
                 body: ChunkBody {
-                    index: 0,
                     text: " Paris".into(),
                     tokens: vec![7042, 2208],
                     logprobs: Some(token_logprobs()),
-                    reasoning: String::new(),
-                    tool_calls: Vec::new(),
-                    choice: 0,
+                    ..ChunkBody::default()
                 },
             },
         ),
@@ -719,19 +676,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
             "worker_to_router.done",
             WorkerToRouter::Done {
                 rid: 7,
-                body: DoneBody {
-                    finish_reason: FinishReason::Cancelled,
-                    text: None,
-                    usage: usage(),
-                    timings: timings(),
-                    logprobs: None,
-                    reasoning: None,
-                    tool_calls: None,
-                    choice: 0,
-                    prompt_logprobs: None,
-                    embedding: None,
-                    worker: None,
-                },
+                body: DoneBody::new(FinishReason::Cancelled, usage(), timings()),
             },
         ),
         sample(
@@ -739,17 +684,9 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
             WorkerToRouter::Done {
                 rid: 8,
                 body: DoneBody {
-                    finish_reason: FinishReason::Length,
                     text: Some(" Paris\u{fffd}".into()),
-                    usage: usage(),
-                    timings: timings(),
                     logprobs: Some(token_logprobs()),
-                    reasoning: None,
-                    tool_calls: None,
-                    choice: 0,
-                    prompt_logprobs: None,
-                    embedding: None,
-                    worker: None,
+                    ..DoneBody::new(FinishReason::Length, usage(), timings())
                 },
             },
         ),

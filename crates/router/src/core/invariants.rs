@@ -180,30 +180,18 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                     Op::Chunk(_) => WorkerToRouter::Chunk {
                         rid,
                         body: ChunkBody {
-                            index: 0,
                             text: "t".into(),
                             tokens: vec![1],
-                            logprobs: None,
-                            reasoning: String::new(),
-                            tool_calls: Vec::new(),
-                            choice: 0,
+                            ..ChunkBody::default()
                         },
                     },
                     Op::Done(_) => WorkerToRouter::Done {
                         rid,
-                        body: DoneBody {
-                            finish_reason: FinishReason::Stop,
-                            text: None,
-                            usage: Usage::default(),
-                            timings: Timings::default(),
-                            logprobs: None,
-                            reasoning: None,
-                            tool_calls: None,
-                            choice: 0,
-                            prompt_logprobs: None,
-                            embedding: None,
-                            worker: None,
-                        },
+                        body: DoneBody::new(
+                            FinishReason::Stop,
+                            Usage::default(),
+                            Timings::default(),
+                        ),
                     },
                     _ => WorkerToRouter::Error {
                         rid,
@@ -217,19 +205,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                 let (_, rid) = ledger.dispatched[k % ledger.dispatched.len()];
                 let message = WorkerToRouter::Done {
                     rid,
-                    body: DoneBody {
-                        finish_reason: FinishReason::Stop,
-                        text: None,
-                        usage: Usage::default(),
-                        timings: Timings::default(),
-                        logprobs: None,
-                        reasoning: None,
-                        tool_calls: None,
-                        choice: 0,
-                        prompt_logprobs: None,
-                        embedding: None,
-                        worker: None,
-                    },
+                    body: DoneBody::new(FinishReason::Stop, Usage::default(), Timings::default()),
                 };
                 worker_message(&mut core, now, WORKERS[w].as_bytes(), &message);
             }

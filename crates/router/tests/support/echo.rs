@@ -125,10 +125,7 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                                     index,
                                     text: piece,
                                     tokens: vec![index],
-                                    logprobs: None,
-                                    reasoning: String::new(),
-                                    tool_calls: Vec::new(),
-                                    choice: 0,
+                                    ..ChunkBody::default()
                                 },
                             });
                         }
@@ -136,21 +133,16 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                     reply(&WorkerToRouter::Done {
                         rid,
                         body: DoneBody {
-                            finish_reason: FinishReason::Length,
                             text: (!request.stream).then_some(text),
-                            usage: Usage {
-                                prompt_tokens: 1,
-                                cached_tokens: 0,
-                                completion_tokens: n,
-                            },
-                            timings: Timings::default(),
-                            logprobs: None,
-                            reasoning: None,
-                            tool_calls: None,
-                            choice: 0,
-                            prompt_logprobs: None,
-                            embedding: None,
-                            worker: None,
+                            ..DoneBody::new(
+                                FinishReason::Length,
+                                Usage {
+                                    prompt_tokens: 1,
+                                    cached_tokens: 0,
+                                    completion_tokens: n,
+                                },
+                                Timings::default(),
+                            )
                         },
                     });
                 }

@@ -1035,10 +1035,7 @@ impl EngineLoop {
         self.send(EngineEvent::Done {
             rid,
             body: DoneBody {
-                finish_reason: reason,
                 text: whole.then_some(request.text),
-                usage,
-                timings,
                 logprobs,
                 reasoning: (whole && !request.reasoning.is_empty()).then_some(request.reasoning),
                 tool_calls: (whole && !request.tool_calls.is_empty()).then_some(request.tool_calls),
@@ -1047,7 +1044,7 @@ impl EngineLoop {
                 embedding: request
                     .embed
                     .and_then(|embed| embed.vector(request.prompt_tokens)),
-                worker: None,
+                ..DoneBody::new(reason, usage, timings)
             },
         });
         let (unstarted, over) = self.choices.ended(rid, id);

@@ -1116,10 +1116,7 @@ fn events_become_the_protocol_messages_with_the_same_fields() {
             index: 1,
             text: "hi".into(),
             tokens: vec![104, 105],
-            logprobs: None,
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            ..ChunkBody::default()
         },
     };
     assert_eq!(
@@ -1130,10 +1127,7 @@ fn events_become_the_protocol_messages_with_the_same_fields() {
                 index: 1,
                 text: "hi".into(),
                 tokens: vec![104, 105],
-                logprobs: None,
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                ..ChunkBody::default()
             },
         }
     );

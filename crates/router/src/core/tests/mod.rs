@@ -166,23 +166,15 @@ impl Harness {
             worker,
             &WorkerToRouter::Done {
                 rid,
-                body: DoneBody {
-                    finish_reason: reason,
-                    text: None,
-                    usage: Usage {
+                body: DoneBody::new(
+                    reason,
+                    Usage {
                         prompt_tokens: 10,
                         cached_tokens: 4,
                         completion_tokens: 3,
                     },
-                    timings: Timings::default(),
-                    logprobs: None,
-                    reasoning: None,
-                    tool_calls: None,
-                    choice: 0,
-                    prompt_logprobs: None,
-                    embedding: None,
-                    worker: None,
-                },
+                    Timings::default(),
+                ),
             },
         );
     }
@@ -196,10 +188,7 @@ impl Harness {
                     index,
                     text: text.into(),
                     tokens: vec![index],
-                    logprobs: None,
-                    reasoning: String::new(),
-                    tool_calls: Vec::new(),
-                    choice: 0,
+                    ..ChunkBody::default()
                 },
             },
         );

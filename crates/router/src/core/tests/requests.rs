@@ -67,13 +67,9 @@ fn streams_chunks_and_done_with_client_id_and_worker() {
         ClientReply::Chunk {
             id: "req-1".into(),
             body: ChunkBody {
-                index: 0,
                 text: "Hel".into(),
                 tokens: vec![0],
-                logprobs: None,
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                ..ChunkBody::default()
             },
         }
     );
@@ -119,17 +115,8 @@ fn a_request_of_several_choices_ends_with_its_last_done() {
     let done = |choice: u32| WorkerToRouter::Done {
         rid,
         body: DoneBody {
-            finish_reason: FinishReason::Stop,
-            text: None,
-            usage: Usage::default(),
-            timings: Timings::default(),
-            logprobs: None,
-            reasoning: None,
-            tool_calls: None,
             choice,
-            prompt_logprobs: None,
-            embedding: None,
-            worker: None,
+            ..DoneBody::new(FinishReason::Stop, Usage::default(), Timings::default())
         },
     };
     h.worker("w1", &done(2));
@@ -199,17 +186,8 @@ fn non_streamed_request_gets_only_done_with_text() {
         &WorkerToRouter::Done {
             rid,
             body: DoneBody {
-                finish_reason: FinishReason::Length,
                 text: Some("full text".into()),
-                usage: Usage::default(),
-                timings: Timings::default(),
-                logprobs: None,
-                reasoning: None,
-                tool_calls: None,
-                choice: 0,
-                prompt_logprobs: None,
-                embedding: None,
-                worker: None,
+                ..DoneBody::new(FinishReason::Length, Usage::default(), Timings::default())
             },
         },
     );
@@ -248,13 +226,10 @@ fn logprobs_are_forwarded_and_relayed_unchanged() {
         &WorkerToRouter::Chunk {
             rid,
             body: ChunkBody {
-                index: 0,
                 text: "ab".into(),
                 tokens: vec![5, 6],
                 logprobs: Some(entries.clone()),
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                ..ChunkBody::default()
             },
         },
     );
@@ -276,17 +251,9 @@ fn logprobs_are_forwarded_and_relayed_unchanged() {
         &WorkerToRouter::Done {
             rid,
             body: DoneBody {
-                finish_reason: FinishReason::Length,
                 text: Some("ab".into()),
-                usage: Usage::default(),
-                timings: Timings::default(),
                 logprobs: Some(entries.clone()),
-                reasoning: None,
-                tool_calls: None,
-                choice: 0,
-                prompt_logprobs: None,
-                embedding: None,
-                worker: None,
+                ..DoneBody::new(FinishReason::Length, Usage::default(), Timings::default())
             },
         },
     );
