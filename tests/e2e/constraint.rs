@@ -6,7 +6,7 @@
 use std::process::Command;
 
 use zinfer_protocol::{
-    ChatMessage, ClientReply, Constraint, ErrorCode, FinishReason, GenerateRequest,
+    ChatMessage, ClientReply, Constraint, DoneBody, ErrorCode, FinishReason, GenerateRequest,
 };
 
 use crate::harness::{Client, Cluster, Outcome, venv_python};
@@ -24,7 +24,10 @@ fn finished(client: &Client, request: GenerateRequest) -> (String, FinishReason)
     let id = request.id.clone();
     let outcome: Outcome = client.generate(request);
     match &outcome.terminal {
-        Some(ClientReply::Done { finish_reason, .. }) => {
+        Some(ClientReply::Done {
+            body: DoneBody { finish_reason, .. },
+            ..
+        }) => {
             let text = outcome.streamed_text();
             eprintln!("{id}: {finish_reason:?} {text:?}");
             (text, *finish_reason)

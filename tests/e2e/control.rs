@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use zinfer_protocol::{
-    AdminReply, AdminRequest, ClientReply, ClientRequest, GenerateRequest, Limits, WorkerInfo,
-    WorkerState,
+    AdminReply, AdminRequest, ClientReply, ClientRequest, DoneBody, GenerateRequest, Limits,
+    WorkerInfo, WorkerState,
 };
 
 use crate::harness::{self, Client, Proc, RouterEndpoints};
@@ -392,7 +392,10 @@ fn hit_ratio(clients: &str, docs: &[String], suffix: &str) -> f64 {
         let request: GenerateRequest =
             harness::greedy(&format!("{suffix}-{i}"), &format!("{doc} {suffix}"), 2);
         match client.generate(request).terminal {
-            Some(ClientReply::Done { usage, .. }) => {
+            Some(ClientReply::Done {
+                body: DoneBody { usage, .. },
+                ..
+            }) => {
                 cached += u64::from(usage.cached_tokens);
                 prompt += u64::from(usage.prompt_tokens);
             }

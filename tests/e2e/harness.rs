@@ -9,8 +9,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use zinfer_protocol::{
-    AdminReply, AdminRequest, ClientReply, ClientRequest, GenerateRequest, Limits, WorkerInfo,
-    WorkerState,
+    AdminReply, AdminRequest, ChunkBody, ClientReply, ClientRequest, GenerateRequest, Limits,
+    WorkerInfo, WorkerState,
 };
 
 /// Clusters run one at a time: each worker is a model process and the
@@ -393,7 +393,10 @@ impl Outcome {
         self.chunks
             .iter()
             .map(|c| match c {
-                ClientReply::Chunk { text, .. } => text.as_str(),
+                ClientReply::Chunk {
+                    body: ChunkBody { text, .. },
+                    ..
+                } => text.as_str(),
                 _ => "",
             })
             .collect()

@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use harness::{Client, Cluster, WorkerSpec, greedy, scrape};
-use zinfer_protocol::{ClientReply, ClientRequest, ErrorCode, FinishReason};
+use zinfer_protocol::{ChunkBody, ClientReply, ClientRequest, DoneBody, ErrorCode, FinishReason};
 
 const SHORT: &str = "The three primary colors are";
 
@@ -41,10 +41,14 @@ fn streaming_and_non_streaming_generate() {
     let streamed = client.generate(greedy("s1", SHORT, 12));
     let Some(ClientReply::Done {
         id,
-        finish_reason,
-        text,
-        usage,
-        worker,
+        body:
+            DoneBody {
+                finish_reason,
+                text,
+                usage,
+                worker,
+                ..
+            },
         ..
     }) = streamed.terminal.clone()
     else {
@@ -55,10 +59,15 @@ fn streaming_and_non_streaming_generate() {
     assert_eq!(text, None, "streamed requests carry text in chunks");
     assert_eq!(usage.completion_tokens, 12);
     assert!(usage.prompt_tokens > 3);
-    assert_eq!(worker, "w0");
+    assert_eq!(worker.as_deref(), Some("w0"));
     assert!(!streamed.chunks.is_empty());
     for (i, chunk) in streamed.chunks.iter().enumerate() {
-        let ClientReply::Chunk { id, index, .. } = chunk else {
+        let ClientReply::Chunk {
+            id,
+            body: ChunkBody { index, .. },
+            ..
+        } = chunk
+        else {
             unreachable!()
         };
         assert_eq!(id, "s1");
@@ -71,7 +80,11 @@ fn streaming_and_non_streaming_generate() {
     request.stream = false;
     let whole = client.generate(request);
     assert!(whole.chunks.is_empty(), "no chunks when stream=false");
-    let Some(ClientReply::Done { text, .. }) = whole.terminal else {
+    let Some(ClientReply::Done {
+        body: DoneBody { text, .. },
+        ..
+    }) = whole.terminal
+    else {
         panic!("no done: {whole:?}");
     };
     assert_eq!(
@@ -92,7 +105,11 @@ fn ignore_eos_generates_exactly_max_tokens() {
         zinfer_protocol::ChatMessage::new("user", "What is the capital of France?"),
     ]);
     let natural = client.generate(request.clone());
-    let Some(ClientReply::Done { usage, .. }) = natural.terminal else {
+    let Some(ClientReply::Done {
+        body: DoneBody { usage, .. },
+        ..
+    }) = natural.terminal
+    else {
         panic!("no done: {natural:?}");
     };
     assert!(
@@ -104,8 +121,12 @@ fn ignore_eos_generates_exactly_max_tokens() {
     let forced = client.generate(request);
     match forced.terminal {
         Some(ClientReply::Done {
-            finish_reason,
-            usage,
+            body:
+                DoneBody {
+                    finish_reason,
+                    usage,
+                    ..
+                },
             ..
         }) => {
             assert_eq!(finish_reason, FinishReason::Length);
@@ -148,7 +169,10 @@ fn cancel_mid_stream_frees_the_sequence() {
     client.send(&ClientRequest::Cancel { id: "c1".into() });
     let outcome = client.collect(Duration::from_secs(30));
     match outcome.terminal {
-        Some(ClientReply::Done { finish_reason, .. }) => {
+        Some(ClientReply::Done {
+            body: DoneBody { finish_reason, .. },
+            ..
+        }) => {
             assert_eq!(finish_reason, FinishReason::Cancelled)
         }
         other => panic!("expected done/cancelled, got {other:?}"),
@@ -186,10 +210,14 @@ fn cache_aware_keeps_a_shared_prefix_on_one_worker_round_robin_spreads() {
         let mut cached = 0;
         for (i, q) in questions.iter().enumerate() {
             let outcome = client.generate(greedy(&format!("q{i}"), &format!("{system}{q}"), 2));
-            let Some(ClientReply::Done { worker, usage, .. }) = outcome.terminal else {
+            let Some(ClientReply::Done {
+                body: DoneBody { worker, usage, .. },
+                ..
+            }) = outcome.terminal
+            else {
                 panic!("no done: {outcome:?}");
             };
-            *per_worker.entry(worker).or_insert(0) += 1;
+            *per_worker.entry(worker.unwrap_or_default()).or_insert(0) += 1;
             cached += usage.cached_tokens;
         }
         (per_worker, cached)
@@ -236,7 +264,7 @@ fn killing_a_worker_mid_stream_gives_worker_lost_and_the_router_keeps_serving() 
     cluster.wait_ready(1);
     let outcome = client.generate(greedy("k2", SHORT, 3));
     assert!(
-        matches!(outcome.terminal, Some(ClientReply::Done { ref worker, .. }) if worker == "w1"),
+        matches!(outcome.terminal, Some(ClientReply::Done { body: DoneBody { ref worker, .. }, .. }) if worker.as_deref() == Some("w1")),
         "{outcome:?}"
     );
 }
@@ -408,8 +436,12 @@ fn sigterm_lets_a_worker_finish_in_flight_requests_then_exit() {
     let outcome = client.collect(Duration::from_secs(30));
     match outcome.terminal {
         Some(ClientReply::Done {
-            finish_reason,
-            usage,
+            body:
+                DoneBody {
+                    finish_reason,
+                    usage,
+                    ..
+                },
             ..
         }) => {
             assert_eq!(finish_reason, FinishReason::Length);

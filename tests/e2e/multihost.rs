@@ -8,7 +8,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use zinfer_protocol::{ClientReply, ClientRequest, ErrorCode};
+use zinfer_protocol::{ClientReply, ClientRequest, DoneBody, ErrorCode};
 
 use crate::harness::{self, Proc};
 
@@ -337,9 +337,11 @@ fn client_request_done(
         };
         match &reply {
             ClientReply::Done {
-                id: done, worker, ..
+                id: done,
+                body: DoneBody { worker, .. },
+                ..
             } if done == id => {
-                return (worker.clone(), ended);
+                return (worker.clone().unwrap_or_default(), ended);
             }
             ClientReply::Error {
                 id: Some(e), code, ..

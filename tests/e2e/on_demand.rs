@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use zinfer_protocol::{
-    ClientReply, ClientRequest, ErrorCode, FinishReason, KeepAlive, ModelInfo, ModelState,
-    WorkerState,
+    ClientReply, ClientRequest, DoneBody, ErrorCode, FinishReason, KeepAlive, ModelInfo,
+    ModelState, WorkerState,
 };
 
 use crate::control::ControlPlane;
@@ -68,7 +68,10 @@ fn assert_done(outcome: &harness::Outcome) {
         matches!(
             outcome.terminal,
             Some(ClientReply::Done {
-                finish_reason: FinishReason::Length | FinishReason::Stop,
+                body: DoneBody {
+                    finish_reason: FinishReason::Length | FinishReason::Stop,
+                    ..
+                },
                 ..
             })
         ),

@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use zinfer_protocol::{ClientReply, ClientRequest, ErrorCode, WorkerState};
+use zinfer_protocol::{ChunkBody, ClientReply, ClientRequest, DoneBody, ErrorCode, WorkerState};
 
 use crate::harness::{self, Cluster, Rng};
 
@@ -155,7 +155,7 @@ fn a_hung_worker_is_expired_its_requests_end_once_and_it_comes_back() {
     // (never shown anything) back to the victim.
     let outcome = client.generate(harness::greedy("f1", "Hello", 2));
     assert!(
-        matches!(&outcome.terminal, Some(ClientReply::Done { worker, .. }) if *worker == survivor),
+        matches!(&outcome.terminal, Some(ClientReply::Done { body: DoneBody { worker, .. }, .. }) if worker.as_ref() == Some(&survivor)),
         "{outcome:?}"
     );
     client.send(&long_request("n1", 24, false));
@@ -211,7 +211,7 @@ fn a_hung_worker_is_expired_its_requests_end_once_and_it_comes_back() {
         assert!(
             matches!(
                 terminals(&replies).as_slice(),
-                [ClientReply::Done { worker, .. }] if *worker == survivor
+                [ClientReply::Done { body: DoneBody { worker, .. }, .. }] if worker.as_ref() == Some(&survivor)
             ),
             "{id}: {replies:?}"
         );
@@ -255,7 +255,12 @@ fn a_hung_worker_is_expired_its_requests_end_once_and_it_comes_back() {
     let served: HashSet<String> = ["r1", "r2"]
         .iter()
         .filter_map(|id| match terminals(by_id.get(*id)?).as_slice() {
-            [ClientReply::Done { worker, .. }] => Some(worker.clone()),
+            [
+                ClientReply::Done {
+                    body: DoneBody { worker, .. },
+                    ..
+                },
+            ] => worker.clone(),
             _ => None,
         })
         .collect();
@@ -406,7 +411,10 @@ fn streamed_tokens(id: &str, replies: &[ClientReply]) -> usize {
     replies
         .iter()
         .map(|r| match r {
-            ClientReply::Chunk { tokens, .. } => tokens.len(),
+            ClientReply::Chunk {
+                body: ChunkBody { tokens, .. },
+                ..
+            } => tokens.len(),
             _ => 0,
         })
         .sum()

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use zinfer_curve::{ClientCurve, KeyPair, read_public_key};
 use zinfer_protocol::{
-    AdminReply, AdminRequest, ClientReply, ClientRequest, Limits, Timings, Usage, WorkerState,
+    AdminReply, AdminRequest, ClientReply, ClientRequest, DoneBody, Limits, Timings, Usage,
+    WorkerState,
 };
 
 use crate::harness::{
@@ -78,8 +79,7 @@ fn generate(
             Some(ClientReply::Chunk { .. }) => chunks = true,
             Some(ClientReply::Done {
                 id: done_id,
-                usage,
-                timings,
+                body: DoneBody { usage, timings, .. },
                 ..
             }) if done_id == id => return (usage, timings, chunks),
             Some(ClientReply::Error { message, .. }) => panic!("{id}: error {message}"),

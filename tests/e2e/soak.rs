@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use zinfer_protocol::{
-    AdminReply, AdminRequest, ClientReply, ClientRequest, ErrorCode, FinishReason, Limits,
-    WorkerState,
+    AdminReply, AdminRequest, ChunkBody, ClientReply, ClientRequest, DoneBody, ErrorCode,
+    FinishReason, Limits, WorkerState,
 };
 
 use crate::harness::{self, Proc, Rng};
@@ -351,7 +351,10 @@ fn a_soak_with_chaos_ends_every_request_exactly_once() {
                     continue;
                 }
                 match &reply {
-                    ClientReply::Chunk { index, .. } => {
+                    ClientReply::Chunk {
+                        body: ChunkBody { index, .. },
+                        ..
+                    } => {
                         if *index != record.next_index {
                             record.out_of_order += 1;
                         }
@@ -364,8 +367,12 @@ fn a_soak_with_chaos_ends_every_request_exactly_once() {
                         }
                     }
                     ClientReply::Done {
-                        finish_reason,
-                        usage,
+                        body:
+                            DoneBody {
+                                finish_reason,
+                                usage,
+                                ..
+                            },
                         ..
                     } => {
                         record.terminals += 1;

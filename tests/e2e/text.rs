@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use zinfer_protocol::{
-    ApplyTemplateRequest, ChatMessage, ClientReply, ClientRequest, DetokenizeRequest, ErrorCode,
-    GenerateRequest, Piece, TokenizeRequest,
+    ApplyTemplateRequest, ChatMessage, ClientReply, ClientRequest, DetokenizeRequest, DoneBody,
+    ErrorCode, GenerateRequest, Piece, TokenizeRequest,
 };
 
 use crate::harness::{self, Client, Cluster, greedy};
@@ -78,9 +78,10 @@ fn run(client: &Client, request: GenerateRequest) -> (String, u32) {
     let mut request = request;
     request.stream = false;
     match client.generate(request).terminal {
-        Some(ClientReply::Done { text, usage, .. }) => {
-            (text.unwrap_or_default(), usage.prompt_tokens)
-        }
+        Some(ClientReply::Done {
+            body: DoneBody { text, usage, .. },
+            ..
+        }) => (text.unwrap_or_default(), usage.prompt_tokens),
         other => panic!("expected done, got {other:?}"),
     }
 }
@@ -300,7 +301,11 @@ fn a_huge_tokenize_beside_a_stream() {
             {
                 bigger = Some(reply.clone());
             }
-            ClientReply::Done { id, usage, .. } if id == "s" => {
+            ClientReply::Done {
+                id,
+                body: DoneBody { usage, .. },
+                ..
+            } if id == "s" => {
                 done = Some(usage.completion_tokens);
             }
             ClientReply::Chunk { .. } => {}

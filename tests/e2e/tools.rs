@@ -4,7 +4,9 @@
 //! through the HTTP front, the official `openai` package gets strict JSON
 //! schemas and tool calls that `jsonschema` validates.
 
-use zinfer_protocol::{ChatMessage, ClientReply, FinishReason, Tool, ToolCall, ToolChoice};
+use zinfer_protocol::{
+    ChatMessage, ChunkBody, ClientReply, DoneBody, FinishReason, Tool, ToolCall, ToolChoice,
+};
 
 use crate::harness::Cluster;
 
@@ -55,9 +57,13 @@ fn forced_tool_calls_over_the_protocol() {
 
     let whole = client.generate(request("whole", false));
     let Some(ClientReply::Done {
-        finish_reason,
-        text,
-        tool_calls,
+        body:
+            DoneBody {
+                finish_reason,
+                text,
+                tool_calls,
+                ..
+            },
         ..
     }) = &whole.terminal
     else {
@@ -74,7 +80,10 @@ fn forced_tool_calls_over_the_protocol() {
         .chunks
         .iter()
         .flat_map(|c| match c {
-            ClientReply::Chunk { tool_calls, .. } => tool_calls.iter().collect(),
+            ClientReply::Chunk {
+                body: ChunkBody { tool_calls, .. },
+                ..
+            } => tool_calls.iter().collect(),
             _ => Vec::new(),
         })
         .collect();
@@ -87,7 +96,10 @@ fn forced_tool_calls_over_the_protocol() {
         matches!(
             streamed.terminal,
             Some(ClientReply::Done {
-                finish_reason: FinishReason::ToolCalls,
+                body: DoneBody {
+                    finish_reason: FinishReason::ToolCalls,
+                    ..
+                },
                 ..
             })
         ),
@@ -102,8 +114,11 @@ fn forced_tool_calls_over_the_protocol() {
     plain.max_tokens = 12;
     let outcome = client.generate(plain);
     let Some(ClientReply::Done {
-        finish_reason,
-        tool_calls,
+        body: DoneBody {
+            finish_reason,
+            tool_calls,
+            ..
+        },
         ..
     }) = &outcome.terminal
     else {

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use zinfer_curve::DropWatch;
 
-use zinfer_protocol::{ClientReply, ClientRequest, GenerateRequest, Limits, decode, encode};
+use zinfer_protocol::{
+    ChunkBody, ClientReply, ClientRequest, DoneBody, GenerateRequest, Limits, decode, encode,
+};
 
 use crate::BenchError;
 
@@ -152,8 +154,16 @@ impl ZmqTransport {
             }
         };
         let (id, kind) = match reply {
-            ClientReply::Chunk { id, text, .. } => (id, EventKind::Chunk { text }),
-            ClientReply::Done { id, usage, .. } => {
+            ClientReply::Chunk {
+                id,
+                body: ChunkBody { text, .. },
+                ..
+            } => (id, EventKind::Chunk { text }),
+            ClientReply::Done {
+                id,
+                body: DoneBody { usage, .. },
+                ..
+            } => {
                 let counts = TokenCounts {
                     prompt: Some(u64::from(usage.prompt_tokens)),
                     completion: u64::from(usage.completion_tokens),

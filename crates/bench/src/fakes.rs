@@ -17,8 +17,8 @@ use std::{
 
 use serde_json::{Value, json};
 use zinfer_protocol::{
-    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, Limits, RouterToWorker,
-    Timings, Usage, WorkerToRouter, decode, encode,
+    ChunkBody, ClientReply, ClientRequest, DoneBody, ErrorCode, FinishReason, GenerateRequest,
+    Limits, ReadyBody, RouterToWorker, Timings, Usage, WorkerToRouter, decode, encode,
 };
 
 /// A fake server on a thread; [`Fake::stop`] ends it and returns what it saw.
@@ -90,33 +90,29 @@ fn answer(request: &GenerateRequest, reply: impl Fn(&ClientReply)) {
         std::thread::sleep(Duration::from_millis(2));
         reply(&ClientReply::Chunk {
             id: id.clone(),
-            index: index as u32,
-            text: text.into(),
-            tokens: vec![index as u32 + 10],
-            logprobs: None,
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            body: ChunkBody {
+                index: index as u32,
+                text: text.into(),
+                tokens: vec![index as u32 + 10],
+                ..ChunkBody::default()
+            },
         });
     }
     let prompt_tokens = prompt.split_whitespace().count() as u32;
     reply(&ClientReply::Done {
         id,
-        finish_reason: FinishReason::Length,
-        text: None,
-        usage: Usage {
-            prompt_tokens,
-            cached_tokens: prompt_tokens / 2,
-            completion_tokens: 3,
+        body: DoneBody {
+            worker: Some("fake".into()),
+            ..DoneBody::new(
+                FinishReason::Length,
+                Usage {
+                    prompt_tokens,
+                    cached_tokens: prompt_tokens / 2,
+                    completion_tokens: 3,
+                },
+                Timings::default(),
+            )
         },
-        timings: Timings::default(),
-        worker: "fake".into(),
-        reasoning: None,
-        tool_calls: None,
-        logprobs: None,
-        choice: 0,
-        prompt_logprobs: None,
-        embedding: None,
     });
 }
 
@@ -134,7 +130,7 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
     };
     send(
         &socket,
-        &WorkerToRouter::Ready {
+        &WorkerToRouter::Ready(ReadyBody {
             worker_id: "fake-worker".into(),
             protocol: zinfer_protocol::PROTOCOL_VERSION,
             models: vec!["smol".into()],
@@ -145,7 +141,7 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
             vocab_size: None,
             import_endpoint: None,
             import_key: None,
-        },
+        }),
     );
     let stop = Arc::new(AtomicBool::new(false));
     let stopped = stop.clone();
@@ -169,40 +165,11 @@ pub(crate) fn worker(back: &str) -> Fake<u64> {
             served += 1;
             answer(&request, |reply| {
                 let message = match reply.clone() {
-                    ClientReply::Chunk {
-                        index,
-                        text,
-                        tokens,
-                        ..
-                    } => WorkerToRouter::Chunk {
-                        choice: 0,
-                        rid,
-                        index,
-                        text,
-                        tokens,
-                        logprobs: None,
-                        reasoning: String::new(),
-                        tool_calls: Vec::new(),
-                    },
-                    ClientReply::Done {
-                        finish_reason,
-                        text,
-                        usage,
-                        timings,
-                        ..
-                    } => WorkerToRouter::Done {
-                        embedding: None,
-                        prompt_logprobs: None,
-                        choice: 0,
-                        rid,
-                        finish_reason,
-                        text,
-                        usage,
-                        timings,
-                        logprobs: None,
-                        reasoning: None,
-                        tool_calls: None,
-                    },
+                    ClientReply::Chunk { body, .. } => WorkerToRouter::Chunk { rid, body },
+                    ClientReply::Done { mut body, .. } => {
+                        body.worker = None;
+                        WorkerToRouter::Done { rid, body }
+                    }
                     ClientReply::Error { code, message, .. } => {
                         WorkerToRouter::Error { rid, code, message }
                     }

@@ -175,7 +175,7 @@ fn stream_completion(
         match sse.line(&line) {
             Ok(Some(text)) => on_chunk(text),
             Ok(None) => {}
-            Err(message) => return transport_error(message),
+            Err(error) => return transport_error(error.to_string()),
         }
         if sse.finished {
             break;
@@ -192,6 +192,22 @@ fn transport_error(message: String) -> EventKind {
 }
 
 /// What one completion stream said so far.
+/// Why a stream line ends the request as a transport error.
+#[derive(Debug, thiserror::Error)]
+enum StreamError {
+    /// The event is not JSON.
+    #[error("unreadable stream event {data:?}: {source}")]
+    Unreadable {
+        /// The event's data.
+        data: String,
+        /// What the JSON reader said.
+        source: serde_json::Error,
+    },
+    /// The server sent an error event.
+    #[error("the server reported an error: {0}")]
+    Server(Value),
+}
+
 #[derive(Debug, Default)]
 struct SseState {
     chunks: u64,
@@ -203,7 +219,7 @@ struct SseState {
 
 impl SseState {
     /// Takes one line; returns the text of a non-empty chunk.
-    fn line(&mut self, line: &str) -> Result<Option<String>, String> {
+    fn line(&mut self, line: &str) -> Result<Option<String>, StreamError> {
         let Some(data) = line.strip_prefix("data:") else {
             return Ok(None);
         };
@@ -212,10 +228,13 @@ impl SseState {
             self.finished = true;
             return Ok(None);
         }
-        let value: Value = serde_json::from_str(data)
-            .map_err(|e| format!("unreadable stream event {data:?}: {e}"))?;
+        let value: Value =
+            serde_json::from_str(data).map_err(|source| StreamError::Unreadable {
+                data: data.to_string(),
+                source,
+            })?;
         if let Some(error) = value.get("error") {
-            return Err(format!("the server reported an error: {error}"));
+            return Err(StreamError::Server(error.clone()));
         }
         if let Some(usage) = value.get("usage").filter(|u| u.is_object()) {
             let number = |v: Option<&Value>| v.and_then(Value::as_u64);

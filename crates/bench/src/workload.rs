@@ -286,30 +286,51 @@ pub(crate) fn read_prompt_file(path: &Path) -> Result<Vec<FilePrompt>, crate::Be
         .map_err(|e| crate::BenchError::PromptFile(format!("{}:{e}", path.display())))
 }
 
+/// Why a prompt file's lines cannot be used; the message starts with the
+/// 1-based line number, to follow the file's path and a colon.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PromptLinesError {
+    /// A line is not a prompt object.
+    #[error(
+        "{line}: {source}; each line must be a JSON object like \
+         {{\"prompt\": \"Hello\", \"max_tokens\": 64}}"
+    )]
+    Json {
+        /// 1-based line number.
+        line: usize,
+        /// What the JSON reader said.
+        source: serde_json::Error,
+    },
+    /// An empty prompt, or `max_tokens` 0.
+    #[error("{line}: \"prompt\" must not be empty and \"max_tokens\" must be at least 1")]
+    Empty {
+        /// 1-based line number.
+        line: usize,
+    },
+    /// No line holds a prompt.
+    #[error(" no prompts: the file holds no JSON lines")]
+    NoPrompts,
+}
+
 /// Parses JSONL prompt lines; an error names the 1-based line number.
-pub(crate) fn parse_prompt_lines(text: &str) -> Result<Vec<FilePrompt>, String> {
+pub(crate) fn parse_prompt_lines(text: &str) -> Result<Vec<FilePrompt>, PromptLinesError> {
     let mut prompts = Vec::new();
     for (index, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }
-        let prompt: FilePrompt = serde_json::from_str(line).map_err(|e| {
-            format!(
-                "{}: {e}; each line must be a JSON object like \
-                 {{\"prompt\": \"Hello\", \"max_tokens\": 64}}",
-                index + 1
-            )
-        })?;
+        let prompt: FilePrompt =
+            serde_json::from_str(line).map_err(|source| PromptLinesError::Json {
+                line: index + 1,
+                source,
+            })?;
         if prompt.prompt.is_empty() || prompt.max_tokens == Some(0) {
-            return Err(format!(
-                "{}: \"prompt\" must not be empty and \"max_tokens\" must be at least 1",
-                index + 1
-            ));
+            return Err(PromptLinesError::Empty { line: index + 1 });
         }
         prompts.push(prompt);
     }
     if prompts.is_empty() {
-        return Err(" no prompts: the file holds no JSON lines".into());
+        return Err(PromptLinesError::NoPrompts);
     }
     Ok(prompts)
 }
@@ -576,12 +597,16 @@ mod tests {
 
     #[test]
     fn bad_file_lines_are_reported_with_their_line_number() {
-        let bad_json = parse_prompt_lines("{\"prompt\": \"ok\"}\n\n{\"prompt\": 3}\n").unwrap_err();
+        let bad_json = parse_prompt_lines("{\"prompt\": \"ok\"}\n\n{\"prompt\": 3}\n")
+            .unwrap_err()
+            .to_string();
         assert!(bad_json.starts_with("3: "), "{bad_json}");
         assert!(bad_json.contains("JSON object like"), "{bad_json}");
-        let not_json = parse_prompt_lines("hello\n").unwrap_err();
+        let not_json = parse_prompt_lines("hello\n").unwrap_err().to_string();
         assert!(not_json.starts_with("1: "), "{not_json}");
-        let zero = parse_prompt_lines("{\"prompt\": \"x\", \"max_tokens\": 0}").unwrap_err();
+        let zero = parse_prompt_lines("{\"prompt\": \"x\", \"max_tokens\": 0}")
+            .unwrap_err()
+            .to_string();
         assert!(
             zero.starts_with("1: ") && zero.contains("at least 1"),
             "{zero}"
@@ -589,6 +614,7 @@ mod tests {
         assert!(
             parse_prompt_lines("\n \n")
                 .unwrap_err()
+                .to_string()
                 .contains("no prompts")
         );
     }

@@ -4,7 +4,9 @@ use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use zinfer_protocol::{ChatMessage, ClientReply, ClientRequest, GenerateRequest, Limits};
+use zinfer_protocol::{
+    ChatMessage, ChunkBody, ClientReply, ClientRequest, DoneBody, GenerateRequest, Limits,
+};
 
 use crate::zmq_util;
 
@@ -141,13 +143,20 @@ pub(crate) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         let frame = socket.recv_bytes(0)?;
         last_reply = Instant::now();
         match zinfer_protocol::decode::<ClientReply>(&frame, &limits)? {
-            ClientReply::Chunk { text, .. } => {
+            ClientReply::Chunk {
+                body: ChunkBody { text, .. },
+                ..
+            } => {
                 stdout.write_all(text.as_bytes())?;
                 stdout.flush()?;
             }
             done @ ClientReply::Done { .. } => {
                 if let ClientReply::Done {
-                    text: Some(text), ..
+                    body:
+                        DoneBody {
+                            text: Some(text), ..
+                        },
+                    ..
                 } = &done
                 {
                     stdout.write_all(text.as_bytes())?;

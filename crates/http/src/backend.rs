@@ -70,6 +70,23 @@ pub struct RouterClient {
     shared: Arc<Shared>,
 }
 
+/// Why a frame did not go to the router.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    /// The message could not be encoded.
+    #[error(transparent)]
+    Encode(#[from] zinfer_protocol::EncodeError),
+    /// No router is connected, or its queue is full: the DEALER would
+    /// block.
+    #[error(
+        "the router is not reachable (not connected, or its queue is full); retry with backoff"
+    )]
+    Unreachable,
+    /// libzmq refused the send.
+    #[error("{0}")]
+    Socket(zmq::Error),
+}
+
 /// Why the router connection could not be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
@@ -390,16 +407,13 @@ impl IoThread {
 
     /// Sends without blocking: with no router connected a DEALER would
     /// block, so that case is reported at once instead.
-    fn send(&self, request: &ClientRequest) -> Result<(), String> {
-        let frame = zinfer_protocol::encode(request).map_err(|e| e.to_string())?;
+    fn send(&self, request: &ClientRequest) -> Result<(), SendError> {
+        let frame = zinfer_protocol::encode(request)?;
         self.socket
             .send(frame, zmq::DONTWAIT)
             .map_err(|error| match error {
-                zmq::Error::EAGAIN => {
-                    "the router is not reachable (not connected yet, or its queue is full)"
-                        .to_string()
-                }
-                other => other.to_string(),
+                zmq::Error::EAGAIN => SendError::Unreachable,
+                other => SendError::Socket(other),
             })
     }
 
@@ -441,20 +455,13 @@ impl IoThread {
             },
         };
         // Err(None): not connected yet, keep it; Err(Some(..)): give up.
-        let sent = match zinfer_protocol::encode(&request) {
-            Ok(frame) => self
-                .socket
-                .send(frame, zmq::DONTWAIT)
-                .map_err(|error| match error {
-                    zmq::Error::EAGAIN if arrived.elapsed() < CONNECT_WAIT => None,
-                    zmq::Error::EAGAIN => Some((
-                        ErrorCode::Unavailable,
-                        "the router is not reachable (not connected, or its queue is full); retry with backoff".to_string(),
-                    )),
-                    other => Some((ErrorCode::Unavailable, other.to_string())),
-                }),
-            Err(error) => Err(Some((ErrorCode::Internal, error.to_string()))),
-        };
+        let sent = self.send(&request).map_err(|error| match error {
+            SendError::Unreachable if arrived.elapsed() < CONNECT_WAIT => None,
+            SendError::Encode(_) => Some((ErrorCode::Internal, error.to_string())),
+            SendError::Unreachable | SendError::Socket(_) => {
+                Some((ErrorCode::Unavailable, error.to_string()))
+            }
+        });
         match (sent, unsent) {
             (Ok(()), Unsent::Generate(request, replies)) => {
                 self.requests

@@ -2,7 +2,9 @@
 //! the caller supplies the response id, the time and the replies.
 
 use serde_json::{Value, json};
-use zinfer_protocol::{ClientReply, FinishReason, PromptLogprob, TokenLogprob, ToolCall, Usage};
+use zinfer_protocol::{
+    ChunkBody, ClientReply, DoneBody, FinishReason, PromptLogprob, TokenLogprob, ToolCall, Usage,
+};
 
 use crate::error::ApiError;
 
@@ -390,11 +392,15 @@ impl StreamEncoder {
         let mut out = Vec::new();
         match reply {
             ClientReply::Chunk {
-                text,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
+                body:
+                    ChunkBody {
+                        text,
+                        logprobs,
+                        reasoning,
+                        tool_calls,
+                        choice,
+                        ..
+                    },
                 ..
             } => {
                 let Some(choice) = self.choice(choice) else {
@@ -416,13 +422,17 @@ impl StreamEncoder {
                 }
             }
             ClientReply::Done {
-                finish_reason,
-                usage: used,
-                text,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
+                body:
+                    DoneBody {
+                        finish_reason,
+                        usage: used,
+                        text,
+                        logprobs,
+                        reasoning,
+                        tool_calls,
+                        choice,
+                        ..
+                    },
                 ..
             } => {
                 let Some(index) = self.choice(choice) else {
@@ -539,13 +549,13 @@ mod tests {
     fn chunk_with(index: u32, text: &str, entries: Vec<TokenLogprob>) -> ClientReply {
         ClientReply::Chunk {
             id: "h-1".into(),
-            index,
-            text: text.into(),
-            tokens: entries.iter().map(|e| e.token).collect(),
-            logprobs: Some(entries),
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            body: ChunkBody {
+                index,
+                text: text.into(),
+                tokens: entries.iter().map(|e| e.token).collect(),
+                logprobs: Some(entries),
+                ..ChunkBody::default()
+            },
         }
     }
 
@@ -560,34 +570,30 @@ mod tests {
     fn chunk(index: u32, text: &str) -> ClientReply {
         ClientReply::Chunk {
             id: "h-1".into(),
-            index,
-            text: text.into(),
-            tokens: vec![1],
-            logprobs: None,
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            body: ChunkBody {
+                index,
+                text: text.into(),
+                tokens: vec![1],
+                ..ChunkBody::default()
+            },
         }
     }
 
     fn done() -> ClientReply {
         ClientReply::Done {
             id: "h-1".into(),
-            finish_reason: FinishReason::Length,
-            text: None,
-            usage: Usage {
-                prompt_tokens: 10,
-                cached_tokens: 4,
-                completion_tokens: 2,
+            body: DoneBody {
+                worker: Some("w0".into()),
+                ..DoneBody::new(
+                    FinishReason::Length,
+                    Usage {
+                        prompt_tokens: 10,
+                        cached_tokens: 4,
+                        completion_tokens: 2,
+                    },
+                    Timings::default(),
+                )
             },
-            timings: Timings::default(),
-            worker: "w0".into(),
-            logprobs: None,
-            reasoning: None,
-            tool_calls: None,
-            choice: 0,
-            prompt_logprobs: None,
-            embedding: None,
         }
     }
 
@@ -642,18 +648,21 @@ mod tests {
     #[test]
     fn tool_calls_and_reasoning_stream_as_openai_deltas() {
         let mut encoder = StreamEncoder::new(meta(Endpoint::Chat), false);
-        let ClientReply::Chunk { id, tokens, .. } = chunk(0, "") else {
+        let ClientReply::Chunk {
+            id,
+            body: ChunkBody { tokens, .. },
+            ..
+        } = chunk(0, "")
+        else {
             unreachable!()
         };
         let mut payloads = encoder.on_reply(ClientReply::Chunk {
             id: id.clone(),
-            index: 0,
-            text: String::new(),
-            tokens: tokens.clone(),
-            logprobs: None,
-            reasoning: "Paris?".into(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            body: ChunkBody {
+                tokens: tokens.clone(),
+                reasoning: "Paris?".into(),
+                ..ChunkBody::default()
+            },
         });
         for (index, c) in [call("a", "f", "{\"x\":1}"), call("b", "g", "{}")]
             .into_iter()
@@ -661,39 +670,19 @@ mod tests {
         {
             payloads.extend(encoder.on_reply(ClientReply::Chunk {
                 id: id.clone(),
-                index: index as u32 + 1,
-                text: String::new(),
-                tokens: tokens.clone(),
-                logprobs: None,
-                reasoning: String::new(),
-                tool_calls: vec![c],
-                choice: 0,
+                body: ChunkBody {
+                    index: index as u32 + 1,
+                    tokens: tokens.clone(),
+                    tool_calls: vec![c],
+                    ..ChunkBody::default()
+                },
             }));
         }
-        let ClientReply::Done {
-            id,
-            usage,
-            timings,
-            worker,
-            ..
-        } = done()
-        else {
+        let ClientReply::Done { id, mut body } = done() else {
             unreachable!()
         };
-        payloads.extend(encoder.on_reply(ClientReply::Done {
-            id,
-            finish_reason: FinishReason::ToolCalls,
-            text: None,
-            usage,
-            timings,
-            worker,
-            logprobs: None,
-            reasoning: None,
-            tool_calls: None,
-            choice: 0,
-            prompt_logprobs: None,
-            embedding: None,
-        }));
+        body.finish_reason = FinishReason::ToolCalls;
+        payloads.extend(encoder.on_reply(ClientReply::Done { id, body }));
         let events = parse(&payloads);
         assert_eq!(events.len(), 4, "{events:?}");
         let delta = |i: usize| &events[i]["choices"][0]["delta"];

@@ -17,7 +17,9 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::json;
-use zinfer_protocol::{ClientReply, FinishReason, Limits, TextRequest, Usage};
+use zinfer_protocol::{
+    ChunkBody, ClientReply, DoneBody, FinishReason, Limits, ModelInfo, TextRequest, Usage,
+};
 
 use crate::backend::{Pending, RouterClient};
 use crate::embeddings;
@@ -113,7 +115,7 @@ async fn health() -> impl IntoResponse {
 
 async fn ready(State(state): State<AppState>) -> Response {
     match state.client.models(MODELS_TIMEOUT).await {
-        Ok(models) if models.iter().any(|m| m.workers > 0 || m.state.is_some()) => {
+        Ok(models) if models.iter().any(ModelInfo::servable) => {
             axum::Json(json!({"status": "ready", "models": models_json(&models)})).into_response()
         }
         Ok(_) => (
@@ -162,9 +164,7 @@ async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
     data.extend(
         served
             .iter()
-            .filter(|m| {
-                (m.workers > 0 || m.state.is_some()) && Some(&m.name) != state.alias.as_ref()
-            })
+            .filter(|m| m.servable() && Some(&m.name) != state.alias.as_ref())
             .map(|m| entry(&m.name, state_name(m))),
     );
     Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
@@ -206,15 +206,22 @@ async fn embeddings(State(state): State<AppState>, body: Body) -> Result<Respons
         loop {
             match input.next(state.reply_timeout).await? {
                 ClientReply::Done {
-                    embedding: Some(vector),
-                    usage,
+                    body:
+                        DoneBody {
+                            embedding: Some(vector),
+                            usage,
+                            ..
+                        },
                     ..
                 } => {
                     vectors.push(vector);
                     used.push(usage);
                     break;
                 }
-                ClientReply::Done { finish_reason, .. } => {
+                ClientReply::Done {
+                    body: DoneBody { finish_reason, .. },
+                    ..
+                } => {
                     return Err(ApiError::Router {
                         code: zinfer_protocol::ErrorCode::Internal,
                         message: format!(
@@ -351,11 +358,15 @@ async fn whole(
     loop {
         match reply {
             ClientReply::Chunk {
-                text,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
+                body:
+                    ChunkBody {
+                        text,
+                        logprobs,
+                        reasoning,
+                        tool_calls,
+                        choice,
+                        ..
+                    },
                 ..
             } => {
                 if let Some((out, _)) = outs.get_mut(choice as usize) {
@@ -363,14 +374,18 @@ async fn whole(
                 }
             }
             ClientReply::Done {
-                finish_reason,
-                usage,
-                text,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
-                prompt_logprobs,
+                body:
+                    DoneBody {
+                        finish_reason,
+                        usage,
+                        text,
+                        logprobs,
+                        reasoning,
+                        tool_calls,
+                        choice,
+                        prompt_logprobs,
+                        ..
+                    },
                 ..
             } => {
                 // The prompt's entries come once, on choice 0's done; every

@@ -17,7 +17,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use zinfer_http::{HttpConfig, HttpServer};
 use zinfer_protocol::{
-    ClientReply, ClientRequest, ErrorCode, FinishReason, Limits, ModelInfo, Piece, Timings, Usage,
+    ChunkBody, ClientReply, ClientRequest, DoneBody, ErrorCode, FinishReason, Limits, ModelInfo,
+    Piece, Timings, Usage,
 };
 
 /// Answers `models`, and `generate` with "Hel" + "lo" then `done`; the
@@ -72,13 +73,12 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                     assert!(request.stream, "the front always streams from the router");
                     let chunk = |index: u32, text: &str| ClientReply::Chunk {
                         id: id.clone(),
-                        index,
-                        text: text.into(),
-                        tokens: vec![index],
-                        logprobs: None,
-                        reasoning: String::new(),
-                        tool_calls: Vec::new(),
-                        choice: 0,
+                        body: ChunkBody {
+                            index,
+                            text: text.into(),
+                            tokens: vec![index],
+                            ..ChunkBody::default()
+                        },
                     };
                     send(chunk(0, "Hel"));
                     if request.prompt.as_deref() == Some("hang") {
@@ -87,21 +87,18 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                     send(chunk(1, "lo"));
                     send(ClientReply::Done {
                         id,
-                        finish_reason: FinishReason::Length,
-                        text: None,
-                        usage: Usage {
-                            prompt_tokens: 5,
-                            cached_tokens: 3,
-                            completion_tokens: 2,
+                        body: DoneBody {
+                            worker: Some("w0".into()),
+                            ..DoneBody::new(
+                                FinishReason::Length,
+                                Usage {
+                                    prompt_tokens: 5,
+                                    cached_tokens: 3,
+                                    completion_tokens: 2,
+                                },
+                                Timings::default(),
+                            )
                         },
-                        timings: Timings::default(),
-                        worker: "w0".into(),
-                        logprobs: None,
-                        reasoning: None,
-                        tool_calls: None,
-                        choice: 0,
-                        prompt_logprobs: None,
-                        embedding: None,
                     });
                 }
                 ClientRequest::Cancel { id } => {

@@ -38,14 +38,34 @@ pub enum MetricsError {
     },
 }
 
+/// `/ready`'s 503: the process cannot take requests now; the message,
+/// which says why, is the response body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct NotReady(pub String);
+
 /// What a process exports: its metrics, and whether it is ready.
 pub trait Exporter: Send + Sync + 'static {
     /// Every metric in the Prometheus text exposition format.
     fn render(&self) -> String;
 
-    /// The `/ready` answer: `Ok(body)` is a 200, `Err(body)` a 503 (for
-    /// load balancers and Kubernetes readiness probes).
-    fn ready(&self) -> Result<String, String>;
+    /// The `/ready` answer: `Ok(body)` is a 200, `Err` a 503 (for load
+    /// balancers and Kubernetes readiness probes).
+    fn ready(&self) -> Result<String, NotReady>;
+}
+
+/// One `GET` of `path` from a server at `addr`, as a probe sends it: the
+/// whole response, status line and headers included.
+pub fn get(addr: SocketAddr, path: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    Ok(response)
 }
 
 /// Serves an [`Exporter`] on its own thread until dropped.
@@ -128,7 +148,7 @@ fn respond(url: &str, exporter: &dyn Exporter) -> tiny_http::Response<std::io::C
         "/health" => tiny_http::Response::from_string("ok\n"),
         "/ready" => match exporter.ready() {
             Ok(body) => tiny_http::Response::from_string(body),
-            Err(body) => tiny_http::Response::from_string(body).with_status_code(503),
+            Err(NotReady(body)) => tiny_http::Response::from_string(body).with_status_code(503),
         },
         _ => tiny_http::Response::from_string("not found; try /metrics, /health or /ready\n")
             .with_status_code(404),
@@ -138,7 +158,6 @@ fn respond(url: &str, exporter: &dyn Exporter) -> tiny_http::Response<std::io::C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Read, Write};
     use std::sync::atomic::AtomicU64;
 
     /// Ready once `ready` is non-zero; renders one counter.
@@ -153,24 +172,16 @@ mod tests {
             format!("# TYPE fake_scrapes_total counter\nfake_scrapes_total {n}\n")
         }
 
-        fn ready(&self) -> Result<String, String> {
+        fn ready(&self) -> Result<String, NotReady> {
             match self.ready.load(Ordering::Relaxed) {
-                0 => Err("not ready\n".into()),
+                0 => Err(NotReady("not ready\n".into())),
                 n => Ok(format!("ready: {n}\n")),
             }
         }
     }
 
     fn get(addr: SocketAddr, path: &str) -> String {
-        let mut stream = std::net::TcpStream::connect(addr).unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        response
+        super::get(addr, path).unwrap()
     }
 
     fn fake() -> Arc<Fake> {

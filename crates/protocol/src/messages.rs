@@ -717,6 +717,14 @@ pub struct ModelInfo {
     pub state: Option<ModelState>,
 }
 
+impl ModelInfo {
+    /// Whether a request for it runs: a worker serves it, or the router
+    /// says where it stands (loaded, loading, or loaded on demand).
+    pub fn servable(&self) -> bool {
+        self.workers > 0 || self.state.is_some()
+    }
+}
+
 /// Where a model stands in the `models` list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -741,6 +749,109 @@ impl ModelState {
     }
 }
 
+/// The output of one `chunk`, the same from the worker to the router and
+/// from the router to the client: the router forwards it as is.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChunkBody {
+    /// 0 for the first chunk of the request, then 1, 2, ...
+    pub index: u32,
+    /// Text delta; never part of a UTF-8 character or of a stop string.
+    pub text: String,
+    /// Token ids produced since the previous chunk.
+    pub tokens: Vec<u32>,
+    /// One entry per entry of `tokens`, when the request asked for
+    /// `logprobs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprob>>,
+    /// Which of the request's `n` choices this belongs to (absent: 0).
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "is_default"
+    )]
+    pub choice: u32,
+    /// Reasoning text delta (a thinking model's `<think>` block), kept
+    /// out of `text`.
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub reasoning: String,
+    /// Tool calls completed since the previous chunk, whole.
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// How one choice of a request ended (`done`), the same from the worker to
+/// the router and from the router to the client; the router only fills in
+/// `worker`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DoneBody {
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Full output text when the request was not streamed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Token counts.
+    pub usage: Usage,
+    /// Time spent (in the worker, on a worker's `done`).
+    pub timings: Timings,
+    /// The worker that served it: set by the router on the client's
+    /// `done`, absent on a worker's. Here, not beside the request id, so
+    /// the client's `done` keeps its field order on the wire.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// Every generated token's entry, when the request was not
+    /// streamed and asked for `logprobs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<TokenLogprob>>,
+    /// Which of the request's `n` choices this belongs to (absent: 0); a
+    /// request ends with the last of its choices' `done`s.
+    #[serde(
+        default,
+        deserialize_with = "nil_is_default",
+        skip_serializing_if = "is_default"
+    )]
+    pub choice: u32,
+    /// Every prompt token's log probability, when the request asked
+    /// for `prompt_logprobs` (on choice 0's `done`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<PromptLogprob>>,
+    /// The prompt's embedding, when the request set `embed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<Vec<f32>>,
+    /// The whole reasoning text, when the request was not streamed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    /// Every tool call, when the request was not streamed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+impl DoneBody {
+    /// An end with these counts and times and every optional field absent.
+    pub fn new(finish_reason: FinishReason, usage: Usage, timings: Timings) -> Self {
+        DoneBody {
+            finish_reason,
+            text: None,
+            usage,
+            timings,
+            worker: None,
+            logprobs: None,
+            choice: 0,
+            prompt_logprobs: None,
+            embedding: None,
+            reasoning: None,
+            tool_calls: None,
+        }
+    }
+}
+
 /// router -> client.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -749,78 +860,17 @@ pub enum ClientReply {
     Chunk {
         /// Client request id.
         id: RequestId,
-        /// 0 for the first chunk of the request, then 1, 2, ...
-        index: u32,
-        /// Text delta; never part of a UTF-8 character or of a stop string.
-        text: String,
-        /// Token ids produced since the previous chunk.
-        tokens: Vec<u32>,
-        /// One entry per entry of `tokens`, when the request asked for
-        /// `logprobs`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        logprobs: Option<Vec<TokenLogprob>>,
-        /// Which of the request's `n` choices this belongs to (absent: 0).
-        #[serde(
-            default,
-            deserialize_with = "nil_is_default",
-            skip_serializing_if = "is_default"
-        )]
-        choice: u32,
-        /// Reasoning text delta (a thinking model's `<think>` block), kept
-        /// out of `text`.
-        #[serde(
-            default,
-            deserialize_with = "nil_is_default",
-            skip_serializing_if = "String::is_empty"
-        )]
-        reasoning: String,
-        /// Tool calls completed since the previous chunk, whole.
-        #[serde(
-            default,
-            deserialize_with = "nil_is_default",
-            skip_serializing_if = "Vec::is_empty"
-        )]
-        tool_calls: Vec<ToolCall>,
+        /// The output, as the worker sent it.
+        #[serde(flatten)]
+        body: ChunkBody,
     },
     /// The request finished; terminal.
     Done {
         /// Client request id.
         id: RequestId,
-        /// Why it ended.
-        finish_reason: FinishReason,
-        /// Full output text when the request was not streamed.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        text: Option<String>,
-        /// Token counts.
-        usage: Usage,
-        /// Time spent.
-        timings: Timings,
-        /// The worker that served it.
-        worker: String,
-        /// Every generated token's entry, when the request was not
-        /// streamed and asked for `logprobs`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        logprobs: Option<Vec<TokenLogprob>>,
-        /// Which of the request's `n` choices this belongs to (absent: 0).
-        #[serde(
-            default,
-            deserialize_with = "nil_is_default",
-            skip_serializing_if = "is_default"
-        )]
-        choice: u32,
-        /// Every prompt token's log probability, when the request asked
-        /// for `prompt_logprobs` (on choice 0's `done`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        prompt_logprobs: Option<Vec<PromptLogprob>>,
-        /// The prompt's embedding, when the request set `embed`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        embedding: Option<Vec<f32>>,
-        /// The whole reasoning text, when the request was not streamed.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        reasoning: Option<String>,
-        /// Every tool call, when the request was not streamed.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tool_calls: Option<Vec<ToolCall>>,
+        /// How it ended, as the worker sent it with `worker` filled in.
+        #[serde(flatten)]
+        body: DoneBody,
     },
     /// The request failed (terminal when `id` is set), or a message could
     /// not be understood.
@@ -1004,41 +1054,45 @@ pub enum RouterToWorker {
     },
 }
 
+/// A worker's `ready`: what it serves and how much it holds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReadyBody {
+    /// Worker id; also the DEALER routing id.
+    pub worker_id: String,
+    /// Protocol version the worker speaks.
+    pub protocol: u32,
+    /// Model names served.
+    pub models: Vec<String>,
+    /// Device, e.g. `cpu` or `cuda:0`.
+    pub device: String,
+    /// KV pool capacity in tokens.
+    pub kv_capacity: u64,
+    /// Most sequences decoded together.
+    pub max_batch: u32,
+    /// The model's context length in tokens (prompt plus output);
+    /// optional, added after v1 shipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u32>,
+    /// The model's vocabulary size; optional, added after v1 shipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vocab_size: Option<u32>,
+    /// Where this worker takes prefix-cache K/V from the worker it
+    /// replaces (set only on a worker started as a migration target).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import_endpoint: Option<String>,
+    /// The CURVE public key (Z85) of the import socket, set when the
+    /// worker uses CURVE: the exporter encrypts the K/V to it and
+    /// trusts no other server there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub import_key: Option<String>,
+}
+
 /// worker -> router.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WorkerToRouter {
     /// Register (first message, and again after a reconnect).
-    Ready {
-        /// Worker id; also the DEALER routing id.
-        worker_id: String,
-        /// Protocol version the worker speaks.
-        protocol: u32,
-        /// Model names served.
-        models: Vec<String>,
-        /// Device, e.g. `cpu` or `cuda:0`.
-        device: String,
-        /// KV pool capacity in tokens.
-        kv_capacity: u64,
-        /// Most sequences decoded together.
-        max_batch: u32,
-        /// The model's context length in tokens (prompt plus output);
-        /// optional, added after v1 shipped.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        context_length: Option<u32>,
-        /// The model's vocabulary size; optional, added after v1 shipped.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        vocab_size: Option<u32>,
-        /// Where this worker takes prefix-cache K/V from the worker it
-        /// replaces (set only on a worker started as a migration target).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        import_endpoint: Option<String>,
-        /// The CURVE public key (Z85) of the import socket, set when the
-        /// worker uses CURVE: the exporter encrypts the K/V to it and
-        /// trusts no other server there.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        import_key: Option<String>,
-    },
+    Ready(ReadyBody),
     /// The worker is alive (every second).
     Heartbeat {},
     /// Load changed (at most every 100 ms).
@@ -1047,76 +1101,17 @@ pub enum WorkerToRouter {
     Chunk {
         /// Router-internal request id.
         rid: RouterRequestId,
-        /// Chunk index within the request, from 0.
-        index: u32,
-        /// Text delta.
-        text: String,
-        /// Token ids since the previous chunk.
-        tokens: Vec<u32>,
-        /// One entry per entry of `tokens`, when the request asked for
-        /// `logprobs`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        logprobs: Option<Vec<TokenLogprob>>,
-        /// Which of the request's `n` choices this belongs to (absent: 0).
-        #[serde(
-            default,
-            deserialize_with = "nil_is_default",
-            skip_serializing_if = "is_default"
-        )]
-        choice: u32,
-        /// Reasoning text delta (a thinking model's `<think>` block), kept
-        /// out of `text`.
-        #[serde(
-            default,
-            deserialize_with = "nil_is_default",
-            skip_serializing_if = "String::is_empty"
-        )]
-        reasoning: String,
-        /// Tool calls completed since the previous chunk, whole.
-        #[serde(
-            default,
-            deserialize_with = "nil_is_default",
-            skip_serializing_if = "Vec::is_empty"
-        )]
-        tool_calls: Vec<ToolCall>,
+        /// The output, forwarded to the client as is.
+        #[serde(flatten)]
+        body: ChunkBody,
     },
     /// Request `rid` finished.
     Done {
         /// Router-internal request id.
         rid: RouterRequestId,
-        /// Why it ended.
-        finish_reason: FinishReason,
-        /// Full text when the request was not streamed.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        text: Option<String>,
-        /// Token counts.
-        usage: Usage,
-        /// Time spent in the worker.
-        timings: Timings,
-        /// Every generated token's entry, when the request was not
-        /// streamed and asked for `logprobs`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        logprobs: Option<Vec<TokenLogprob>>,
-        /// Which of the request's `n` choices this belongs to (absent: 0).
-        #[serde(
-            default,
-            deserialize_with = "nil_is_default",
-            skip_serializing_if = "is_default"
-        )]
-        choice: u32,
-        /// Every prompt token's log probability, when the request asked
-        /// for `prompt_logprobs` (on choice 0's `done`).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        prompt_logprobs: Option<Vec<PromptLogprob>>,
-        /// The prompt's embedding, when the request set `embed`.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        embedding: Option<Vec<f32>>,
-        /// The whole reasoning text, when the request was not streamed.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        reasoning: Option<String>,
-        /// Every tool call, when the request was not streamed.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        tool_calls: Option<Vec<ToolCall>>,
+        /// How it ended; `worker` is left out (the router fills it in).
+        #[serde(flatten)]
+        body: DoneBody,
     },
     /// Request `rid` failed.
     Error {

@@ -1,11 +1,11 @@
 //! Field limits and value domains, checked after a frame has decoded.
 
 use crate::{
-    AdminReply, AdminRequest, ApplyTemplateRequest, CacheTransfer, ChatMessage, ClientReply,
-    ClientRequest, DecodeError, DetokenizeRequest, GenerateRequest, Limits, MessageContent, Piece,
-    RouterToSupervisor, RouterToWorker, SupervisorToRouter, TextRequest, TokenLogprob,
-    TokenizeRequest, ToolChoice, WireMessage, WorkerToRouter, messages::json_bytes,
-    valid_function_name,
+    AdminReply, AdminRequest, ApplyTemplateRequest, CacheTransfer, ChatMessage, ChunkBody,
+    ClientReply, ClientRequest, DecodeError, DetokenizeRequest, DoneBody, GenerateRequest, Limits,
+    MessageContent, Piece, ReadyBody, RouterToSupervisor, RouterToWorker, SupervisorToRouter,
+    TextRequest, TokenLogprob, TokenizeRequest, ToolChoice, WireMessage, WorkerToRouter,
+    messages::json_bytes, valid_function_name,
 };
 
 /// Most `tools` on one request.
@@ -31,45 +31,53 @@ fn name(field: &'static str, value: &str, limits: &Limits) -> Result<(), DecodeE
     over(field, value.len(), limits.max_name_bytes)
 }
 
+/// Why a chat turn is refused; the decode error names the turn.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum TurnError {
+    /// Content left out of a turn that is not the assistant's.
+    #[error("\"content\" is required for a {0:?} turn (only an assistant turn may leave it out)")]
+    NoContent(String),
+    /// A content part of another type than text.
+    #[error("content part type {0:?} is not supported: only \"text\" parts are")]
+    PartType(String),
+    /// A text part without its text.
+    #[error("a \"text\" content part needs \"text\"")]
+    PartText,
+    /// A tool call of another type than function.
+    #[error("tool call type {0:?} is not supported: only \"function\" is")]
+    CallType(String),
+    /// Tool call arguments that are neither a JSON string nor a map.
+    #[error("the arguments of tool call {0:?} must be a JSON string or a map")]
+    Arguments(String),
+}
+
 impl ChatMessage {
     /// The value domains of a turn's fields: content is a string or text
     /// parts, and absent only for an assistant turn; tool calls are
     /// functions whose arguments are a JSON string or a map.
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<(), TurnError> {
         match &self.content {
             None if self.role != "assistant" => {
-                return Err(format!(
-                    "\"content\" is required for a {:?} turn (only an assistant turn may leave it out)",
-                    self.role
-                ));
+                return Err(TurnError::NoContent(self.role.clone()));
             }
             Some(MessageContent::Parts(parts)) => {
                 for part in parts {
                     if part.kind != "text" {
-                        return Err(format!(
-                            "content part type {:?} is not supported: only \"text\" parts are",
-                            part.kind
-                        ));
+                        return Err(TurnError::PartType(part.kind.clone()));
                     }
                     if part.text.is_none() {
-                        return Err("a \"text\" content part needs \"text\"".into());
+                        return Err(TurnError::PartText);
                     }
                 }
             }
             _ => {}
         }
         for call in self.tool_calls.iter().flatten() {
-            if call.kind.as_deref().is_some_and(|kind| kind != "function") {
-                return Err(format!(
-                    "tool call type {:?} is not supported: only \"function\" is",
-                    call.kind.as_deref().unwrap_or_default()
-                ));
+            if let Some(kind) = call.kind.as_deref().filter(|kind| *kind != "function") {
+                return Err(TurnError::CallType(kind.to_string()));
             }
             if !(call.function.arguments.is_string() || call.function.arguments.is_object()) {
-                return Err(format!(
-                    "the arguments of tool call {:?} must be a JSON string or a map",
-                    call.function.name
-                ));
+                return Err(TurnError::Arguments(call.function.name.clone()));
             }
         }
         Ok(())
@@ -480,6 +488,20 @@ fn logprobs(
     Ok(())
 }
 
+impl ChunkBody {
+    /// One `logprobs` entry per token, each within the limits.
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        logprobs(self.logprobs.as_deref(), Some(self.tokens.len()), limits)
+    }
+}
+
+impl DoneBody {
+    /// Every `logprobs` entry within the limits.
+    fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
+        logprobs(self.logprobs.as_deref(), None, limits)
+    }
+}
+
 impl WireMessage for ClientReply {
     const TYPES: &'static [&'static str] = &[
         "chunk",
@@ -500,14 +522,8 @@ impl WireMessage for ClientReply {
                 pieces: entries,
                 ..
             } => pieces(entries.as_deref(), tokens.len()),
-            ClientReply::Chunk {
-                tokens,
-                logprobs: entries,
-                ..
-            } => logprobs(entries.as_deref(), Some(tokens.len()), limits),
-            ClientReply::Done {
-                logprobs: entries, ..
-            } => logprobs(entries.as_deref(), None, limits),
+            ClientReply::Chunk { body, .. } => body.check_limits(limits),
+            ClientReply::Done { body, .. } => body.check_limits(limits),
             _ => Ok(()),
         }
     }
@@ -569,14 +585,14 @@ impl WireMessage for WorkerToRouter {
                 pieces: entries,
                 ..
             } => pieces(entries.as_deref(), tokens.len()),
-            WorkerToRouter::Ready {
+            WorkerToRouter::Ready(ReadyBody {
                 worker_id,
                 models,
                 device,
                 import_endpoint,
                 import_key,
                 ..
-            } => {
+            }) => {
                 name("worker_id", worker_id, limits)?;
                 name("device", device, limits)?;
                 if let Some(endpoint) = import_endpoint {
@@ -590,14 +606,8 @@ impl WireMessage for WorkerToRouter {
                 }
                 Ok(())
             }
-            WorkerToRouter::Chunk {
-                tokens,
-                logprobs: entries,
-                ..
-            } => logprobs(entries.as_deref(), Some(tokens.len()), limits),
-            WorkerToRouter::Done {
-                logprobs: entries, ..
-            } => logprobs(entries.as_deref(), None, limits),
+            WorkerToRouter::Chunk { body, .. } => body.check_limits(limits),
+            WorkerToRouter::Done { body, .. } => body.check_limits(limits),
             _ => Ok(()),
         }
     }

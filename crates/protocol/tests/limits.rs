@@ -6,9 +6,9 @@
 mod common;
 
 use zinfer_protocol::{
-    AdminRequest, CacheTransfer, ChatMessage, ClientReply, ClientRequest, DecodeError,
-    FinishReason, GenerateRequest, Limits, RouterToSupervisor, RouterToWorker, SupervisorToRouter,
-    Timings, TokenLogprob, TopLogprob, Usage, WorkerToRouter, decode, encode,
+    AdminRequest, CacheTransfer, ChatMessage, ChunkBody, ClientReply, ClientRequest, DecodeError,
+    DoneBody, FinishReason, GenerateRequest, Limits, ReadyBody, RouterToSupervisor, RouterToWorker,
+    SupervisorToRouter, Timings, TokenLogprob, TopLogprob, Usage, WorkerToRouter, decode, encode,
 };
 
 fn generate(edit: impl FnOnce(&mut GenerateRequest)) -> Vec<u8> {
@@ -275,17 +275,19 @@ fn name_lengths_on_admin_and_worker_messages() {
         carry_tokens: None,
     };
     assert_name_bound("device", migrate("cuda0"), migrate("cuda:0"));
-    let ready = |id: &str| WorkerToRouter::Ready {
-        worker_id: id.into(),
-        protocol: 1,
-        models: vec!["m".into()],
-        device: "cpu".into(),
-        kv_capacity: 1,
-        max_batch: 1,
-        context_length: None,
-        vocab_size: None,
-        import_endpoint: None,
-        import_key: None,
+    let ready = |id: &str| {
+        WorkerToRouter::Ready(ReadyBody {
+            worker_id: id.into(),
+            protocol: 1,
+            models: vec!["m".into()],
+            device: "cpu".into(),
+            kv_capacity: 1,
+            max_batch: 1,
+            context_length: None,
+            vocab_size: None,
+            import_endpoint: None,
+            import_key: None,
+        })
     };
     assert_name_bound("worker_id", ready("abcde"), ready("abcdef"));
     let flush = |n: &str| RouterToWorker::FlushCache {
@@ -428,16 +430,11 @@ fn logprob_frames_at_the_limits_fit_a_frame() {
     let tokens = limits.max_logprob_entries / (1 + top);
     let done = WorkerToRouter::Done {
         rid: u64::MAX,
-        finish_reason: FinishReason::Length,
-        text: Some("x".repeat(48 * tokens)),
-        usage: Usage::default(),
-        timings: Timings::default(),
-        logprobs: Some((0..tokens as u32).map(entry).collect()),
-        reasoning: None,
-        tool_calls: None,
-        choice: 0,
-        prompt_logprobs: None,
-        embedding: None,
+        body: DoneBody {
+            text: Some("x".repeat(48 * tokens)),
+            logprobs: Some((0..tokens as u32).map(entry).collect()),
+            ..DoneBody::new(FinishReason::Length, Usage::default(), Timings::default())
+        },
     };
     let frame = encode(&done).unwrap();
     assert!(
@@ -448,13 +445,11 @@ fn logprob_frames_at_the_limits_fit_a_frame() {
     assert_eq!(decode::<WorkerToRouter>(&frame, &limits).unwrap(), done);
     let chunk = WorkerToRouter::Chunk {
         rid: 1,
-        index: 0,
-        text: String::new(),
-        tokens: (0..16).collect(),
-        logprobs: Some((0..16).map(entry).collect()),
-        reasoning: String::new(),
-        tool_calls: Vec::new(),
-        choice: 0,
+        body: ChunkBody {
+            tokens: (0..16).collect(),
+            logprobs: Some((0..16).map(entry).collect()),
+            ..ChunkBody::default()
+        },
     };
     let frame = encode(&chunk).unwrap();
     assert!(frame.len() < 64 * 1024, "{} bytes", frame.len());
@@ -467,13 +462,12 @@ fn logprobs_come_one_per_token_with_bounded_alternatives() {
     let chunk = |entries: Vec<TokenLogprob>| {
         encode(&WorkerToRouter::Chunk {
             rid: 1,
-            index: 0,
-            text: "a".into(),
-            tokens: vec![7042, 2208],
-            logprobs: Some(entries),
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            body: ChunkBody {
+                text: "a".into(),
+                tokens: vec![7042, 2208],
+                logprobs: Some(entries),
+                ..ChunkBody::default()
+            },
         })
         .unwrap()
     };
@@ -499,13 +493,11 @@ fn logprobs_come_one_per_token_with_bounded_alternatives() {
     // The client side checks the same.
     let reply = encode(&ClientReply::Chunk {
         id: "r".into(),
-        index: 0,
-        text: String::new(),
-        tokens: vec![1, 2, 3],
-        logprobs: Some(common::token_logprobs()),
-        reasoning: String::new(),
-        tool_calls: Vec::new(),
-        choice: 0,
+        body: ChunkBody {
+            tokens: vec![1, 2, 3],
+            logprobs: Some(common::token_logprobs()),
+            ..ChunkBody::default()
+        },
     })
     .unwrap();
     assert!(matches!(

@@ -9,8 +9,8 @@ use std::collections::BTreeSet;
 
 use common::Sample;
 use zinfer_protocol::{
-    ClientRequest, ErrorCode, GenerateRequest, Limits, PROTOCOL_VERSION, WireMessage, decode,
-    encode,
+    ClientReply, ClientRequest, ErrorCode, GenerateRequest, Limits, PROTOCOL_VERSION, WireMessage,
+    WorkerToRouter, decode, encode,
 };
 
 /// Round-trips every sample and returns the `type` strings seen.
@@ -169,4 +169,54 @@ fn error_codes_have_stable_names_and_retry_rules() {
         .map(|c| c.as_str())
         .collect();
     assert_eq!(retryable, ["overloaded", "unavailable", "worker_lost"]);
+}
+
+/// The router forwards a worker's `chunk` and `done` bodies as they came:
+/// each worker frame's body, put in a client reply, decodes from the
+/// client's frame unchanged, and the two frames differ only in the id
+/// (and `done`'s `worker`).
+#[test]
+fn worker_and_client_replies_carry_the_same_bodies() {
+    let limits = Limits::default();
+    let forwarded = |frame: &[u8]| -> ClientReply {
+        match decode::<WorkerToRouter>(frame, &limits).unwrap() {
+            WorkerToRouter::Chunk { body, .. } => ClientReply::Chunk {
+                id: "r".into(),
+                body,
+            },
+            WorkerToRouter::Done { mut body, .. } => {
+                body.worker = Some("w".into());
+                ClientReply::Done {
+                    id: "r".into(),
+                    body,
+                }
+            }
+            other => panic!("not a chunk or done: {other:?}"),
+        }
+    };
+    let mut checked = 0;
+    for Sample { name, message } in common::worker_to_router() {
+        if !matches!(
+            message,
+            WorkerToRouter::Chunk { .. } | WorkerToRouter::Done { .. }
+        ) {
+            continue;
+        }
+        let reply = forwarded(&encode(&message).unwrap());
+        let back: ClientReply = decode(&encode(&reply).unwrap(), &limits).unwrap();
+        assert_eq!(back, reply, "{name}");
+        let mut worker = rmpv::decode::read_value(&mut &encode(&message).unwrap()[..]).unwrap();
+        let mut client = rmpv::decode::read_value(&mut &encode(&reply).unwrap()[..]).unwrap();
+        for (value, drop) in [
+            (&mut worker, &["rid"][..]),
+            (&mut client, &["id", "worker"]),
+        ] {
+            if let rmpv::Value::Map(entries) = value {
+                entries.retain(|(k, _)| !drop.contains(&k.as_str().unwrap()));
+            }
+        }
+        assert_eq!(worker, client, "{name}: the bodies differ on the wire");
+        checked += 1;
+    }
+    assert!(checked >= 4, "only {checked} chunk and done samples");
 }

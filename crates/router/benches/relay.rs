@@ -30,8 +30,8 @@ use std::{
 
 use echo::EchoWorker;
 use zinfer_protocol::{
-    ClientReply, ClientRequest, GenerateRequest, Limits, RouterToWorker, WorkerToRouter, decode,
-    encode,
+    ChunkBody, ClientReply, ClientRequest, GenerateRequest, Limits, ReadyBody, RouterToWorker,
+    WorkerToRouter, decode, encode,
 };
 use zinfer_router::{Action, Addr, Core, Metrics, Router, RouterConfig};
 
@@ -254,7 +254,7 @@ fn direct_round_trip(direct: &zmq::Socket) {
         let reply = direct.recv_bytes(0).expect("reply");
         match decode::<WorkerToRouter>(&reply, &Limits::default()) {
             Ok(WorkerToRouter::Done { .. }) => return,
-            Ok(WorkerToRouter::Heartbeat {} | WorkerToRouter::Ready { .. }) => {}
+            Ok(WorkerToRouter::Heartbeat {} | WorkerToRouter::Ready(_)) => {}
             other => panic!("unexpected reply {other:?}"),
         }
     }
@@ -370,7 +370,7 @@ fn core_cost_ns(chunks: u32) -> f64 {
     let mut core = Core::new(RouterConfig::default(), metrics, now);
     let worker = Addr::new("w");
     let client = Addr::new("c");
-    let ready = WorkerToRouter::Ready {
+    let ready = WorkerToRouter::Ready(ReadyBody {
         worker_id: "w".into(),
         protocol: zinfer_protocol::PROTOCOL_VERSION,
         models: vec!["m".into()],
@@ -381,7 +381,7 @@ fn core_cost_ns(chunks: u32) -> f64 {
         vocab_size: None,
         import_endpoint: None,
         import_key: None,
-    };
+    });
     core.handle_worker(now, &worker, &encode(&ready).expect("encode"));
     let generate = ClientRequest::Generate(request("r".into(), 128, true));
     core.handle_client(now, &client, &encode(&generate).expect("encode"));
@@ -396,13 +396,12 @@ fn core_cost_ns(chunks: u32) -> f64 {
         .map(|index| {
             let chunk = WorkerToRouter::Chunk {
                 rid,
-                index,
-                text: " token".into(),
-                tokens: vec![index],
-                logprobs: None,
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                body: ChunkBody {
+                    index,
+                    text: " token".into(),
+                    tokens: vec![index],
+                    ..ChunkBody::default()
+                },
             };
             encode(&chunk).expect("encode")
         })

@@ -8,6 +8,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use zinfer_metrics_http::NotReady;
 pub use zinfer_metrics_http::{MetricsError, MetricsServer};
 
 /// Every router metric. Cheap to update from the core (atomics only).
@@ -322,7 +323,7 @@ impl zinfer_metrics_http::Exporter for Metrics {
         Metrics::render(self)
     }
 
-    fn ready(&self) -> Result<String, String> {
+    fn ready(&self) -> Result<String, NotReady> {
         let ready = self
             .workers
             .with_label_values(&[zinfer_protocol::WorkerState::Ready.as_str()])
@@ -336,7 +337,7 @@ impl zinfer_metrics_http::Exporter for Metrics {
                 "ready: {on_demand} model(s) offered, loaded on their first request\n"
             ))
         } else {
-            Err("not ready: no worker is ready\n".into())
+            Err(NotReady("not ready: no worker is ready\n".into()))
         }
     }
 }
@@ -344,7 +345,6 @@ impl zinfer_metrics_http::Exporter for Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
     use std::net::SocketAddr;
     use std::sync::Arc;
 
@@ -353,15 +353,7 @@ mod tests {
     }
 
     fn get(addr: SocketAddr, path: &str) -> String {
-        let mut stream = std::net::TcpStream::connect(addr).unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        std::io::Read::read_to_string(&mut stream, &mut response).unwrap();
-        response
+        zinfer_metrics_http::get(addr, path).unwrap()
     }
 
     #[test]
@@ -383,12 +375,7 @@ mod tests {
         let metrics = Arc::new(Metrics::new().unwrap());
         metrics.relayed_chunks.inc_by(7);
         let server = start(metrics);
-        let mut stream = std::net::TcpStream::connect(server.addr()).unwrap();
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .unwrap();
-        let mut body = String::new();
-        std::io::Read::read_to_string(&mut stream, &mut body).unwrap();
+        let body = get(server.addr(), "/metrics");
         assert!(body.starts_with("HTTP/1.1 200"), "{body}");
         assert!(
             body.contains("zinfer_router_relayed_chunks_total 7"),

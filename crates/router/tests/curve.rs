@@ -11,8 +11,9 @@ use http::http_get;
 
 use zinfer_curve::{AllowList, ClientCurve, KeyPair};
 use zinfer_protocol::{
-    AdminReply, AdminRequest, ClientReply, ClientRequest, FinishReason, GenerateRequest, Limits,
-    PROTOCOL_VERSION, RouterToWorker, Timings, Usage, WorkerToRouter, decode, encode,
+    AdminReply, AdminRequest, ClientReply, ClientRequest, DoneBody, FinishReason, GenerateRequest,
+    Limits, PROTOCOL_VERSION, ReadyBody, RouterToWorker, Timings, Usage, WorkerToRouter, decode,
+    encode,
 };
 use zinfer_router::{CurveConfig, Router, RouterConfig, RouterError};
 
@@ -125,7 +126,7 @@ fn allow_lists_admit_known_keys_refuse_others_and_tenants_scope_namespaces() {
     // A worker with an allowed key registers and sees the tenant namespace.
     let back = dealer(&context, &endpoints.workers, &router_keys, Some(&worker));
     back.set_identity(b"w1").expect("identity");
-    let ready = WorkerToRouter::Ready {
+    let ready = WorkerToRouter::Ready(ReadyBody {
         worker_id: "w1".into(),
         protocol: PROTOCOL_VERSION,
         models: vec!["m".into()],
@@ -136,7 +137,7 @@ fn allow_lists_admit_known_keys_refuse_others_and_tenants_scope_namespaces() {
         vocab_size: None,
         import_endpoint: None,
         import_key: None,
-    };
+    });
     back.send(encode(&ready).expect("encode"), 0).expect("send");
     let mut request = GenerateRequest::from_prompt("g1", "hi");
     request.namespace = Some("docs".into());
@@ -167,16 +168,7 @@ fn allow_lists_admit_known_keys_refuse_others_and_tenants_scope_namespaces() {
     );
     let done = WorkerToRouter::Done {
         rid,
-        finish_reason: FinishReason::Stop,
-        text: None,
-        usage: Usage::default(),
-        timings: Timings::default(),
-        logprobs: None,
-        reasoning: None,
-        tool_calls: None,
-        choice: 0,
-        prompt_logprobs: None,
-        embedding: None,
+        body: DoneBody::new(FinishReason::Stop, Usage::default(), Timings::default()),
     };
     back.send(encode(&done).expect("encode"), 0).expect("send");
     let reply = loop {

@@ -17,8 +17,8 @@ use crossbeam_channel::Sender;
 use echo::EchoWorker;
 use http::http_get;
 use zinfer_protocol::{
-    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, Limits, PROTOCOL_VERSION,
-    RouterToWorker, WorkerToRouter, decode, encode,
+    ChunkBody, ClientReply, ClientRequest, DoneBody, ErrorCode, FinishReason, GenerateRequest,
+    Limits, PROTOCOL_VERSION, ReadyBody, RouterToWorker, WorkerToRouter, decode, encode,
 };
 use zinfer_router::{Endpoints, Policy, Router, RouterConfig, RouterError};
 
@@ -119,8 +119,9 @@ fn streams_chunks_and_done_through_real_sockets() {
         match recv(&client) {
             ClientReply::Chunk {
                 id,
-                index: got,
-                text,
+                body: ChunkBody {
+                    index: got, text, ..
+                },
                 ..
             } => {
                 assert_eq!((id.as_str(), got), ("s1", index));
@@ -132,14 +133,18 @@ fn streams_chunks_and_done_through_real_sockets() {
     match recv(&client) {
         ClientReply::Done {
             id,
-            finish_reason,
-            worker,
-            usage,
+            body:
+                DoneBody {
+                    finish_reason,
+                    worker,
+                    usage,
+                    ..
+                },
             ..
         } => {
             assert_eq!(id, "s1");
             assert_eq!(finish_reason, FinishReason::Length);
-            assert_eq!(worker, "echo-1");
+            assert_eq!(worker.as_deref(), Some("echo-1"));
             assert_eq!(usage.completion_tokens, 3);
         }
         other => panic!("expected done, got {other:?}"),
@@ -147,7 +152,11 @@ fn streams_chunks_and_done_through_real_sockets() {
 
     send(&client, &generate("n1", 2, false));
     match recv(&client) {
-        ClientReply::Done { id, text, .. } => {
+        ClientReply::Done {
+            id,
+            body: DoneBody { text, .. },
+            ..
+        } => {
             assert_eq!(id, "n1");
             assert_eq!(text.as_deref(), Some("tok0 tok1 "));
         }
@@ -256,7 +265,7 @@ fn req_clients_garbage_and_extra_frames_get_answers() {
 /// A worker that registers and then never answers.
 fn silent_worker(context: &zmq::Context, endpoint: &str, id: &str) -> zmq::Socket {
     let worker = dealer(context, endpoint, Some(id));
-    let ready = WorkerToRouter::Ready {
+    let ready = WorkerToRouter::Ready(ReadyBody {
         worker_id: id.into(),
         protocol: PROTOCOL_VERSION,
         models: vec!["m".into()],
@@ -267,7 +276,7 @@ fn silent_worker(context: &zmq::Context, endpoint: &str, id: &str) -> zmq::Socke
         vocab_size: None,
         import_endpoint: None,
         import_key: None,
-    };
+    });
     worker
         .send(encode(&ready).expect("encode"), 0)
         .expect("send");
@@ -329,9 +338,17 @@ fn silent_worker_expires_and_request_is_retried_elsewhere() {
     send(&client, &generate("r1", 1, false));
     recv_generate(&mute);
     match recv(&client) {
-        ClientReply::Done { id, worker, .. } => {
+        ClientReply::Done {
+            id,
+            body: DoneBody { worker, .. },
+            ..
+        } => {
             assert_eq!(id, "r1");
-            assert_eq!(worker, "echo-1", "re-sent to the live worker");
+            assert_eq!(
+                worker.as_deref(),
+                Some("echo-1"),
+                "re-sent to the live worker"
+            );
         }
         other => panic!("expected done, got {other:?}"),
     }

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use zinfer_fetch::test_model_path;
 use zinfer_model::{LoadOptions, load};
-use zinfer_protocol::{Constraint, GenerateRequest, Timings, Usage};
+use zinfer_protocol::{Constraint, DoneBody, GenerateRequest, Timings, Usage};
 use zinfer_worker::constraint::Grammars;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use zinfer_worker::sampling::{Sampler, SamplingParams};
@@ -77,8 +77,7 @@ fn run(handle: &EngineHandle, requests: Vec<GenerateRequest>, first_rid: u64) ->
             }
             EngineEvent::Done {
                 rid,
-                usage,
-                timings,
+                body: DoneBody { usage, timings, .. },
                 ..
             } => {
                 finished.insert(

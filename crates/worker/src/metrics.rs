@@ -312,7 +312,7 @@ impl zinfer_metrics_http::Exporter for Loaded {
 
     /// The listener starts once the model is loaded, so a worker that
     /// answers at all can serve: both probes pass.
-    fn ready(&self) -> Result<String, String> {
+    fn ready(&self) -> Result<String, zinfer_metrics_http::NotReady> {
         Ok("ready: model loaded\n".into())
     }
 }
@@ -323,24 +323,13 @@ mod tests {
 
     #[test]
     fn serves_metrics_and_probes() {
-        use std::io::{Read, Write};
         let server = serve(
             "127.0.0.1:0".parse().unwrap(),
             Arc::new(|| "zinfer_worker_x 1\n".to_string()),
         )
         .unwrap();
         let addr = server.addr();
-        let get = |path: &str| {
-            let mut stream = std::net::TcpStream::connect(addr).unwrap();
-            write!(
-                stream,
-                "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-            )
-            .unwrap();
-            let mut response = String::new();
-            stream.read_to_string(&mut response).unwrap();
-            response
-        };
+        let get = |path: &str| zinfer_metrics_http::get(addr, path).unwrap();
         assert!(get("/metrics").contains("zinfer_worker_x 1"));
         assert!(get("/health").starts_with("HTTP/1.1 200"));
         let ready = get("/ready");

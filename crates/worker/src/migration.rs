@@ -316,14 +316,38 @@ fn to_frame(block: CacheBlock, shape: KvShape) -> CacheTransfer {
     }
 }
 
-/// A frame from the import socket as an engine block; `Err` says why it
-/// cannot be used (another model's shape, a malformed frame).
-pub fn from_frame(frame: &[u8], shape: KvShape) -> Result<CacheBlock, String> {
+/// Why a frame from the import socket cannot be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum FrameError {
+    /// Not a cache transfer frame within the limits.
+    #[error(transparent)]
+    Decode(#[from] zinfer_protocol::DecodeError),
+    /// K/V of another model's shape.
+    #[error(
+        "K/V of {layers} layers x {kv_dim} does not fit this model's {} layers x {}",
+        expected.layers,
+        expected.kv_dim
+    )]
+    Shape {
+        /// Layers in the frame.
+        layers: u32,
+        /// Row width in the frame.
+        kv_dim: u32,
+        /// This model's shape.
+        expected: KvShape,
+    },
+    /// The K/V bytes end inside an f32.
+    #[error("K/V bytes are not whole f32 values")]
+    PartialValue,
+}
+
+/// A frame from the import socket as an engine block.
+pub fn from_frame(frame: &[u8], shape: KvShape) -> Result<CacheBlock, FrameError> {
     let limits = Limits {
         max_frame_bytes: MAX_TRANSFER_FRAME,
         ..Limits::default()
     };
-    match zinfer_protocol::decode::<CacheTransfer>(frame, &limits).map_err(|e| e.to_string())? {
+    match zinfer_protocol::decode::<CacheTransfer>(frame, &limits)? {
         CacheTransfer::CacheSpan {
             namespace,
             tokens,
@@ -333,14 +357,14 @@ pub fn from_frame(frame: &[u8], shape: KvShape) -> Result<CacheBlock, String> {
             kv,
         } => {
             if layers as usize != shape.layers || kv_dim as usize != shape.kv_dim {
-                return Err(format!(
-                    "K/V of {layers} layers x {kv_dim} does not fit this model's \
-                     {} layers x {}",
-                    shape.layers, shape.kv_dim
-                ));
+                return Err(FrameError::Shape {
+                    layers,
+                    kv_dim,
+                    expected: shape,
+                });
             }
             if kv.len() % 4 != 0 {
-                return Err("K/V bytes are not whole f32 values".into());
+                return Err(FrameError::PartialValue);
             }
             let kv = kv
                 .chunks_exact(4)
@@ -383,7 +407,7 @@ mod tests {
             layers: 30,
             kv_dim: 3,
         };
-        let err = from_frame(&frame, other).unwrap_err();
+        let err = from_frame(&frame, other).unwrap_err().to_string();
         assert!(err.contains("30 layers"), "{err}");
         let end = zinfer_protocol::encode(&to_frame(
             CacheBlock::End {

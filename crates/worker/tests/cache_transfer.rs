@@ -15,7 +15,7 @@ use zinfer_model::device::{Device, test_device};
 use zinfer_model::{
     ChunkOutput, LoadOptions, LoadedModel, ModelError, SeqChunk, candle_device, load, load_candle,
 };
-use zinfer_protocol::{GenerateRequest, Usage};
+use zinfer_protocol::{ChunkBody, DoneBody, GenerateRequest, Usage};
 use zinfer_worker::engine::{Engine, EngineConfig, EngineError, EngineEvent, EngineHandle};
 use zinfer_worker::scheduler::SchedulerConfig;
 use zinfer_worker::{CacheBlock, KvShape};
@@ -204,8 +204,14 @@ fn run_all(handle: &EngineHandle, requests: &[(u64, String)]) -> HashMap<u64, (V
             .expect("no event within 5 minutes");
         let entry = out.entry(event.rid()).or_default();
         match event {
-            EngineEvent::Chunk { tokens, .. } => entry.0.extend(tokens),
-            EngineEvent::Done { usage, .. } => {
+            EngineEvent::Chunk {
+                body: ChunkBody { tokens, .. },
+                ..
+            } => entry.0.extend(tokens),
+            EngineEvent::Done {
+                body: DoneBody { usage, .. },
+                ..
+            } => {
                 entry.1 = usage;
                 ended += 1;
             }
@@ -311,7 +317,10 @@ fn an_imported_cache_serves_the_same_greedy_output_from_cache_hits() {
         ended += usize::from(event.is_terminal());
         let entry: &mut Vec<u32> = during_on_a.entry(event.rid()).or_default();
         match event {
-            EngineEvent::Chunk { tokens, .. } => entry.extend(tokens),
+            EngineEvent::Chunk {
+                body: ChunkBody { tokens, .. },
+                ..
+            } => entry.extend(tokens),
             EngineEvent::Error { code, message, .. } => panic!("{code}: {message}"),
             EngineEvent::Done { .. } => {}
         }

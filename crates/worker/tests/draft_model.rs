@@ -11,7 +11,7 @@ use candle_core::quantized::gguf_file::Content;
 use zinfer_fetch::test_model_path;
 use zinfer_model::synthetic::{SynthShape, SynthSpec, generate};
 use zinfer_model::{LoadOptions, LoadedModel, load};
-use zinfer_protocol::{GenerateRequest, Speculative};
+use zinfer_protocol::{ChunkBody, GenerateRequest, Speculative};
 use zinfer_worker::engine::{DraftModelError, Engine, EngineConfig, EngineEvent, EngineHandle};
 
 fn model(path: &Path) -> LoadedModel {
@@ -65,7 +65,10 @@ fn tokens(handle: &EngineHandle, rid: u64, request: GenerateRequest) -> Vec<u32>
             .recv_timeout(Duration::from_secs(300))
             .unwrap()
         {
-            EngineEvent::Chunk { tokens, .. } => out.extend(tokens),
+            EngineEvent::Chunk {
+                body: ChunkBody { tokens, .. },
+                ..
+            } => out.extend(tokens),
             EngineEvent::Done { .. } => return out,
             EngineEvent::Error { code, message, .. } => panic!("{code}: {message}"),
         }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use zinfer_fetch::test_model_path;
 use zinfer_model::device::test_device;
 use zinfer_model::{LoadOptions, load};
-use zinfer_protocol::{FinishReason, GenerateRequest, Usage};
+use zinfer_protocol::{ChunkBody, DoneBody, FinishReason, GenerateRequest, Usage};
 use zinfer_worker::detokenize::Detokenizer;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use zinfer_worker::scheduler::SchedulerConfig;
@@ -99,9 +99,13 @@ fn run_all(handle: &EngineHandle, requests: Vec<(u64, GenerateRequest)>) -> Hash
         assert!(outcome.finish.is_none(), "event after the terminal one");
         match event {
             EngineEvent::Chunk {
-                text,
-                tokens,
-                logprobs,
+                body:
+                    ChunkBody {
+                        text,
+                        tokens,
+                        logprobs,
+                        ..
+                    },
                 ..
             } => {
                 outcome.chunks.push(text);
@@ -114,8 +118,12 @@ fn run_all(handle: &EngineHandle, requests: Vec<(u64, GenerateRequest)>) -> Hash
                     }));
             }
             EngineEvent::Done {
-                finish_reason,
-                usage,
+                body:
+                    DoneBody {
+                        finish_reason,
+                        usage,
+                        ..
+                    },
                 ..
             } => {
                 outcome.finish = Some(finish_reason);

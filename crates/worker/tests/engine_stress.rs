@@ -10,7 +10,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use zinfer_fetch::test_model_path;
 use zinfer_model::device::test_device;
 use zinfer_model::{LoadOptions, load};
-use zinfer_protocol::{ErrorCode, GenerateRequest};
+use zinfer_protocol::{ChunkBody, ErrorCode, GenerateRequest};
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent};
 use zinfer_worker::scheduler::SchedulerConfig;
 
@@ -72,7 +72,11 @@ fn random_requests_cancels_and_preemptions_leave_the_pool_whole() {
                     !terminal.contains_key(&rid),
                     "event after terminal for {rid}"
                 );
-                if let EngineEvent::Chunk { index, .. } = event {
+                if let EngineEvent::Chunk {
+                    body: ChunkBody { index, .. },
+                    ..
+                } = event
+                {
                     let expected = last_chunk.get(&rid).map_or(0, |i| i + 1);
                     assert_eq!(index, expected, "chunk order of {rid}");
                     last_chunk.insert(rid, index);

@@ -5,11 +5,11 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
 
 use zinfer_protocol::{
-    AdminReply, AdminRequest, ApplyTemplateRequest, CacheTransfer, ChatMessage, ClientReply,
-    ClientRequest, ControlOp, DecodeError, DetokenizeRequest, ErrorCode, FinishReason,
-    GenerateRequest, Limits, LoadReport, ModelInfo, ModelOffer, Piece, RouterToSupervisor,
-    RouterToWorker, SupervisorToRouter, Timings, TokenLogprob, TokenizeRequest, TopLogprob, Usage,
-    WireMessage, WorkerInfo, WorkerState, WorkerToRouter, decode, encode,
+    AdminReply, AdminRequest, ApplyTemplateRequest, CacheTransfer, ChatMessage, ChunkBody,
+    ClientReply, ClientRequest, ControlOp, DecodeError, DetokenizeRequest, DoneBody, ErrorCode,
+    FinishReason, GenerateRequest, Limits, LoadReport, ModelInfo, ModelOffer, Piece, ReadyBody,
+    RouterToSupervisor, RouterToWorker, SupervisorToRouter, Timings, TokenLogprob, TokenizeRequest,
+    TopLogprob, Usage, WireMessage, WorkerInfo, WorkerState, WorkerToRouter, decode, encode,
 };
 
 /// A sample message with its golden name, `<direction>.<case>`.
@@ -342,124 +342,101 @@ pub fn client_replies() -> Vec<Sample<ClientReply>> {
             "client_reply.chunk",
             ClientReply::Chunk {
                 id: "req-1".into(),
-                index: 0,
-                text: "Paris é".into(),
-                tokens: vec![7042, 2208],
-                logprobs: None,
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                body: ChunkBody {
+                    text: "Paris é".into(),
+                    tokens: vec![7042, 2208],
+                    ..ChunkBody::default()
+                },
             },
         ),
         sample(
             "client_reply.chunk_logprobs",
             ClientReply::Chunk {
                 id: "req-4".into(),
-                index: 0,
-                text: " Paris".into(),
-                tokens: vec![7042, 2208],
-                logprobs: Some(token_logprobs()),
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                body: ChunkBody {
+                    text: " Paris".into(),
+                    tokens: vec![7042, 2208],
+                    logprobs: Some(token_logprobs()),
+                    ..ChunkBody::default()
+                },
             },
         ),
         sample(
             "client_reply.chunk_tool_calls",
             ClientReply::Chunk {
                 id: "req-6".into(),
-                index: 1,
-                text: String::new(),
-                tokens: vec![27, 14506],
-                logprobs: None,
-                reasoning: "Paris, so".into(),
-                tool_calls: vec![tool_call()],
-                choice: 1,
+                body: ChunkBody {
+                    index: 1,
+                    tokens: vec![27, 14506],
+                    reasoning: "Paris, so".into(),
+                    tool_calls: vec![tool_call()],
+                    choice: 1,
+                    ..ChunkBody::default()
+                },
             },
         ),
         sample(
             "client_reply.done_tool_calls",
             ClientReply::Done {
                 id: "req-6".into(),
-                finish_reason: FinishReason::ToolCalls,
-                text: Some(String::new()),
-                usage: usage(),
-                timings: timings(),
-                worker: "w-cpu-0".into(),
-                logprobs: None,
-                reasoning: Some("The user wants Paris.".into()),
-                tool_calls: Some(vec![tool_call()]),
-                choice: 0,
-                prompt_logprobs: Some(vec![
-                    zinfer_protocol::PromptLogprob {
-                        token: 785,
-                        text: "The".into(),
-                        logprob: None,
-                        top_logprobs: Vec::new(),
-                    },
-                    zinfer_protocol::PromptLogprob {
-                        token: 6722,
-                        text: " weather".into(),
-                        logprob: Some(-2.5),
-                        top_logprobs: vec![TopLogprob {
+                body: DoneBody {
+                    text: Some(String::new()),
+                    worker: Some("w-cpu-0".into()),
+                    reasoning: Some("The user wants Paris.".into()),
+                    tool_calls: Some(vec![tool_call()]),
+                    prompt_logprobs: Some(vec![
+                        zinfer_protocol::PromptLogprob {
+                            token: 785,
+                            text: "The".into(),
+                            logprob: None,
+                            top_logprobs: Vec::new(),
+                        },
+                        zinfer_protocol::PromptLogprob {
                             token: 6722,
                             text: " weather".into(),
-                            logprob: -2.5,
-                        }],
-                    },
-                ]),
-                embedding: None,
+                            logprob: Some(-2.5),
+                            top_logprobs: vec![TopLogprob {
+                                token: 6722,
+                                text: " weather".into(),
+                                logprob: -2.5,
+                            }],
+                        },
+                    ]),
+                    ..DoneBody::new(FinishReason::ToolCalls, usage(), timings())
+                },
             },
         ),
         sample(
             "client_reply.done",
             ClientReply::Done {
                 id: "req-1".into(),
-                finish_reason: FinishReason::Stop,
-                text: Some("The capital of France is Paris.".into()),
-                usage: usage(),
-                timings: timings(),
-                worker: "w-cpu-0".into(),
-                logprobs: None,
-                reasoning: None,
-                tool_calls: None,
-                choice: 0,
-                prompt_logprobs: None,
-                embedding: None,
+                body: DoneBody {
+                    text: Some("The capital of France is Paris.".into()),
+                    worker: Some("w-cpu-0".into()),
+                    ..DoneBody::new(FinishReason::Stop, usage(), timings())
+                },
             },
         ),
         sample(
             "client_reply.done_logprobs",
             ClientReply::Done {
                 id: "req-4".into(),
-                finish_reason: FinishReason::Length,
-                text: Some(" Paris\u{fffd}".into()),
-                usage: usage(),
-                timings: timings(),
-                worker: "w-cpu-0".into(),
-                logprobs: Some(token_logprobs()),
-                reasoning: None,
-                tool_calls: None,
-                choice: 0,
-                prompt_logprobs: None,
-                embedding: None,
+                body: DoneBody {
+                    text: Some(" Paris\u{fffd}".into()),
+                    worker: Some("w-cpu-0".into()),
+                    logprobs: Some(token_logprobs()),
+                    ..DoneBody::new(FinishReason::Length, usage(), timings())
+                },
             },
         ),
         sample(
             "client_reply.done_streamed",
             ClientReply::Done {
                 id: "req-2".into(),
-                finish_reason: FinishReason::Length,
-                text: None,
-                usage: usage(),
-                timings: timings(),
-                worker: "w-cpu-0".into(),
-                logprobs: None,
-                reasoning: None,
-                tool_calls: None,
-                choice: 0,
-                prompt_logprobs: None,
-                embedding: None,
+                body: DoneBody {
+                    worker: Some("w-cpu-0".into()),
+                    ..DoneBody::new(FinishReason::Length, usage(), timings())
+                },
             },
         ),
         sample(
@@ -641,7 +618,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
     vec![
         sample(
             "worker_to_router.ready",
-            WorkerToRouter::Ready {
+            WorkerToRouter::Ready(ReadyBody {
                 worker_id: "w-cpu-0".into(),
                 protocol: 1,
                 models: vec!["smollm2-135m".into()],
@@ -652,11 +629,11 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 vocab_size: None,
                 import_endpoint: None,
                 import_key: None,
-            },
+            }),
         ),
         sample(
             "worker_to_router.ready_with_limits",
-            WorkerToRouter::Ready {
+            WorkerToRouter::Ready(ReadyBody {
                 worker_id: "w-cpu-0".into(),
                 protocol: 1,
                 models: vec!["smollm2-135m".into()],
@@ -667,7 +644,7 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
                 vocab_size: Some(49152),
                 import_endpoint: Some("tcp://10.0.0.7:41234".into()),
                 import_key: None,
-            },
+            }),
         ),
         sample("worker_to_router.heartbeat", WorkerToRouter::Heartbeat {}),
         sample("worker_to_router.load", WorkerToRouter::Load(load())),
@@ -675,58 +652,42 @@ pub fn worker_to_router() -> Vec<Sample<WorkerToRouter>> {
             "worker_to_router.chunk",
             WorkerToRouter::Chunk {
                 rid: 7,
-                index: 2,
-                text: " Paris".into(),
-                tokens: vec![7042],
-                logprobs: None,
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                body: ChunkBody {
+                    index: 2,
+                    text: " Paris".into(),
+                    tokens: vec![7042],
+                    ..ChunkBody::default()
+                },
             },
         ),
         sample(
             "worker_to_router.chunk_logprobs",
             WorkerToRouter::Chunk {
                 rid: 8,
-                index: 0,
-                text: " Paris".into(),
-                tokens: vec![7042, 2208],
-                logprobs: Some(token_logprobs()),
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                body: ChunkBody {
+                    text: " Paris".into(),
+                    tokens: vec![7042, 2208],
+                    logprobs: Some(token_logprobs()),
+                    ..ChunkBody::default()
+                },
             },
         ),
         sample(
             "worker_to_router.done",
             WorkerToRouter::Done {
                 rid: 7,
-                finish_reason: FinishReason::Cancelled,
-                text: None,
-                usage: usage(),
-                timings: timings(),
-                logprobs: None,
-                reasoning: None,
-                tool_calls: None,
-                choice: 0,
-                prompt_logprobs: None,
-                embedding: None,
+                body: DoneBody::new(FinishReason::Cancelled, usage(), timings()),
             },
         ),
         sample(
             "worker_to_router.done_logprobs",
             WorkerToRouter::Done {
                 rid: 8,
-                finish_reason: FinishReason::Length,
-                text: Some(" Paris\u{fffd}".into()),
-                usage: usage(),
-                timings: timings(),
-                logprobs: Some(token_logprobs()),
-                reasoning: None,
-                tool_calls: None,
-                choice: 0,
-                prompt_logprobs: None,
-                embedding: None,
+                body: DoneBody {
+                    text: Some(" Paris\u{fffd}".into()),
+                    logprobs: Some(token_logprobs()),
+                    ..DoneBody::new(FinishReason::Length, usage(), timings())
+                },
             },
         ),
         sample(

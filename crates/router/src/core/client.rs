@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use zinfer_protocol::{
-    ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, ModelInfo,
+    ClientReply, ClientRequest, DoneBody, ErrorCode, FinishReason, GenerateRequest, ModelInfo,
     RouterToWorker, TextRequest, Timings, Usage, decode, recover_id,
 };
 
@@ -107,7 +107,8 @@ impl Core {
         if let Some(tenant) = tenant {
             match tenant_namespace(tenant, request.namespace.as_deref(), &self.config.limits) {
                 Ok(namespace) => request.namespace = Some(namespace),
-                Err(message) => {
+                Err(error) => {
+                    let message = error.to_string();
                     self.reply_error(from, Some(request.id), ErrorCode::BadRequest, message);
                     return;
                 }
@@ -227,30 +228,25 @@ impl Core {
             .requests
             .with_label_values(&["cancelled"])
             .inc();
-        let queue_s = if request.stage.dispatched() {
-            0.0
-        } else {
-            seconds(request.arrived, now)
+        let timings = Timings {
+            queue_s: if request.stage.dispatched() {
+                0.0
+            } else {
+                seconds(request.arrived, now)
+            },
+            ..Timings::default()
         };
         // Every choice still owed its `done` gets one.
         let n = request.request.n.max(1);
         for choice in n - request.choices_left.min(n)..n {
             let reply = ClientReply::Done {
                 id: request.id.clone(),
-                finish_reason: FinishReason::Cancelled,
-                text: (!request.request.stream).then(String::new),
-                usage: Usage::default(),
-                timings: Timings {
-                    queue_s,
-                    ..Timings::default()
+                body: DoneBody {
+                    text: (!request.request.stream).then(String::new),
+                    worker: Some(String::new()),
+                    choice,
+                    ..DoneBody::new(FinishReason::Cancelled, Usage::default(), timings)
                 },
-                worker: String::new(),
-                logprobs: None,
-                reasoning: None,
-                tool_calls: None,
-                choice,
-                prompt_logprobs: None,
-                embedding: None,
             };
             self.send(Peer::Client(request.client.clone()), &reply);
         }
@@ -407,6 +403,21 @@ impl Core {
     }
 }
 
+/// A namespace too long once the router prefixed it with the tenant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "field \"namespace\": with CURVE the router prefixes it with your tenant \
+     ({prefix} bytes), leaving at most {left} bytes of the {max}-byte limit; use a shorter namespace"
+)]
+pub(super) struct NamespaceTooLong {
+    /// Bytes of the tenant and its `/`.
+    prefix: usize,
+    /// Bytes left for the client's namespace.
+    left: usize,
+    /// The name limit.
+    max: usize,
+}
+
 /// The cache namespace of a request from `tenant`: the tenant, then `/`
 /// and the client's own namespace when it sent one. The tenant has no `/`,
 /// so no client namespace can spell another tenant's.
@@ -414,19 +425,17 @@ pub(super) fn tenant_namespace(
     tenant: &str,
     namespace: Option<&str>,
     limits: &zinfer_protocol::Limits,
-) -> Result<String, String> {
+) -> Result<String, NamespaceTooLong> {
     let namespace = match namespace {
         Some(namespace) if !namespace.is_empty() => format!("{tenant}/{namespace}"),
         _ => tenant.to_string(),
     };
     if namespace.len() > limits.max_name_bytes {
-        return Err(format!(
-            "field \"namespace\": with CURVE the router prefixes it with your tenant \
-             ({} bytes), leaving at most {} bytes of the {}-byte limit; use a shorter namespace",
-            tenant.len() + 1,
-            limits.max_name_bytes.saturating_sub(tenant.len() + 1),
-            limits.max_name_bytes
-        ));
+        return Err(NamespaceTooLong {
+            prefix: tenant.len() + 1,
+            left: limits.max_name_bytes.saturating_sub(tenant.len() + 1),
+            max: limits.max_name_bytes,
+        });
     }
     Ok(namespace)
 }

@@ -22,6 +22,28 @@ use zinfer_protocol::{
 
 use super::{Addr, Core, Peer, seconds};
 
+/// Why no supervisor could be asked for a worker of a model.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum SpawnError {
+    /// No supervisor is connected at all.
+    #[error(
+        "no supervisor is connected to start workers of {model:?}: run `zinfer serve`, \
+         or `zinfer supervisor --model PATH` on a worker host"
+    )]
+    NoSupervisor {
+        /// The model asked for.
+        model: String,
+    },
+    /// Supervisors are connected, and none offers the model.
+    #[error("no supervisor offers model {model:?} ({offered}); start one with --model for it")]
+    NotOffered {
+        /// The model asked for.
+        model: String,
+        /// What each supervisor offers, for the message.
+        offered: String,
+    },
+}
+
 /// A connected supervisor, as its last `supervisor_status` described it.
 pub(super) struct Supervisor {
     addr: Addr,
@@ -332,7 +354,8 @@ impl Core {
                             op.started.push(worker_id);
                         }
                     }
-                    Err(reason) => {
+                    Err(error) => {
+                        let reason = error.to_string();
                         if !self.control.scales.contains_key(model) {
                             self.back_off(now, model, &reason);
                         }
@@ -423,7 +446,7 @@ impl Core {
         model_path: Option<String>,
         device: Option<String>,
         import: Option<Option<String>>,
-    ) -> Result<String, String> {
+    ) -> Result<String, SpawnError> {
         let Some(supervisor) = self
             .control
             .supervisors
@@ -441,15 +464,14 @@ impl Core {
                 })
                 .collect();
             return Err(if offered.is_empty() {
-                format!(
-                    "no supervisor is connected to start workers of {model:?}: run `zinfer serve`, \
-                     or `zinfer supervisor --model PATH` on a worker host"
-                )
+                SpawnError::NoSupervisor {
+                    model: model.to_string(),
+                }
             } else {
-                format!(
-                    "no supervisor offers model {model:?} ({}); start one with --model for it",
-                    offered.join("; ")
-                )
+                SpawnError::NotOffered {
+                    model: model.to_string(),
+                    offered: offered.join("; "),
+                }
             });
         };
         self.control.next_spawn += 1;
@@ -757,9 +779,9 @@ impl Core {
                 );
                 self.refresh_gauges();
             }
-            Err(reason) => {
+            Err(error) => {
                 self.metrics.migrations.with_label_values(&["failed"]).inc();
-                self.ack(&waiter, false, reason);
+                self.ack(&waiter, false, error.to_string());
             }
         }
     }

@@ -9,8 +9,9 @@ use std::{
 
 use proptest::prelude::*;
 use zinfer_protocol::{
-    AdminRequest, ClientReply, ClientRequest, ErrorCode, FinishReason, GenerateRequest, Limits,
-    PROTOCOL_VERSION, RouterToWorker, Timings, Usage, WorkerToRouter, decode, encode,
+    AdminRequest, ChunkBody, ClientReply, ClientRequest, DoneBody, ErrorCode, FinishReason,
+    GenerateRequest, Limits, PROTOCOL_VERSION, ReadyBody, RouterToWorker, Timings, Usage,
+    WorkerToRouter, decode, encode,
 };
 
 use super::{Action, Addr, Core, Peer, SendFailure};
@@ -142,7 +143,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                 &mut core,
                 now,
                 WORKERS[w].as_bytes(),
-                &WorkerToRouter::Ready {
+                &WorkerToRouter::Ready(ReadyBody {
                     worker_id: WORKERS[w].into(),
                     protocol: PROTOCOL_VERSION,
                     models: vec!["m".into()],
@@ -153,7 +154,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                     vocab_size: None,
                     import_endpoint: None,
                     import_key: None,
-                },
+                }),
             ),
             Op::Generate {
                 client,
@@ -178,26 +179,19 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                 let message = match op {
                     Op::Chunk(_) => WorkerToRouter::Chunk {
                         rid,
-                        index: 0,
-                        text: "t".into(),
-                        tokens: vec![1],
-                        logprobs: None,
-                        reasoning: String::new(),
-                        tool_calls: Vec::new(),
-                        choice: 0,
+                        body: ChunkBody {
+                            text: "t".into(),
+                            tokens: vec![1],
+                            ..ChunkBody::default()
+                        },
                     },
                     Op::Done(_) => WorkerToRouter::Done {
                         rid,
-                        finish_reason: FinishReason::Stop,
-                        text: None,
-                        usage: Usage::default(),
-                        timings: Timings::default(),
-                        logprobs: None,
-                        reasoning: None,
-                        tool_calls: None,
-                        choice: 0,
-                        prompt_logprobs: None,
-                        embedding: None,
+                        body: DoneBody::new(
+                            FinishReason::Stop,
+                            Usage::default(),
+                            Timings::default(),
+                        ),
                     },
                     _ => WorkerToRouter::Error {
                         rid,
@@ -211,16 +205,7 @@ fn run(policy: Policy, ops: &[Op]) -> Result<(), TestCaseError> {
                 let (_, rid) = ledger.dispatched[k % ledger.dispatched.len()];
                 let message = WorkerToRouter::Done {
                     rid,
-                    finish_reason: FinishReason::Stop,
-                    text: None,
-                    usage: Usage::default(),
-                    timings: Timings::default(),
-                    logprobs: None,
-                    reasoning: None,
-                    tool_calls: None,
-                    choice: 0,
-                    prompt_logprobs: None,
-                    embedding: None,
+                    body: DoneBody::new(FinishReason::Stop, Usage::default(), Timings::default()),
                 };
                 worker_message(&mut core, now, WORKERS[w].as_bytes(), &message);
             }

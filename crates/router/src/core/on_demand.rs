@@ -185,7 +185,7 @@ impl Core {
                     self.metrics.cold_starts.inc();
                     Ok(Placement::Spawned)
                 }
-                Err(reason) => Err((ErrorCode::Unavailable, reason)),
+                Err(error) => Err((ErrorCode::Unavailable, error.to_string())),
             };
         }
         // Short of memory everywhere: plan on the supervisor where freeing

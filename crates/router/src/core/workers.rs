@@ -7,9 +7,8 @@ use std::{
 };
 
 use zinfer_protocol::{
-    ClientReply, ControlOp, ErrorCode, FinishReason, LoadReport, PROTOCOL_VERSION, PromptLogprob,
-    RouterToWorker, TextResult, Timings, TokenLogprob, ToolCall, Usage, WorkerInfo, WorkerState,
-    WorkerToRouter, decode,
+    ChunkBody, ClientReply, ControlOp, DoneBody, ErrorCode, LoadReport, PROTOCOL_VERSION,
+    ReadyBody, RouterToWorker, TextResult, WorkerInfo, WorkerState, WorkerToRouter, decode,
 };
 
 use super::{Addr, Core, Peer, Progress, Stage, seconds};
@@ -104,33 +103,8 @@ impl Core {
                 return;
             }
         };
-        if let WorkerToRouter::Ready {
-            worker_id,
-            protocol,
-            models,
-            device,
-            kv_capacity,
-            max_batch,
-            context_length,
-            vocab_size,
-            import_endpoint,
-            import_key,
-        } = message
-        {
-            let registration = Registration {
-                worker_id,
-                protocol,
-                models,
-                device,
-                kv_capacity,
-                max_batch,
-                context_length,
-                vocab_size,
-                import_endpoint,
-                import_key,
-                curve_key: key.map(str::to_string),
-            };
-            self.register(now, from, registration);
+        if let WorkerToRouter::Ready(ready) = message {
+            self.register(now, from, ready, key.map(str::to_string));
             return;
         }
         let Some(worker) = self
@@ -150,7 +124,7 @@ impl Core {
         };
         worker.last_seen = now;
         match message {
-            WorkerToRouter::Ready { .. } | WorkerToRouter::Heartbeat {} => {}
+            WorkerToRouter::Ready(_) | WorkerToRouter::Heartbeat {} => {}
             WorkerToRouter::Load(report) => {
                 worker.load = report;
                 self.refresh_load_gauges();
@@ -170,58 +144,8 @@ impl Core {
                 tracing::info!(worker = %worker.id, tokens, skipped_tokens, bytes, seconds, "cache imported");
                 self.cache_imported(now, &from.identity, tokens, seconds);
             }
-            WorkerToRouter::Chunk {
-                rid,
-                index,
-                text,
-                tokens,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
-            } => self.relay_chunk(
-                now,
-                from,
-                rid,
-                Streamed {
-                    index,
-                    text,
-                    tokens,
-                    logprobs,
-                    reasoning,
-                    tool_calls,
-                    choice,
-                },
-            ),
-            WorkerToRouter::Done {
-                rid,
-                finish_reason,
-                text,
-                usage,
-                timings,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
-                prompt_logprobs,
-                embedding,
-            } => self.relay_done(
-                now,
-                from,
-                rid,
-                Finished {
-                    finish_reason,
-                    text,
-                    usage,
-                    timings,
-                    logprobs,
-                    reasoning,
-                    tool_calls,
-                    choice,
-                    prompt_logprobs,
-                    embedding,
-                },
-            ),
+            WorkerToRouter::Chunk { rid, body } => self.relay_chunk(now, from, rid, body),
+            WorkerToRouter::Done { rid, body } => self.relay_done(now, from, rid, body),
             WorkerToRouter::Error { rid, code, message } => {
                 if self.texts.contains_key(&rid) {
                     self.text_failed(from, rid, code, message);
@@ -243,7 +167,9 @@ impl Core {
         }
     }
 
-    fn register(&mut self, now: Instant, from: &Addr, ready: Registration) {
+    /// Registers the worker that sent `ready`; `curve_key` is its CURVE
+    /// public key, when it connected with CURVE.
+    fn register(&mut self, now: Instant, from: &Addr, ready: ReadyBody, curve_key: Option<String>) {
         if self.refused.contains_key(&from.identity) {
             return;
         }
@@ -323,7 +249,7 @@ impl Core {
             inflight: HashSet::new(),
             max_inflight,
             index: PrefixIndex::new(self.config.index_bytes_per_worker),
-            curve_key: ready.curve_key,
+            curve_key,
         };
         self.workers.insert(from.identity.clone(), worker);
         self.order.push(from.identity.clone());
@@ -347,7 +273,7 @@ impl Core {
     fn registration_problem(
         &mut self,
         from: &Addr,
-        ready: &Registration,
+        ready: &ReadyBody,
     ) -> Option<(String, &'static str)> {
         if ready.protocol != PROTOCOL_VERSION {
             return Some((
@@ -537,16 +463,8 @@ impl Core {
         self.metrics.waiting.set(waiting);
     }
 
-    fn relay_chunk(&mut self, now: Instant, from: &Addr, rid: u64, chunk: Streamed) {
-        let Streamed {
-            index,
-            text,
-            tokens,
-            logprobs,
-            reasoning,
-            tool_calls,
-            choice,
-        } = chunk;
+    fn relay_chunk(&mut self, now: Instant, from: &Addr, rid: u64, body: ChunkBody) {
+        let tokens = body.tokens.len();
         let Some(request) = self.requests.get_mut(&rid) else {
             tracing::debug!(rid, "chunk for an ended request; dropped");
             return;
@@ -558,8 +476,8 @@ impl Core {
         match request.last_chunk {
             None => self.metrics.ttft.observe(seconds(request.arrived, now)),
             Some(previous) => {
-                let per_token = seconds(previous, now) / tokens.len().max(1) as f64;
-                for _ in 0..tokens.len().max(1) {
+                let per_token = seconds(previous, now) / tokens.max(1) as f64;
+                for _ in 0..tokens.max(1) {
                     self.metrics.inter_token.observe(per_token);
                 }
             }
@@ -569,7 +487,7 @@ impl Core {
         // Only a token-rate limit needs the client here; no clone otherwise.
         if self.config.max_tokens_per_second_per_client.is_some() {
             let client = request.quota_key.clone();
-            self.quota_charge(now, &client, tokens.len());
+            self.quota_charge(now, &client, tokens);
         }
         if !stream {
             return;
@@ -584,20 +502,14 @@ impl Core {
         }
         let reply = ClientReply::Chunk {
             id: request.id.clone(),
-            index,
-            text,
-            tokens,
-            logprobs,
-            reasoning,
-            tool_calls,
-            choice,
+            body,
         };
         let to = Peer::Client(request.client.clone());
         self.metrics.relayed_chunks.inc();
         self.send(to, &reply);
     }
 
-    fn relay_done(&mut self, now: Instant, from: &Addr, rid: u64, finished: Finished) {
+    fn relay_done(&mut self, now: Instant, from: &Addr, rid: u64, mut body: DoneBody) {
         if !self.runs_on(rid, from) {
             tracing::debug!(rid, "done for a request not running there; dropped");
             return;
@@ -607,7 +519,7 @@ impl Core {
             .get(&from.identity)
             .map(|worker| worker.id.clone())
             .unwrap_or_default();
-        let usage = finished.usage;
+        let usage = body.usage;
         self.metrics
             .generated_tokens
             .inc_by(u64::from(usage.completion_tokens));
@@ -621,7 +533,11 @@ impl Core {
             if let Stage::Running { progress, .. } = &mut request.stage {
                 *progress = Progress::Streamed;
             }
-            let reply = finished.into_done(request.id.clone(), worker_id);
+            body.worker = Some(worker_id);
+            let reply = ClientReply::Done {
+                id: request.id.clone(),
+                body,
+            };
             let to = Peer::Client(request.client.clone());
             self.send(to, &reply);
             return;
@@ -629,7 +545,7 @@ impl Core {
         let Some(request) = self.take(now, rid) else {
             return;
         };
-        let finish_reason = finished.finish_reason;
+        let finish_reason = body.finish_reason;
         request
             .span
             .in_scope(|| tracing::debug!(?finish_reason, worker = %worker_id, "done"));
@@ -645,17 +561,21 @@ impl Core {
             .inc_by(u64::from(usage.cached_tokens));
         // An `embed` gets its vector as `embedding`; ended before its
         // input was computed (cancelled, deadline) it gets the `done`.
-        let reply = match finished {
-            Finished {
-                embedding: Some(embedding),
-                ..
-            } if request.embedding => ClientReply::Embedding {
+        let reply = match body.embedding.take() {
+            Some(embedding) if request.embedding => ClientReply::Embedding {
                 id: request.id,
                 embedding,
                 usage,
                 worker: worker_id,
             },
-            finished => finished.into_done(request.id, worker_id),
+            embedding => {
+                body.embedding = embedding;
+                body.worker = Some(worker_id);
+                ClientReply::Done {
+                    id: request.id,
+                    body,
+                }
+            }
         };
         self.send(Peer::Client(request.client), &reply);
         self.settle_drains(now);
@@ -688,67 +608,6 @@ impl Core {
     }
 }
 
-/// A worker's `chunk`, less the request id.
-struct Streamed {
-    index: u32,
-    text: String,
-    tokens: Vec<u32>,
-    logprobs: Option<Vec<TokenLogprob>>,
-    reasoning: String,
-    tool_calls: Vec<ToolCall>,
-    choice: u32,
-}
-
-/// A worker's `done`, less the request id.
-struct Finished {
-    finish_reason: FinishReason,
-    text: Option<String>,
-    usage: Usage,
-    timings: Timings,
-    logprobs: Option<Vec<TokenLogprob>>,
-    reasoning: Option<String>,
-    tool_calls: Option<Vec<ToolCall>>,
-    choice: u32,
-    prompt_logprobs: Option<Vec<PromptLogprob>>,
-    embedding: Option<Vec<f32>>,
-}
-
-impl Finished {
-    /// The client's `done`: the same fields, the client's id and the
-    /// worker's name.
-    fn into_done(self, id: String, worker: String) -> ClientReply {
-        ClientReply::Done {
-            id,
-            finish_reason: self.finish_reason,
-            text: self.text,
-            usage: self.usage,
-            timings: self.timings,
-            worker,
-            logprobs: self.logprobs,
-            reasoning: self.reasoning,
-            tool_calls: self.tool_calls,
-            choice: self.choice,
-            prompt_logprobs: self.prompt_logprobs,
-            embedding: self.embedding,
-        }
-    }
-}
-
 /// How many requests past its `max_inflight` a worker takes when each
 /// outranks something in flight there.
 const PRIORITY_HEADROOM: usize = 8;
-
-/// A `ready` message's fields.
-struct Registration {
-    worker_id: String,
-    protocol: u32,
-    models: Vec<String>,
-    device: String,
-    kv_capacity: u64,
-    max_batch: u32,
-    context_length: Option<u32>,
-    vocab_size: Option<u32>,
-    import_endpoint: Option<String>,
-    import_key: Option<String>,
-    curve_key: Option<String>,
-}

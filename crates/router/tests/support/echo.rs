@@ -13,8 +13,8 @@ use std::{
 };
 
 use zinfer_protocol::{
-    FinishReason, Limits, PROTOCOL_VERSION, RouterToWorker, Timings, Usage, WorkerToRouter, decode,
-    encode,
+    ChunkBody, DoneBody, FinishReason, Limits, PROTOCOL_VERSION, ReadyBody, RouterToWorker,
+    Timings, Usage, WorkerToRouter, decode, encode,
 };
 
 /// An echo worker on its own thread; stops when dropped.
@@ -33,7 +33,7 @@ impl EchoWorker {
         socket.set_sndhwm(100_000).expect("hwm");
         socket.set_rcvhwm(100_000).expect("hwm");
         socket.connect(endpoint).expect("connect to the router");
-        let ready = WorkerToRouter::Ready {
+        let ready = WorkerToRouter::Ready(ReadyBody {
             worker_id: id.to_string(),
             protocol: PROTOCOL_VERSION,
             models: vec![model.to_string()],
@@ -44,7 +44,7 @@ impl EchoWorker {
             vocab_size: None,
             import_endpoint: None,
             import_key: None,
-        };
+        });
         Self::spawn(socket, false, Some(encode(&ready).expect("encode ready")))
     }
 
@@ -121,32 +121,29 @@ fn serve(socket: &zmq::Socket, routed: bool, ready: Option<Vec<u8>>, stop: &Atom
                         if request.stream {
                             reply(&WorkerToRouter::Chunk {
                                 rid,
-                                index,
-                                text: piece,
-                                tokens: vec![index],
-                                logprobs: None,
-                                reasoning: String::new(),
-                                tool_calls: Vec::new(),
-                                choice: 0,
+                                body: ChunkBody {
+                                    index,
+                                    text: piece,
+                                    tokens: vec![index],
+                                    ..ChunkBody::default()
+                                },
                             });
                         }
                     }
                     reply(&WorkerToRouter::Done {
                         rid,
-                        finish_reason: FinishReason::Length,
-                        text: (!request.stream).then_some(text),
-                        usage: Usage {
-                            prompt_tokens: 1,
-                            cached_tokens: 0,
-                            completion_tokens: n,
+                        body: DoneBody {
+                            text: (!request.stream).then_some(text),
+                            ..DoneBody::new(
+                                FinishReason::Length,
+                                Usage {
+                                    prompt_tokens: 1,
+                                    cached_tokens: 0,
+                                    completion_tokens: n,
+                                },
+                                Timings::default(),
+                            )
                         },
-                        timings: Timings::default(),
-                        logprobs: None,
-                        reasoning: None,
-                        tool_calls: None,
-                        choice: 0,
-                        prompt_logprobs: None,
-                        embedding: None,
                     });
                 }
                 Ok(RouterToWorker::Disconnect { .. }) => {

@@ -15,7 +15,7 @@ use super::{
 };
 
 /// What the handle knows of the model without asking the engine thread.
-pub(super) struct ModelInfo {
+pub(super) struct ModelFacts {
     pub(super) name: String,
     pub(super) vocab_size: usize,
     pub(super) kv_capacity: usize,
@@ -108,7 +108,7 @@ pub struct EngineHandle {
     pub(super) text: Arc<dyn TextCodec>,
     /// Compiles requests' constraints (cached), on the caller's thread.
     pub(super) grammars: Arc<crate::constraint::Grammars>,
-    pub(super) info: ModelInfo,
+    pub(super) info: ModelFacts,
     pub(super) config: EngineConfig,
     pub(super) thread: Option<JoinHandle<()>>,
 }

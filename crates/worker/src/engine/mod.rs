@@ -28,8 +28,7 @@ use zinfer_model::{
     TokenizerError,
 };
 use zinfer_protocol::{
-    ChatMessage, ErrorCode, FinishReason, Limits, PromptLogprob, Timings, TokenLogprob, ToolCall,
-    Usage, WorkerToRouter,
+    ChatMessage, ChunkBody, DoneBody, ErrorCode, FinishReason, Limits, WorkerToRouter,
 };
 
 use crate::constraint::Grammars;
@@ -93,48 +92,16 @@ pub enum EngineEvent {
     Chunk {
         /// Router request id.
         rid: u64,
-        /// 0, 1, 2, ... within the request.
-        index: u32,
-        /// Text delta: never part of a UTF-8 character or a stop string.
-        text: String,
-        /// Token ids since the previous chunk (stop tokens left out).
-        tokens: Vec<u32>,
-        /// One entry per token, when the request asked for logprobs.
-        logprobs: Option<Vec<TokenLogprob>>,
-        /// Reasoning text delta, kept out of `text`.
-        reasoning: String,
-        /// Tool calls completed since the previous chunk.
-        tool_calls: Vec<ToolCall>,
-        /// Which of the request's choices (0 unless it asked for `n`).
-        choice: u32,
+        /// The output, sent to the router as is.
+        body: ChunkBody,
     },
-    /// The request finished; terminal.
+    /// The request (or, with `n`, one of its choices) finished; the
+    /// request's last `Done` is terminal.
     Done {
         /// Router request id.
         rid: u64,
-        /// Why it ended.
-        finish_reason: FinishReason,
-        /// The whole output when the request was not streamed.
-        text: Option<String>,
-        /// Token counts.
-        usage: Usage,
-        /// Where the time went inside the worker.
-        timings: Timings,
-        /// Every token's entry, when the request was not streamed and
-        /// asked for logprobs.
-        logprobs: Option<Vec<TokenLogprob>>,
-        /// The whole reasoning, when the request was not streamed.
-        reasoning: Option<String>,
-        /// Every tool call, when the request was not streamed.
-        tool_calls: Option<Vec<ToolCall>>,
-        /// Which of the request's choices (0 unless it asked for `n`);
-        /// the request's last `Done` ends it.
-        choice: u32,
-        /// Every prompt token's log probability, on choice 0's `Done`
-        /// when the request asked for `prompt_logprobs`.
-        prompt_logprobs: Option<Vec<PromptLogprob>>,
-        /// The prompt's pooled, normalised hidden state, for `embed`.
-        embedding: Option<Vec<f32>>,
+        /// How it ended, sent to the router as is.
+        body: DoneBody,
     },
     /// The request failed; terminal.
     Error {
@@ -164,55 +131,12 @@ impl EngineEvent {
     }
 }
 
-/// The protocol message an event becomes: the same fields, so this is
-/// the only place they are spelled out twice.
+/// The protocol message an event becomes: the bodies pass through whole.
 impl From<EngineEvent> for WorkerToRouter {
     fn from(event: EngineEvent) -> Self {
         match event {
-            EngineEvent::Chunk {
-                rid,
-                index,
-                text,
-                tokens,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
-            } => WorkerToRouter::Chunk {
-                choice,
-                rid,
-                index,
-                text,
-                tokens,
-                logprobs,
-                reasoning,
-                tool_calls,
-            },
-            EngineEvent::Done {
-                rid,
-                finish_reason,
-                text,
-                usage,
-                timings,
-                logprobs,
-                reasoning,
-                tool_calls,
-                choice,
-                prompt_logprobs,
-                embedding,
-            } => WorkerToRouter::Done {
-                embedding,
-                prompt_logprobs,
-                choice,
-                rid,
-                finish_reason,
-                text,
-                usage,
-                timings,
-                logprobs,
-                reasoning,
-                tool_calls,
-            },
+            EngineEvent::Chunk { rid, body } => WorkerToRouter::Chunk { rid, body },
+            EngineEvent::Done { rid, body } => WorkerToRouter::Done { rid, body },
             EngineEvent::Error { rid, code, message } => {
                 WorkerToRouter::Error { rid, code, message }
             }
@@ -668,7 +592,7 @@ impl Engine {
             text.token_bytes().map_err(|error| error.to_string()),
             text.eos_token_ids(),
         ));
-        let info = handle::ModelInfo {
+        let info = handle::ModelFacts {
             name,
             vocab_size: model.vocab_size(),
             kv_capacity: model.kv_capacity(),

@@ -12,8 +12,8 @@ use toktrie::SimpleVob;
 use zinfer_cache::{RadixCache, TokenPool};
 use zinfer_model::{ChunkOutput, ForwardModel, StepBatch};
 use zinfer_protocol::{
-    ErrorCode, FinishReason, GenerateRequest, Pooling, PromptLogprob, Speculative, Timings,
-    TokenLogprob, ToolCall, TopLogprob, Usage,
+    ChunkBody, DoneBody, ErrorCode, FinishReason, GenerateRequest, Pooling, PromptLogprob,
+    Speculative, Timings, TokenLogprob, ToolCall, TopLogprob, Usage,
 };
 
 use super::choices::{Choices, Pending, choice_seed};
@@ -1034,40 +1034,37 @@ impl EngineLoop {
         let whole = !request.stream;
         self.send(EngineEvent::Done {
             rid,
-            finish_reason: reason,
-            text: whole.then_some(request.text),
-            usage,
-            timings,
-            logprobs,
-            reasoning: (whole && !request.reasoning.is_empty()).then_some(request.reasoning),
-            tool_calls: (whole && !request.tool_calls.is_empty()).then_some(request.tool_calls),
-            choice: request.choice,
-            prompt_logprobs: request.prompt_logprobs.map(|(_, entries)| entries),
-            embedding: request
-                .embed
-                .and_then(|embed| embed.vector(request.prompt_tokens)),
+            body: DoneBody {
+                text: whole.then_some(request.text),
+                logprobs,
+                reasoning: (whole && !request.reasoning.is_empty()).then_some(request.reasoning),
+                tool_calls: (whole && !request.tool_calls.is_empty()).then_some(request.tool_calls),
+                choice: request.choice,
+                prompt_logprobs: request.prompt_logprobs.map(|(_, entries)| entries),
+                embedding: request
+                    .embed
+                    .and_then(|embed| embed.vector(request.prompt_tokens)),
+                ..DoneBody::new(reason, usage, timings)
+            },
         });
         let (unstarted, over) = self.choices.ended(rid, id);
         // Choice 0 ended before its prompt was computed: the choices that
         // never started end the same way, with nothing generated.
         if let Some(pending) = unstarted {
+            let prompt_only = Usage {
+                prompt_tokens: usage.prompt_tokens,
+                ..Usage::default()
+            };
             for choice in 1..pending.request.n {
                 self.stats.requests_done[reason_index(reason)] += 1;
                 self.send(EngineEvent::Done {
                     rid,
-                    finish_reason: reason,
-                    text: whole.then(String::new),
-                    usage: Usage {
-                        prompt_tokens: usage.prompt_tokens,
-                        ..Usage::default()
+                    body: DoneBody {
+                        text: whole.then(String::new),
+                        logprobs: (pending.request.logprobs && whole).then(Vec::new),
+                        choice,
+                        ..DoneBody::new(reason, prompt_only, timings)
                     },
-                    timings,
-                    logprobs: (pending.request.logprobs && whole).then(Vec::new),
-                    reasoning: None,
-                    tool_calls: None,
-                    choice,
-                    prompt_logprobs: None,
-                    embedding: None,
                 });
             }
         }
@@ -1185,15 +1182,17 @@ fn chunk_event(request: &mut Request, delta: Delta) -> EngineEvent {
     request.chunks += 1;
     EngineEvent::Chunk {
         rid: request.rid,
-        index,
-        text: delta.content,
-        tokens: std::mem::take(&mut request.unsent),
-        logprobs: request
-            .logprobs
-            .then(|| std::mem::take(&mut request.logprob_entries)),
-        reasoning: delta.reasoning,
-        tool_calls: delta.tool_calls,
-        choice: request.choice,
+        body: ChunkBody {
+            index,
+            text: delta.content,
+            tokens: std::mem::take(&mut request.unsent),
+            logprobs: request
+                .logprobs
+                .then(|| std::mem::take(&mut request.logprob_entries)),
+            reasoning: delta.reasoning,
+            tool_calls: delta.tool_calls,
+            choice: request.choice,
+        },
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use zinfer_model::{KvShape, ModelError, SeqChunk};
-use zinfer_protocol::GenerateRequest;
+use zinfer_protocol::{ChunkBody, DoneBody, GenerateRequest, TokenLogprob, ToolCall, Usage};
 
 use super::*;
 use crate::scheduler::SchedulerConfig;
@@ -246,7 +246,10 @@ fn streamed_text(events: &[EngineEvent]) -> String {
     events
         .iter()
         .filter_map(|e| match e {
-            EngineEvent::Chunk { text, .. } => Some(text.as_str()),
+            EngineEvent::Chunk {
+                body: ChunkBody { text, .. },
+                ..
+            } => Some(text.as_str()),
             _ => None,
         })
         .collect()
@@ -255,9 +258,13 @@ fn streamed_text(events: &[EngineEvent]) -> String {
 fn done(events: &[EngineEvent]) -> (FinishReason, Option<String>, Usage) {
     match events.last() {
         Some(EngineEvent::Done {
-            finish_reason,
-            text,
-            usage,
+            body:
+                DoneBody {
+                    finish_reason,
+                    text,
+                    usage,
+                    ..
+                },
             ..
         }) => (*finish_reason, text.clone(), *usage),
         other => panic!("expected done, got {other:?}"),
@@ -271,7 +278,11 @@ fn a_streamed_request_spells_the_script_in_ordered_chunks() {
     let events = collect(&handle, 1);
     assert_eq!(streamed_text(&events), SCRIPT);
     for (expected, event) in events.iter().filter(|e| !e.is_terminal()).enumerate() {
-        let EngineEvent::Chunk { index, text, .. } = event else {
+        let EngineEvent::Chunk {
+            body: ChunkBody { index, text, .. },
+            ..
+        } = event
+        else {
             unreachable!()
         };
         assert_eq!(*index as usize, expected);
@@ -346,7 +357,11 @@ fn stop_strings_end_the_output_and_never_leak() {
     let events = collect(&handle, 3);
     assert_eq!(streamed_text(&events), "Hello, wörld! 🎉 ");
     for event in &events {
-        if let EngineEvent::Chunk { text, .. } = event {
+        if let EngineEvent::Chunk {
+            body: ChunkBody { text, .. },
+            ..
+        } = event
+        {
             assert!(
                 !text.contains('S'),
                 "part of the stop string leaked: {text:?}"
@@ -669,7 +684,10 @@ fn cancel_and_deadline_end_requests_and_free_their_slots() {
             event,
             EngineEvent::Done {
                 rid: 1,
-                finish_reason: FinishReason::Cancelled,
+                body: DoneBody {
+                    finish_reason: FinishReason::Cancelled,
+                    ..
+                },
                 ..
             }
         ),
@@ -686,7 +704,10 @@ fn cancel_and_deadline_end_requests_and_free_their_slots() {
             event,
             EngineEvent::Done {
                 rid: 2,
-                finish_reason: FinishReason::Deadline,
+                body: DoneBody {
+                    finish_reason: FinishReason::Deadline,
+                    ..
+                },
                 ..
             }
         ),
@@ -715,9 +736,13 @@ fn a_deadline_counts_from_arrival_on_the_engine_clock() {
     match next_terminal(&handle) {
         EngineEvent::Done {
             rid: 1,
-            finish_reason: FinishReason::Deadline,
-            timings,
-            usage,
+            body:
+                DoneBody {
+                    finish_reason: FinishReason::Deadline,
+                    timings,
+                    usage,
+                    ..
+                },
             ..
         } => {
             // The first token came before the clock moved at all.
@@ -740,8 +765,12 @@ fn a_cancelled_request_reports_only_virtual_time() {
     match next_terminal(&handle) {
         EngineEvent::Done {
             rid: 1,
-            finish_reason: FinishReason::Cancelled,
-            timings,
+            body:
+                DoneBody {
+                    finish_reason: FinishReason::Cancelled,
+                    timings,
+                    ..
+                },
             ..
         } => assert_eq!(
             (timings.queue_s, timings.ttft_s, timings.decode_s),
@@ -802,7 +831,10 @@ fn seeds_reproduce_and_differ() {
         collect(&handle, rid)
             .iter()
             .flat_map(|e| match e {
-                EngineEvent::Chunk { tokens, .. } => tokens.clone(),
+                EngineEvent::Chunk {
+                    body: ChunkBody { tokens, .. },
+                    ..
+                } => tokens.clone(),
                 _ => Vec::new(),
             })
             .collect::<Vec<u32>>()
@@ -832,7 +864,10 @@ fn the_engine_seed_fixes_the_seeds_of_requests_that_name_none() {
                 collect(&handle, rid)
                     .iter()
                     .flat_map(|e| match e {
-                        EngineEvent::Chunk { tokens, .. } => tokens.clone(),
+                        EngineEvent::Chunk {
+                            body: ChunkBody { tokens, .. },
+                            ..
+                        } => tokens.clone(),
                         _ => Vec::new(),
                     })
                     .collect::<Vec<u32>>()
@@ -883,14 +918,21 @@ fn random_traffic_with_a_small_pool_ends_every_request_once_with_correct_tokens(
         let rid = event.rid();
         assert!(!terminal.contains_key(&rid), "event after the terminal one");
         match event {
-            EngineEvent::Chunk { tokens: t, .. } => tokens.entry(rid).or_default().extend(t),
+            EngineEvent::Chunk {
+                body: ChunkBody { tokens: t, .. },
+                ..
+            } => tokens.entry(rid).or_default().extend(t),
             other => {
                 terminal.insert(rid, other);
             }
         }
     }
     for (rid, event) in &terminal {
-        let EngineEvent::Done { usage, .. } = event else {
+        let EngineEvent::Done {
+            body: DoneBody { usage, .. },
+            ..
+        } = event
+        else {
             panic!("request {rid} failed: {event:?}");
         };
         let out = tokens.get(rid).cloned().unwrap_or_default();
@@ -940,7 +982,10 @@ fn chunk_logprobs(events: &[EngineEvent]) -> Vec<(Vec<u32>, Vec<TokenLogprob>)> 
         .iter()
         .filter_map(|e| match e {
             EngineEvent::Chunk {
-                tokens, logprobs, ..
+                body: ChunkBody {
+                    tokens, logprobs, ..
+                },
+                ..
             } => Some((
                 tokens.clone(),
                 logprobs.clone().expect("logprobs asked for"),
@@ -998,7 +1043,10 @@ fn logprobs_come_one_per_streamed_token_and_whole_when_not_streamed() {
     assert_script_entries(&entries, 3);
     assert!(matches!(
         events.last(),
-        Some(EngineEvent::Done { logprobs: None, .. })
+        Some(EngineEvent::Done {
+            body: DoneBody { logprobs: None, .. },
+            ..
+        })
     ));
 
     let not_streamed = GenerateRequest {
@@ -1009,8 +1057,12 @@ fn logprobs_come_one_per_streamed_token_and_whole_when_not_streamed() {
     let events = collect(&handle, 2);
     assert_eq!(events.len(), 1, "only done");
     let Some(EngineEvent::Done {
-        logprobs: Some(entries),
-        usage,
+        body:
+            DoneBody {
+                logprobs: Some(entries),
+                usage,
+                ..
+            },
         ..
     }) = events.last()
     else {
@@ -1024,7 +1076,13 @@ fn logprobs_come_one_per_streamed_token_and_whole_when_not_streamed() {
     for event in collect(&handle, 3) {
         assert!(matches!(
             event,
-            EngineEvent::Chunk { logprobs: None, .. } | EngineEvent::Done { logprobs: None, .. }
+            EngineEvent::Chunk {
+                body: ChunkBody { logprobs: None, .. },
+                ..
+            } | EngineEvent::Done {
+                body: DoneBody { logprobs: None, .. },
+                ..
+            }
         ));
     }
 }
@@ -1054,25 +1112,23 @@ fn held_back_text_still_sends_logprobs_every_16_tokens() {
 fn events_become_the_protocol_messages_with_the_same_fields() {
     let chunk = EngineEvent::Chunk {
         rid: 3,
-        index: 1,
-        text: "hi".into(),
-        tokens: vec![104, 105],
-        logprobs: None,
-        reasoning: String::new(),
-        tool_calls: Vec::new(),
-        choice: 0,
+        body: ChunkBody {
+            index: 1,
+            text: "hi".into(),
+            tokens: vec![104, 105],
+            ..ChunkBody::default()
+        },
     };
     assert_eq!(
         WorkerToRouter::from(chunk),
         WorkerToRouter::Chunk {
             rid: 3,
-            index: 1,
-            text: "hi".into(),
-            tokens: vec![104, 105],
-            logprobs: None,
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            body: ChunkBody {
+                index: 1,
+                text: "hi".into(),
+                tokens: vec![104, 105],
+                ..ChunkBody::default()
+            },
         }
     );
     let error = EngineEvent::Error {

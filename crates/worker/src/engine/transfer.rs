@@ -250,6 +250,48 @@ pub(super) fn import(
     }
 }
 
+/// Why an imported span was skipped; logged, and the import goes on.
+#[derive(Debug, thiserror::Error)]
+enum SkipReason {
+    /// The K/V is not this model's size.
+    #[error(
+        "{values} K/V values for {span_len} tokens do not fit this model's shape \
+         ({} layers x K,V x {}): another model?",
+        shape.layers,
+        shape.kv_dim
+    )]
+    Shape {
+        /// Values received.
+        values: usize,
+        /// Tokens of the span.
+        span_len: usize,
+        /// This model's shape.
+        shape: KvShape,
+    },
+    /// The prefix the span extends is not cached here.
+    #[error(
+        "only {cached} of its {prefix_len} prefix tokens are cached here \
+         (an earlier span was skipped or evicted)"
+    )]
+    Prefix {
+        /// Prefix tokens cached here.
+        cached: usize,
+        /// Prefix tokens the span extends.
+        prefix_len: usize,
+    },
+    /// Too few free slots.
+    #[error("{needed} free KV slots needed, {free} free")]
+    NoRoom {
+        /// Slots the span needs.
+        needed: usize,
+        /// Slots free.
+        free: usize,
+    },
+    /// Writing the K/V failed.
+    #[error("writing K/V failed: {0}")]
+    Fill(zinfer_model::ModelError),
+}
+
 /// [`import`] of one span; the error says why it was skipped.
 fn import_span(
     model: &mut dyn ForwardModel,
@@ -258,27 +300,22 @@ fn import_span(
     tokens: &[u32],
     prefix_len: usize,
     kv: &[f32],
-) -> Result<usize, String> {
+) -> Result<usize, SkipReason> {
     let shape = model.kv_shape();
     let span_len = tokens.len().saturating_sub(prefix_len);
     if span_len == 0 {
         return Ok(0);
     }
     if shape.floats_per_slot() == 0 || shape.floats_for(span_len) != Some(kv.len()) {
-        return Err(format!(
-            "{} K/V values for {span_len} tokens do not fit this model's shape \
-             ({} layers x K,V x {}): another model?",
-            kv.len(),
-            shape.layers,
-            shape.kv_dim
-        ));
+        return Err(SkipReason::Shape {
+            values: kv.len(),
+            span_len,
+            shape,
+        });
     }
     let (cached, _) = scheduler.cache().cached_prefix(namespace, tokens);
     if cached < prefix_len {
-        return Err(format!(
-            "only {cached} of its {prefix_len} prefix tokens are cached here \
-             (an earlier span was skipped or evicted)"
-        ));
+        return Err(SkipReason::Prefix { cached, prefix_len });
     }
     if cached >= tokens.len() {
         return Ok(0);
@@ -290,10 +327,8 @@ fn import_span(
             model.write_kv(slots, &rows)
         })
         .map_err(|error| match error {
-            ImportError::NoRoom { needed, free } => {
-                format!("{needed} free KV slots needed, {free} free")
-            }
-            ImportError::Fill(error) => format!("writing K/V failed: {error}"),
+            ImportError::NoRoom { needed, free } => SkipReason::NoRoom { needed, free },
+            ImportError::Fill(error) => SkipReason::Fill(error),
         })
 }
 

@@ -6,7 +6,7 @@ use std::time::Instant;
 use zinfer_model::{TemplateInput, ToolFormat};
 use zinfer_protocol::{Constraint, GenerateRequest, Limits, ToolChoice};
 
-use super::handle::ModelInfo;
+use super::handle::ModelFacts;
 use super::{EngineError, TextCodec};
 use crate::constraint::{CompiledConstraint, Grammars};
 use crate::tools::{Thinking, forced_call_grammar};
@@ -68,7 +68,7 @@ impl ValidRequest {
         arrival: Instant,
         limits: &Limits,
         text: &dyn TextCodec,
-        info: &ModelInfo,
+        info: &ModelFacts,
         grammars: &Grammars,
     ) -> Result<Self, EngineError> {
         request

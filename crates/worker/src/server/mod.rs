@@ -17,7 +17,7 @@ mod relay;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
-use zinfer_protocol::{Limits, PROTOCOL_VERSION, WorkerToRouter};
+use zinfer_protocol::{Limits, PROTOCOL_VERSION, ReadyBody, WorkerToRouter};
 
 use crate::engine::EngineHandle;
 use crate::metrics::WorkerMetrics;
@@ -127,7 +127,7 @@ impl ServerConfig {
     /// What the router link needs: the `ready` message and the timers.
     pub fn link_config(&self) -> LinkConfig {
         LinkConfig {
-            ready: WorkerToRouter::Ready {
+            ready: WorkerToRouter::Ready(ReadyBody {
                 worker_id: self.worker_id.clone(),
                 protocol: PROTOCOL_VERSION,
                 models: self.models.clone(),
@@ -138,7 +138,7 @@ impl ServerConfig {
                 vocab_size: self.vocab_size,
                 import_endpoint: self.import_endpoint.clone(),
                 import_key: self.import_key.clone(),
-            },
+            }),
             heartbeat: self.heartbeat,
             load_interval: self.load_interval,
             grace: self.grace,

@@ -3,7 +3,7 @@
 //! engine's own timings, so they are measured once).
 
 use crossbeam_channel::Receiver;
-use zinfer_protocol::WorkerToRouter;
+use zinfer_protocol::{DoneBody, WorkerToRouter};
 
 use crate::engine::EngineEvent;
 use crate::metrics::WorkerMetrics;
@@ -19,9 +19,13 @@ pub(super) fn relay_events(
         match &event {
             EngineEvent::Chunk { .. } => {}
             EngineEvent::Done {
-                finish_reason,
-                usage,
-                timings,
+                body:
+                    DoneBody {
+                        finish_reason,
+                        usage,
+                        timings,
+                        ..
+                    },
                 ..
             } => metrics.observe_done(finish_reason.as_str(), usage, timings),
             EngineEvent::Error { code, .. } => {

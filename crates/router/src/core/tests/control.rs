@@ -1,7 +1,7 @@
 //! The control plane on a virtual clock: single-flight scaling, spawn
 //! failures and backoff, scale-in by draining, migration, autoscaling.
 
-use zinfer_protocol::{ModelOffer, SupervisorToRouter};
+use zinfer_protocol::{ModelOffer, ReadyBody, SupervisorToRouter};
 
 use super::*;
 use crate::AutoscaleConfig;
@@ -74,7 +74,7 @@ impl Harness {
 /// `worker`'s `ready` for model `m`; a migration target's with
 /// `import_endpoint`.
 fn ready_frame(worker: &str, import_endpoint: Option<&str>) -> WorkerToRouter {
-    WorkerToRouter::Ready {
+    WorkerToRouter::Ready(ReadyBody {
         worker_id: worker.into(),
         protocol: PROTOCOL_VERSION,
         models: vec!["m".into()],
@@ -85,7 +85,7 @@ fn ready_frame(worker: &str, import_endpoint: Option<&str>) -> WorkerToRouter {
         vocab_size: None,
         import_endpoint: import_endpoint.map(str::to_string),
         import_key: import_endpoint.map(|_| IMPORT_KEY.to_string()),
-    }
+    })
 }
 
 fn scale(workers: u32) -> AdminRequest {

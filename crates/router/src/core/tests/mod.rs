@@ -7,9 +7,10 @@ use std::{
 };
 
 use zinfer_protocol::{
-    AdminReply, AdminRequest, ChatMessage, ClientReply, ClientRequest, ErrorCode, FinishReason,
-    GenerateRequest, LoadReport, PROTOCOL_VERSION, RouterToSupervisor, RouterToWorker, Timings,
-    Usage, WorkerState, WorkerToRouter, decode, encode,
+    AdminReply, AdminRequest, ChatMessage, ChunkBody, ClientReply, ClientRequest, DoneBody,
+    ErrorCode, FinishReason, GenerateRequest, LoadReport, PROTOCOL_VERSION, ReadyBody,
+    RouterToSupervisor, RouterToWorker, Timings, Usage, WorkerState, WorkerToRouter, decode,
+    encode,
 };
 
 use super::{Action, Addr, Core, Peer, SendFailure};
@@ -101,7 +102,7 @@ impl Harness {
     fn ready(&mut self, worker: &str, models: &[&str], max_batch: u32) {
         self.worker(
             worker,
-            &WorkerToRouter::Ready {
+            &WorkerToRouter::Ready(ReadyBody {
                 worker_id: worker.into(),
                 protocol: PROTOCOL_VERSION,
                 models: models.iter().map(|m| m.to_string()).collect(),
@@ -112,7 +113,7 @@ impl Harness {
                 vocab_size: None,
                 import_endpoint: None,
                 import_key: None,
-            },
+            }),
         );
     }
 
@@ -165,20 +166,15 @@ impl Harness {
             worker,
             &WorkerToRouter::Done {
                 rid,
-                finish_reason: reason,
-                text: None,
-                usage: Usage {
-                    prompt_tokens: 10,
-                    cached_tokens: 4,
-                    completion_tokens: 3,
-                },
-                timings: Timings::default(),
-                logprobs: None,
-                reasoning: None,
-                tool_calls: None,
-                choice: 0,
-                prompt_logprobs: None,
-                embedding: None,
+                body: DoneBody::new(
+                    reason,
+                    Usage {
+                        prompt_tokens: 10,
+                        cached_tokens: 4,
+                        completion_tokens: 3,
+                    },
+                    Timings::default(),
+                ),
             },
         );
     }
@@ -188,13 +184,12 @@ impl Harness {
             worker,
             &WorkerToRouter::Chunk {
                 rid,
-                index,
-                text: text.into(),
-                tokens: vec![index],
-                logprobs: None,
-                reasoning: String::new(),
-                tool_calls: Vec::new(),
-                choice: 0,
+                body: ChunkBody {
+                    index,
+                    text: text.into(),
+                    tokens: vec![index],
+                    ..ChunkBody::default()
+                },
             },
         );
     }

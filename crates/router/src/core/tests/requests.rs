@@ -1,7 +1,7 @@
 //! Client requests: relay, terminal replies, rejections, queue, cancel, deadlines.
 
 use super::*;
-use zinfer_protocol::{TokenLogprob, TopLogprob};
+use zinfer_protocol::{ChunkBody, DoneBody, TokenLogprob, TopLogprob};
 
 #[test]
 fn ping_and_models() {
@@ -66,27 +66,31 @@ fn streams_chunks_and_done_with_client_id_and_worker() {
         replies[0],
         ClientReply::Chunk {
             id: "req-1".into(),
-            index: 0,
-            text: "Hel".into(),
-            tokens: vec![0],
-            logprobs: None,
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            body: ChunkBody {
+                text: "Hel".into(),
+                tokens: vec![0],
+                ..ChunkBody::default()
+            },
         }
     );
-    assert!(matches!(&replies[1], ClientReply::Chunk { index: 1, text, .. } if text == "lo"));
+    assert!(
+        matches!(&replies[1], ClientReply::Chunk { body: ChunkBody { index: 1, text, .. }, .. } if text == "lo")
+    );
     match &replies[2] {
         ClientReply::Done {
             id,
-            finish_reason,
-            worker,
-            usage,
+            body:
+                DoneBody {
+                    finish_reason,
+                    worker,
+                    usage,
+                    ..
+                },
             ..
         } => {
             assert_eq!(id, "req-1");
             assert_eq!(*finish_reason, FinishReason::Stop);
-            assert_eq!(worker, "w1");
+            assert_eq!(worker.as_deref(), Some("w1"));
             assert_eq!(usage.completion_tokens, 3);
         }
         other => panic!("expected done, got {other:?}"),
@@ -110,16 +114,10 @@ fn a_request_of_several_choices_ends_with_its_last_done() {
     assert_eq!(forwarded.n, 3);
     let done = |choice: u32| WorkerToRouter::Done {
         rid,
-        finish_reason: FinishReason::Stop,
-        text: None,
-        usage: Usage::default(),
-        timings: Timings::default(),
-        logprobs: None,
-        reasoning: None,
-        tool_calls: None,
-        choice,
-        prompt_logprobs: None,
-        embedding: None,
+        body: DoneBody {
+            choice,
+            ..DoneBody::new(FinishReason::Stop, Usage::default(), Timings::default())
+        },
     };
     h.worker("w1", &done(2));
     h.worker("w1", &done(0));
@@ -130,7 +128,10 @@ fn a_request_of_several_choices_ends_with_its_last_done() {
         .client_replies()
         .iter()
         .map(|reply| match reply {
-            ClientReply::Done { choice, .. } => *choice,
+            ClientReply::Done {
+                body: DoneBody { choice, .. },
+                ..
+            } => *choice,
             other => panic!("expected done, got {other:?}"),
         })
         .collect();
@@ -154,8 +155,12 @@ fn a_request_of_several_choices_ends_with_its_last_done() {
         .iter()
         .filter_map(|reply| match reply {
             ClientReply::Done {
-                choice,
-                finish_reason,
+                body:
+                    DoneBody {
+                        choice,
+                        finish_reason,
+                        ..
+                    },
                 ..
             } => Some((*choice, *finish_reason)),
             _ => None,
@@ -180,21 +185,17 @@ fn non_streamed_request_gets_only_done_with_text() {
         "w1",
         &WorkerToRouter::Done {
             rid,
-            finish_reason: FinishReason::Length,
-            text: Some("full text".into()),
-            usage: Usage::default(),
-            timings: Timings::default(),
-            logprobs: None,
-            reasoning: None,
-            tool_calls: None,
-            choice: 0,
-            prompt_logprobs: None,
-            embedding: None,
+            body: DoneBody {
+                text: Some("full text".into()),
+                ..DoneBody::new(FinishReason::Length, Usage::default(), Timings::default())
+            },
         },
     );
     let replies = h.client_replies();
     assert_eq!(replies.len(), 1, "{replies:?}");
-    assert!(matches!(&replies[0], ClientReply::Done { text: Some(t), .. } if t == "full text"));
+    assert!(
+        matches!(&replies[0], ClientReply::Done { body: DoneBody { text: Some(t), .. }, .. } if t == "full text")
+    );
 }
 
 /// The worker's logprob entries reach the client as they were, on chunks
@@ -224,19 +225,18 @@ fn logprobs_are_forwarded_and_relayed_unchanged() {
         "w1",
         &WorkerToRouter::Chunk {
             rid,
-            index: 0,
-            text: "ab".into(),
-            tokens: vec![5, 6],
-            logprobs: Some(entries.clone()),
-            reasoning: String::new(),
-            tool_calls: Vec::new(),
-            choice: 0,
+            body: ChunkBody {
+                text: "ab".into(),
+                tokens: vec![5, 6],
+                logprobs: Some(entries.clone()),
+                ..ChunkBody::default()
+            },
         },
     );
     h.done("w1", rid, FinishReason::Stop);
     let replies = h.client_replies();
     assert!(
-        matches!(&replies[0], ClientReply::Chunk { logprobs: Some(got), .. } if *got == entries),
+        matches!(&replies[0], ClientReply::Chunk { body: ChunkBody { logprobs: Some(got), .. }, .. } if *got == entries),
         "{replies:?}"
     );
 
@@ -250,21 +250,16 @@ fn logprobs_are_forwarded_and_relayed_unchanged() {
         "w1",
         &WorkerToRouter::Done {
             rid,
-            finish_reason: FinishReason::Length,
-            text: Some("ab".into()),
-            usage: Usage::default(),
-            timings: Timings::default(),
-            logprobs: Some(entries.clone()),
-            reasoning: None,
-            tool_calls: None,
-            choice: 0,
-            prompt_logprobs: None,
-            embedding: None,
+            body: DoneBody {
+                text: Some("ab".into()),
+                logprobs: Some(entries.clone()),
+                ..DoneBody::new(FinishReason::Length, Usage::default(), Timings::default())
+            },
         },
     );
     let replies = h.client_replies();
     assert!(
-        matches!(&replies[0], ClientReply::Done { logprobs: Some(got), .. } if *got == entries),
+        matches!(&replies[0], ClientReply::Done { body: DoneBody { logprobs: Some(got), .. }, .. } if *got == entries),
         "{replies:?}"
     );
 }
@@ -536,7 +531,7 @@ fn cancel_of_queued_request_answers_directly() {
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert!(matches!(
         &sent[0],
-        Out::Client(_, ClientReply::Done { id, finish_reason: FinishReason::Cancelled, .. }) if id == "2"
+        Out::Client(_, ClientReply::Done { id, body: DoneBody { finish_reason: FinishReason::Cancelled, .. }, .. }) if id == "2"
     ));
     assert_eq!(h.core.queued_requests(), 0);
     h.client("c", &ClientRequest::Cancel { id: "2".into() });
@@ -560,7 +555,7 @@ fn cancel_in_flight_is_forwarded_and_done_relayed() {
     let replies = h.client_replies();
     assert!(matches!(
         &replies[0],
-        ClientReply::Done { finish_reason: FinishReason::Cancelled, worker, .. } if worker == "w1"
+        ClientReply::Done { body: DoneBody { finish_reason: FinishReason::Cancelled, worker, .. }, .. } if worker.as_deref() == Some("w1")
     ));
     assert_eq!(h.outcome("cancelled"), 1);
 }

@@ -174,7 +174,7 @@ fn the_same_connection_registering_as_another_worker_is_a_restart() {
     let rid = h.dispatched()[0].1;
     h.worker(
         "w1",
-        &WorkerToRouter::Ready {
+        &WorkerToRouter::Ready(ReadyBody {
             worker_id: "w1".into(),
             protocol: PROTOCOL_VERSION,
             models: vec!["m".into(), "other".into()],
@@ -185,7 +185,7 @@ fn the_same_connection_registering_as_another_worker_is_a_restart() {
             vocab_size: None,
             import_endpoint: None,
             import_key: None,
-        },
+        }),
     );
     // Lost before any output: the request is retried on the new worker.
     let dispatched = h.dispatched();
@@ -202,7 +202,7 @@ fn unknown_worker_and_bad_protocol_get_disconnect() {
     assert!(
         matches!(&sent[0], Out::Worker(to, RouterToWorker::Disconnect { .. }) if to == b"ghost")
     );
-    let future = WorkerToRouter::Ready {
+    let future = WorkerToRouter::Ready(ReadyBody {
         worker_id: "old".into(),
         protocol: PROTOCOL_VERSION + 1,
         models: vec!["m".into()],
@@ -213,7 +213,7 @@ fn unknown_worker_and_bad_protocol_get_disconnect() {
         vocab_size: None,
         import_endpoint: None,
         import_key: None,
-    };
+    });
     h.worker("old", &future);
     let sent = h.sent();
     assert!(
@@ -301,7 +301,7 @@ impl Harness {
     fn ready_on(&mut self, identity: &str, id: &str) {
         self.worker(
             identity,
-            &WorkerToRouter::Ready {
+            &WorkerToRouter::Ready(ReadyBody {
                 worker_id: id.into(),
                 protocol: PROTOCOL_VERSION,
                 models: vec!["m".into()],
@@ -312,7 +312,7 @@ impl Harness {
                 vocab_size: None,
                 import_endpoint: None,
                 import_key: None,
-            },
+            }),
         );
     }
 
@@ -400,7 +400,7 @@ fn models_reply_carries_the_smallest_context_and_the_vocabulary() {
     for (identity, context) in [("a", Some(8192)), ("b", Some(4096)), ("c", None)] {
         h.worker(
             identity,
-            &WorkerToRouter::Ready {
+            &WorkerToRouter::Ready(ReadyBody {
                 worker_id: identity.into(),
                 protocol: PROTOCOL_VERSION,
                 models: vec!["m".into()],
@@ -411,7 +411,7 @@ fn models_reply_carries_the_smallest_context_and_the_vocabulary() {
                 vocab_size: context.map(|_| 49152),
                 import_endpoint: None,
                 import_key: None,
-            },
+            }),
         );
     }
     h.client("c", &ClientRequest::Models { id: None });
@@ -456,7 +456,13 @@ fn cancelled_request_whose_worker_is_lost_ends_cancelled_not_lost() {
     let terminal: Vec<_> = sent
         .into_iter()
         .filter_map(|out| match out {
-            Out::Client(_, ClientReply::Done { finish_reason, .. }) => Some(finish_reason),
+            Out::Client(
+                _,
+                ClientReply::Done {
+                    body: DoneBody { finish_reason, .. },
+                    ..
+                },
+            ) => Some(finish_reason),
             Out::Client(_, other) => panic!("expected done, got {other:?}"),
             _ => None,
         })

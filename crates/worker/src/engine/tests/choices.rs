@@ -31,9 +31,10 @@ fn by_choice(events: &[EngineEvent], n: u32) -> Vec<(String, FinishReason, Usage
             let text = events
                 .iter()
                 .filter_map(|e| match e {
-                    EngineEvent::Chunk { text, choice, .. } if *choice == wanted => {
-                        Some(text.as_str())
-                    }
+                    EngineEvent::Chunk {
+                        body: ChunkBody { text, choice, .. },
+                        ..
+                    } if *choice == wanted => Some(text.as_str()),
                     _ => None,
                 })
                 .collect();
@@ -41,9 +42,13 @@ fn by_choice(events: &[EngineEvent], n: u32) -> Vec<(String, FinishReason, Usage
                 .iter()
                 .find_map(|e| match e {
                     EngineEvent::Done {
-                        finish_reason,
-                        usage,
-                        choice,
+                        body:
+                            DoneBody {
+                                finish_reason,
+                                usage,
+                                choice,
+                                ..
+                            },
                         ..
                     } if *choice == wanted => Some((*finish_reason, *usage)),
                     _ => None,
@@ -167,8 +172,12 @@ fn prompt_logprobs_cover_every_prompt_token_once() {
         let events = collect(&handle, rid);
         assert_eq!(streamed_text(&events), ", w", "sampling is unchanged");
         let Some(EngineEvent::Done {
-            prompt_logprobs: Some(entries),
-            usage,
+            body:
+                DoneBody {
+                    prompt_logprobs: Some(entries),
+                    usage,
+                    ..
+                },
             ..
         }) = events.last()
         else {
@@ -199,9 +208,13 @@ fn prompt_logprobs_cover_every_prompt_token_once() {
     let events = collect(&handle, 4);
     assert_eq!(streamed_text(&events), "");
     let Some(EngineEvent::Done {
-        prompt_logprobs: Some(entries),
-        usage,
-        finish_reason,
+        body:
+            DoneBody {
+                prompt_logprobs: Some(entries),
+                usage,
+                finish_reason,
+                ..
+            },
         ..
     }) = events.last()
     else {
@@ -231,7 +244,11 @@ fn prompt_logprobs_cover_every_prompt_token_once() {
         )
         .unwrap();
     let Some(EngineEvent::Done {
-        prompt_logprobs: Some(chunked_entries),
+        body:
+            DoneBody {
+                prompt_logprobs: Some(chunked_entries),
+                ..
+            },
         ..
     }) = collect(&chunked, 9).pop()
     else {
@@ -243,8 +260,11 @@ fn prompt_logprobs_cover_every_prompt_token_once() {
     handle.submit(greedy(prompt, 3), 3).unwrap();
     let events = collect(&handle, 3);
     let Some(EngineEvent::Done {
-        prompt_logprobs,
-        usage,
+        body: DoneBody {
+            prompt_logprobs,
+            usage,
+            ..
+        },
         ..
     }) = events.last()
     else {
@@ -269,8 +289,12 @@ fn an_embedding_pools_every_prompt_row_and_generates_nothing() {
         let events = collect(&handle, rid);
         assert_eq!(events.len(), 1, "no chunks: {events:?}");
         let Some(EngineEvent::Done {
-            embedding: Some(vector),
-            usage,
+            body:
+                DoneBody {
+                    embedding: Some(vector),
+                    usage,
+                    ..
+                },
             ..
         }) = events.last()
         else {

@@ -4,7 +4,7 @@
 //! refusals are the protocol's.
 
 use proptest::prelude::*;
-use zinfer_protocol::Constraint;
+use zinfer_protocol::{ChunkBody, Constraint};
 
 use super::*;
 use crate::constraint::Grammars;
@@ -18,7 +18,10 @@ fn tokens(events: &[EngineEvent]) -> Vec<u32> {
     events
         .iter()
         .flat_map(|e| match e {
-            EngineEvent::Chunk { tokens, .. } => tokens.clone(),
+            EngineEvent::Chunk {
+                body: ChunkBody { tokens, .. },
+                ..
+            } => tokens.clone(),
             _ => Vec::new(),
         })
         .collect()

@@ -4,7 +4,7 @@
 //! model takes.
 
 use zinfer_model::ChatFeatures;
-use zinfer_protocol::{Constraint, Tool, ToolChoice};
+use zinfer_protocol::{ChunkBody, Constraint, DoneBody, Tool, ToolChoice};
 
 use super::*;
 
@@ -57,7 +57,10 @@ fn chunk_calls(events: &[EngineEvent]) -> Vec<ToolCall> {
     events
         .iter()
         .flat_map(|e| match e {
-            EngineEvent::Chunk { tool_calls, .. } => tool_calls.clone(),
+            EngineEvent::Chunk {
+                body: ChunkBody { tool_calls, .. },
+                ..
+            } => tool_calls.clone(),
             _ => Vec::new(),
         })
         .collect()
@@ -89,8 +92,12 @@ fn a_forced_call_comes_back_as_tool_calls_streamed_or_whole() {
     handle.submit(forced(false), 2).unwrap();
     let whole = collect(&handle, 2);
     let Some(EngineEvent::Done {
-        finish_reason,
-        tool_calls: Some(whole_calls),
+        body:
+            DoneBody {
+                finish_reason,
+                tool_calls: Some(whole_calls),
+                ..
+            },
         ..
     }) = whole.last()
     else {
@@ -142,7 +149,10 @@ fn a_think_block_comes_out_as_reasoning() {
     let reasoning: String = events
         .iter()
         .filter_map(|e| match e {
-            EngineEvent::Chunk { reasoning, .. } => Some(reasoning.as_str()),
+            EngineEvent::Chunk {
+                body: ChunkBody { reasoning, .. },
+                ..
+            } => Some(reasoning.as_str()),
             _ => None,
         })
         .collect();
@@ -152,7 +162,10 @@ fn a_think_block_comes_out_as_reasoning() {
     handle.submit(thinking(false), 2).unwrap();
     let events = collect(&handle, 2);
     let Some(EngineEvent::Done {
-        text, reasoning, ..
+        body: DoneBody {
+            text, reasoning, ..
+        },
+        ..
     }) = events.last()
     else {
         panic!("expected done, got {events:?}");

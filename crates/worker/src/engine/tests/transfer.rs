@@ -18,7 +18,10 @@ fn tokens_of(events: &[EngineEvent]) -> Vec<u32> {
     events
         .iter()
         .flat_map(|e| match e {
-            EngineEvent::Chunk { tokens, .. } => tokens.clone(),
+            EngineEvent::Chunk {
+                body: ChunkBody { tokens, .. },
+                ..
+            } => tokens.clone(),
             _ => Vec::new(),
         })
         .collect()

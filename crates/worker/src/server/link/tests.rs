@@ -4,7 +4,8 @@ use std::cell::Cell;
 use std::time::{Duration, Instant};
 
 use zinfer_protocol::{
-    ControlOp, ErrorCode, GenerateRequest, Limits, LoadReport, RouterToWorker, WorkerToRouter,
+    ControlOp, ErrorCode, GenerateRequest, Limits, LoadReport, ReadyBody, RouterToWorker,
+    WorkerToRouter,
 };
 
 use super::{Action, EngineProbe, LinkConfig, RouterLink};
@@ -36,7 +37,7 @@ impl EngineProbe for Engine {
 }
 
 fn ready() -> WorkerToRouter {
-    WorkerToRouter::Ready {
+    WorkerToRouter::Ready(ReadyBody {
         worker_id: "w0".into(),
         protocol: zinfer_protocol::PROTOCOL_VERSION,
         models: vec!["m".into()],
@@ -47,7 +48,7 @@ fn ready() -> WorkerToRouter {
         vocab_size: None,
         import_endpoint: None,
         import_key: None,
-    }
+    })
 }
 
 /// The link, its engine and the clock's base.
