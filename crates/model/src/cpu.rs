@@ -201,11 +201,10 @@ impl CpuModel {
     ) -> Result<Self, ModelError> {
         spec.validate()?;
         if w.blocks.len() != spec.n_layers {
-            return Err(ModelError::Format(format!(
-                "config says {} layers, checkpoint has {}",
-                spec.n_layers,
-                w.blocks.len()
-            )));
+            return Err(ModelError::BlockCount {
+                config: spec.n_layers,
+                checkpoint: w.blocks.len(),
+            });
         }
         let ropes = spec
             .ropes

@@ -13,8 +13,8 @@ use zinfer_model::{ChunkOutput, KvShape, LoadOptions, SeqChunk, load};
 mod support;
 use support::{max_abs_diff, one_shot, reference_logits, top_k};
 use zinfer_model::synthetic::{
-    Arch, Llama3RopeScaling, Quant, SynthShape, SynthSpec, fallback, generate, tokenizer_metadata,
-    use_more_bits,
+    Architecture, Llama3RopeScaling, Quant, SynthShape, SynthSpec, fallback, generate,
+    tokenizer_metadata, use_more_bits,
 };
 
 fn source_metadata() -> HashMap<String, Value> {
@@ -27,7 +27,7 @@ fn source_metadata() -> HashMap<String, Value> {
 fn tiny() -> SynthShape {
     SynthShape {
         name: "tiny".into(),
-        arch: Arch::Llama,
+        arch: Architecture::Llama,
         n_layers: 2,
         hidden: 256,
         n_heads: 4,
