@@ -28,7 +28,7 @@ mod weights;
 use std::path::{Path, PathBuf};
 
 pub use device::{Device, DeviceError, candle_device, check_device};
-pub use zinfer_probe::{KvDtype, model_name};
+pub use zinfer_probe::{KvDtype, KvShape, model_name};
 
 pub use arch::supported as supported_architectures;
 pub use batch::StepBatch;
@@ -142,59 +142,33 @@ pub trait ForwardModel {
     }
 }
 
-/// The shape of a model's K/V pool, as seen by a cache transfer.
-///
-/// Transferred K/V is f32 and layer-major: for each layer, the K rows of
-/// every slot, then the V rows of every slot, each row `kv_dim` wide
-/// (`[layer][k|v][slot][kv_dim]`). Layer-major keeps each layer's copy one
-/// contiguous gather or scatter on either backend.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KvShape {
-    /// Transformer layers, each with its own K and V.
-    pub layers: usize,
-    /// Width of one K (or V) row: KV heads times head size.
-    pub kv_dim: usize,
-}
-
-impl KvShape {
-    /// f32 values one slot takes across every layer, K and V.
-    pub fn floats_per_slot(&self) -> usize {
-        self.layers.saturating_mul(2).saturating_mul(self.kv_dim)
+/// Checks a transfer of `slots` of K/V of `shape` against a pool of
+/// `capacity` slots and, for a write, the length of its data. Done before
+/// any copy so a bad request changes nothing.
+pub(crate) fn check_transfer(
+    shape: &KvShape,
+    slots: &[u32],
+    capacity: usize,
+    data_len: Option<usize>,
+) -> Result<(), ModelError> {
+    if let Some(&slot) = slots.iter().find(|&&s| s as usize >= capacity) {
+        return Err(ModelError::KvTransfer(format!(
+            "slot {slot} is outside the KV pool of {capacity}"
+        )));
     }
-
-    /// f32 values `slots` slots take; None if that overflows.
-    pub fn floats_for(&self, slots: usize) -> Option<usize> {
-        slots.checked_mul(self.floats_per_slot())
-    }
-
-    /// Checks a transfer of `slots` against a pool of `capacity` slots and,
-    /// for a write, the length of its data. Done before any copy so a bad
-    /// request changes nothing.
-    pub(crate) fn check(
-        &self,
-        slots: &[u32],
-        capacity: usize,
-        data_len: Option<usize>,
-    ) -> Result<(), ModelError> {
-        if let Some(&slot) = slots.iter().find(|&&s| s as usize >= capacity) {
+    if let Some(len) = data_len {
+        let want = shape.floats_for(slots.len());
+        if want != Some(len) {
             return Err(ModelError::KvTransfer(format!(
-                "slot {slot} is outside the KV pool of {capacity}"
+                "{len} values for {} slots; this model needs {} per slot ({} layers x K,V x {})",
+                slots.len(),
+                shape.floats_per_slot(),
+                shape.layers,
+                shape.kv_dim()
             )));
         }
-        if let Some(len) = data_len {
-            let want = self.floats_for(slots.len());
-            if want != Some(len) {
-                return Err(ModelError::KvTransfer(format!(
-                    "{len} values for {} slots; this model needs {} per slot ({} layers x K,V x {})",
-                    slots.len(),
-                    self.floats_per_slot(),
-                    self.layers,
-                    self.kv_dim
-                )));
-            }
-        }
-        Ok(())
     }
+    Ok(())
 }
 
 /// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V,

@@ -200,6 +200,16 @@ pub struct ModelSpec {
 
 impl ModelSpec {
     /// Width of the key (and value) projection output.
+    pub fn kv_shape(&self) -> zinfer_probe::KvShape {
+        zinfer_probe::KvShape {
+            layers: self.n_layers,
+            kv_heads: self.n_kv_heads,
+            key_dim: self.head_dim,
+            value_dim: self.head_dim,
+        }
+    }
+
+    /// Width of one K (or V) row: KV heads times head width.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }

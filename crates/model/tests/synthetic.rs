@@ -182,7 +182,9 @@ fn the_loader_reads_the_shape_that_was_written() {
         m.model.kv_shape(),
         KvShape {
             layers: 2,
-            kv_dim: 2 * 64,
+            kv_heads: 2,
+            key_dim: 64,
+            value_dim: 64,
         }
     );
     assert_eq!(m.model.vocab_size(), 49_152);

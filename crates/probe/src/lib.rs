@@ -162,18 +162,26 @@ pub enum ShapeError {
     Overflow(KvShape),
 }
 
-/// The dimensions that size a model's KV cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The dimensions of a model's KV cache: what sizes it for memory budgets
+/// (from a header, before any model is loaded) and what a cache transfer
+/// between workers must agree on (from a loaded model).
+///
+/// Transferred K/V is f32 and layer-major: for each layer, the K rows of
+/// every slot, then the V rows of every slot, each row
+/// [`KvShape::kv_dim`] wide (`[layer][k|v][slot][kv_dim]`), which needs
+/// `key_dim == value_dim` (the loader runs no other model). The default,
+/// all zeros, is a model that cannot transfer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvShape {
     /// Transformer blocks, each with its own K and V rows.
-    pub layers: u64,
+    pub layers: usize,
     /// K/V heads per layer (fewer than query heads under grouped-query
     /// attention).
-    pub kv_heads: u64,
+    pub kv_heads: usize,
     /// Width of one K head.
-    pub key_dim: u64,
+    pub key_dim: usize,
     /// Width of one V head.
-    pub value_dim: u64,
+    pub value_dim: usize,
 }
 
 impl KvShape {
@@ -196,21 +204,37 @@ impl KvShape {
             .arch_usize("attention.value_length")
             .unwrap_or(key_dim);
         Ok(Self {
-            layers: layers as u64,
-            kv_heads: kv_heads as u64,
-            key_dim: key_dim as u64,
-            value_dim: value_dim as u64,
+            layers,
+            kv_heads,
+            key_dim,
+            value_dim,
         })
+    }
+
+    /// Width of one transferred K (or V) row: KV heads times head width.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads.saturating_mul(self.key_dim)
+    }
+
+    /// f32 values one slot takes in a transfer, across every layer, K and V.
+    pub fn floats_per_slot(&self) -> usize {
+        self.layers.saturating_mul(2).saturating_mul(self.kv_dim())
+    }
+
+    /// f32 values `slots` slots take in a transfer; None if that overflows.
+    pub fn floats_for(&self, slots: usize) -> Option<usize> {
+        slots.checked_mul(self.floats_per_slot())
     }
 
     /// K/V bytes one cached token takes: a K and a V row per layer in
     /// `dtype`.
     pub fn bytes_per_token(&self, dtype: KvDtype) -> Result<u64, ShapeError> {
-        self.key_dim
-            .checked_add(self.value_dim)
-            .and_then(|width| width.checked_mul(self.kv_heads))
-            .and_then(|n| n.checked_mul(self.layers))
-            .and_then(|n| n.checked_mul(dtype.bytes() as u64))
+        let wide = |n: usize| n as u64;
+        wide(self.key_dim)
+            .checked_add(wide(self.value_dim))
+            .and_then(|width| width.checked_mul(wide(self.kv_heads)))
+            .and_then(|n| n.checked_mul(wide(self.layers)))
+            .and_then(|n| n.checked_mul(wide(dtype.bytes())))
             .ok_or(ShapeError::Overflow(*self))
     }
 }

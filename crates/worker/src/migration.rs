@@ -306,7 +306,7 @@ fn to_frame(block: CacheBlock, shape: KvShape) -> CacheTransfer {
             tokens,
             prefix_len: u32::try_from(prefix_len).unwrap_or(u32::MAX),
             layers: u32::try_from(shape.layers).unwrap_or(u32::MAX),
-            kv_dim: u32::try_from(shape.kv_dim).unwrap_or(u32::MAX),
+            kv_dim: u32::try_from(shape.kv_dim()).unwrap_or(u32::MAX),
             kv: kv.iter().flat_map(|x| x.to_le_bytes()).collect(),
         },
         CacheBlock::End { spans, tokens } => CacheTransfer::CacheEnd {
@@ -332,11 +332,12 @@ pub fn from_frame(frame: &[u8], shape: KvShape) -> Result<CacheBlock, String> {
             kv_dim,
             kv,
         } => {
-            if layers as usize != shape.layers || kv_dim as usize != shape.kv_dim {
+            if layers as usize != shape.layers || kv_dim as usize != shape.kv_dim() {
                 return Err(format!(
                     "K/V of {layers} layers x {kv_dim} does not fit this model's \
                      {} layers x {}",
-                    shape.layers, shape.kv_dim
+                    shape.layers,
+                    shape.kv_dim()
                 ));
             }
             if kv.len() % 4 != 0 {
@@ -368,7 +369,9 @@ mod tests {
     fn spans_survive_the_wire_and_other_shapes_are_refused() {
         let shape = KvShape {
             layers: 2,
-            kv_dim: 3,
+            kv_heads: 1,
+            key_dim: 3,
+            value_dim: 3,
         };
         let kv: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
         let block = CacheBlock::Span {
@@ -381,7 +384,7 @@ mod tests {
         assert_eq!(from_frame(&frame, shape).unwrap(), block);
         let other = KvShape {
             layers: 30,
-            kv_dim: 3,
+            ..shape
         };
         let err = from_frame(&frame, other).unwrap_err();
         assert!(err.contains("30 layers"), "{err}");

@@ -53,10 +53,10 @@ pub(super) fn inspect_dir(dir: &Path) -> anyhow::Result<Report> {
     let layers = cfg("num_hidden_layers");
     let kv = match (layers, kv_heads, head_dim) {
         (Some(layers), Some(kv_heads), Some(dim)) => kv_bytes(&KvShape {
-            layers,
-            kv_heads,
-            key_dim: dim,
-            value_dim: dim,
+            layers: layers as usize,
+            kv_heads: kv_heads as usize,
+            key_dim: dim as usize,
+            value_dim: dim as usize,
         }),
         _ => None,
     };
