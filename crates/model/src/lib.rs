@@ -214,17 +214,20 @@ pub enum AttentionDtype {
     Bf16,
 }
 
-impl std::str::FromStr for AttentionDtype {
-    type Err = String;
+/// An `--attention-dtype` that is not `auto`, `f32` or `bf16`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown attention dtype `{0}`: use auto, f32 or bf16")]
+pub struct UnknownAttentionDtype(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for AttentionDtype {
+    type Err = UnknownAttentionDtype;
+
+    fn from_str(s: &str) -> Result<Self, UnknownAttentionDtype> {
         match s {
             "auto" => Ok(Self::Auto),
             "f32" => Ok(Self::F32),
             "bf16" => Ok(Self::Bf16),
-            other => Err(format!(
-                "unknown attention dtype `{other}`: use auto, f32 or bf16"
-            )),
+            other => Err(UnknownAttentionDtype(other.to_string())),
         }
     }
 }
@@ -273,12 +276,13 @@ pub enum ModelError {
         source: std::io::Error,
     },
     /// A GGUF file's header could not be read (not GGUF, truncated, or an
-    /// array of another element type than the loader reads).
+    /// array of another element type than the loader reads). Boxed, as
+    /// the next one: they are larger than the other variants.
     #[error(transparent)]
-    Gguf(#[from] zinfer_probe::HeaderError),
+    Gguf(Box<zinfer_probe::HeaderError>),
     /// A safetensors file's header could not be read.
     #[error(transparent)]
-    Safetensors(#[from] zinfer_probe::SafetensorsError),
+    Safetensors(Box<zinfer_probe::SafetensorsError>),
     /// A metadata key the loader needs is not in the GGUF file.
     #[error("GGUF metadata has no `{0}`")]
     MissingKey(String),
@@ -452,6 +456,18 @@ pub enum ModelError {
     /// A tensor operation failed.
     #[error("tensor op: {0}")]
     Candle(#[from] candle_core::Error),
+}
+
+impl From<zinfer_probe::HeaderError> for ModelError {
+    fn from(e: zinfer_probe::HeaderError) -> Self {
+        Self::Gguf(Box::new(e))
+    }
+}
+
+impl From<zinfer_probe::SafetensorsError> for ModelError {
+    fn from(e: zinfer_probe::SafetensorsError) -> Self {
+        Self::Safetensors(Box::new(e))
+    }
 }
 
 /// Loads a GGUF file or a safetensors directory (config.json, tokenizer.json,

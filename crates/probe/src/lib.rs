@@ -47,14 +47,19 @@ impl KvDtype {
     }
 }
 
-impl std::str::FromStr for KvDtype {
-    type Err = String;
+/// A `--kv-dtype` that is neither `f32` nor `f16`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown KV dtype `{0}`: use f32 or f16")]
+pub struct UnknownKvDtype(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for KvDtype {
+    type Err = UnknownKvDtype;
+
+    fn from_str(s: &str) -> Result<Self, UnknownKvDtype> {
         match s {
             "f32" => Ok(Self::F32),
             "f16" => Ok(Self::F16),
-            other => Err(format!("unknown KV dtype `{other}`: use f32 or f16")),
+            other => Err(UnknownKvDtype(other.to_string())),
         }
     }
 }
