@@ -545,40 +545,26 @@ mod tests {
             (g2.attn.softcap, g2.final_softcap),
             (Some(50.0), Some(30.0))
         );
-        let flags = Value::Array(vec![Value::Bool(false); 4]);
-        let none = read(
-            "gemma3",
-            &[
-                ("attention.sliding_window", Value::U32(512)),
-                ("attention.sliding_window_pattern", flags),
-            ],
-        )
-        .unwrap();
+        // Gemma 3 with a 512-token window and this pattern.
+        let with_pattern = |pattern: Value| {
+            read(
+                "gemma3",
+                &[
+                    ("attention.sliding_window", Value::U32(512)),
+                    ("attention.sliding_window_pattern", pattern),
+                ],
+            )
+        };
+        let none = with_pattern(Value::Array(vec![Value::Bool(false); 4])).unwrap();
         assert!(none.layers.iter().all(|l| l.window.is_none()));
         assert_eq!(none.vocab, 100, "the embedding's outer dimension");
-        let counts = Value::Array(vec![Value::U32(1); 4]);
-        let err = read(
-            "gemma3",
-            &[
-                ("attention.sliding_window", Value::U32(512)),
-                ("attention.sliding_window_pattern", counts),
-            ],
-        )
-        .unwrap_err();
+        let err = with_pattern(Value::Array(vec![Value::U32(1); 4])).unwrap_err();
         assert!(
             err.to_string()
                 .contains("`gemma3.attention.sliding_window_pattern` holds u32 values, not bools"),
             "{err}"
         );
-        let short = Value::Array(vec![Value::Bool(true); 3]);
-        let err = read(
-            "gemma3",
-            &[
-                ("attention.sliding_window", Value::U32(512)),
-                ("attention.sliding_window_pattern", short),
-            ],
-        )
-        .unwrap_err();
+        let err = with_pattern(Value::Array(vec![Value::Bool(true); 3])).unwrap_err();
         assert!(
             matches!(
                 err,

@@ -303,10 +303,19 @@ impl ValueType {
 
 impl std::fmt::Display for ValueType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.name() {
-            Some(name) => f.write_str(name),
-            None => write!(f, "unknown type {}", self.0),
-        }
+        name_or_code(f, self.name(), self.0)
+    }
+}
+
+/// A type code's name, or `unknown type N` for one this reader does not know.
+fn name_or_code(
+    f: &mut std::fmt::Formatter<'_>,
+    name: Option<&str>,
+    code: u32,
+) -> std::fmt::Result {
+    match name {
+        Some(name) => f.write_str(name),
+        None => write!(f, "unknown type {code}"),
     }
 }
 
@@ -353,6 +362,7 @@ impl MetaValue {
 /// are kept by number, so a newer quantization is reported, not guessed at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GgmlType(pub u32);
+
 impl GgmlType {
     /// 32-bit float.
     pub const F32: Self = Self(0);
@@ -420,10 +430,7 @@ impl GgmlType {
 
 impl std::fmt::Display for GgmlType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.name() {
-            Some(name) => f.write_str(name),
-            None => write!(f, "unknown type {}", self.0),
-        }
+        name_or_code(f, self.name(), self.0)
     }
 }
 
