@@ -214,20 +214,17 @@ pub enum AttentionDtype {
     Bf16,
 }
 
-/// An `--attention-dtype` that is not `auto`, `f32` or `bf16`.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown attention dtype `{0}`: use auto, f32 or bf16")]
-pub struct UnknownAttentionDtype(pub String);
-
 impl std::str::FromStr for AttentionDtype {
-    type Err = UnknownAttentionDtype;
+    type Err = String;
 
-    fn from_str(s: &str) -> Result<Self, UnknownAttentionDtype> {
+    fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "auto" => Ok(Self::Auto),
             "f32" => Ok(Self::F32),
             "bf16" => Ok(Self::Bf16),
-            other => Err(UnknownAttentionDtype(other.to_string())),
+            other => Err(format!(
+                "unknown attention dtype `{other}`: use auto, f32 or bf16"
+            )),
         }
     }
 }
