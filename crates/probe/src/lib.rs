@@ -8,6 +8,7 @@
 //! The supervisor plans workers with these alone, so it links neither a
 //! tensor library nor a tokenizer; the worker's model crate re-uses them.
 
+mod architecture;
 pub mod device;
 pub mod gguf;
 pub mod procfs;
@@ -15,6 +16,7 @@ pub mod safetensors;
 
 use std::path::Path;
 
+pub use architecture::{Architecture, SUPPORTED_ARCHITECTURES, UnknownArchitecture};
 pub use device::{Device, DeviceError};
 pub use gguf::{
     FormatError, GgmlType, GgufHeader, HeaderError, MetaValue, TensorInfo, ValueType, read_header,
@@ -72,89 +74,6 @@ impl std::fmt::Display for KvDtype {
         })
     }
 }
-
-/// A model family this build's loader runs: the one list of them, kept
-/// here (the lowest crate) so that `zinfer model inspect`, the supervisor,
-/// the loader's table and the synthetic generator read the same one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Architecture {
-    /// Llama 2/3, SmolLM2, TinyLlama, Mistral.
-    Llama,
-    /// Qwen2 and Qwen2.5: llama with Q/K/V biases.
-    Qwen2,
-    /// Qwen3: llama with per-head RMSNorm of Q and K, and a head width of its own.
-    Qwen3,
-    /// Phi-3: fused QKV and gate|up matrices.
-    Phi3,
-    /// Gemma 2: norms after attention and MLP too, GELU, soft-capped
-    /// logits, every other layer sliding-window.
-    Gemma2,
-    /// Gemma 3: Gemma 2 with Q/K norms instead of attention soft-capping,
-    /// five sliding-window layers to one global.
-    Gemma3,
-}
-
-impl Architecture {
-    /// Every architecture, in the order `--help` and errors list them.
-    pub const ALL: [Self; 6] = [
-        Self::Llama,
-        Self::Qwen2,
-        Self::Qwen3,
-        Self::Phi3,
-        Self::Gemma2,
-        Self::Gemma3,
-    ];
-
-    /// GGUF `general.architecture`, and the prefix of the model's metadata
-    /// keys (`qwen2.block_count`).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Llama => "llama",
-            Self::Qwen2 => "qwen2",
-            Self::Qwen3 => "qwen3",
-            Self::Phi3 => "phi3",
-            Self::Gemma2 => "gemma2",
-            Self::Gemma3 => "gemma3",
-        }
-    }
-}
-
-impl std::fmt::Display for Architecture {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-/// A `general.architecture` this build does not run.
-#[derive(Debug, thiserror::Error)]
-#[error("unknown architecture `{0}`")]
-pub struct UnknownArchitecture(pub String);
-
-impl std::str::FromStr for Architecture {
-    type Err = UnknownArchitecture;
-
-    fn from_str(s: &str) -> Result<Self, UnknownArchitecture> {
-        Self::ALL
-            .into_iter()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| UnknownArchitecture(s.to_string()))
-    }
-}
-
-/// [`Architecture::ALL`]'s names.
-const ARCHITECTURE_NAMES: [&str; Architecture::ALL.len()] = {
-    let mut names = [""; Architecture::ALL.len()];
-    let mut i = 0;
-    while i < names.len() {
-        names[i] = Architecture::ALL[i].name();
-        i += 1;
-    }
-    names
-};
-
-/// The names (GGUF `general.architecture`) of the architectures this
-/// build's loader runs, in [`Architecture::ALL`]'s order.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &ARCHITECTURE_NAMES;
 
 /// Why a model's KV shape is not known.
 #[derive(Debug, thiserror::Error)]
@@ -269,23 +188,4 @@ pub fn model_name(path: &Path) -> String {
     path.file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_else(|| "model".to_string())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn architecture_names_parse_back() {
-        assert_eq!(
-            SUPPORTED_ARCHITECTURES,
-            ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"]
-        );
-        for a in Architecture::ALL {
-            assert_eq!(a.name().parse::<Architecture>().ok(), Some(a));
-            assert_eq!(a.to_string(), a.name());
-        }
-        let err = "mamba".parse::<Architecture>().unwrap_err();
-        assert_eq!(err.to_string(), "unknown architecture `mamba`");
-    }
 }
