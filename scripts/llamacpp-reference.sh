@@ -122,10 +122,10 @@ g++ -std=c++17 -O2 -Wall -Wextra -I"$llama/include" -I"$llama/ggml/include" \
 reference="$out/dump_logits"
 
 # --- zinfer ----------------------------------------------------------------
-# All examples in one build, always: zinfer-worker's dev-dependency turns
-# on zinfer-model's `synthetic` feature, and building one without the other
-# would rebuild zinfer-model each time the set changes.
-examples=(-p zinfer-model --example dump_logits --example dump_embeddings -p zinfer-worker --example synth_model)
+# All examples in one build, always: synth_model needs zinfer-model's
+# `synthetic` feature, and building the others without it would rebuild
+# zinfer-model each time the set changes.
+examples=(-p zinfer-model --features zinfer-model/synthetic --example dump_logits --example dump_embeddings --example synth_model)
 say "building ${examples[*]} (profile $profile)"
 artifacts=$(cd "$root" && cargo build --quiet --profile "$profile" --message-format=json-render-diagnostics \
   "${examples[@]}") || die "cargo build failed"

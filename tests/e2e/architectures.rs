@@ -3,7 +3,7 @@
 //! request on the OpenAI HTTP front.
 
 use candle_core::quantized::gguf_file::Content;
-use zinfer_model::synthetic::{Arch, SynthShape, SynthSpec, generate, tiny_presets};
+use zinfer_model::synthetic::{Architecture, SynthShape, SynthSpec, generate, tiny_presets};
 
 use crate::harness::{exclusive, free_port, http_post, spawn_until};
 
@@ -12,7 +12,9 @@ use crate::harness::{exclusive, free_port, http_post, spawn_until};
 fn checkpoint(dir: &std::path::Path, preset: &str) -> std::path::PathBuf {
     let shape = SynthShape::preset(preset).unwrap();
     let vocab = match (&shape.vocab_file, shape.arch) {
-        (Some(name), arch) if arch != Arch::Llama => zinfer_fetch::vocab_file(name).unwrap(),
+        (Some(name), arch) if arch != Architecture::Llama => {
+            zinfer_fetch::vocab_file(name).unwrap()
+        }
         _ => zinfer_fetch::test_model_path().unwrap(),
     };
     let mut f = std::fs::File::open(&vocab).unwrap();

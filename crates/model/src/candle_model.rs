@@ -28,7 +28,9 @@ use super::cpu::{OutputRows, StepPlan, split_outputs};
 use super::gguf::{self, GgufFile, check_dims, check_len};
 use super::spec::{Activation, ModelSpec, RopeStyle};
 use super::weights::{self, GateUp, Naming, Qkv, TensorSource, Weights};
-use super::{ForwardModel, KvShape, LoadOptions, ModelError, ModelTokenizer, SeqChunk};
+use super::{
+    ForwardModel, KvShape, LoadOptions, ModelError, ModelTokenizer, SeqChunk, check_transfer,
+};
 
 /// Weights on the device: the embedding table dequantized (`[vocab, hidden]`
 /// f32, looked up with `index_select`), matrices quantized, vectors f32.
@@ -548,16 +550,13 @@ impl ForwardModel for CandleModel {
     }
 
     fn kv_shape(&self) -> KvShape {
-        KvShape {
-            layers: self.k_pool.len(),
-            kv_dim: self.spec.kv_dim(),
-        }
+        self.spec.kv_shape()
     }
 
     /// One `index_select` per layer and pool, then one copy to the host.
     fn read_kv(&self, slots: &[u32]) -> Result<Vec<f32>, ModelError> {
         let shape = self.kv_shape();
-        shape.check(slots, self.capacity, None)?;
+        check_transfer(&shape, slots, self.capacity, None)?;
         if slots.is_empty() {
             return Ok(Vec::new());
         }
@@ -577,11 +576,11 @@ impl ForwardModel for CandleModel {
     /// as the forward pass writes new K/V.
     fn write_kv(&mut self, slots: &[u32], data: &[f32]) -> Result<(), ModelError> {
         let shape = self.kv_shape();
-        shape.check(slots, self.capacity, Some(data.len()))?;
+        check_transfer(&shape, slots, self.capacity, Some(data.len()))?;
         if slots.is_empty() {
             return Ok(());
         }
-        let (n, d) = (slots.len(), shape.kv_dim);
+        let (n, d) = (slots.len(), shape.kv_dim());
         let index = Tensor::new(slots, &self.device)?
             .reshape((n, 1))?
             .broadcast_as((n, d))?

@@ -24,6 +24,7 @@ use super::spec::{Activation, ModelSpec, RopeStyle};
 use super::weights::{GateUp, Qkv, Weights};
 use super::{
     AttentionDtype, ChunkOutput, ForwardModel, KvShape, LoadOptions, ModelError, SeqChunk,
+    check_transfer,
 };
 
 /// Chunks of at least this many rows run on the blocked attention kernel
@@ -201,11 +202,10 @@ impl CpuModel {
     ) -> Result<Self, ModelError> {
         spec.validate()?;
         if w.blocks.len() != spec.n_layers {
-            return Err(ModelError::Format(format!(
-                "config says {} layers, checkpoint has {}",
-                spec.n_layers,
-                w.blocks.len()
-            )));
+            return Err(ModelError::BlockCount {
+                config: spec.n_layers,
+                checkpoint: w.blocks.len(),
+            });
         }
         let ropes = spec
             .ropes
@@ -403,15 +403,12 @@ impl ForwardModel for CpuModel {
     }
 
     fn kv_shape(&self) -> KvShape {
-        KvShape {
-            layers: self.kv.n_layers(),
-            kv_dim: self.kv.kv_dim(),
-        }
+        self.spec.kv_shape()
     }
 
     fn read_kv(&self, slots: &[u32]) -> Result<Vec<f32>, ModelError> {
         let shape = self.kv_shape();
-        shape.check(slots, self.kv.capacity(), None)?;
+        check_transfer(&shape, slots, self.kv.capacity(), None)?;
         let mut out = Vec::with_capacity(shape.floats_for(slots.len()).unwrap_or(0));
         for layer in 0..shape.layers {
             self.kv.read_f32(layer, slots, &mut out);
@@ -421,8 +418,8 @@ impl ForwardModel for CpuModel {
 
     fn write_kv(&mut self, slots: &[u32], data: &[f32]) -> Result<(), ModelError> {
         let shape = self.kv_shape();
-        shape.check(slots, self.kv.capacity(), Some(data.len()))?;
-        let n = slots.len() * shape.kv_dim;
+        check_transfer(&shape, slots, self.kv.capacity(), Some(data.len()))?;
+        let n = slots.len() * shape.kv_dim();
         for (layer, block) in data.chunks_exact(2 * n.max(1)).enumerate() {
             let (k, v) = block.split_at(n);
             self.kv.write(layer, slots, k, v);

@@ -1,16 +1,21 @@
 //! Loading GGUF files: the metadata into a [`ModelSpec`] (keys read with
 //! the architecture's prefix, then the architecture's own rules), and the
 //! tensors for the CPU kernels (the candle backend reads them in its module).
+//!
+//! The header, metadata and tensor table are read by the probe's hardened
+//! reader ([`zinfer_probe::read_header`]); candle only turns each tensor's
+//! bytes into a [`QTensor`].
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read, Seek};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 
 use candle_core::Device;
-use candle_core::quantized::QTensor;
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::ggml_file::qtensor_from_ggml;
+use candle_core::quantized::{GgmlDType, QTensor};
 use zinfer_kernels::ScoreRule;
+use zinfer_probe::{GgufHeader, MetaValue, TensorInfo};
 
 use super::arch::{self, RopeTensors};
 use super::cpu::{CpuModel, CpuWeights};
@@ -33,8 +38,7 @@ pub(crate) fn load(
 
 /// A GGUF file with its metadata read: what both backends start from.
 pub(crate) struct GgufFile {
-    pub(crate) content: Content,
-    pub(crate) reader: BufReader<File>,
+    pub(crate) tensors: Tensors,
     pub(crate) spec: ModelSpec,
     pub(crate) tokenizer: ModelTokenizer,
 }
@@ -42,73 +46,169 @@ pub(crate) struct GgufFile {
 impl GgufFile {
     /// Whether the file has a tensor of this name.
     pub(crate) fn has(&self, name: &str) -> bool {
-        self.content.tensor_infos.contains_key(name)
+        self.tensors.has(name)
     }
 
     /// Reads the tensor `name` onto `device`.
     pub(crate) fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor, ModelError> {
-        if !self.has(name) {
-            return Err(ModelError::Format(format!(
-                "GGUF file has no tensor `{name}`"
-            )));
-        }
-        self.content
-            .tensor(&mut self.reader, name, device)
-            .map_err(|e| ModelError::Format(format!("reading tensor `{name}`: {e}")))
+        self.tensors.qtensor(name, device)
     }
 
     /// The tensor `name` as f32 values on the host, if the file has it.
     pub(crate) fn opt_vector(&mut self, name: &str) -> Result<Option<Vec<f32>>, ModelError> {
-        opt_vector(&self.content, &mut self.reader, name)
+        self.tensors.opt_vector(name)
     }
 }
 
 /// Reads a GGUF file's header, model spec and tokenizer (not the weights).
 pub(crate) fn open(path: &Path) -> Result<GgufFile, ModelError> {
-    let io = |source| ModelError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let mut reader = BufReader::new(File::open(path).map_err(io)?);
-    let content = Content::read(&mut reader).map_err(|e| {
-        ModelError::Format(format!(
-            "{} is not a readable GGUF file: {e}",
-            path.display()
-        ))
-    })?;
-    let tokenizer = ModelTokenizer::from_gguf(&content)?;
-    let spec = spec(&content, &mut reader)?;
+    let mut tensors = Tensors::open(path)?;
+    let tokenizer = ModelTokenizer::from_gguf_file(path)?;
+    let spec = spec(&mut tensors)?;
     Ok(GgufFile {
-        content,
-        reader,
+        tensors,
         spec,
         tokenizer,
     })
 }
 
-/// The tensor `name` as f32 values on the host, if the file has it.
-fn opt_vector<R: Read + Seek>(
-    content: &Content,
-    reader: &mut R,
-    name: &str,
-) -> Result<Option<Vec<f32>>, ModelError> {
-    if !content.tensor_infos.contains_key(name) {
-        return Ok(None);
+/// A GGUF file's header and tensor table, with the file open to read
+/// tensor data from.
+pub(crate) struct Tensors {
+    index: Index,
+    reader: BufReader<File>,
+}
+
+impl Tensors {
+    /// Reads the header (not the tensor data).
+    fn open(path: &Path) -> Result<Self, ModelError> {
+        let reader = BufReader::new(File::open(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?);
+        let header = zinfer_probe::read_header(path)?;
+        let by_name = header
+            .tensors
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.name.clone(), i))
+            .collect();
+        Ok(Self {
+            index: Index { header, by_name },
+            reader,
+        })
     }
-    let t = content
-        .tensor(reader, name, &Device::Cpu)
-        .map_err(|e| ModelError::Format(format!("reading tensor `{name}`: {e}")))?;
-    let v = t
-        .dequantize(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
-    Ok(Some(v))
+
+    fn has(&self, name: &str) -> bool {
+        self.index.info(name).is_some()
+    }
+
+    fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor, ModelError> {
+        self.index.qtensor(&mut self.reader, name, device)
+    }
+
+    fn opt_vector(&mut self, name: &str) -> Result<Option<Vec<f32>>, ModelError> {
+        self.index.opt_vector(&mut self.reader, name)
+    }
+}
+
+/// The header and its tensors by name: apart from the open file, so the
+/// metadata can be read while tensors are.
+struct Index {
+    header: GgufHeader,
+    /// Tensor name -> index in `header.tensors`.
+    by_name: HashMap<String, usize>,
+}
+
+impl Index {
+    fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.by_name.get(name).map(|&i| &self.header.tensors[i])
+    }
+
+    /// Reads the tensor `name` onto `device`: its bytes from the file,
+    /// made a [`QTensor`] by candle.
+    fn qtensor(
+        &self,
+        reader: &mut BufReader<File>,
+        name: &str,
+        device: &Device,
+    ) -> Result<QTensor, ModelError> {
+        let info = self.info(name).ok_or_else(|| missing_tensor(name))?;
+        let unsupported = || ModelError::UnsupportedQuant {
+            tensor: name.to_string(),
+            dtype: info.ggml_type.to_string(),
+        };
+        let dtype = ggml_dtype(info).ok_or_else(unsupported)?;
+        // The probe checked that a tensor of a sized type lies inside the file.
+        let bytes = info.bytes().ok_or_else(unsupported)?;
+        let len = usize::try_from(bytes).map_err(|_| unsupported())?;
+        let io = |source| ModelError::Io {
+            path: self.header.path.clone(),
+            source,
+        };
+        let mut raw = vec![0u8; len];
+        reader
+            .seek(SeekFrom::Start(self.header.data_offset + info.offset))
+            .map_err(io)?;
+        reader.read_exact(&mut raw).map_err(io)?;
+        // ggml lists dimensions innermost first; candle outermost first.
+        let dims = info.dims.iter().rev().map(|&d| d as usize).collect();
+        qtensor_from_ggml(dtype, &raw, dims, device).map_err(|source| ModelError::TensorData {
+            tensor: name.to_string(),
+            source,
+        })
+    }
+
+    /// The tensor `name` as f32 values on the host, if the file has it.
+    fn opt_vector(
+        &self,
+        reader: &mut BufReader<File>,
+        name: &str,
+    ) -> Result<Option<Vec<f32>>, ModelError> {
+        if self.info(name).is_none() {
+            return Ok(None);
+        }
+        let v = self
+            .qtensor(reader, name, &Device::Cpu)?
+            .dequantize(&Device::Cpu)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        Ok(Some(v))
+    }
+}
+
+/// The candle type of a tensor, for the ggml types candle builds.
+fn ggml_dtype(info: &TensorInfo) -> Option<GgmlDType> {
+    Some(match info.ggml_type.0 {
+        0 => GgmlDType::F32,
+        1 => GgmlDType::F16,
+        2 => GgmlDType::Q4_0,
+        3 => GgmlDType::Q4_1,
+        6 => GgmlDType::Q5_0,
+        7 => GgmlDType::Q5_1,
+        8 => GgmlDType::Q8_0,
+        10 => GgmlDType::Q2K,
+        11 => GgmlDType::Q3K,
+        12 => GgmlDType::Q4K,
+        13 => GgmlDType::Q5K,
+        14 => GgmlDType::Q6K,
+        15 => GgmlDType::Q8K,
+        30 => GgmlDType::BF16,
+        _ => return None,
+    })
+}
+
+fn missing_tensor(name: &str) -> ModelError {
+    ModelError::MissingTensor {
+        container: "GGUF file",
+        tensor: name.to_string(),
+    }
 }
 
 /// GGUF metadata of one architecture: `usize("block_count")` reads
 /// `{arch}.block_count`.
 pub(crate) struct Meta<'a> {
-    md: &'a HashMap<String, Value>,
+    header: &'a GgufHeader,
     arch: &'a str,
 }
 
@@ -119,15 +219,15 @@ impl Meta<'_> {
 
     /// `{arch}.{key}` as an integer; an error when it is missing.
     pub(crate) fn usize(&self, key: &str) -> Result<usize, ModelError> {
-        let full = self.key(key);
         self.opt_usize(key)?
-            .ok_or_else(|| ModelError::Format(format!("GGUF metadata has no `{full}`")))
+            .ok_or_else(|| ModelError::MissingKey(self.key(key)))
     }
 
     /// `{arch}.{key}` as an integer, if present.
     pub(crate) fn opt_usize(&self, key: &str) -> Result<Option<usize>, ModelError> {
         let full = self.key(key);
-        self.md
+        self.header
+            .metadata
             .get(&full)
             .map(|v| value_usize(v, &full))
             .transpose()
@@ -136,25 +236,20 @@ impl Meta<'_> {
     /// `{arch}.{key}` as a float, if present.
     pub(crate) fn opt_f32(&self, key: &str) -> Result<Option<f32>, ModelError> {
         let full = self.key(key);
-        match self.md.get(&full) {
+        match self.header.metadata.get(&full) {
             None => Ok(None),
-            Some(Value::F32(v)) => Ok(Some(*v)),
-            Some(Value::F64(v)) => Ok(Some(*v as f32)),
-            Some(other) => Err(ModelError::Format(format!(
-                "`{full}` is not a float: {other:?}"
-            ))),
+            Some(MetaValue::Float(v)) => Ok(Some(*v as f32)),
+            Some(other) => Err(wrong_type(full, "a float", other)),
         }
     }
 
     /// `{arch}.{key}` as a string, if present.
     pub(crate) fn opt_str(&self, key: &str) -> Result<Option<&str>, ModelError> {
         let full = self.key(key);
-        match self.md.get(&full) {
+        match self.header.metadata.get(&full) {
             None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(other) => Err(ModelError::Format(format!(
-                "`{full}` is not a string: {other:?}"
-            ))),
+            Some(MetaValue::Str(s)) => Ok(Some(s)),
+            Some(other) => Err(wrong_type(full, "a string", other)),
         }
     }
 
@@ -167,23 +262,17 @@ impl Meta<'_> {
         period: usize,
     ) -> Result<Vec<bool>, ModelError> {
         let full = self.key("attention.sliding_window_pattern");
-        let period = match self.md.get(&full) {
-            Some(Value::Array(flags)) => {
+        let period = match self.header.metadata.get(&full) {
+            Some(MetaValue::Array { .. }) => {
+                let flags = self.header.bools(&full)?.unwrap_or_default();
                 if flags.len() != n_layers {
-                    return Err(ModelError::Format(format!(
-                        "`{full}` has {} flags for {n_layers} layers",
-                        flags.len()
-                    )));
+                    return Err(ModelError::PerLayerLength {
+                        key: full,
+                        got: flags.len(),
+                        layers: n_layers,
+                    });
                 }
-                return flags
-                    .iter()
-                    .map(|f| match f {
-                        Value::Bool(b) => Ok(*b),
-                        other => Err(ModelError::Format(format!(
-                            "`{full}` holds {other:?}, not flags"
-                        ))),
-                    })
-                    .collect();
+                return Ok(flags);
             }
             Some(v) => value_usize(v, &full)?,
             None => period,
@@ -196,18 +285,17 @@ impl Meta<'_> {
 
 /// The spec of an opened file: the keys every architecture shares, then
 /// the architecture's own.
-fn spec<R: Read + Seek>(content: &Content, reader: &mut R) -> Result<ModelSpec, ModelError> {
-    let md = &content.metadata;
-    let name = match md.get("general.architecture") {
-        Some(Value::String(s)) => s.clone(),
-        _ => {
-            return Err(ModelError::Format(
-                "GGUF metadata has no general.architecture".to_string(),
-            ));
-        }
+fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
+    let Tensors { index, reader } = tensors;
+    let name = index
+        .header
+        .str("general.architecture")
+        .ok_or_else(|| ModelError::MissingKey("general.architecture".to_string()))?;
+    let arch = arch::by_gguf_name(name)?;
+    let meta = Meta {
+        header: &index.header,
+        arch: name,
     };
-    let arch = arch::by_gguf_name(&name)?;
-    let meta = Meta { md, arch: &name };
     if meta.opt_usize("expert_count")?.unwrap_or(0) > 0 {
         return Err(ModelError::UnsupportedArchitecture(format!(
             "{name} with mixture-of-experts"
@@ -233,13 +321,12 @@ fn spec<R: Read + Seek>(content: &Content, reader: &mut R) -> Result<ModelSpec, 
             "{name} with partial RoPE ({rope_dim} of {head_dim} dims)"
         )));
     }
-    let vocab = content
-        .tensor_infos
-        .get("token_embd.weight")
-        .and_then(|t| t.shape.dims().first().copied())
-        .ok_or_else(|| {
-            ModelError::Format("GGUF file has no usable tensor `token_embd.weight`".to_string())
-        })?;
+    // ggml dimensions are innermost first: the vocabulary is the last.
+    let vocab = index
+        .info("token_embd.weight")
+        .and_then(|t| t.dims.last())
+        .map(|&n| n as usize)
+        .ok_or_else(|| missing_tensor("token_embd.weight"))?;
     let n_layers = meta.usize("block_count")?;
     let mut rope = RopeSpec::plain(
         arch.rope_style,
@@ -261,7 +348,7 @@ fn spec<R: Read + Seek>(content: &Content, reader: &mut R) -> Result<ModelSpec, 
         Some(_) => {}
     }
     let mut spec = ModelSpec {
-        arch: arch.name,
+        arch: arch.name(),
         n_layers,
         n_heads,
         n_kv_heads: meta
@@ -286,12 +373,12 @@ fn spec<R: Read + Seek>(content: &Content, reader: &mut R) -> Result<ModelSpec, 
         final_softcap: None,
         layout: arch.layout,
     };
-    if let Some(f) = opt_vector(content, reader, "rope_freqs.weight")? {
+    if let Some(f) = index.opt_vector(reader, "rope_freqs.weight")? {
         spec.ropes[0].scaling.freq_factors = f;
     }
     let file_rope = RopeTensors {
-        long: opt_vector(content, reader, "rope_factors_long.weight")?,
-        short: opt_vector(content, reader, "rope_factors_short.weight")?,
+        long: index.opt_vector(reader, "rope_factors_long.weight")?,
+        short: index.opt_vector(reader, "rope_factors_short.weight")?,
     };
     (arch.finish)(&mut spec, &meta, &file_rope)?;
     spec.validate()?;
@@ -320,7 +407,7 @@ impl TensorSource for CpuSource<'_> {
         let v = self
             .0
             .opt_vector(name)?
-            .ok_or_else(|| ModelError::Format(format!("GGUF file has no tensor `{name}`")))?;
+            .ok_or_else(|| missing_tensor(name))?;
         check_len(name, v.len(), len)?;
         Ok(v)
     }
@@ -354,10 +441,11 @@ pub(crate) fn check_dims(
     want: (usize, usize),
 ) -> Result<(), ModelError> {
     if got != want {
-        return Err(ModelError::Format(format!(
-            "`{name}` is {}x{}, the model config needs {}x{}",
-            got.0, got.1, want.0, want.1
-        )));
+        return Err(ModelError::MatrixShape {
+            tensor: name.to_string(),
+            got,
+            want,
+        });
     }
     Ok(())
 }
@@ -365,44 +453,44 @@ pub(crate) fn check_dims(
 /// Fails unless a vector has `want` values.
 pub(crate) fn check_len(name: &str, got: usize, want: usize) -> Result<(), ModelError> {
     if got != want {
-        return Err(ModelError::Format(format!(
-            "`{name}` has {got} values, the model config needs {want}"
-        )));
+        return Err(ModelError::VectorLength {
+            tensor: name.to_string(),
+            got,
+            want,
+        });
     }
     Ok(())
 }
 
 /// Any GGUF integer as a usize (metadata writers disagree on widths).
-pub(crate) fn value_usize(v: &Value, key: &str) -> Result<usize, ModelError> {
-    let n: i128 = match v {
-        Value::U8(x) => (*x).into(),
-        Value::I8(x) => (*x).into(),
-        Value::U16(x) => (*x).into(),
-        Value::I16(x) => (*x).into(),
-        Value::U32(x) => (*x).into(),
-        Value::I32(x) => (*x).into(),
-        Value::U64(x) => (*x).into(),
-        Value::I64(x) => (*x).into(),
-        other => {
-            return Err(ModelError::Format(format!(
-                "`{key}` is not an integer: {other:?}"
-            )));
-        }
-    };
-    usize::try_from(n).map_err(|_| ModelError::Format(format!("`{key}` = {n} is out of range")))
+pub(crate) fn value_usize(v: &MetaValue, key: &str) -> Result<usize, ModelError> {
+    match v {
+        MetaValue::Int(n) => usize::try_from(*n).map_err(|_| ModelError::MetadataRange {
+            key: key.to_string(),
+            value: *n,
+        }),
+        other => Err(wrong_type(key.to_string(), "an integer", other)),
+    }
+}
+
+fn wrong_type(key: String, want: &'static str, found: &MetaValue) -> ModelError {
+    ModelError::MetadataType {
+        key,
+        want,
+        found: format!("{found:?}"),
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use candle_core::quantized::GgmlDType;
-    use candle_core::quantized::gguf_file::{TensorInfo, VersionedMagic};
+    use candle_core::quantized::gguf_file::{self, Value};
 
     use super::*;
 
-    /// A header with `keys` (`{arch}.` added) over a 4-layer model with
-    /// 8 heads of 32 (2 KV heads) and no tensor data but the embedding's info.
-    fn header(arch: &str, keys: &[(&str, Value)]) -> Content {
-        let mut metadata: HashMap<String, Value> = [
+    /// A GGUF file with `keys` (`{arch}.` added) over a 4-layer model with
+    /// 8 heads of 32 (2 KV heads) and no tensor but the embedding, opened.
+    fn header(arch: &str, keys: &[(&str, Value)]) -> (tempfile::TempDir, Tensors) {
+        let mut metadata: Vec<(String, Value)> = [
             ("block_count", Value::U32(4)),
             ("embedding_length", Value::U32(256)),
             ("feed_forward_length", Value::U32(512)),
@@ -414,22 +502,22 @@ mod tests {
         .chain(keys.iter().cloned())
         .map(|(k, v)| (format!("{arch}.{k}"), v))
         .collect();
-        metadata.insert("general.architecture".into(), Value::String(arch.into()));
-        let embd = TensorInfo {
-            ggml_dtype: GgmlDType::F32,
-            shape: (100, 256).into(),
-            offset: 0,
-        };
-        Content {
-            magic: VersionedMagic::GgufV3,
-            metadata,
-            tensor_infos: [("token_embd.weight".to_string(), embd)].into(),
-            tensor_data_offset: 0,
-        }
+        metadata.push(("general.architecture".into(), Value::String(arch.into())));
+        let refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let embd = candle_core::Tensor::zeros((100, 256), candle_core::DType::F32, &Device::Cpu)
+            .and_then(|t| QTensor::quantize(&t, GgmlDType::F32))
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        let mut out = File::create(&path).unwrap();
+        gguf_file::write(&mut out, &refs, &[("token_embd.weight", &embd)]).unwrap();
+        drop(out);
+        let tensors = Tensors::open(&path).unwrap();
+        (dir, tensors)
     }
 
     fn read(arch: &str, keys: &[(&str, Value)]) -> Result<ModelSpec, ModelError> {
-        spec(&header(arch, keys), &mut std::io::Cursor::new(Vec::new()))
+        spec(&mut header(arch, keys).1)
     }
 
     #[test]
@@ -457,16 +545,37 @@ mod tests {
             (g2.attn.softcap, g2.final_softcap),
             (Some(50.0), Some(30.0))
         );
-        let flags = Value::Array(vec![Value::Bool(false); 4]);
-        let none = read(
-            "gemma3",
-            &[
-                ("attention.sliding_window", Value::U32(512)),
-                ("attention.sliding_window_pattern", flags),
-            ],
-        )
-        .unwrap();
+        // Gemma 3 with a 512-token window and this pattern.
+        let with_pattern = |pattern: Value| {
+            read(
+                "gemma3",
+                &[
+                    ("attention.sliding_window", Value::U32(512)),
+                    ("attention.sliding_window_pattern", pattern),
+                ],
+            )
+        };
+        let none = with_pattern(Value::Array(vec![Value::Bool(false); 4])).unwrap();
         assert!(none.layers.iter().all(|l| l.window.is_none()));
+        assert_eq!(none.vocab, 100, "the embedding's outer dimension");
+        let err = with_pattern(Value::Array(vec![Value::U32(1); 4])).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`gemma3.attention.sliding_window_pattern` holds u32 values, not bools"),
+            "{err}"
+        );
+        let err = with_pattern(Value::Array(vec![Value::Bool(true); 3])).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                ModelError::PerLayerLength {
+                    got: 3,
+                    layers: 4,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -488,6 +597,19 @@ mod tests {
         assert_eq!(read("qwen3", &key_length).unwrap().head_dim, 64);
         let moe = [("expert_count", Value::U32(8))];
         assert!(read("qwen3", &moe).is_err());
+        let int_base = [("rope.freq_base", Value::U32(10_000))];
+        assert!(matches!(
+            read("qwen3", &int_base),
+            Err(ModelError::MetadataType {
+                want: "a float",
+                ..
+            })
+        ));
+        let negative = [("attention.key_length", Value::I32(-1))];
+        assert!(matches!(
+            read("qwen3", &negative),
+            Err(ModelError::MetadataRange { value: -1, .. })
+        ));
     }
 
     #[test]
@@ -501,10 +623,10 @@ mod tests {
                 ("rope.scaling.original_context_length", Value::U32(original)),
                 ("rope.scaling.attn_factor", Value::F32(1.19)),
             ];
-            let content = header("phi3", &keys);
+            let (_dir, file) = header("phi3", &keys);
             let mut spec = read("phi3", &keys).unwrap();
             let meta = Meta {
-                md: &content.metadata,
+                header: &file.index.header,
                 arch: "phi3",
             };
             (arch::by_gguf_name("phi3").unwrap().finish)(&mut spec, &meta, &rope).unwrap();

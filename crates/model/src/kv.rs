@@ -119,16 +119,6 @@ impl KvPool {
         }
     }
 
-    /// Rows per slot are `kv_dim` wide.
-    pub(crate) fn kv_dim(&self) -> usize {
-        self.kv_dim
-    }
-
-    /// Layers in the pool.
-    pub(crate) fn n_layers(&self) -> usize {
-        self.layers.len()
-    }
-
     /// The K and V rows of `layer`, indexed by `slot * kv_dim`.
     pub(crate) fn layer(&self, layer: usize) -> LayerView<'_> {
         match &self.layers[layer] {

@@ -28,7 +28,7 @@ mod weights;
 use std::path::{Path, PathBuf};
 
 pub use device::{Device, DeviceError, candle_device, check_device};
-pub use zinfer_probe::{AttentionDtype, KvDtype, model_name};
+pub use zinfer_probe::{AttentionDtype, KvDtype, KvShape, model_name};
 
 pub use arch::supported as supported_architectures;
 pub use batch::StepBatch;
@@ -38,6 +38,7 @@ pub use chat::{ChatTemplate, TemplateInput};
 pub use cpu::CpuModel;
 pub use spec::{
     Activation, BlockLayout, LayerSpec, MAX_POSITIONS, ModelSpec, RopeScaling, RopeSpec, RopeStyle,
+    SpecError,
 };
 pub use tokenizer::{ModelTokenizer, TokenBytes, TokenizerError};
 pub use zinfer_kernels::ScoreRule;
@@ -141,59 +142,33 @@ pub trait ForwardModel {
     }
 }
 
-/// The shape of a model's K/V pool, as seen by a cache transfer.
-///
-/// Transferred K/V is f32 and layer-major: for each layer, the K rows of
-/// every slot, then the V rows of every slot, each row `kv_dim` wide
-/// (`[layer][k|v][slot][kv_dim]`). Layer-major keeps each layer's copy one
-/// contiguous gather or scatter on either backend.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KvShape {
-    /// Transformer layers, each with its own K and V.
-    pub layers: usize,
-    /// Width of one K (or V) row: KV heads times head size.
-    pub kv_dim: usize,
-}
-
-impl KvShape {
-    /// f32 values one slot takes across every layer, K and V.
-    pub fn floats_per_slot(&self) -> usize {
-        self.layers.saturating_mul(2).saturating_mul(self.kv_dim)
+/// Checks a transfer of `slots` of K/V of `shape` against a pool of
+/// `capacity` slots and, for a write, the length of its data. Done before
+/// any copy so a bad request changes nothing.
+pub(crate) fn check_transfer(
+    shape: &KvShape,
+    slots: &[u32],
+    capacity: usize,
+    data_len: Option<usize>,
+) -> Result<(), ModelError> {
+    if let Some(&slot) = slots.iter().find(|&&s| s as usize >= capacity) {
+        return Err(ModelError::KvTransfer(format!(
+            "slot {slot} is outside the KV pool of {capacity}"
+        )));
     }
-
-    /// f32 values `slots` slots take; None if that overflows.
-    pub fn floats_for(&self, slots: usize) -> Option<usize> {
-        slots.checked_mul(self.floats_per_slot())
-    }
-
-    /// Checks a transfer of `slots` against a pool of `capacity` slots and,
-    /// for a write, the length of its data. Done before any copy so a bad
-    /// request changes nothing.
-    pub(crate) fn check(
-        &self,
-        slots: &[u32],
-        capacity: usize,
-        data_len: Option<usize>,
-    ) -> Result<(), ModelError> {
-        if let Some(&slot) = slots.iter().find(|&&s| s as usize >= capacity) {
+    if let Some(len) = data_len {
+        let want = shape.floats_for(slots.len());
+        if want != Some(len) {
             return Err(ModelError::KvTransfer(format!(
-                "slot {slot} is outside the KV pool of {capacity}"
+                "{len} values for {} slots; this model needs {} per slot ({} layers x K,V x {})",
+                slots.len(),
+                shape.floats_per_slot(),
+                shape.layers,
+                shape.kv_dim()
             )));
         }
-        if let Some(len) = data_len {
-            let want = self.floats_for(slots.len());
-            if want != Some(len) {
-                return Err(ModelError::KvTransfer(format!(
-                    "{len} values for {} slots; this model needs {} per slot ({} layers x K,V x {})",
-                    slots.len(),
-                    self.floats_per_slot(),
-                    self.layers,
-                    self.kv_dim
-                )));
-            }
-        }
-        Ok(())
     }
+    Ok(())
 }
 
 /// KV pool slots when none are asked for: 32,768 tokens (1.4 GiB of f32 K/V,
@@ -253,9 +228,147 @@ pub enum ModelError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// The checkpoint is not one this loader understands.
-    #[error("{0}")]
-    Format(String),
+    /// A GGUF file's header could not be read (not GGUF, truncated, or an
+    /// array of another element type than the loader reads). Boxed, as
+    /// the next one: they are larger than the other variants.
+    #[error(transparent)]
+    Gguf(Box<zinfer_probe::HeaderError>),
+    /// A safetensors file's header could not be read.
+    #[error(transparent)]
+    Safetensors(Box<zinfer_probe::SafetensorsError>),
+    /// A metadata key the loader needs is not in the GGUF file.
+    #[error("GGUF metadata has no `{0}`")]
+    MissingKey(String),
+    /// A metadata value is of another type than the key takes.
+    #[error("`{key}` is not {want}: {found}")]
+    MetadataType {
+        /// The full key (`qwen3.rope.freq_base`).
+        key: String,
+        /// What the loader reads there (`a float`, `an integer`).
+        want: &'static str,
+        /// The value found.
+        found: String,
+    },
+    /// An integer metadata value out of the range the loader takes.
+    #[error("`{key}` = {value} is out of range")]
+    MetadataRange {
+        /// The full key.
+        key: String,
+        /// The value found.
+        value: i128,
+    },
+    /// A per-layer metadata array of another length than the model has
+    /// layers.
+    #[error("`{key}` has {got} flags for {layers} layers")]
+    PerLayerLength {
+        /// The full key.
+        key: String,
+        /// Entries in the array.
+        got: usize,
+        /// Layers of the model.
+        layers: usize,
+    },
+    /// A tensor the model needs is not in the checkpoint.
+    #[error("{container} has no tensor `{tensor}`")]
+    MissingTensor {
+        /// `GGUF file` or `checkpoint`.
+        container: &'static str,
+        /// Checkpoint name of the tensor.
+        tensor: String,
+    },
+    /// A matrix of another shape than the model's dimensions say.
+    #[error(
+        "`{tensor}` is {}x{}, the model config needs {}x{}",
+        got.0,
+        got.1,
+        want.0,
+        want.1
+    )]
+    MatrixShape {
+        /// Checkpoint name of the tensor.
+        tensor: String,
+        /// Its (rows, cols).
+        got: (usize, usize),
+        /// The (rows, cols) the config needs.
+        want: (usize, usize),
+    },
+    /// A vector of another length than the model's dimensions say.
+    #[error("`{tensor}` has {got} values, the model config needs {want}")]
+    VectorLength {
+        /// Checkpoint name of the tensor.
+        tensor: String,
+        /// Its values.
+        got: usize,
+        /// The values the config needs.
+        want: usize,
+    },
+    /// A tensor's bytes could not be made into a tensor.
+    #[error("reading tensor `{tensor}`: {source}")]
+    TensorData {
+        /// Checkpoint name of the tensor.
+        tensor: String,
+        /// What candle said.
+        source: candle_core::Error,
+    },
+    /// A tensor whose storage cannot serve the role it is loaded for.
+    #[error("`{tensor}` {reason}")]
+    TensorLayout {
+        /// Checkpoint name of the tensor.
+        tensor: String,
+        /// Why (`is not dense`).
+        reason: &'static str,
+    },
+    /// A quantized matrix the kernels refused.
+    #[error("`{tensor}`: {source}")]
+    QuantLayout {
+        /// Checkpoint name of the tensor.
+        tensor: String,
+        /// What the kernels said.
+        source: zinfer_kernels::LayoutError,
+    },
+    /// The checkpoint has another number of blocks than its config says.
+    #[error("config says {config} layers, checkpoint has {checkpoint}")]
+    BlockCount {
+        /// Layers in the config.
+        config: usize,
+        /// Blocks of weights in the checkpoint.
+        checkpoint: usize,
+    },
+    /// The model's dimensions contradict each other.
+    #[error(transparent)]
+    Spec(#[from] spec::SpecError),
+    /// `config.json` could not be parsed.
+    #[error("{path}: {source}")]
+    HfConfig {
+        /// The file.
+        path: PathBuf,
+        /// What serde said.
+        source: serde_json::Error,
+    },
+    /// A `rope_scaling` in `config.json` with unusable values.
+    #[error("config.json has an invalid llama3 rope_scaling: {0}")]
+    HfRopeScaling(String),
+    /// A Hugging Face directory of an architecture loaded from GGUF only.
+    #[error(
+        "{dir} is a `{model_type}` checkpoint: zinfer loads {arch} from GGUF files only (convert it with llama.cpp's convert_hf_to_gguf.py)"
+    )]
+    GgufOnly {
+        /// The directory.
+        dir: PathBuf,
+        /// Its `model_type`.
+        model_type: String,
+        /// The architecture that loads from GGUF.
+        arch: &'static str,
+    },
+    /// A directory without weights.
+    #[error("{} has no *.safetensors files", .0.display())]
+    NoSafetensors(PathBuf),
+    /// A safetensors directory given to a GPU worker.
+    #[error(
+        "{} is a safetensors directory; GPU workers load GGUF files (convert it, or serve it with --device cpu)",
+        .0.display()
+    )]
+    SafetensorsOnGpu(PathBuf),
     /// The model's architecture (or a feature of it) is not one zinfer runs.
     #[error(
         "unsupported architecture `{0}`: zinfer runs {list} (see README, Supported models)",
@@ -298,6 +411,18 @@ pub enum ModelError {
     Candle(#[from] candle_core::Error),
 }
 
+impl From<zinfer_probe::HeaderError> for ModelError {
+    fn from(e: zinfer_probe::HeaderError) -> Self {
+        Self::Gguf(Box::new(e))
+    }
+}
+
+impl From<zinfer_probe::SafetensorsError> for ModelError {
+    fn from(e: zinfer_probe::SafetensorsError) -> Self {
+        Self::Safetensors(Box::new(e))
+    }
+}
+
 /// Loads a GGUF file or a safetensors directory (config.json, tokenizer.json,
 /// *.safetensors) and allocates its KV pool.
 ///
@@ -331,10 +456,7 @@ pub fn load_candle(
     device: &candle_core::Device,
 ) -> Result<LoadedModel, ModelError> {
     if path.is_dir() {
-        return Err(ModelError::Format(format!(
-            "{} is a safetensors directory; GPU workers load GGUF files (convert it, or serve it with --device cpu)",
-            path.display()
-        )));
+        return Err(ModelError::SafetensorsOnGpu(path.to_path_buf()));
     }
     let (model, tokenizer) = candle_model::load(path, options, device)?;
     Ok(LoadedModel {

@@ -204,9 +204,10 @@ impl Embedding {
                 ..
             } => Self::Candle(t.clone()),
             Linear::Candle { .. } => {
-                return Err(ModelError::Format(format!(
-                    "`{name}` could not be used as an embedding table"
-                )));
+                return Err(ModelError::TensorLayout {
+                    tensor: name.to_string(),
+                    reason: "could not be used as an embedding table",
+                });
             }
         };
         Ok((table, head))
@@ -254,7 +255,10 @@ fn qmatrix(name: &str, qt: &QTensor) -> Result<QMatrix, ModelError> {
         GgmlDType::Q5_1 => (QKind::Q5_1, qt.data()?.into_owned()),
         other => return Err(unsupported(name, other)),
     };
-    QMatrix::new(kind, rows, cols, data).map_err(|e| ModelError::Format(format!("`{name}`: {e}")))
+    QMatrix::new(kind, rows, cols, data).map_err(|source| ModelError::QuantLayout {
+        tensor: name.to_string(),
+        source,
+    })
 }
 
 fn unsupported(name: &str, dtype: GgmlDType) -> ModelError {

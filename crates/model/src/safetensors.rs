@@ -11,6 +11,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
+use zinfer_probe::read_safetensors_header;
 
 use zinfer_kernels::ScoreRule;
 
@@ -79,9 +80,7 @@ impl HfRopeScaling {
             && self.high_freq_factor > self.low_freq_factor
             && self.original_max_position_embeddings > 0;
         if !ok {
-            return Err(ModelError::Format(format!(
-                "config.json has an invalid llama3 rope_scaling: {self:?}"
-            )));
+            return Err(ModelError::HfRopeScaling(format!("{self:?}")));
         }
         Ok(RopeScaling::llama3_freq_factors(
             theta,
@@ -114,16 +113,17 @@ pub(crate) fn load(
         path: config_path.clone(),
         source,
     })?;
-    let hf: HfConfig = serde_json::from_str(&text)
-        .map_err(|e| ModelError::Format(format!("{}: {e}", config_path.display())))?;
+    let hf: HfConfig = serde_json::from_str(&text).map_err(|source| ModelError::HfConfig {
+        path: config_path.clone(),
+        source,
+    })?;
     let arch = arch::by_hf_model_type(&hf.model_type)?;
-    if arch.name != "llama" {
-        return Err(ModelError::Format(format!(
-            "{} is a `{}` checkpoint: zinfer loads {} from GGUF files only (convert it with llama.cpp's convert_hf_to_gguf.py)",
-            dir.display(),
-            hf.model_type,
-            arch.name
-        )));
+    if arch.architecture != arch::Architecture::Llama {
+        return Err(ModelError::GgufOnly {
+            dir: dir.to_path_buf(),
+            model_type: hf.model_type,
+            arch: arch.name(),
+        });
     }
     let head_dim = hf
         .head_dim
@@ -133,7 +133,7 @@ pub(crate) fn load(
         scaling.freq_factors = s.freq_factors(hf.rope_theta, head_dim)?;
     }
     let spec = ModelSpec {
-        arch: arch.name,
+        arch: arch.name(),
         n_layers: hf.num_hidden_layers,
         n_heads: hf.num_attention_heads,
         n_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
@@ -177,36 +177,75 @@ pub(crate) fn load(
     Ok((CpuModel::new(spec, weights, options)?, tokenizer))
 }
 
-fn read_tensors(dir: &Path) -> Result<HashMap<String, Tensor>, ModelError> {
-    let io = |source| ModelError::Io {
-        path: dir.to_path_buf(),
-        source,
+/// Every tensor of the directory's `*.safetensors` files, headers read by
+/// the probe's hardened reader and the data made tensors by candle.
+fn read_tensors(dir: &Path) -> Result<HashMap<String, Stored>, ModelError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ModelError::Io { path, source }
     };
     let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(io)?
+        .map_err(io(dir))?
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(ModelError::Format(format!(
-            "{} has no *.safetensors files",
-            dir.display()
-        )));
+        return Err(ModelError::NoSafetensors(dir.to_path_buf()));
     }
     let mut all = HashMap::new();
     for file in files {
-        let tensors = candle_core::safetensors::load(&file, &Device::Cpu)
-            .map_err(|e| ModelError::Format(format!("{}: {e}", file.display())))?;
-        all.extend(tensors);
+        let header = read_safetensors_header(&file)?;
+        let data = std::fs::read(&file).map_err(io(&file))?;
+        for t in header.tensors {
+            let Some(dtype) = float_dtype(&t.dtype) else {
+                all.insert(t.name, Stored::Other(t.dtype));
+                continue;
+            };
+            // The header was checked against the file's size.
+            let start = (header.data_offset + t.data.start) as usize;
+            let end = (header.data_offset + t.data.end) as usize;
+            let shape: Vec<usize> = t.shape.iter().map(|&d| d as usize).collect();
+            let bytes = data.get(start..end).ok_or_else(|| ModelError::Io {
+                path: file.clone(),
+                source: std::io::ErrorKind::UnexpectedEof.into(),
+            })?;
+            let tensor =
+                Tensor::from_raw_buffer(bytes, dtype, &shape, &Device::Cpu).map_err(|source| {
+                    ModelError::TensorData {
+                        tensor: t.name.clone(),
+                        source,
+                    }
+                })?;
+            all.insert(t.name, Stored::Float(tensor));
+        }
     }
     Ok(all)
 }
 
+/// The candle type of the float dtypes the loader takes.
+fn float_dtype(dtype: &str) -> Option<DType> {
+    Some(match dtype {
+        "F32" => DType::F32,
+        "F16" => DType::F16,
+        "BF16" => DType::BF16,
+        _ => return None,
+    })
+}
+
+/// One tensor of a checkpoint: read, or of a dtype the loader does not take
+/// (refused only if the model uses it).
+enum Stored {
+    /// f32, f16 or bf16.
+    Float(Tensor),
+    /// Any other dtype, as the file spells it.
+    Other(String),
+}
+
 /// The tensors of a checkpoint directory, taken out as they are read.
 struct SafetensorsSource {
-    tensors: HashMap<String, Tensor>,
+    tensors: HashMap<String, Stored>,
     /// `tie_word_embeddings`: the embedding doubles as the LM head (even
     /// when a checkpoint also stores `lm_head.weight`); otherwise
     /// `lm_head.weight` must be there.
@@ -216,15 +255,15 @@ struct SafetensorsSource {
 impl SafetensorsSource {
     /// The tensor `name` as f32 (from f32, f16 or bf16).
     fn take(&mut self, name: &str) -> Result<Tensor, ModelError> {
-        let w = self
-            .tensors
-            .remove(name)
-            .ok_or_else(|| ModelError::Format(format!("checkpoint has no tensor `{name}`")))?;
-        match w.dtype() {
-            DType::F32 | DType::F16 | DType::BF16 => Ok(w.to_dtype(DType::F32)?),
-            other => Err(ModelError::UnsupportedQuant {
+        match self.tensors.remove(name) {
+            Some(Stored::Float(w)) => Ok(w.to_dtype(DType::F32)?),
+            Some(Stored::Other(dtype)) => Err(ModelError::UnsupportedQuant {
                 tensor: name.to_string(),
-                dtype: format!("{other:?}"),
+                dtype,
+            }),
+            None => Err(ModelError::MissingTensor {
+                container: "checkpoint",
+                tensor: name.to_string(),
             }),
         }
     }
@@ -264,7 +303,10 @@ impl TensorSource for SafetensorsSource {
     ) -> Result<(Embedding, Option<Linear>), ModelError> {
         let head = self.matrix(name, rows, cols)?;
         let Linear::Dense { w, cols, .. } = &head else {
-            return Err(ModelError::Format(format!("`{name}` is not dense")));
+            return Err(ModelError::TensorLayout {
+                tensor: name.to_string(),
+                reason: "is not dense",
+            });
         };
         let table = Embedding::Dense {
             w: w.clone(),

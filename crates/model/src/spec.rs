@@ -8,8 +8,6 @@
 
 use zinfer_kernels::ScoreRule;
 
-use super::ModelError;
-
 /// Upper bound on [`ModelSpec::max_positions`]: a 128k-context model does
 /// not spend memory on RoPE tables it will not use.
 pub const MAX_POSITIONS: usize = 32_768;
@@ -202,6 +200,16 @@ pub struct ModelSpec {
 
 impl ModelSpec {
     /// Width of the key (and value) projection output.
+    pub fn kv_shape(&self) -> zinfer_probe::KvShape {
+        zinfer_probe::KvShape {
+            layers: self.n_layers,
+            kv_heads: self.n_kv_heads,
+            key_dim: self.head_dim,
+            value_dim: self.head_dim,
+        }
+    }
+
+    /// Width of one K (or V) row: KV heads times head width.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
@@ -217,55 +225,108 @@ impl ModelSpec {
     }
 
     /// Checks the relations the forward passes rely on.
-    pub(crate) fn validate(&self) -> Result<(), ModelError> {
-        let bad = |why: String| Err(ModelError::Format(why));
+    pub(crate) fn validate(&self) -> Result<(), SpecError> {
         if [self.n_layers, self.n_heads, self.n_kv_heads, self.hidden]
             .into_iter()
             .chain([self.head_dim, self.ffn, self.vocab])
             .any(|d| d == 0)
         {
-            return bad(format!("model config has a zero dimension: {self:?}"));
+            return Err(SpecError::ZeroDimension(format!("{self:?}")));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return bad(format!(
-                "{} query heads are not a multiple of {} KV heads",
-                self.n_heads, self.n_kv_heads
-            ));
+            return Err(SpecError::HeadGroups {
+                heads: self.n_heads,
+                kv_heads: self.n_kv_heads,
+            });
         }
         if !self.head_dim.is_multiple_of(2) {
-            return bad(format!("head_dim {} is odd", self.head_dim));
+            return Err(SpecError::OddHeadDim(self.head_dim));
         }
         if self.max_positions == 0 {
-            return bad("model config has no context length".to_string());
+            return Err(SpecError::NoContext);
         }
         if self.layers.len() != self.n_layers {
-            return bad(format!(
-                "{} layer specs for {} layers",
-                self.layers.len(),
-                self.n_layers
-            ));
+            return Err(SpecError::LayerSpecs {
+                specs: self.layers.len(),
+                layers: self.n_layers,
+            });
         }
         for (i, l) in self.layers.iter().enumerate() {
             if l.rope >= self.ropes.len() || l.window == Some(0) {
-                return bad(format!("layer {i} has an invalid spec {l:?}"));
+                return Err(SpecError::Layer {
+                    index: i,
+                    spec: format!("{l:?}"),
+                });
             }
         }
         for r in &self.ropes {
             let n = r.scaling.freq_factors.len();
             if n != 0 && n != self.head_dim / 2 {
-                return bad(format!(
-                    "RoPE has {n} frequency factors, expected {}",
-                    self.head_dim / 2
-                ));
+                return Err(SpecError::FreqFactors {
+                    got: n,
+                    want: self.head_dim / 2,
+                });
             }
             if !(r.theta > 0.0 && r.scaling.linear > 0.0) {
-                return bad(format!("RoPE base and scale must be positive: {r:?}"));
+                return Err(SpecError::RopeNotPositive(format!("{r:?}")));
             }
         }
         let caps = [self.attn.softcap, self.final_softcap];
         if caps.into_iter().flatten().any(|c| c.is_nan() || c <= 0.0) {
-            return bad("softcaps must be positive".to_string());
+            return Err(SpecError::Softcap);
         }
         Ok(())
     }
+}
+
+/// Why a [`ModelSpec`]'s dimensions cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// A dimension is zero (the spec, printed).
+    #[error("model config has a zero dimension: {0}")]
+    ZeroDimension(String),
+    /// Query heads do not split evenly over KV heads.
+    #[error("{heads} query heads are not a multiple of {kv_heads} KV heads")]
+    HeadGroups {
+        /// Query heads.
+        heads: usize,
+        /// KV heads.
+        kv_heads: usize,
+    },
+    /// RoPE rotates pairs, so a head needs an even width.
+    #[error("head_dim {0} is odd")]
+    OddHeadDim(usize),
+    /// No context length.
+    #[error("model config has no context length")]
+    NoContext,
+    /// Per-layer specs for another number of layers.
+    #[error("{specs} layer specs for {layers} layers")]
+    LayerSpecs {
+        /// Layer specs given.
+        specs: usize,
+        /// Layers of the model.
+        layers: usize,
+    },
+    /// A layer names a RoPE that is not there, or a zero window.
+    #[error("layer {index} has an invalid spec {spec}")]
+    Layer {
+        /// The layer.
+        index: usize,
+        /// Its spec, printed.
+        spec: String,
+    },
+    /// RoPE frequency factors of another count than half a head.
+    #[error("RoPE has {got} frequency factors, expected {want}")]
+    FreqFactors {
+        /// Factors given.
+        got: usize,
+        /// Half the head width.
+        want: usize,
+    },
+    /// A RoPE base or scale that is not positive (the RoPE, printed).
+    #[error("RoPE base and scale must be positive: {0}")]
+    RopeNotPositive(String),
+    /// A softcap that is not positive.
+    #[error("softcaps must be positive")]
+    Softcap,
 }

@@ -50,7 +50,8 @@ fn bad_checkpoints_are_named_errors() {
     let garbage = scratch("garbage.gguf");
     std::fs::write(&garbage, b"definitely not a gguf file").unwrap();
     let err = load_err(&garbage, &options);
-    assert!(matches!(err, ModelError::Format(_)), "{err}");
+    assert!(matches!(err, ModelError::Gguf(_)), "{err}");
+    assert!(err.to_string().contains("not a GGUF file"), "{err}");
 
     let gemma = metadata_only(
         "gemma.gguf",

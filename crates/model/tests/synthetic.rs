@@ -13,8 +13,8 @@ use zinfer_model::{ChunkOutput, KvShape, LoadOptions, SeqChunk, load};
 mod support;
 use support::{max_abs_diff, one_shot, reference_logits, top_k};
 use zinfer_model::synthetic::{
-    Arch, Llama3RopeScaling, Quant, SynthShape, SynthSpec, fallback, generate, tokenizer_metadata,
-    use_more_bits,
+    Architecture, Llama3RopeScaling, Quant, SynthShape, SynthSpec, fallback, generate,
+    tokenizer_metadata, use_more_bits,
 };
 
 fn source_metadata() -> HashMap<String, Value> {
@@ -27,7 +27,7 @@ fn source_metadata() -> HashMap<String, Value> {
 fn tiny() -> SynthShape {
     SynthShape {
         name: "tiny".into(),
-        arch: Arch::Llama,
+        arch: Architecture::Llama,
         n_layers: 2,
         hidden: 256,
         n_heads: 4,
@@ -182,7 +182,9 @@ fn the_loader_reads_the_shape_that_was_written() {
         m.model.kv_shape(),
         KvShape {
             layers: 2,
-            kv_dim: 2 * 64,
+            kv_heads: 2,
+            key_dim: 64,
+            value_dim: 64,
         }
     );
     assert_eq!(m.model.vocab_size(), 49_152);

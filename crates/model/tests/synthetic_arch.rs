@@ -16,8 +16,8 @@ use candle_transformers::models::{
 };
 use zinfer_fetch::test_model_path;
 use zinfer_model::synthetic::{
-    Arch, Llama3RopeScaling, LongRope, PRESETS, Quant, Summary, SynthShape, SynthSpec, generate,
-    tiny_presets, use_more_bits,
+    Architecture, Llama3RopeScaling, LongRope, PRESETS, Quant, Summary, SynthShape, SynthSpec,
+    generate, tiny_presets, use_more_bits,
 };
 
 /// The tokenizer metadata a shape is written with: its llama.cpp vocabulary,
@@ -69,27 +69,27 @@ enum CandleModel {
 }
 
 impl CandleModel {
-    fn load(arch: Arch, path: &Path) -> Self {
+    fn load(arch: Architecture, path: &Path) -> Self {
         let mut f = std::fs::File::open(path).unwrap();
         let ct = Content::read(&mut f).unwrap();
         let cpu = &Device::Cpu;
         let m = match arch {
-            Arch::Llama => {
+            Architecture::Llama => {
                 quantized_llama::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Llama)
             }
-            Arch::Qwen2 => {
+            Architecture::Qwen2 => {
                 quantized_qwen2::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Qwen2)
             }
-            Arch::Qwen3 => {
+            Architecture::Qwen3 => {
                 quantized_qwen3::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Qwen3)
             }
-            Arch::Phi3 => {
+            Architecture::Phi3 => {
                 quantized_phi3::ModelWeights::from_gguf(false, ct, &mut f, cpu).map(Self::Phi3)
             }
-            Arch::Gemma3 => {
+            Architecture::Gemma3 => {
                 quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Gemma3)
             }
-            Arch::Gemma2 => panic!("candle-transformers has no quantized gemma2"),
+            Architecture::Gemma2 => panic!("candle-transformers has no quantized gemma2"),
         };
         m.unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
@@ -167,7 +167,7 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
         put("attn_output.weight", &[h, q]);
         put("ffn_norm.weight", &[h]);
         put("ffn_down.weight", &[h, f]);
-        if s.arch == Arch::Phi3 {
+        if s.arch == Architecture::Phi3 {
             put("attn_qkv.weight", &[q + 2 * kv, h]);
             put("ffn_up.weight", &[2 * f, h]);
         } else {
@@ -177,16 +177,16 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
             put("ffn_gate.weight", &[f, h]);
             put("ffn_up.weight", &[f, h]);
         }
-        if s.arch == Arch::Qwen2 {
+        if s.arch == Architecture::Qwen2 {
             put("attn_q.bias", &[q]);
             put("attn_k.bias", &[kv]);
             put("attn_v.bias", &[kv]);
         }
-        if matches!(s.arch, Arch::Qwen3 | Arch::Gemma3) {
+        if matches!(s.arch, Architecture::Qwen3 | Architecture::Gemma3) {
             put("attn_q_norm.weight", &[hd]);
             put("attn_k_norm.weight", &[hd]);
         }
-        if matches!(s.arch, Arch::Gemma2 | Arch::Gemma3) {
+        if matches!(s.arch, Architecture::Gemma2 | Architecture::Gemma3) {
             put("post_attention_norm.weight", &[h]);
             put("post_ffw_norm.weight", &[h]);
         }
@@ -258,12 +258,13 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         assert_eq!(f("attn_logit_softcapping"), shape.attn_softcap, "{name}");
         assert_eq!(f("final_logit_softcapping"), shape.final_softcap, "{name}");
         let head_keys = match shape.arch {
-            Arch::Qwen2 | Arch::Phi3 => None,
+            Architecture::Qwen2 | Architecture::Phi3 => None,
             _ => Some(shape.head_dim),
         };
         assert_eq!(u("attention.key_length"), head_keys, "{name}");
         assert_eq!(u("attention.value_length"), head_keys, "{name}");
-        let rope_dims = matches!(shape.arch, Arch::Llama | Arch::Phi3).then_some(shape.head_dim);
+        let rope_dims = matches!(shape.arch, Architecture::Llama | Architecture::Phi3)
+            .then_some(shape.head_dim);
         assert_eq!(u("rope.dimension_count"), rope_dims, "{name}");
         assert_eq!(
             u("rope.scaling.original_context_length"),
@@ -272,7 +273,7 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         );
         let tokens = md["tokenizer.ggml.tokens"].to_vec().unwrap().len();
         assert_eq!(tokens, summary.vocab, "{name}");
-        if shape.arch == Arch::Qwen2 {
+        if shape.arch == Architecture::Qwen2 {
             // Qwen's own tokenizer, chat template included.
             assert_eq!(md["tokenizer.ggml.pre"].to_string().unwrap(), "qwen2");
             assert_eq!(md["tokenizer.ggml.eos_token_id"].to_u32().unwrap(), 151_643);
@@ -330,17 +331,17 @@ fn real_presets_have_the_public_configs_numbers() {
         )
     };
     let s = p("qwen2.5-1.5b");
-    assert_eq!(s.arch, Arch::Qwen2);
+    assert_eq!(s.arch, Architecture::Qwen2);
     assert_eq!(dims(&s), (28, 1536, 12, 2, 128, 8960, 151_936));
     assert_eq!((s.rope_theta, s.rms_eps, s.context), (1e6, 1e-6, 32_768));
     assert!(s.tied_embeddings);
     let s = p("qwen3-1.7b");
-    assert_eq!(s.arch, Arch::Qwen3);
+    assert_eq!(s.arch, Architecture::Qwen3);
     assert_eq!(dims(&s), (28, 2048, 16, 8, 128, 6144, 151_936));
     assert_eq!((s.rope_theta, s.rms_eps, s.context), (1e6, 1e-6, 40_960));
     assert!(s.tied_embeddings);
     let s = p("phi-3-mini");
-    assert_eq!(s.arch, Arch::Phi3);
+    assert_eq!(s.arch, Architecture::Phi3);
     assert_eq!(dims(&s), (32, 3072, 32, 32, 96, 8192, 32_064));
     assert_eq!((s.rope_theta, s.rms_eps, s.context), (10_000.0, 1e-5, 4096));
     assert_eq!(s.rope_original_context, Some(4096));
@@ -354,14 +355,14 @@ fn real_presets_have_the_public_configs_numbers() {
     let want = (17.0f32 / 12.0).sqrt();
     assert!((s.long_rope_attn_factor().unwrap() - want).abs() < 1e-6);
     let s = p("gemma-2-2b");
-    assert_eq!(s.arch, Arch::Gemma2);
+    assert_eq!(s.arch, Architecture::Gemma2);
     assert_eq!(dims(&s), (26, 2304, 8, 4, 256, 9216, 256_000));
     assert_eq!((s.rope_theta, s.rms_eps, s.context), (10_000.0, 1e-6, 8192));
     assert_eq!(s.sliding_window, Some(4096));
     assert_eq!((s.attn_softcap, s.final_softcap), (Some(50.0), Some(30.0)));
     assert!(s.tied_embeddings);
     let s = p("gemma-3-1b");
-    assert_eq!(s.arch, Arch::Gemma3);
+    assert_eq!(s.arch, Architecture::Gemma3);
     assert_eq!(dims(&s), (26, 1152, 4, 1, 256, 6912, 262_144));
     assert_eq!((s.rope_theta, s.rms_eps, s.context), (1e6, 1e-6, 32_768));
     assert_eq!(s.sliding_window, Some(512));
@@ -425,8 +426,11 @@ fn shapes_an_architecture_cannot_read_are_refused() {
     for s in bad {
         assert!(s.validate().is_err(), "{s:?}");
     }
-    assert!("gemma9".parse::<Arch>().is_err());
-    assert_eq!("qwen3".parse::<Arch>().unwrap(), Arch::Qwen3);
+    assert!("gemma9".parse::<Architecture>().is_err());
+    assert_eq!(
+        "qwen3".parse::<Architecture>().unwrap(),
+        Architecture::Qwen3
+    );
 }
 
 /// A tiny shape takes its vocabulary file's token count; a shape with real
@@ -508,7 +512,7 @@ fn phi3_long_context_factors_round_trip() {
             .unwrap(),
         512
     );
-    let mut m = CandleModel::load(Arch::Phi3, &path);
+    let mut m = CandleModel::load(Architecture::Phi3, &path);
     assert_sane(&m.forward(&[1, 2, 3], 0), summary.vocab, "phi3-long");
 }
 

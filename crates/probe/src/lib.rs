@@ -1,20 +1,29 @@
 //! What a zinfer process can learn without loading a model: which device a
 //! name means and which cores it may use ([`device`]), the host's memory
-//! ([`procfs`]), a GGUF file's header and tensor table ([`gguf`]), how much
+//! ([`procfs`]), a GGUF file's header and tensor table ([`gguf`]), a
+//! safetensors file's ([`safetensors`]), how much
 //! KV memory a model takes per cached token ([`kv_bytes_per_token`]), and
 //! which architectures this build runs ([`SUPPORTED_ARCHITECTURES`]).
 //!
 //! The supervisor plans workers with these alone, so it links neither a
 //! tensor library nor a tokenizer; the worker's model crate re-uses them.
 
+mod architecture;
 pub mod device;
 pub mod gguf;
 pub mod procfs;
+pub mod safetensors;
 
 use std::path::Path;
 
+pub use architecture::{Architecture, SUPPORTED_ARCHITECTURES, UnknownArchitecture};
 pub use device::{Device, DeviceError};
-pub use gguf::{GgmlType, GgufHeader, HeaderError, MetaValue, TensorInfo, read_header};
+pub use gguf::{
+    FormatError, GgmlType, GgufHeader, HeaderError, MetaValue, TensorInfo, ValueType, read_header,
+};
+pub use safetensors::{
+    SafetensorsError, SafetensorsHeader, SafetensorsTensor, read_safetensors_header,
+};
 
 /// How the CPU backend stores K/V rows in its pool.
 ///
@@ -40,14 +49,19 @@ impl KvDtype {
     }
 }
 
-impl std::str::FromStr for KvDtype {
-    type Err = String;
+/// A `--kv-dtype` that is neither `f32` nor `f16`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown KV dtype `{0}`: use f32 or f16")]
+pub struct UnknownKvDtype(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for KvDtype {
+    type Err = UnknownKvDtype;
+
+    fn from_str(s: &str) -> Result<Self, UnknownKvDtype> {
         match s {
             "f32" => Ok(Self::F32),
             "f16" => Ok(Self::F16),
-            other => Err(format!("unknown KV dtype `{other}`: use f32 or f16")),
+            other => Err(UnknownKvDtype(other.to_string())),
         }
     }
 }
@@ -82,17 +96,20 @@ pub enum AttentionDtype {
     Bf16,
 }
 
-impl std::str::FromStr for AttentionDtype {
-    type Err = String;
+/// An `--attention-dtype` that is not `auto`, `f32` or `bf16`.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown attention dtype `{0}`: use auto, f32 or bf16")]
+pub struct UnknownAttentionDtype(pub String);
 
-    fn from_str(s: &str) -> Result<Self, String> {
+impl std::str::FromStr for AttentionDtype {
+    type Err = UnknownAttentionDtype;
+
+    fn from_str(s: &str) -> Result<Self, UnknownAttentionDtype> {
         match s {
             "auto" => Ok(Self::Auto),
             "f32" => Ok(Self::F32),
             "bf16" => Ok(Self::Bf16),
-            other => Err(format!(
-                "unknown attention dtype `{other}`: use auto, f32 or bf16"
-            )),
+            other => Err(UnknownAttentionDtype(other.to_string())),
         }
     }
 }
@@ -107,12 +124,6 @@ impl std::fmt::Display for AttentionDtype {
     }
 }
 
-/// Architectures (GGUF `general.architecture`, Hugging Face `model_type`)
-/// this build's loader runs, kept here so that `zinfer model inspect` and
-/// the loader share one list.
-pub const SUPPORTED_ARCHITECTURES: &[&str] =
-    &["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"];
-
 /// Why a model's KV shape is not known.
 #[derive(Debug, thiserror::Error)]
 pub enum ShapeError {
@@ -124,18 +135,26 @@ pub enum ShapeError {
     Overflow(KvShape),
 }
 
-/// The dimensions that size a model's KV cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// The dimensions of a model's KV cache: what sizes it for memory budgets
+/// (from a header, before any model is loaded) and what a cache transfer
+/// between workers must agree on (from a loaded model).
+///
+/// Transferred K/V is f32 and layer-major: for each layer, the K rows of
+/// every slot, then the V rows of every slot, each row
+/// [`KvShape::kv_dim`] wide (`[layer][k|v][slot][kv_dim]`), which needs
+/// `key_dim == value_dim` (the loader runs no other model). The default,
+/// all zeros, is a model that cannot transfer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvShape {
     /// Transformer blocks, each with its own K and V rows.
-    pub layers: u64,
+    pub layers: usize,
     /// K/V heads per layer (fewer than query heads under grouped-query
     /// attention).
-    pub kv_heads: u64,
+    pub kv_heads: usize,
     /// Width of one K head.
-    pub key_dim: u64,
+    pub key_dim: usize,
     /// Width of one V head.
-    pub value_dim: u64,
+    pub value_dim: usize,
 }
 
 impl KvShape {
@@ -158,21 +177,37 @@ impl KvShape {
             .arch_usize("attention.value_length")
             .unwrap_or(key_dim);
         Ok(Self {
-            layers: layers as u64,
-            kv_heads: kv_heads as u64,
-            key_dim: key_dim as u64,
-            value_dim: value_dim as u64,
+            layers,
+            kv_heads,
+            key_dim,
+            value_dim,
         })
+    }
+
+    /// Width of one transferred K (or V) row: KV heads times head width.
+    pub fn kv_dim(&self) -> usize {
+        self.kv_heads.saturating_mul(self.key_dim)
+    }
+
+    /// f32 values one slot takes in a transfer, across every layer, K and V.
+    pub fn floats_per_slot(&self) -> usize {
+        self.layers.saturating_mul(2).saturating_mul(self.kv_dim())
+    }
+
+    /// f32 values `slots` slots take in a transfer; None if that overflows.
+    pub fn floats_for(&self, slots: usize) -> Option<usize> {
+        slots.checked_mul(self.floats_per_slot())
     }
 
     /// K/V bytes one cached token takes: a K and a V row per layer in
     /// `dtype`.
     pub fn bytes_per_token(&self, dtype: KvDtype) -> Result<u64, ShapeError> {
-        self.key_dim
-            .checked_add(self.value_dim)
-            .and_then(|width| width.checked_mul(self.kv_heads))
-            .and_then(|n| n.checked_mul(self.layers))
-            .and_then(|n| n.checked_mul(dtype.bytes() as u64))
+        let wide = |n: usize| n as u64;
+        wide(self.key_dim)
+            .checked_add(wide(self.value_dim))
+            .and_then(|width| width.checked_mul(wide(self.kv_heads)))
+            .and_then(|n| n.checked_mul(wide(self.layers)))
+            .and_then(|n| n.checked_mul(wide(dtype.bytes())))
             .ok_or(ShapeError::Overflow(*self))
     }
 }
@@ -182,17 +217,18 @@ impl KvShape {
 /// weights; for memory budgets. Safetensors directories are not read (an
 /// error). See [`KvShape::from_header`] for where the widths come from.
 pub fn kv_bytes_per_token(path: &Path, dtype: KvDtype) -> Result<u64, HeaderError> {
-    let format = |reason: String| HeaderError::Format {
-        path: path.to_path_buf(),
-        reason,
-    };
     if path.is_dir() {
-        return Err(format("KV size is read from GGUF headers only".into()));
+        return Err(HeaderError::NotGguf {
+            path: path.to_path_buf(),
+        });
     }
     let header = read_header(path)?;
     KvShape::from_header(&header)
         .and_then(|shape| shape.bytes_per_token(dtype))
-        .map_err(|e| format(e.to_string()))
+        .map_err(|reason| HeaderError::Shape {
+            path: path.to_path_buf(),
+            reason,
+        })
 }
 
 /// The name a worker reports to the router for a model path: the file or

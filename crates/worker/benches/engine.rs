@@ -18,7 +18,7 @@
 //! `ZINFER_BENCH_CONTEXT` the prompt tokens of each decode stream (128, as
 //! `llama-batched-bench -npp 128`).
 //! ZINFER_BENCH_MODEL runs another GGUF file instead of the default model,
-//! e.g. a synthetic checkpoint from `examples/synth_model.rs`.
+//! e.g. a synthetic checkpoint from zinfer-model's `examples/synth_model.rs`.
 //!
 //! `constrained` (not run by default): inter-token latency with every
 //! stream constrained by a nested JSON schema against the same streams

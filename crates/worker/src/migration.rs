@@ -306,7 +306,7 @@ fn to_frame(block: CacheBlock, shape: KvShape) -> CacheTransfer {
             tokens,
             prefix_len: u32::try_from(prefix_len).unwrap_or(u32::MAX),
             layers: u32::try_from(shape.layers).unwrap_or(u32::MAX),
-            kv_dim: u32::try_from(shape.kv_dim).unwrap_or(u32::MAX),
+            kv_dim: u32::try_from(shape.kv_dim()).unwrap_or(u32::MAX),
             kv: kv.iter().flat_map(|x| x.to_le_bytes()).collect(),
         },
         CacheBlock::End { spans, tokens } => CacheTransfer::CacheEnd {
@@ -326,7 +326,7 @@ pub enum FrameError {
     #[error(
         "K/V of {layers} layers x {kv_dim} does not fit this model's {} layers x {}",
         expected.layers,
-        expected.kv_dim
+        expected.kv_dim()
     )]
     Shape {
         /// Layers in the frame.
@@ -356,7 +356,7 @@ pub fn from_frame(frame: &[u8], shape: KvShape) -> Result<CacheBlock, FrameError
             kv_dim,
             kv,
         } => {
-            if layers as usize != shape.layers || kv_dim as usize != shape.kv_dim {
+            if layers as usize != shape.layers || kv_dim as usize != shape.kv_dim() {
                 return Err(FrameError::Shape {
                     layers,
                     kv_dim,
@@ -392,7 +392,9 @@ mod tests {
     fn spans_survive_the_wire_and_other_shapes_are_refused() {
         let shape = KvShape {
             layers: 2,
-            kv_dim: 3,
+            kv_heads: 1,
+            key_dim: 3,
+            value_dim: 3,
         };
         let kv: Vec<f32> = (0..24).map(|i| i as f32 * 0.5 - 3.0).collect();
         let block = CacheBlock::Span {
@@ -405,7 +407,7 @@ mod tests {
         assert_eq!(from_frame(&frame, shape).unwrap(), block);
         let other = KvShape {
             layers: 30,
-            kv_dim: 3,
+            ..shape
         };
         let err = from_frame(&frame, other).unwrap_err().to_string();
         assert!(err.contains("30 layers"), "{err}");

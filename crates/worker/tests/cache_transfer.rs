@@ -83,7 +83,9 @@ fn round_trip(m: &mut LoadedModel) {
         shape,
         KvShape {
             layers: 30,
-            kv_dim: 192
+            kv_heads: 3,
+            key_dim: 64,
+            value_dim: 64,
         }
     );
     let here: Vec<u32> = (0..n as u32).collect();
@@ -405,7 +407,9 @@ fn an_imported_cache_serves_the_same_greedy_output_from_cache_hits() {
     let imported = started.elapsed();
     let per_token = KvShape {
         layers: 30,
-        kv_dim: 192,
+        kv_heads: 3,
+        key_dim: 64,
+        value_dim: 64,
     }
     .floats_per_slot()
         * 4;

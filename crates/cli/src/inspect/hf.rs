@@ -1,38 +1,16 @@
 //! Hugging Face checkpoint directories: shapes from `config.json`, tensors
-//! from the safetensors headers (8-byte little-endian length, then JSON),
-//! tokenizer from `tokenizer.json`. Only headers are read; every length and
-//! data offset is checked against the file's size.
+//! from the safetensors headers (read by [`zinfer_probe::safetensors`],
+//! which checks every length and data offset against the file's size),
+//! tokenizer from `tokenizer.json`. Only headers are read.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::fs::File;
-use std::io::Read;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use anyhow::{Context, bail};
-use serde::Deserialize;
 use serde_json::Value;
-use zinfer_probe::KvShape;
+use zinfer_probe::{KvShape, read_safetensors_header};
 
 use super::{Report, TypeShare, by_parameters, kv_bytes};
-
-/// The safetensors format's own cap on its JSON header.
-const MAX_HEADER_BYTES: u64 = 100_000_000;
-
-/// One entry of a safetensors header.
-#[derive(Debug, Deserialize)]
-struct Entry {
-    dtype: String,
-    shape: Vec<u64>,
-    data_offsets: [u64; 2],
-}
-
-/// One tensor, as its header declares it.
-#[derive(Debug)]
-struct Tensor {
-    dtype: String,
-    elements: u64,
-    bytes: u64,
-}
 
 pub(super) fn inspect_dir(dir: &Path) -> anyhow::Result<Report> {
     let config_path = dir.join("config.json");
@@ -47,10 +25,11 @@ pub(super) fn inspect_dir(dir: &Path) -> anyhow::Result<Report> {
     let mut mix: BTreeMap<String, TypeShare> = BTreeMap::new();
     let (mut parameters, mut weight_bytes, mut tensors) = (0u64, 0u64, 0u64);
     for file in &files {
-        for t in read_safetensors_header(file)? {
+        for t in read_safetensors_header(file)?.tensors {
+            let bytes = t.bytes();
             tensors += 1;
             parameters = parameters.saturating_add(t.elements);
-            weight_bytes = weight_bytes.saturating_add(t.bytes);
+            weight_bytes = weight_bytes.saturating_add(bytes);
             let share = mix.entry(t.dtype.clone()).or_insert_with(|| TypeShare {
                 kind: t.dtype,
                 tensors: 0,
@@ -59,7 +38,7 @@ pub(super) fn inspect_dir(dir: &Path) -> anyhow::Result<Report> {
             });
             share.tensors += 1;
             share.parameters = share.parameters.saturating_add(t.elements);
-            share.bytes = share.bytes.map(|b| b.saturating_add(t.bytes));
+            share.bytes = share.bytes.map(|b| b.saturating_add(bytes));
         }
     }
 
@@ -74,10 +53,10 @@ pub(super) fn inspect_dir(dir: &Path) -> anyhow::Result<Report> {
     let layers = cfg("num_hidden_layers");
     let kv = match (layers, kv_heads, head_dim) {
         (Some(layers), Some(kv_heads), Some(dim)) => kv_bytes(&KvShape {
-            layers,
-            kv_heads,
-            key_dim: dim,
-            value_dim: dim,
+            layers: layers as usize,
+            kv_heads: kv_heads as usize,
+            key_dim: dim as usize,
+            value_dim: dim as usize,
         }),
         _ => None,
     };
@@ -169,77 +148,6 @@ fn safetensors_files(dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
         bail!("{} has no *.safetensors files", dir.display());
     }
     Ok(files)
-}
-
-/// The tensors a safetensors file declares, each checked to lie inside the
-/// file and to span the bytes its dtype and shape need.
-fn read_safetensors_header(path: &Path) -> anyhow::Result<Vec<Tensor>> {
-    let shown = path.display();
-    let mut file = File::open(path).with_context(|| format!("reading {shown}"))?;
-    let len = file
-        .metadata()
-        .with_context(|| format!("reading {shown}"))?
-        .len();
-    let mut prefix = [0u8; 8];
-    file.read_exact(&mut prefix)
-        .with_context(|| format!("{shown}: shorter than a safetensors header length"))?;
-    let header_len = u64::from_le_bytes(prefix);
-    let data_len = len.saturating_sub(8).checked_sub(header_len).with_context(|| {
-        format!("{shown}: a header of {header_len} bytes runs past the end of the file ({len} bytes): truncated or not safetensors")
-    })?;
-    if header_len > MAX_HEADER_BYTES {
-        bail!("{shown}: a header of {header_len} bytes is larger than safetensors allows");
-    }
-    let mut header = vec![0u8; header_len as usize];
-    file.read_exact(&mut header)
-        .with_context(|| format!("reading {shown}"))?;
-    let entries: HashMap<String, Value> = serde_json::from_slice(&header)
-        .with_context(|| format!("{shown}: the header is not a safetensors JSON object"))?;
-    let mut tensors = Vec::with_capacity(entries.len());
-    for (name, value) in entries {
-        if name == "__metadata__" {
-            continue;
-        }
-        let entry: Entry = serde_json::from_value(value)
-            .with_context(|| format!("{shown}: tensor `{name}` is not a safetensors entry"))?;
-        let elements = entry
-            .shape
-            .iter()
-            .try_fold(1u64, |n, &d| n.checked_mul(d))
-            .with_context(|| format!("{shown}: tensor `{name}` has too many values"))?;
-        let [begin, end] = entry.data_offsets;
-        if begin > end || end > data_len {
-            bail!(
-                "{shown}: tensor `{name}` spans bytes {begin}..{end} of a {data_len}-byte data section: truncated or corrupt"
-            );
-        }
-        let bytes = end - begin;
-        if let Some(width) = dtype_bytes(&entry.dtype)
-            && elements.checked_mul(width) != Some(bytes)
-        {
-            bail!(
-                "{shown}: tensor `{name}` of {elements} {} values spans {bytes} bytes",
-                entry.dtype
-            );
-        }
-        tensors.push(Tensor {
-            dtype: entry.dtype,
-            elements,
-            bytes,
-        });
-    }
-    Ok(tensors)
-}
-
-/// Bytes per value of a safetensors dtype, where known.
-fn dtype_bytes(dtype: &str) -> Option<u64> {
-    Some(match dtype {
-        "F64" | "I64" | "U64" => 8,
-        "F32" | "I32" | "U32" => 4,
-        "F16" | "BF16" | "I16" | "U16" => 2,
-        "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => 1,
-        _ => return None,
-    })
 }
 
 /// Distinct token ids in `tokenizer.json`: the model's vocabulary plus

@@ -2,12 +2,12 @@
 //! the attention and MLP outputs, attention and final logit softcapping,
 //! and a sliding window (4096 by default) on every other layer, the first included.
 
-use super::{Arch, Meta, ModelSpec, RopeTensors, gemma_common};
+use super::{Arch, Architecture, Meta, ModelSpec, RopeTensors, gemma_common};
 use crate::ModelError;
 use crate::spec::{Activation, BlockLayout, RopeStyle};
 
 pub(super) const GEMMA2: Arch = Arch {
-    name: "gemma2",
+    architecture: Architecture::Gemma2,
     hf_model_types: &["gemma2"],
     layout: BlockLayout {
         fused_qkv: false,

@@ -3,12 +3,12 @@
 //! layer; the local layers' RoPE base is 10,000, the global layers' the
 //! file's (with its linear scaling, 8x for the 4B and larger models).
 
-use super::{Arch, Meta, ModelSpec, RopeTensors, gemma_common};
+use super::{Arch, Architecture, Meta, ModelSpec, RopeTensors, gemma_common};
 use crate::ModelError;
 use crate::spec::{Activation, BlockLayout, RopeStyle};
 
 pub(super) const GEMMA3: Arch = Arch {
-    name: "gemma3",
+    architecture: Architecture::Gemma3,
     hf_model_types: &["gemma3", "gemma3_text"],
     layout: BlockLayout {
         fused_qkv: false,

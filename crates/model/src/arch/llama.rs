@@ -1,12 +1,12 @@
 //! Llama 2/3.x, Mistral, SmolLM, TinyLlama: the common reading, plus a
 //! sliding window on every layer when the file declares one (Mistral v0.1).
 
-use super::{Arch, Meta, ModelSpec, RopeTensors};
+use super::{Arch, Architecture, Meta, ModelSpec, RopeTensors};
 use crate::ModelError;
 use crate::spec::{Activation, BlockLayout, RopeStyle};
 
 pub(super) const LLAMA: Arch = Arch {
-    name: "llama",
+    architecture: Architecture::Llama,
     hf_model_types: &["llama", "mistral"],
     layout: BlockLayout {
         fused_qkv: false,

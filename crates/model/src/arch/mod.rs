@@ -14,14 +14,17 @@ mod phi3;
 mod qwen2;
 mod qwen3;
 
+pub(crate) use zinfer_probe::Architecture;
+
 use super::ModelError;
 use super::gguf::Meta;
 use super::spec::{Activation, BlockLayout, ModelSpec, RopeStyle};
 
 /// How one architecture differs from the common reading.
 pub(crate) struct Arch {
-    /// `general.architecture` in a GGUF file, and the metadata keys' prefix.
-    pub(crate) name: &'static str,
+    /// Which architecture (its name is `general.architecture` in a GGUF
+    /// file, and the metadata keys' prefix).
+    pub(crate) architecture: Architecture,
     /// Hugging Face `model_type`s of this architecture (safetensors
     /// directories load for llama only; the others are told to convert).
     pub(crate) hf_model_types: &'static [&'static str],
@@ -45,41 +48,48 @@ pub(crate) struct RopeTensors {
     pub(crate) short: Option<Vec<f32>>,
 }
 
+impl Arch {
+    /// `general.architecture` in a GGUF file, and the metadata keys' prefix.
+    pub(crate) fn name(&self) -> &'static str {
+        self.architecture.name()
+    }
+}
+
+/// The rules of an architecture: every one in [`Architecture::ALL`] has
+/// an entry (the match says so at compile time).
+pub(crate) fn rules(architecture: Architecture) -> &'static Arch {
+    match architecture {
+        Architecture::Llama => &llama::LLAMA,
+        Architecture::Qwen2 => &qwen2::QWEN2,
+        Architecture::Qwen3 => &qwen3::QWEN3,
+        Architecture::Phi3 => &phi3::PHI3,
+        Architecture::Gemma2 => &gemma2::GEMMA2,
+        Architecture::Gemma3 => &gemma3::GEMMA3,
+    }
+}
+
 /// Every architecture, in the order `--help` and errors list them.
-pub(crate) const ARCHITECTURES: &[&Arch] = &[
-    &llama::LLAMA,
-    &qwen2::QWEN2,
-    &qwen3::QWEN3,
-    &phi3::PHI3,
-    &gemma2::GEMMA2,
-    &gemma3::GEMMA3,
-];
+fn all() -> impl Iterator<Item = &'static Arch> {
+    Architecture::ALL.into_iter().map(rules)
+}
 
 /// The architecture a GGUF file names.
 pub(crate) fn by_gguf_name(name: &str) -> Result<&'static Arch, ModelError> {
-    ARCHITECTURES
-        .iter()
-        .copied()
-        .find(|a| a.name == name)
-        .ok_or_else(|| ModelError::UnsupportedArchitecture(name.to_string()))
+    name.parse::<Architecture>()
+        .map(rules)
+        .map_err(|_| ModelError::UnsupportedArchitecture(name.to_string()))
 }
 
 /// The architecture of a Hugging Face `model_type`.
 pub(crate) fn by_hf_model_type(model_type: &str) -> Result<&'static Arch, ModelError> {
-    ARCHITECTURES
-        .iter()
-        .copied()
+    all()
         .find(|a| a.hf_model_types.contains(&model_type))
         .ok_or_else(|| ModelError::UnsupportedArchitecture(model_type.to_string()))
 }
 
 /// The supported architectures' names, comma-separated, for messages.
 pub fn supported() -> String {
-    ARCHITECTURES
-        .iter()
-        .map(|a| a.name)
-        .collect::<Vec<_>>()
-        .join(", ")
+    zinfer_probe::SUPPORTED_ARCHITECTURES.join(", ")
 }
 
 /// Nothing beyond the common reading.
@@ -132,12 +142,16 @@ mod tests {
 
     #[test]
     fn names_are_unique_and_listed() {
-        for (i, a) in ARCHITECTURES.iter().enumerate() {
-            assert!(ARCHITECTURES[..i].iter().all(|b| b.name != a.name));
-            assert!(supported().contains(a.name));
-            assert_eq!(by_gguf_name(a.name).map(|b| b.name).ok(), Some(a.name));
+        for a in Architecture::ALL {
+            let entry = rules(a);
+            assert_eq!(entry.architecture, a);
+            assert!(supported().contains(entry.name()));
+            assert_eq!(
+                by_gguf_name(a.name()).map(|b| b.name()).ok(),
+                Some(a.name())
+            );
         }
-        let names: Vec<&str> = ARCHITECTURES.iter().map(|a| a.name).collect();
+        let names: Vec<&str> = all().map(Arch::name).collect();
         assert_eq!(
             names,
             zinfer_probe::SUPPORTED_ARCHITECTURES,

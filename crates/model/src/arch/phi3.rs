@@ -6,12 +6,12 @@
 //! factors are used when the context zinfer runs is longer than the
 //! original one (`rope.scaling.original_context_length`), the short ones otherwise.
 
-use super::{Arch, Meta, ModelSpec, RopeTensors};
+use super::{Arch, Architecture, Meta, ModelSpec, RopeTensors};
 use crate::ModelError;
 use crate::spec::{Activation, BlockLayout, RopeStyle};
 
 pub(super) const PHI3: Arch = Arch {
-    name: "phi3",
+    architecture: Architecture::Phi3,
     hf_model_types: &["phi3"],
     layout: BlockLayout {
         fused_qkv: true,

@@ -1,11 +1,11 @@
 //! Qwen2 and Qwen2.5 (and DeepSeek-R1-Distill-Qwen): Llama with biases on
 //! Q, K and V, and NeoX RoPE.
 
-use super::{Arch, no_extras};
+use super::{Arch, Architecture, no_extras};
 use crate::spec::{Activation, BlockLayout, RopeStyle};
 
 pub(super) const QWEN2: Arch = Arch {
-    name: "qwen2",
+    architecture: Architecture::Qwen2,
     hf_model_types: &["qwen2"],
     layout: BlockLayout {
         fused_qkv: false,

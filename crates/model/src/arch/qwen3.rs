@@ -1,11 +1,11 @@
 //! Qwen3 (dense): Llama with a per-head RMSNorm of Q and K before RoPE,
 //! NeoX RoPE, and heads wider than `hidden / heads` (`key_length`).
 
-use super::{Arch, no_extras};
+use super::{Arch, Architecture, no_extras};
 use crate::spec::{Activation, BlockLayout, RopeStyle};
 
 pub(super) const QWEN3: Arch = Arch {
-    name: "qwen3",
+    architecture: Architecture::Qwen3,
     hf_model_types: &["qwen3"],
     layout: BlockLayout {
         fused_qkv: false,

@@ -29,9 +29,10 @@ use std::path::Path;
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::Value;
 
-pub use shape::{Arch, Llama3RopeScaling, LongRope, Quant, SynthShape, fallback, use_more_bits};
+pub use shape::{Llama3RopeScaling, LongRope, Quant, SynthShape, fallback, use_more_bits};
 pub use vocab::tokenizer_metadata;
 use writer::{ALIGNMENT, write_gguf};
+pub use zinfer_probe::Architecture;
 
 /// Names accepted by [`SynthShape::preset`].
 pub const PRESETS: &[&str] = &[
@@ -216,7 +217,7 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     // llama.cpp takes hidden / heads.
     if matches!(
         arch,
-        Arch::Llama | Arch::Qwen3 | Arch::Gemma2 | Arch::Gemma3
+        Architecture::Llama | Architecture::Qwen3 | Architecture::Gemma2 | Architecture::Gemma3
     ) || shape.q_dim() != shape.hidden
     {
         kv("attention.key_length", u(shape.head_dim));
@@ -226,7 +227,7 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     if let Some(theta) = shape.rope_theta_swa {
         kv("rope.freq_base_swa", Value::F32(theta));
     }
-    if matches!(arch, Arch::Llama | Arch::Phi3) {
+    if matches!(arch, Architecture::Llama | Architecture::Phi3) {
         kv("rope.dimension_count", u(shape.head_dim));
     }
     if let Some(n) = shape.rope_original_context {
@@ -248,7 +249,7 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     if let Some(cap) = shape.final_softcap {
         kv("final_logit_softcapping", Value::F32(cap));
     }
-    if arch == Arch::Llama {
+    if arch == Architecture::Llama {
         kv("vocab_size", u(shape.vocab));
     }
     out

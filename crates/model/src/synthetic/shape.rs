@@ -6,95 +6,14 @@ use std::str::FromStr;
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::Value;
 
+use zinfer_probe::Architecture;
+
 use super::SynthError;
 
-/// A model family: llama.cpp's `general.architecture` name, which is also
-/// the prefix of the model's metadata keys (`qwen2.block_count`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Arch {
-    /// Llama 2/3, SmolLM2, TinyLlama, Mistral.
-    Llama,
-    /// Qwen2 and Qwen2.5: llama with Q/K/V biases.
-    Qwen2,
-    /// Qwen3: llama with per-head RMSNorm of Q and K, and a head width of its own.
-    Qwen3,
-    /// Phi-3: fused QKV and gate|up matrices.
-    Phi3,
-    /// Gemma 2: norms after attention and MLP too, GELU, soft-capped
-    /// logits, every other layer sliding-window.
-    Gemma2,
-    /// Gemma 3: Gemma 2 with Q/K norms instead of attention soft-capping,
-    /// five sliding-window layers to one global.
-    Gemma3,
-}
-
-impl Arch {
-    /// Every architecture, in the order of [`Arch::name`]'s list.
-    pub const ALL: [Self; 6] = [
-        Self::Llama,
-        Self::Qwen2,
-        Self::Qwen3,
-        Self::Phi3,
-        Self::Gemma2,
-        Self::Gemma3,
-    ];
-
-    /// `general.architecture`, and the prefix of the model's metadata keys.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Llama => "llama",
-            Self::Qwen2 => "qwen2",
-            Self::Qwen3 => "qwen3",
-            Self::Phi3 => "phi3",
-            Self::Gemma2 => "gemma2",
-            Self::Gemma3 => "gemma3",
-        }
-    }
-
-    /// Per-head RMSNorm of Q and K before RoPE (`attn_q_norm`, `attn_k_norm`).
-    pub fn has_qk_norm(self) -> bool {
-        matches!(self, Self::Qwen3 | Self::Gemma3)
-    }
-
-    /// RMSNorm of the attention and MLP outputs before the residual add
-    /// (`post_attention_norm`, `post_ffw_norm`).
-    pub fn has_post_norms(self) -> bool {
-        matches!(self, Self::Gemma2 | Self::Gemma3)
-    }
-
-    /// Biases on the Q, K and V projections.
-    pub fn has_qkv_bias(self) -> bool {
-        self == Self::Qwen2
-    }
-
-    /// One `attn_qkv` matrix instead of Q, K, V, and one `ffn_up` holding
-    /// gate and up.
-    pub fn fused(self) -> bool {
-        self == Self::Phi3
-    }
-
-    /// llama.cpp builds Q and the attention output `hidden` wide for these,
-    /// so their heads must tile the hidden width exactly.
-    fn heads_tile_hidden(self) -> bool {
-        matches!(self, Self::Qwen2 | Self::Phi3)
-    }
-}
-
-impl std::fmt::Display for Arch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for Arch {
-    type Err = SynthError;
-
-    fn from_str(s: &str) -> Result<Self, SynthError> {
-        Self::ALL
-            .into_iter()
-            .find(|a| a.name() == s)
-            .ok_or_else(|| SynthError::InvalidShape(format!("unknown architecture `{s}`")))
-    }
+/// llama.cpp builds Q and the attention output `hidden` wide for these,
+/// so their heads must tile the hidden width exactly.
+fn heads_tile_hidden(arch: Architecture) -> bool {
+    matches!(arch, Architecture::Qwen2 | Architecture::Phi3)
 }
 
 /// Llama 3 long-context RoPE scaling (Hugging Face `rope_type: llama3`).
@@ -147,7 +66,7 @@ pub struct SynthShape {
     /// Preset name, written to `general.name`.
     pub name: String,
     /// Model family: tensor names, metadata keys, which layers slide.
-    pub arch: Arch,
+    pub arch: Architecture,
     /// Transformer blocks.
     pub n_layers: usize,
     /// Width of the residual stream.
@@ -209,7 +128,7 @@ impl SynthShape {
     pub fn preset(name: &str) -> Result<Self, SynthError> {
         let base = |n_layers, hidden, n_heads, n_kv_heads, ffn, vocab| Self {
             name: name.to_string(),
-            arch: Arch::Llama,
+            arch: Architecture::Llama,
             n_layers,
             hidden,
             n_heads,
@@ -245,7 +164,7 @@ impl SynthShape {
                 ..base(n_layers, 128, n_heads, n_kv_heads, 256, vocab)
             };
         let phi3 = |context| Self {
-            arch: Arch::Phi3,
+            arch: Architecture::Phi3,
             vocab_file: vocab_file("phi-3"),
             context,
             rope_theta: 10_000.0,
@@ -276,7 +195,7 @@ impl SynthShape {
                 ..base(16, 2048, 32, 8, 8192, 128_256)
             },
             "qwen2.5-1.5b" => Self {
-                arch: Arch::Qwen2,
+                arch: Architecture::Qwen2,
                 vocab_file: vocab_file("qwen2"),
                 context: 32_768,
                 rope_theta: 1_000_000.0,
@@ -284,7 +203,7 @@ impl SynthShape {
                 ..base(28, 1536, 12, 2, 8960, QWEN_VOCAB)
             },
             "qwen3-1.7b" => Self {
-                arch: Arch::Qwen3,
+                arch: Architecture::Qwen3,
                 head_dim: 128,
                 vocab_file: vocab_file("qwen2"),
                 context: 40_960,
@@ -298,7 +217,7 @@ impl SynthShape {
                 ..phi3(131_072)
             },
             "gemma-2-2b" => Self {
-                arch: Arch::Gemma2,
+                arch: Architecture::Gemma2,
                 head_dim: 256,
                 vocab_file: vocab_file("llama-spm"),
                 rope_theta: 10_000.0,
@@ -309,7 +228,7 @@ impl SynthShape {
                 ..base(26, 2304, 8, 4, 9216, 256_000)
             },
             "gemma-3-1b" => Self {
-                arch: Arch::Gemma3,
+                arch: Architecture::Gemma3,
                 head_dim: 256,
                 vocab_file: vocab_file("llama-spm"),
                 context: 32_768,
@@ -321,25 +240,25 @@ impl SynthShape {
             "llama-swa-tiny" => Self {
                 rope_theta: 10_000.0,
                 sliding_window: Some(16),
-                ..tiny(Arch::Llama, 2, 4, 2, 32, 49_152, None)
+                ..tiny(Architecture::Llama, 2, 4, 2, 32, 49_152, None)
             },
             "qwen2-tiny" => Self {
                 rope_theta: 1_000_000.0,
                 rms_eps: 1e-6,
                 hidden: 64,
-                ..tiny(Arch::Qwen2, 2, 2, 1, 32, QWEN_VOCAB, Some("qwen2"))
+                ..tiny(Architecture::Qwen2, 2, 2, 1, 32, QWEN_VOCAB, Some("qwen2"))
             },
             "qwen3-tiny" => Self {
                 rope_theta: 1_000_000.0,
                 rms_eps: 1e-6,
                 hidden: 64,
-                ..tiny(Arch::Qwen3, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
+                ..tiny(Architecture::Qwen3, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
             },
             "phi3-tiny" => Self {
                 rope_theta: 10_000.0,
                 tied_embeddings: false,
                 rope_original_context: Some(512),
-                ..tiny(Arch::Phi3, 2, 4, 2, 32, 32_064, Some("phi-3"))
+                ..tiny(Architecture::Phi3, 2, 4, 2, 32, 32_064, Some("phi-3"))
             },
             "gemma2-tiny" => Self {
                 rope_theta: 10_000.0,
@@ -347,13 +266,13 @@ impl SynthShape {
                 sliding_window: Some(16),
                 attn_softcap: Some(50.0),
                 final_softcap: Some(30.0),
-                ..tiny(Arch::Gemma2, 4, 4, 2, 64, 32_000, Some("llama-spm"))
+                ..tiny(Architecture::Gemma2, 4, 4, 2, 64, 32_000, Some("llama-spm"))
             },
             "gemma3-tiny" => Self {
                 rope_theta: 1_000_000.0,
                 rms_eps: 1e-6,
                 sliding_window: Some(16),
-                ..tiny(Arch::Gemma3, 6, 4, 1, 64, 32_000, Some("llama-spm"))
+                ..tiny(Architecture::Gemma3, 6, 4, 1, 64, 32_000, Some("llama-spm"))
             },
             other => return Err(SynthError::UnknownShape(other.to_string())),
         })
@@ -377,10 +296,10 @@ impl SynthShape {
     pub fn is_sliding(&self, layer: usize) -> bool {
         self.sliding_window.is_some()
             && match self.arch {
-                Arch::Gemma2 => layer.is_multiple_of(2),
-                Arch::Gemma3 => layer % 6 < 5,
-                Arch::Phi3 => false,
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => true,
+                Architecture::Gemma2 => layer.is_multiple_of(2),
+                Architecture::Gemma3 => layer % 6 < 5,
+                Architecture::Phi3 => false,
+                Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => true,
             }
     }
 
@@ -417,7 +336,7 @@ impl SynthShape {
         if !self.head_dim.is_multiple_of(2) {
             return bad(format!("head_dim {} is odd", self.head_dim));
         }
-        if self.arch.heads_tile_hidden() && self.q_dim() != self.hidden {
+        if heads_tile_hidden(self.arch) && self.q_dim() != self.hidden {
             return bad(format!(
                 "{}: {} heads of {} do not make hidden {}",
                 self.arch, self.n_heads, self.head_dim, self.hidden
@@ -429,29 +348,33 @@ impl SynthShape {
                 self.n_heads, self.n_kv_heads
             ));
         }
-        let only = |set: bool, what: &str, archs: &[Arch]| {
+        let only = |set: bool, what: &str, archs: &[Architecture]| {
             if set && !archs.contains(&self.arch) {
                 return bad(format!("{}: llama.cpp reads no {what} for it", self.arch));
             }
             Ok(())
         };
-        only(self.rope_scaling.is_some(), "rope_freqs", &[Arch::Llama])?;
+        only(
+            self.rope_scaling.is_some(),
+            "rope_freqs",
+            &[Architecture::Llama],
+        )?;
         only(
             self.long_rope.is_some(),
             "long-context RoPE factors",
-            &[Arch::Phi3],
+            &[Architecture::Phi3],
         )?;
         only(
             self.attn_softcap.is_some(),
             "attention soft-cap",
-            &[Arch::Gemma2],
+            &[Architecture::Gemma2],
         )?;
         only(
             self.final_softcap.is_some(),
             "final soft-cap",
-            &[Arch::Gemma2, Arch::Gemma3],
+            &[Architecture::Gemma2, Architecture::Gemma3],
         )?;
-        if self.arch == Arch::Gemma2 && !self.tied_embeddings {
+        if self.arch == Architecture::Gemma2 && !self.tied_embeddings {
             return bad("gemma2: llama.cpp reads no output.weight; tie the embeddings".into());
         }
         if let Some(l) = &self.long_rope {
@@ -658,7 +581,8 @@ impl TensorSpec {
 /// llama.cpp's name for the shape's architecture.
 pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
     let n = shape.n_layers;
-    let arch = shape.arch;
+    // The tensors the loader's table says a block of the architecture has.
+    let layout = crate::arch::rules(shape.arch).layout;
     let (h, hd, q_dim, kv_dim) = (shape.hidden, shape.head_dim, shape.q_dim(), shape.kv_dim());
     let spec = |name: String, rows, cols, role, init, layer: Option<usize>| {
         let dtype = if role == Role::Vector {
@@ -725,33 +649,33 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
         let norm = |suffix: &str, len| vector(format!("blk.{i}.{suffix}"), len, Init::NearOne, l);
         let bias = |suffix: &str, len| vector(format!("blk.{i}.{suffix}"), len, Init::Random, l);
         out.push(norm("attn_norm.weight", h));
-        if arch.fused() {
+        if layout.fused_qkv {
             // Rows: Q, then K, then V; llama.cpp's Q4_K_M counts it as attn_v.
             out.push(m("attn_qkv.weight", q_dim + 2 * kv_dim, h, Role::AttnV));
         } else {
             out.push(m("attn_q.weight", q_dim, h, Role::OtherMatrix));
-            if arch.has_qkv_bias() {
+            if layout.qkv_bias {
                 out.push(bias("attn_q.bias", q_dim));
             }
             out.push(m("attn_k.weight", kv_dim, h, Role::OtherMatrix));
-            if arch.has_qkv_bias() {
+            if layout.qkv_bias {
                 out.push(bias("attn_k.bias", kv_dim));
             }
             out.push(m("attn_v.weight", kv_dim, h, Role::AttnV));
-            if arch.has_qkv_bias() {
+            if layout.qkv_bias {
                 out.push(bias("attn_v.bias", kv_dim));
             }
         }
-        if arch.has_qk_norm() {
+        if layout.qk_norm {
             out.push(norm("attn_q_norm.weight", hd));
             out.push(norm("attn_k_norm.weight", hd));
         }
         out.push(m("attn_output.weight", h, q_dim, Role::OtherMatrix));
-        if arch.has_post_norms() {
+        if layout.post_norms {
             out.push(norm("post_attention_norm.weight", h));
         }
         out.push(norm("ffn_norm.weight", h));
-        if arch.fused() {
+        if layout.fused_gate_up {
             // Rows: gate, then up.
             out.push(m("ffn_up.weight", 2 * shape.ffn, h, Role::OtherMatrix));
         } else {
@@ -759,7 +683,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             out.push(m("ffn_up.weight", shape.ffn, h, Role::OtherMatrix));
         }
         out.push(m("ffn_down.weight", h, shape.ffn, Role::FfnDown));
-        if arch.has_post_norms() {
+        if layout.post_norms {
             out.push(norm("post_ffw_norm.weight", h));
         }
     }

@@ -284,12 +284,9 @@ impl ModelTokenizer {
                 source,
             }
         })?);
-        let content = Content::read(&mut reader).map_err(|e| {
-            ModelError::Format(format!(
-                "{} is not a readable GGUF file: {e}",
-                path.display()
-            ))
-        })?;
+        // The probe's hardened reader names what is wrong with a bad file.
+        zinfer_probe::read_header(path)?;
+        let content = Content::read(&mut reader)?;
         Self::from_gguf(&content)
     }
 

@@ -433,9 +433,9 @@ pub trait TextCodec: Send + Sync {
     /// Every token's bytes by id, for constrained decoding; a codec that
     /// cannot tell refuses constrained requests with this error.
     fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
-        Err(ModelError::Format(
-            "this tokenizer does not expose its token bytes".into(),
-        ))
+        Err(ModelError::Tokenizer(TokenizerError::Unsupported(
+            "this tokenizer does not expose its token bytes",
+        )))
     }
 }
 

@@ -172,7 +172,9 @@ impl ForwardModel for FakeModel {
     fn kv_shape(&self) -> KvShape {
         KvShape {
             layers: 1,
-            kv_dim: 6,
+            kv_heads: 1,
+            key_dim: 6,
+            value_dim: 6,
         }
     }
     fn read_kv(&self, slots: &[u32]) -> Result<Vec<f32>, ModelError> {

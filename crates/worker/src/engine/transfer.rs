@@ -258,7 +258,7 @@ enum SkipReason {
         "{values} K/V values for {span_len} tokens do not fit this model's shape \
          ({} layers x K,V x {}): another model?",
         shape.layers,
-        shape.kv_dim
+        shape.kv_dim()
     )]
     Shape {
         /// Values received.
@@ -337,7 +337,7 @@ fn tail_rows(kv: &[f32], shape: KvShape, len: usize, skip: usize) -> Vec<f32> {
     if skip == 0 {
         return kv.to_vec();
     }
-    let d = shape.kv_dim;
+    let d = shape.kv_dim();
     let mut out = Vec::with_capacity((len - skip) * shape.floats_per_slot());
     for block in kv.chunks_exact(len * d) {
         out.extend_from_slice(&block[skip * d..]);
@@ -353,7 +353,9 @@ mod tests {
     fn tail_rows_keeps_the_last_tokens_of_every_layer_and_pool() {
         let shape = KvShape {
             layers: 2,
-            kv_dim: 2,
+            kv_heads: 1,
+            key_dim: 2,
+            value_dim: 2,
         };
         // 2 layers x (k, v) x 3 tokens x 2 wide.
         let kv: Vec<f32> = (0..24).map(|i| i as f32).collect();

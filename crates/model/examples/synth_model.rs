@@ -4,7 +4,7 @@
 //! gemma3):
 //!
 //! ```text
-//! cargo run --release -p zinfer-worker --example synth_model -- \
+//! cargo run --release -p zinfer-model --features synthetic --example synth_model -- \
 //!     --shape tinyllama-1.1b --quant q4_k_m --out /tmp/tinyllama-q4km.gguf \
 //!     [--seed N] [--layers N] [--vocab NAME | --tokenizer-from PATH] [--threads N] [--check]
 //! ```
@@ -26,7 +26,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
-use zinfer_model::synthetic::{Arch, PRESETS, QUANTS, SynthShape, SynthSpec, generate};
+use zinfer_model::synthetic::{Architecture, PRESETS, QUANTS, SynthShape, SynthSpec, generate};
 use zinfer_model::{ChunkOutput, LoadOptions, SeqChunk, load};
 
 /// Errors are reported, not handled: a boxed error is enough here.
@@ -119,7 +119,7 @@ fn main() -> Result<()> {
     // Llama shapes keep the default model's tokenizer, as before vocabularies
     // could be fetched (the published speed figures use those files).
     let vocab = args.vocab.or_else(|| {
-        (shape.arch != Arch::Llama)
+        (shape.arch != Architecture::Llama)
             .then(|| shape.vocab_file.clone())
             .flatten()
     });
