@@ -395,7 +395,9 @@ fn run_loop(
 fn workload_spec(args: &BenchArgs) -> Result<WorkloadSpec, BenchError> {
     let input = |default: &str| match args.input_len {
         Some(range) => Ok(range),
-        None => default.parse::<LenRange>().map_err(BenchError::Flags),
+        None => default
+            .parse::<LenRange>()
+            .map_err(|e| BenchError::Flags(e.to_string())),
     };
     let output = args.output_len;
     Ok(match args.workload {

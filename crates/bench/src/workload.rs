@@ -34,21 +34,32 @@ impl LenRange {
     }
 }
 
+/// A `--prompt-len`-style value that is not a length or a length range.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum BadLenRange {
+    /// A part is not a number.
+    #[error("{0:?} is not a length: write N or MIN-MAX, e.g. 128-512")]
+    NotALength(String),
+    /// Zero, or the lower end above the upper one.
+    #[error("{0:?} is not a length range: need 1 <= MIN <= MAX")]
+    Empty(String),
+}
+
 impl FromStr for LenRange {
-    type Err = String;
+    type Err = BadLenRange;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let number = |part: &str| {
             part.trim()
                 .parse::<u32>()
-                .map_err(|_| format!("{s:?} is not a length: write N or MIN-MAX, e.g. 128-512"))
+                .map_err(|_| BadLenRange::NotALength(s.to_string()))
         };
         let (min, max) = match s.split_once('-') {
             Some((lo, hi)) => (number(lo)?, number(hi)?),
             None => (number(s)?, number(s)?),
         };
         if min == 0 || min > max {
-            return Err(format!("{s:?} is not a length range: need 1 <= MIN <= MAX"));
+            return Err(BadLenRange::Empty(s.to_string()));
         }
         Ok(LenRange { min, max })
     }
