@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::Context;
 use zinfer_model::{self as model, LoadOptions};
 use zinfer_probe::Device;
+use zinfer_text::ModelTokenizer;
 use zinfer_worker::engine::{Engine, EngineConfig};
 use zinfer_worker::metrics::WorkerMetrics;
 use zinfer_worker::scheduler::SchedulerConfig;
@@ -189,6 +190,8 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         "zinfer worker {id}: loading {} on {device} with {threads} thread(s)",
         model_path.display()
     );
+    let tokenizer = ModelTokenizer::open(&model_path)
+        .with_context(|| format!("loading {}", model_path.display()))?;
     let loaded = model::load(
         &model_path,
         &LoadOptions {
@@ -216,12 +219,14 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
         ..EngineConfig::default()
     };
     let engine = match &args.engine.draft_model {
-        None => Engine::start(loaded, config),
+        None => Engine::start(loaded, tokenizer, config),
         Some(path) => {
             eprintln!(
                 "zinfer worker {id}: loading the draft model {}",
                 path.display()
             );
+            let draft_tokenizer = ModelTokenizer::open(path)
+                .with_context(|| format!("loading the draft model {}", path.display()))?;
             let draft = model::load(
                 path,
                 &LoadOptions {
@@ -233,7 +238,7 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
                 },
             )
             .with_context(|| format!("loading the draft model {}", path.display()))?;
-            Engine::start_with_draft(loaded, draft, config)?
+            Engine::start_with_draft(loaded, tokenizer, draft, &draft_tokenizer, config)?
         }
     };
 

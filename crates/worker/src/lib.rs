@@ -9,7 +9,6 @@
 //! while the forward pass runs.
 
 pub mod constraint;
-pub mod detokenize;
 pub mod engine;
 pub mod metrics;
 pub mod migration;
@@ -18,7 +17,6 @@ pub mod scheduler;
 pub mod server;
 pub mod speculate;
 pub mod text;
-pub mod tools;
 
 pub use engine::CacheBlock;
 pub use zinfer_model::KvShape;

@@ -12,14 +12,19 @@ use zinfer_fetch::test_model_path;
 use zinfer_model::synthetic::{SynthShape, SynthSpec, generate};
 use zinfer_model::{LoadOptions, LoadedModel, load};
 use zinfer_protocol::{GenerateRequest, Speculative};
+use zinfer_text::ModelTokenizer;
 use zinfer_worker::engine::{DraftModelError, Engine, EngineConfig, EngineEvent, EngineHandle};
 
-fn model(path: &Path) -> LoadedModel {
+/// A model and its tokenizer.
+fn model(path: &Path) -> (LoadedModel, ModelTokenizer) {
     let options = LoadOptions {
         kv_capacity: 4096,
         ..LoadOptions::default()
     };
-    load(path, &options).unwrap()
+    (
+        load(path, &options).unwrap(),
+        ModelTokenizer::open(path).unwrap(),
+    )
 }
 
 /// A tiny random-weight llama with the default model's tokenizer, or with
@@ -79,9 +84,16 @@ const PROMPTS: [&str; 2] = [
 
 /// Greedy tokens of each prompt with no speculation, then with a draft
 /// model; returns the share of draft tokens accepted.
-fn check_unchanged(draft: LoadedModel) -> f64 {
-    let path = test_model_path().unwrap();
-    let handle = Engine::start_with_draft(model(&path), draft, EngineConfig::default()).unwrap();
+fn check_unchanged((draft, draft_tokenizer): (LoadedModel, ModelTokenizer)) -> f64 {
+    let (loaded, tokenizer) = model(&test_model_path().unwrap());
+    let handle = Engine::start_with_draft(
+        loaded,
+        tokenizer,
+        draft,
+        &draft_tokenizer,
+        EngineConfig::default(),
+    )
+    .unwrap();
     for (i, prompt) in PROMPTS.iter().enumerate() {
         let rid = 10 * i as u64;
         let plain = tokens(&handle, rid, request(prompt, 0));
@@ -111,10 +123,13 @@ fn drafts_of_a_random_model_are_rejected_and_change_nothing() {
 #[test]
 fn a_draft_model_with_another_vocabulary_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let draft = model(&synthetic(dir.path(), false));
+    let (draft, draft_tokenizer) = model(&synthetic(dir.path(), false));
+    let (loaded, tokenizer) = model(&test_model_path().unwrap());
     let refused = Engine::start_with_draft(
-        model(&test_model_path().unwrap()),
+        loaded,
+        tokenizer,
         draft,
+        &draft_tokenizer,
         EngineConfig::default(),
     );
     assert!(matches!(

@@ -3,13 +3,13 @@
 
 use std::time::Instant;
 
-use zinfer_model::{TemplateInput, ToolFormat};
 use zinfer_protocol::{Constraint, GenerateRequest, Limits, ToolChoice};
+use zinfer_text::tools::{Thinking, forced_call_grammar};
+use zinfer_text::{TemplateInput, TextError, ToolFormat};
 
 use super::handle::ModelInfo;
 use super::{EngineError, TextCodec};
 use crate::constraint::{CompiledConstraint, Grammars};
-use crate::tools::{Thinking, forced_call_grammar};
 
 /// How a request's output text is read: plain, or split into content,
 /// reasoning and tool calls.
@@ -210,7 +210,7 @@ fn tokenize(
         thinking: Thinking::Off,
         markers: Vec::new(),
     };
-    let tokenizer = |error: zinfer_model::ModelError| EngineError::Tokenizer(error.to_string());
+    let tokenizer = |error: TextError| EngineError::Tokenizer(error.to_string());
     let prompt = if let Some(tokens) = &request.tokens {
         if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(EngineError::BadRequest(format!(
@@ -233,7 +233,7 @@ fn tokenize(
             ..TemplateInput::new(messages)
         };
         let rendered = text.render_request(&input).map_err(|error| match error {
-            zinfer_model::ModelError::ChatTemplate(_) => EngineError::BadRequest(error.to_string()),
+            TextError::ChatTemplate(_) => EngineError::BadRequest(error.to_string()),
             other => tokenizer(other),
         })?;
         output = output_plan(request, text, &rendered);

@@ -7,8 +7,8 @@
 //! may turn out to be only the gap between them), so what comes out never
 //! depends on how the text was chunked.
 
+use crate::ToolFormat;
 use serde_json::Value;
-use zinfer_model::ToolFormat;
 
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";

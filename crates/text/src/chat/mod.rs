@@ -33,7 +33,7 @@ use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Rest, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State, Value};
 use zinfer_protocol::{ChatMessage, MessageContent};
 
-use super::ModelError;
+use crate::TextError;
 
 /// ChatML, used when a checkpoint carries no template.
 pub(crate) const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -125,7 +125,7 @@ impl ChatTemplate {
 
     /// Renders `messages` with `add_generation_prompt = true`, no tools,
     /// at the current time.
-    pub fn render_messages(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+    pub fn render_messages(&self, messages: &[ChatMessage]) -> Result<String, TextError> {
         self.render(&TemplateInput::new(messages))
     }
 
@@ -143,7 +143,7 @@ impl ChatTemplate {
     /// any, become a preamble in the system turn, or at the start of the
     /// first user turn when the template refuses a system turn (gemma-2);
     /// the template then sees no `tools`.
-    pub fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+    pub fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, TextError> {
         if self.features.renders_tools || !tools::uses_tools(input) {
             return self.render(input);
         }
@@ -174,9 +174,9 @@ impl ChatTemplate {
     }
 
     /// Renders a conversation as transformers' `apply_chat_template` does.
-    pub fn render(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+    pub fn render(&self, input: &TemplateInput<'_>) -> Result<String, TextError> {
         if let Some(why) = &self.broken {
-            return Err(ModelError::ChatTemplate(why.clone()));
+            return Err(TextError::ChatTemplate(why.clone()));
         }
         let messages: Vec<Value> = input.messages.iter().map(message_value).collect();
         let now = clock::DateTime::utc(input.now);
@@ -202,7 +202,7 @@ impl ChatTemplate {
             // transformers passes these as arguments of their own; a second
             // value is a `TypeError` there.
             if RESERVED.contains(&name.as_str()) {
-                return Err(ModelError::ChatTemplate(format!(
+                return Err(TextError::ChatTemplate(format!(
                     "template variable {name:?} comes from the request itself"
                 )));
             }
@@ -213,7 +213,7 @@ impl ChatTemplate {
         self.env
             .get_template(NAME)
             .and_then(|t| t.render(context))
-            .map_err(|e| ModelError::ChatTemplate(describe(&e)))
+            .map_err(|e| TextError::ChatTemplate(describe(&e)))
     }
 }
 

@@ -11,7 +11,7 @@ use serde_json::Value as Json;
 use zinfer_protocol::{ChatMessage, MessageContent, ToolCall};
 
 use super::TemplateInput;
-use crate::ModelError;
+use crate::TextError;
 
 /// How a model family writes tool calls in its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -183,7 +183,7 @@ pub(super) fn uses_tools(input: &TemplateInput<'_>) -> bool {
 
 /// The system preamble that lists `tools` (OpenAI tool dicts), one
 /// compact JSON object per line, in the words of Qwen2.5's template.
-pub(super) fn hermes_preamble(tools: &[Json]) -> Result<String, ModelError> {
+pub(super) fn hermes_preamble(tools: &[Json]) -> Result<String, TextError> {
     let mut text = String::from(
         "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
          You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
@@ -204,7 +204,7 @@ pub(super) fn hermes_preamble(tools: &[Json]) -> Result<String, ModelError> {
 /// assistant turn's calls become `<tool_call>` blocks after its content;
 /// each run of `tool` turns becomes one `user` turn of `<tool_response>`
 /// blocks, so templates that need user/assistant alternation accept it.
-pub(super) fn hermes_turns(messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, ModelError> {
+pub(super) fn hermes_turns(messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, TextError> {
     let mut turns: Vec<ChatMessage> = Vec::with_capacity(messages.len());
     let mut in_tool_run = false;
     for message in messages {
@@ -294,7 +294,7 @@ fn joined(first: &str, second: &str) -> String {
 /// `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`.
 /// Arguments sent as a string that holds JSON (as OpenAI sends them) are
 /// shown as that JSON; any other value is shown as given.
-fn tool_call_block(call: &ToolCall) -> Result<String, ModelError> {
+fn tool_call_block(call: &ToolCall) -> Result<String, TextError> {
     let arguments = &call.function.arguments;
     let parsed = arguments
         .as_str()
@@ -307,9 +307,9 @@ fn tool_call_block(call: &ToolCall) -> Result<String, ModelError> {
 }
 
 /// Compact JSON, keys in the client's order.
-fn to_json(value: &Json) -> Result<String, ModelError> {
+fn to_json(value: &Json) -> Result<String, TextError> {
     serde_json::to_string(value)
-        .map_err(|e| ModelError::ChatTemplate(format!("tool JSON does not serialize: {e}")))
+        .map_err(|e| TextError::ChatTemplate(format!("tool JSON does not serialize: {e}")))
 }
 
 #[cfg(test)]

@@ -1,0 +1,136 @@
+//! The Lark grammar (llguidance's dialect) that forces tool calls.
+//!
+//! Each allowed tool is one rule holding an inline `%json { schema }` whose
+//! schema fixes the name and checks the arguments; the format's syntax
+//! (tags, separators, Mistral's marker) is written around them in Lark.
+
+use std::fmt::Write;
+
+use crate::ToolFormat;
+use serde_json::{Map, Value, json};
+use zinfer_protocol::{Tool, ToolChoice};
+
+/// Why no grammar could be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrammarError {
+    /// `tool_choice` does not force a call.
+    #[error("tool_choice does not force a call")]
+    NotForced,
+    /// `tool_choice` names a function that is not among the tools.
+    #[error("tool_choice names function {0:?}, which is not one of the tools")]
+    UnknownFunction(String),
+    /// `tool_choice` is `required` but no tools were given.
+    #[error("tool_choice is \"required\" but there are no tools")]
+    NoTools,
+}
+
+/// A grammar whose every sentence is one call (or, with `parallel`, one
+/// or more) of the tools `choice` allows, in `format`'s syntax, arguments
+/// valid under each tool's schema. `tool_calls_token` is the id of the
+/// control token that opens Mistral's calls, when the vocabulary has one.
+pub fn forced_call_grammar(
+    format: ToolFormat,
+    tools: &[Tool],
+    choice: &ToolChoice,
+    parallel: bool,
+    tool_calls_token: Option<u32>,
+) -> Result<String, GrammarError> {
+    let allowed = allowed_tools(tools, choice)?;
+    let calls = |separator: &str| {
+        if parallel {
+            format!("call ({} call)*", literal(separator))
+        } else {
+            "call".to_string()
+        }
+    };
+    let (start, call) = match format {
+        ToolFormat::Hermes => (
+            calls("\n"),
+            format!(
+                "{} tool {}",
+                literal("<tool_call>\n"),
+                literal("\n</tool_call>")
+            ),
+        ),
+        ToolFormat::Llama3Json => (calls("; "), "tool".to_string()),
+        ToolFormat::Mistral => {
+            // The control token when there is one: its text would be
+            // tokenized as plain text, which the model never writes.
+            let marker = match tool_calls_token {
+                Some(id) => format!("<[{id}]>"),
+                None => literal("[TOOL_CALLS]"),
+            };
+            let array = format!("{} {} {}", literal("["), calls(","), literal("]"));
+            (format!("{marker} {array}"), "tool".to_string())
+        }
+    };
+    let arguments_key = match format {
+        ToolFormat::Llama3Json => "parameters",
+        ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
+    };
+
+    let mut grammar = format!("start: {start}\ncall: {call}\ntool: ");
+    let alternatives: Vec<String> = (0..allowed.len()).map(|i| format!("tool_{i}")).collect();
+    grammar.push_str(&alternatives.join(" | "));
+    grammar.push('\n');
+    for (i, tool) in allowed.iter().enumerate() {
+        // serde_json's text is valid JSON, which is what `%json` reads.
+        let schema = Value::Object(call_schema(tool, arguments_key));
+        let _ = writeln!(grammar, "tool_{i}: %json {schema}");
+    }
+    Ok(grammar)
+}
+
+/// The tools `choice` lets the model call.
+fn allowed_tools<'a>(
+    tools: &'a [Tool],
+    choice: &ToolChoice,
+) -> Result<Vec<&'a Tool>, GrammarError> {
+    match choice {
+        ToolChoice::Auto | ToolChoice::None => Err(GrammarError::NotForced),
+        ToolChoice::Required if tools.is_empty() => Err(GrammarError::NoTools),
+        ToolChoice::Required => Ok(tools.iter().collect()),
+        ToolChoice::Function(name) => tools
+            .iter()
+            .find(|tool| tool.function.name == *name)
+            .map(|tool| vec![tool])
+            .ok_or_else(|| GrammarError::UnknownFunction(name.clone())),
+    }
+}
+
+/// `{"name": NAME, ARGUMENTS_KEY: {...}}`, nothing else, name first.
+fn call_schema(tool: &Tool, arguments_key: &str) -> Map<String, Value> {
+    let mut parameters = tool
+        .function
+        .parameters
+        .clone()
+        .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+    let mut schema = Map::new();
+    schema.insert("type".into(), json!("object"));
+    // References such as `#/$defs/x` are resolved from the document's
+    // root, which is now this wrapper: their definitions move up with them.
+    let mut definitions = Map::new();
+    if let Some(parameters) = parameters.as_object_mut() {
+        for key in ["$defs", "definitions"] {
+            if let Some(defs) = parameters.remove(key) {
+                definitions.insert(key.into(), defs);
+            }
+        }
+    }
+    let mut properties = Map::new();
+    properties.insert("name".into(), json!({"const": tool.function.name}));
+    properties.insert(arguments_key.into(), parameters);
+    schema.insert("properties".into(), Value::Object(properties));
+    schema.insert("required".into(), json!(["name", arguments_key]));
+    schema.insert("additionalProperties".into(), json!(false));
+    schema.extend(definitions);
+    // Compact JSON, as `constraint.rs` does for schemas: free whitespace
+    // lets a small model fill its budget with blank lines.
+    schema.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
+    schema
+}
+
+/// `text` as a Lark string literal: llguidance reads them as JSON strings.
+fn literal(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
+}
