@@ -3,16 +3,19 @@
 //! data (or linking a tensor library), for memory estimates and listings
 //! made before any model is loaded.
 //!
-//! Arrays (the tokenizer's vocabulary, merges, scores) are walked past, and
-//! only their element type and length kept. Every declared count and length
-//! is checked against the bytes left in the file before anything is read or
-//! allocated, and every tensor of a known type must lie inside the file, so
-//! a truncated, corrupt or hostile file is a [`HeaderError`], never a panic
-//! or a huge allocation.
+//! Arrays (the tokenizer's vocabulary, merges, scores; per-layer settings)
+//! are walked past while the header is read, and only their element type,
+//! length and file offset kept, so [`read_header`] stays cheap; the typed
+//! getters ([`GgufHeader::strings`], [`GgufHeader::ints`], ...) read one
+//! array's values on demand. Every declared count and length is checked
+//! against the bytes left in the file before anything is read or allocated,
+//! and every tensor of a known type must lie inside the file, so a
+//! truncated, corrupt or hostile file is a [`HeaderError`], never a panic or
+//! a huge allocation.
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufReader, Read, Seek};
+use std::io::{BufReader, Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// The four bytes every GGUF file starts with.
@@ -37,7 +40,7 @@ const MIN_KV_BYTES: u64 = 8 + 4 + 1;
 /// type, offset).
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
 
-/// Why a header could not be read.
+/// Why a header (or one of its arrays) could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum HeaderError {
     /// The file could not be opened or read.
@@ -53,12 +56,261 @@ pub enum HeaderError {
     Format {
         /// The file.
         path: PathBuf,
-        /// What is wrong, at which key.
-        reason: String,
+        /// What is wrong, at which key or tensor.
+        reason: FormatError,
+    },
+    /// A directory was given where only a GGUF file's header says enough.
+    #[error("{path}: KV size is read from GGUF headers only")]
+    NotGguf {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// The header does not give a usable KV shape.
+    #[error("{path}: {reason}")]
+    Shape {
+        /// The file.
+        path: PathBuf,
+        /// Which dimension is missing or too large.
+        reason: crate::ShapeError,
     },
 }
 
-/// One scalar metadata value, or the shape of an array.
+/// What is wrong with a GGUF file's bytes.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    /// The file does not start with `GGUF`.
+    #[error("not a GGUF file (no `GGUF` magic)")]
+    NoMagic,
+    /// A GGUF version this reader does not know.
+    #[error("GGUF version {0} is not supported (2 and 3 are)")]
+    Version(u32),
+    /// A value, string or array ends past the end of the file.
+    #[error(
+        "{what} of {bytes} bytes runs past the end of the file ({left} left): truncated or not GGUF"
+    )]
+    PastEnd {
+        /// What was being read (`a string`, `an array`).
+        what: &'static str,
+        /// Its declared size.
+        bytes: u64,
+        /// Bytes the file had left.
+        left: u64,
+    },
+    /// A declared count could not fit in the bytes left.
+    #[error(
+        "the header declares {count} {what}, more than the {left} bytes left could hold: truncated or not GGUF"
+    )]
+    TooMany {
+        /// The declared count.
+        count: u64,
+        /// What was counted.
+        what: Counted,
+        /// Bytes the file had left.
+        left: u64,
+    },
+    /// A length past what a seek can address.
+    #[error("{0} is too long")]
+    TooLong(&'static str),
+    /// An array whose byte size overflows 64 bits.
+    #[error("array `{key}` of {len} values is too long")]
+    ArrayTooLong {
+        /// Its metadata key.
+        key: String,
+        /// Its declared length.
+        len: u64,
+    },
+    /// An array of a type GGUF does not allow as an element.
+    #[error(
+        "array `{key}` holds values of type {elem_type}, which GGUF does not allow in arrays here"
+    )]
+    ArrayElement {
+        /// Its metadata key.
+        key: String,
+        /// The element type code.
+        elem_type: u32,
+    },
+    /// A metadata value of an unknown type.
+    #[error("`{key}` has unknown value type {kind}")]
+    UnknownType {
+        /// Its metadata key.
+        key: String,
+        /// The type code.
+        kind: u32,
+    },
+    /// `general.alignment` is not a usable boundary.
+    #[error("`general.alignment` is {0:?}, not a power of two up to {MAX_ALIGNMENT}")]
+    Alignment(MetaValue),
+    /// A tensor with more dimensions than ggml allows.
+    #[error("tensor `{tensor}` has {dims} dimensions; ggml allows at most {MAX_DIMS}")]
+    TooManyDims {
+        /// The tensor's name.
+        tensor: String,
+        /// Its declared dimension count.
+        dims: u32,
+    },
+    /// A tensor whose value count overflows.
+    #[error("tensor `{0}` has too many values")]
+    TooManyValues(String),
+    /// A quantized tensor whose rows are not whole blocks.
+    #[error(
+        "tensor `{tensor}`: its first dimension {first} is not a whole number of {ggml_type} blocks ({per_block} values)"
+    )]
+    PartialBlock {
+        /// The tensor's name.
+        tensor: String,
+        /// Its first (innermost) dimension.
+        first: u64,
+        /// Its type.
+        ggml_type: GgmlType,
+        /// Values per block of that type.
+        per_block: u64,
+    },
+    /// A tensor that does not start on the alignment.
+    #[error(
+        "tensor `{tensor}` starts at data offset {offset}, not a multiple of the alignment {alignment}"
+    )]
+    Misaligned {
+        /// The tensor's name.
+        tensor: String,
+        /// Its data offset.
+        offset: u64,
+        /// The file's alignment.
+        alignment: u64,
+    },
+    /// A tensor whose data ends past the end of the file.
+    #[error(
+        "tensor `{tensor}` ({bytes} bytes at data offset {offset}) runs past the end of the file ({file_len} bytes): truncated"
+    )]
+    TensorPastEnd {
+        /// The tensor's name.
+        tensor: String,
+        /// Its data's size.
+        bytes: u64,
+        /// Its data offset.
+        offset: u64,
+        /// The file's size.
+        file_len: u64,
+    },
+    /// A typed getter asked for an array, and the key holds a scalar.
+    #[error("`{key}` is a single {found}, not an array of {want}")]
+    NotArray {
+        /// The metadata key.
+        key: String,
+        /// What the getter reads.
+        want: &'static str,
+        /// The scalar's kind.
+        found: &'static str,
+    },
+    /// A typed getter asked for elements of another type.
+    #[error("array `{key}` holds {found} values, not {want}")]
+    ElementType {
+        /// The metadata key.
+        key: String,
+        /// What the getter reads.
+        want: &'static str,
+        /// The array's element type.
+        found: ValueType,
+    },
+    /// An integer element outside the getter's range.
+    #[error("array `{key}`: value {value} at index {index} does not fit {want}")]
+    OutOfRange {
+        /// The metadata key.
+        key: String,
+        /// The element's index.
+        index: u64,
+        /// The element.
+        value: i128,
+        /// What the getter reads.
+        want: &'static str,
+    },
+}
+
+/// What a declared count counts, for [`FormatError::TooMany`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Counted {
+    /// Metadata entries.
+    MetadataEntries,
+    /// Tensor infos.
+    Tensors,
+    /// Strings in the array at this key.
+    Strings(String),
+}
+
+impl std::fmt::Display for Counted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::MetadataEntries => f.write_str("metadata entries"),
+            Self::Tensors => f.write_str("tensors"),
+            Self::Strings(key) => write!(f, "strings in array `{key}`"),
+        }
+    }
+}
+
+/// A GGUF metadata value type code (`8` = string, `6` = f32, ...).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ValueType(pub u32);
+
+impl ValueType {
+    /// 32-bit signed integer.
+    pub const I32: Self = Self(5);
+    /// 32-bit float.
+    pub const F32: Self = Self(6);
+    /// Boolean (one byte).
+    pub const BOOL: Self = Self(7);
+    /// Length-prefixed UTF-8 string.
+    pub const STRING: Self = Self(8);
+    /// 64-bit float.
+    pub const F64: Self = Self(12);
+
+    /// The GGUF name of the type (`u8`, `string`), or `None` for an unknown
+    /// code.
+    pub fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            0 => "u8",
+            1 => "i8",
+            2 => "u16",
+            3 => "i16",
+            4 => "u32",
+            5 => "i32",
+            6 => "f32",
+            7 => "bool",
+            8 => "string",
+            9 => "array",
+            10 => "u64",
+            11 => "i64",
+            12 => "f64",
+            _ => return None,
+        })
+    }
+
+    /// Bytes of one value of a fixed-size type; `None` for strings, arrays
+    /// and unknown codes.
+    fn fixed_size(self) -> Option<u64> {
+        match self.0 {
+            0 | 1 | 7 => Some(1),
+            2 | 3 => Some(2),
+            4..=6 => Some(4),
+            10..=12 => Some(8),
+            _ => None,
+        }
+    }
+
+    /// Whether this is one of the integer types.
+    fn is_integer(self) -> bool {
+        matches!(self.0, 0..=5 | 10 | 11)
+    }
+}
+
+impl std::fmt::Display for ValueType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.name() {
+            Some(name) => f.write_str(name),
+            None => write!(f, "unknown type {}", self.0),
+        }
+    }
+}
+
+/// One scalar metadata value, or where an array is.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MetaValue {
     /// Any integer type, widened.
@@ -69,14 +321,30 @@ pub enum MetaValue {
     Bool(bool),
     /// A UTF-8 string (invalid UTF-8 is replaced).
     Str(String),
-    /// An array: its values are walked past, so only what they are and how
-    /// many is kept (a vocabulary's size without holding the vocabulary).
+    /// An array: its values are walked past when the header is read, so
+    /// only what they are, how many and where is kept (a vocabulary's size
+    /// without holding the vocabulary); the typed getters read them.
     Array {
-        /// GGUF value type of the elements (e.g. 8 = string, 6 = f32).
-        elem_type: u32,
+        /// Type of the elements.
+        elem_type: ValueType,
         /// Element count.
         len: u64,
+        /// Absolute file offset of the first element.
+        offset: u64,
     },
+}
+
+impl MetaValue {
+    /// What kind of value this is, for errors.
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Int(_) => "integer",
+            Self::Float(_) => "float",
+            Self::Bool(_) => "bool",
+            Self::Str(_) => "string",
+            Self::Array { .. } => "array",
+        }
+    }
 }
 
 /// A ggml tensor type code from the tensor table (`0` = F32, `3` = Q4_1...).
@@ -85,7 +353,6 @@ pub enum MetaValue {
 /// are kept by number, so a newer quantization is reported, not guessed at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GgmlType(pub u32);
-
 impl GgmlType {
     /// 32-bit float.
     pub const F32: Self = Self(0);
@@ -201,6 +468,8 @@ pub struct GgufHeader {
     /// Absolute file offset of the data section that tensor offsets count
     /// from.
     pub data_offset: u64,
+    /// The file the header was read from, where the array getters read.
+    pub path: PathBuf,
 }
 
 impl GgufHeader {
@@ -242,6 +511,154 @@ impl GgufHeader {
         }
     }
 
+    /// The strings of an array value (`tokenizer.ggml.tokens`,
+    /// `tokenizer.ggml.merges`), read from the file now; `None` when the key
+    /// is absent.
+    pub fn strings(&self, key: &str) -> Result<Option<Vec<String>>, HeaderError> {
+        self.read_array(
+            key,
+            "strings",
+            |t| t == ValueType::STRING,
+            |r, _| r.string(),
+        )
+    }
+
+    /// An array of integers of any GGUF integer type, widened to i64
+    /// (per-layer head counts); `None` when the key is absent.
+    pub fn ints(&self, key: &str) -> Result<Option<Vec<i64>>, HeaderError> {
+        self.integers(key, "integers")
+    }
+
+    /// An array of integers that each fit i32 (`tokenizer.ggml.token_type`);
+    /// `None` when the key is absent.
+    pub fn i32s(&self, key: &str) -> Result<Option<Vec<i32>>, HeaderError> {
+        self.integers(key, "i32 integers")
+    }
+
+    /// An array of f32 or f64 values, as f32 (`tokenizer.ggml.scores`);
+    /// `None` when the key is absent.
+    pub fn floats(&self, key: &str) -> Result<Option<Vec<f32>>, HeaderError> {
+        self.read_array(
+            key,
+            "floats",
+            |t| t == ValueType::F32 || t == ValueType::F64,
+            |r, t| {
+                Ok(if t == ValueType::F64 {
+                    f64::from_le_bytes(r.bytes()?) as f32
+                } else {
+                    f32::from_le_bytes(r.bytes()?)
+                })
+            },
+        )
+    }
+
+    /// An array of booleans (a per-layer sliding-window pattern); `None`
+    /// when the key is absent.
+    pub fn bools(&self, key: &str) -> Result<Option<Vec<bool>>, HeaderError> {
+        self.read_array(
+            key,
+            "bools",
+            |t| t == ValueType::BOOL,
+            |r, _| Ok(r.bytes::<1>()?[0] != 0),
+        )
+    }
+
+    /// An integer array converted element by element to `T`.
+    fn integers<T: TryFrom<i128>>(
+        &self,
+        key: &str,
+        want: &'static str,
+    ) -> Result<Option<Vec<T>>, HeaderError> {
+        let mut index = 0u64;
+        self.read_array(key, want, ValueType::is_integer, |r, t| {
+            let value = r.int(t)?;
+            let converted = T::try_from(value).map_err(|_| FormatError::OutOfRange {
+                key: key.to_string(),
+                index,
+                value,
+                want,
+            });
+            index += 1;
+            Ok(converted?)
+        })
+    }
+
+    /// Reads the array at `key` from the file, each element with `element`,
+    /// after checking that its elements are ones `accepts` takes and that
+    /// it fits in what the file now holds.
+    fn read_array<T>(
+        &self,
+        key: &str,
+        want: &'static str,
+        accepts: fn(ValueType) -> bool,
+        mut element: impl FnMut(&mut Reader<BufReader<File>>, ValueType) -> Result<T, ParseError>,
+    ) -> Result<Option<Vec<T>>, HeaderError> {
+        let (elem_type, len, offset) = match self.metadata.get(key) {
+            None => return Ok(None),
+            Some(MetaValue::Array {
+                elem_type,
+                len,
+                offset,
+            }) => (*elem_type, *len, *offset),
+            Some(other) => {
+                return Err(header_error(
+                    &self.path,
+                    FormatError::NotArray {
+                        key: key.to_string(),
+                        want,
+                        found: other.kind(),
+                    }
+                    .into(),
+                ));
+            }
+        };
+        let mut read = || -> Result<Vec<T>, ParseError> {
+            if !accepts(elem_type) {
+                return Err(FormatError::ElementType {
+                    key: key.to_string(),
+                    want,
+                    found: elem_type,
+                }
+                .into());
+            }
+            let mut file = File::open(&self.path)?;
+            let file_len = file.metadata()?.len();
+            file.seek(SeekFrom::Start(offset))?;
+            let mut r = Reader {
+                inner: BufReader::new(file),
+                len: file_len,
+                left: file_len.saturating_sub(offset),
+            };
+            match elem_type.fixed_size() {
+                Some(size) => {
+                    let bytes = len
+                        .checked_mul(size)
+                        .ok_or_else(|| FormatError::ArrayTooLong {
+                            key: key.to_string(),
+                            len,
+                        })?;
+                    if bytes > r.left {
+                        return Err(FormatError::PastEnd {
+                            what: "an array",
+                            bytes,
+                            left: r.left,
+                        }
+                        .into());
+                    }
+                }
+                None => r.check_count(len, 8, Counted::Strings(key.to_string()))?,
+            }
+            // Grown as elements are read: a count is only as good as the
+            // bytes behind it.
+            let mut out = Vec::new();
+            for _ in 0..len {
+                out.push(element(&mut r, elem_type)?);
+            }
+            Ok(out)
+        };
+        read().map(Some).map_err(|e| header_error(&self.path, e))
+    }
+
     /// `{architecture}.{key}` as an integer: where GGUF keeps model dimensions.
     pub fn arch_usize(&self, key: &str) -> Option<usize> {
         self.usize(&format!("{}.{key}", self.architecture()?))
@@ -270,29 +687,26 @@ impl GgufHeader {
 
 /// Reads the header and tensor table of the GGUF file at `path`.
 pub fn read_header(path: &Path) -> Result<GgufHeader, HeaderError> {
-    let io = |source| HeaderError::Io {
-        path: path.to_path_buf(),
-        source,
+    let read = || -> Result<GgufHeader, ParseError> {
+        let file = File::open(path)?;
+        let len = file.metadata()?.len();
+        let mut reader = Reader {
+            inner: BufReader::new(file),
+            len,
+            left: len,
+        };
+        parse(&mut reader)
     };
-    let file = File::open(path).map_err(io)?;
-    let len = file.metadata().map_err(io)?.len();
-    let mut reader = Reader {
-        inner: BufReader::new(file),
-        len,
-        left: len,
-    };
-    parse(&mut reader).map_err(|e| match e {
-        ParseError::Io(source) => io(source),
-        ParseError::Format(reason) => HeaderError::Format {
-            path: path.to_path_buf(),
-            reason,
-        },
-    })
+    let mut header = read().map_err(|e| header_error(path, e))?;
+    header.path = path.to_path_buf();
+    Ok(header)
 }
 
+/// A failure while reading, before the file's path is attached.
+#[derive(Debug)]
 enum ParseError {
     Io(std::io::Error),
-    Format(String),
+    Format(FormatError),
 }
 
 impl From<std::io::Error> for ParseError {
@@ -301,8 +715,18 @@ impl From<std::io::Error> for ParseError {
     }
 }
 
-fn bad(reason: impl Into<String>) -> ParseError {
-    ParseError::Format(reason.into())
+impl From<FormatError> for ParseError {
+    fn from(e: FormatError) -> Self {
+        Self::Format(e)
+    }
+}
+
+fn header_error(path: &Path, e: ParseError) -> HeaderError {
+    let path = path.to_path_buf();
+    match e {
+        ParseError::Io(source) => HeaderError::Io { path, source },
+        ParseError::Format(reason) => HeaderError::Format { path, reason },
+    }
 }
 
 /// A reader that knows how many bytes the file has left.
@@ -328,13 +752,30 @@ impl<R: Read + Seek> Reader<R> {
         Ok(u64::from_le_bytes(self.bytes()?))
     }
 
+    /// One integer of GGUF type `kind`, widened; the caller has checked that
+    /// `kind` is an integer type.
+    fn int(&mut self, kind: ValueType) -> Result<i128, ParseError> {
+        Ok(match kind.0 {
+            0 => self.bytes::<1>()?[0].into(),
+            1 => i8::from_le_bytes(self.bytes()?).into(),
+            2 => u16::from_le_bytes(self.bytes()?).into(),
+            3 => i16::from_le_bytes(self.bytes()?).into(),
+            4 => self.u32()?.into(),
+            5 => i32::from_le_bytes(self.bytes()?).into(),
+            10 => self.u64()?.into(),
+            _ => i64::from_le_bytes(self.bytes()?).into(),
+        })
+    }
+
     /// Fails unless `n` more bytes are in the file, and counts them as read.
-    fn reserve(&mut self, n: u64, what: &str) -> Result<(), ParseError> {
+    fn reserve(&mut self, n: u64, what: &'static str) -> Result<(), ParseError> {
         if n > self.left {
-            return Err(bad(format!(
-                "{what} of {n} bytes runs past the end of the file ({} left): truncated or not GGUF",
-                self.left
-            )));
+            return Err(FormatError::PastEnd {
+                what,
+                bytes: n,
+                left: self.left,
+            }
+            .into());
         }
         self.left -= n;
         Ok(())
@@ -342,12 +783,14 @@ impl<R: Read + Seek> Reader<R> {
 
     /// Fails unless `count` items of at least `min_bytes` each fit in the
     /// bytes left: a hostile count is refused before any loop or allocation.
-    fn check_count(&self, count: u64, min_bytes: u64, what: &str) -> Result<(), ParseError> {
+    fn check_count(&self, count: u64, min_bytes: u64, what: Counted) -> Result<(), ParseError> {
         if count > self.left / min_bytes {
-            return Err(bad(format!(
-                "the header declares {count} {what}, more than the {} bytes left could hold: truncated or not GGUF",
-                self.left
-            )));
+            return Err(FormatError::TooMany {
+                count,
+                what,
+                left: self.left,
+            }
+            .into());
         }
         Ok(())
     }
@@ -360,9 +803,9 @@ impl<R: Read + Seek> Reader<R> {
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 
-    fn skip(&mut self, n: u64, what: &str) -> Result<(), ParseError> {
+    fn skip(&mut self, n: u64, what: &'static str) -> Result<(), ParseError> {
         self.reserve(n, what)?;
-        let n = i64::try_from(n).map_err(|_| bad(format!("{what} is too long")))?;
+        let n = i64::try_from(n).map_err(|_| FormatError::TooLong(what))?;
         self.inner.seek_relative(n)?;
         Ok(())
     }
@@ -370,25 +813,23 @@ impl<R: Read + Seek> Reader<R> {
 
 fn parse<R: Read + Seek>(r: &mut Reader<R>) -> Result<GgufHeader, ParseError> {
     if r.bytes::<4>()? != MAGIC {
-        return Err(bad("not a GGUF file (no `GGUF` magic)"));
+        return Err(FormatError::NoMagic.into());
     }
     let version = r.u32()?;
     if !(2..=3).contains(&version) {
-        return Err(bad(format!(
-            "GGUF version {version} is not supported (2 and 3 are)"
-        )));
+        return Err(FormatError::Version(version).into());
     }
     let tensor_count = r.u64()?;
     let kv_count = r.u64()?;
-    r.check_count(kv_count, MIN_KV_BYTES, "metadata entries")?;
+    r.check_count(kv_count, MIN_KV_BYTES, Counted::MetadataEntries)?;
     let mut metadata = HashMap::new();
     for _ in 0..kv_count {
         let key = r.string()?;
-        let kind = r.u32()?;
+        let kind = ValueType(r.u32()?);
         let value = value(r, kind, &key)?;
         metadata.insert(key, value);
     }
-    r.check_count(tensor_count, MIN_TENSOR_INFO_BYTES, "tensors")?;
+    r.check_count(tensor_count, MIN_TENSOR_INFO_BYTES, Counted::Tensors)?;
     // Grown as entries are read, not reserved from the count: an entry in
     // memory is larger than its bytes in the file.
     let mut tensors = Vec::new();
@@ -400,11 +841,7 @@ fn parse<R: Read + Seek>(r: &mut Reader<R>) -> Result<GgufHeader, ParseError> {
         Some(MetaValue::Int(a)) if (1..=MAX_ALIGNMENT).contains(a) && a.count_ones() == 1 => {
             *a as u64
         }
-        Some(other) => {
-            return Err(bad(format!(
-                "`general.alignment` is {other:?}, not a power of two up to {MAX_ALIGNMENT}"
-            )));
-        }
+        Some(other) => return Err(FormatError::Alignment(other.clone()).into()),
     };
     let data_offset = (r.len - r.left).div_ceil(alignment) * alignment;
     for t in &tensors {
@@ -416,6 +853,7 @@ fn parse<R: Read + Seek>(r: &mut Reader<R>) -> Result<GgufHeader, ParseError> {
         metadata,
         tensors,
         data_offset,
+        path: PathBuf::new(),
     })
 }
 
@@ -423,18 +861,23 @@ fn tensor_info<R: Read + Seek>(r: &mut Reader<R>) -> Result<TensorInfo, ParseErr
     let name = r.string()?;
     let n_dims = r.u32()?;
     if n_dims > MAX_DIMS {
-        return Err(bad(format!(
-            "tensor `{name}` has {n_dims} dimensions; ggml allows at most {MAX_DIMS}"
-        )));
+        return Err(FormatError::TooManyDims {
+            tensor: name,
+            dims: n_dims,
+        }
+        .into());
     }
     let mut dims = Vec::with_capacity(n_dims as usize);
     let mut elements = 1u64;
     for _ in 0..n_dims {
         let d = r.u64()?;
-        elements = elements
+        elements = match elements
             .checked_mul(d)
             .filter(|&n| i64::try_from(n).is_ok())
-            .ok_or_else(|| bad(format!("tensor `{name}` has too many values")))?;
+        {
+            Some(n) => n,
+            None => return Err(FormatError::TooManyValues(name).into()),
+        };
         dims.push(d);
     }
     let ggml_type = GgmlType(r.u32()?);
@@ -442,9 +885,13 @@ fn tensor_info<R: Read + Seek>(r: &mut Reader<R>) -> Result<TensorInfo, ParseErr
     if let (Some((per_block, _)), Some(&first)) = (ggml_type.block(), dims.first())
         && !first.is_multiple_of(per_block)
     {
-        return Err(bad(format!(
-            "tensor `{name}`: its first dimension {first} is not a whole number of {ggml_type} blocks ({per_block} values)"
-        )));
+        return Err(FormatError::PartialBlock {
+            tensor: name,
+            first,
+            ggml_type,
+            per_block,
+        }
+        .into());
     }
     Ok(TensorInfo {
         name,
@@ -462,10 +909,12 @@ fn check_extent(
     file_len: u64,
 ) -> Result<(), ParseError> {
     if !t.offset.is_multiple_of(alignment) {
-        return Err(bad(format!(
-            "tensor `{}` starts at data offset {}, not a multiple of the alignment {alignment}",
-            t.name, t.offset
-        )));
+        return Err(FormatError::Misaligned {
+            tensor: t.name.clone(),
+            offset: t.offset,
+            alignment,
+        }
+        .into());
     }
     let Some(bytes) = t.bytes() else {
         return Ok(());
@@ -475,64 +924,69 @@ fn check_extent(
         .and_then(|start| start.checked_add(bytes));
     match end {
         Some(end) if end <= file_len => Ok(()),
-        _ => Err(bad(format!(
-            "tensor `{}` ({bytes} bytes at data offset {}) runs past the end of the file ({file_len} bytes): truncated",
-            t.name, t.offset
-        ))),
+        _ => Err(FormatError::TensorPastEnd {
+            tensor: t.name.clone(),
+            bytes,
+            offset: t.offset,
+            file_len,
+        }
+        .into()),
     }
 }
 
-/// Bytes of one value of a fixed-size GGUF type; `None` for strings and arrays.
-fn fixed_size(kind: u32) -> Option<u64> {
-    match kind {
-        0 | 1 | 7 => Some(1),
-        2 | 3 => Some(2),
-        4..=6 => Some(4),
-        10..=12 => Some(8),
-        _ => None,
-    }
-}
-
-fn value<R: Read + Seek>(r: &mut Reader<R>, kind: u32, key: &str) -> Result<MetaValue, ParseError> {
+fn value<R: Read + Seek>(
+    r: &mut Reader<R>,
+    kind: ValueType,
+    key: &str,
+) -> Result<MetaValue, ParseError> {
     Ok(match kind {
-        0 => MetaValue::Int(r.bytes::<1>()?[0].into()),
-        1 => MetaValue::Int(i8::from_le_bytes(r.bytes()?).into()),
-        2 => MetaValue::Int(u16::from_le_bytes(r.bytes()?).into()),
-        3 => MetaValue::Int(i16::from_le_bytes(r.bytes()?).into()),
-        4 => MetaValue::Int(r.u32()?.into()),
-        5 => MetaValue::Int(i32::from_le_bytes(r.bytes()?).into()),
-        6 => MetaValue::Float(f32::from_le_bytes(r.bytes()?).into()),
-        7 => MetaValue::Bool(r.bytes::<1>()?[0] != 0),
-        8 => MetaValue::Str(r.string()?),
-        9 => {
-            let elem_type = r.u32()?;
+        t if t.is_integer() => MetaValue::Int(r.int(t)?),
+        ValueType::F32 => MetaValue::Float(f32::from_le_bytes(r.bytes()?).into()),
+        ValueType::F64 => MetaValue::Float(f64::from_le_bytes(r.bytes()?)),
+        ValueType::BOOL => MetaValue::Bool(r.bytes::<1>()?[0] != 0),
+        ValueType::STRING => MetaValue::Str(r.string()?),
+        ValueType(9) => {
+            let elem_type = ValueType(r.u32()?);
             let len = r.u64()?;
-            match (elem_type, fixed_size(elem_type)) {
-                (_, Some(size)) => {
+            let offset = r.len - r.left;
+            match elem_type.fixed_size() {
+                Some(size) => {
                     let bytes = len
                         .checked_mul(size)
-                        .ok_or_else(|| bad(format!("array `{key}` of {len} values is too long")))?;
+                        .ok_or_else(|| FormatError::ArrayTooLong {
+                            key: key.to_string(),
+                            len,
+                        })?;
                     r.skip(bytes, "an array")?;
                 }
-                (8, None) => {
-                    r.check_count(len, 8, &format!("strings in array `{key}`"))?;
+                None if elem_type == ValueType::STRING => {
+                    r.check_count(len, 8, Counted::Strings(key.to_string()))?;
                     for _ in 0..len {
                         let n = r.u64()?;
                         r.skip(n, "a string")?;
                     }
                 }
-                _ => {
-                    return Err(bad(format!(
-                        "array `{key}` holds values of type {elem_type}, which GGUF does not allow in arrays here"
-                    )));
+                None => {
+                    return Err(FormatError::ArrayElement {
+                        key: key.to_string(),
+                        elem_type: elem_type.0,
+                    }
+                    .into());
                 }
             }
-            MetaValue::Array { elem_type, len }
+            MetaValue::Array {
+                elem_type,
+                len,
+                offset,
+            }
         }
-        10 => MetaValue::Int(r.u64()?.into()),
-        11 => MetaValue::Int(i64::from_le_bytes(r.bytes()?).into()),
-        12 => MetaValue::Float(f64::from_le_bytes(r.bytes()?)),
-        other => return Err(bad(format!("`{key}` has unknown value type {other}"))),
+        other => {
+            return Err(FormatError::UnknownType {
+                key: key.to_string(),
+                kind: other.0,
+            }
+            .into());
+        }
     })
 }
 
@@ -561,16 +1015,26 @@ mod tests {
         out
     }
 
-    fn read(bytes: &[u8]) -> Result<GgufHeader, String> {
+    /// Parses `bytes` as a whole file. Every read is checked against the
+    /// bytes left first, so a cursor never fails with an I/O error.
+    fn read(bytes: &[u8]) -> Result<GgufHeader, FormatError> {
         let mut r = Reader {
             inner: std::io::Cursor::new(bytes),
             len: bytes.len() as u64,
             left: bytes.len() as u64,
         };
         parse(&mut r).map_err(|e| match e {
-            ParseError::Io(e) => e.to_string(),
+            ParseError::Io(e) => panic!("a cursor read failed: {e}"),
             ParseError::Format(reason) => reason,
         })
+    }
+
+    /// Why `bytes` are refused, as the message users see.
+    fn refusal(bytes: &[u8]) -> String {
+        match read(bytes) {
+            Ok(_) => panic!("{} bytes were taken", bytes.len()),
+            Err(e) => e.to_string(),
+        }
     }
 
     #[test]
@@ -582,15 +1046,17 @@ mod tests {
         let mut scores = 6u32.to_le_bytes().to_vec();
         scores.extend(3u64.to_le_bytes());
         scores.extend([0u8; 12]);
-        let h = read(&header(&[
+        let bytes = header(&[
             ("general.architecture", 8, string("qwen3")),
             ("tokenizer.ggml.tokens", 9, tokens),
             ("qwen3.block_count", 4, 28u32.to_le_bytes().to_vec()),
             ("tokenizer.ggml.scores", 9, scores),
             ("qwen3.rope.freq_base", 6, 1e6f32.to_le_bytes().to_vec()),
             ("qwen3.context_length", 10, 40960u64.to_le_bytes().to_vec()),
-        ]))
-        .unwrap();
+        ]);
+        let tokens_at = array_offset(&bytes, "tokenizer.ggml.tokens");
+        let scores_at = array_offset(&bytes, "tokenizer.ggml.scores");
+        let h = read(&bytes).unwrap();
         assert_eq!(h.architecture(), Some("qwen3"));
         assert_eq!(h.arch_usize("block_count"), Some(28));
         assert_eq!(h.arch_usize("context_length"), Some(40960));
@@ -601,25 +1067,239 @@ mod tests {
         assert_eq!(
             h.metadata.get("tokenizer.ggml.tokens"),
             Some(&MetaValue::Array {
-                elem_type: 8,
-                len: 2
+                elem_type: ValueType::STRING,
+                len: 2,
+                offset: tokens_at,
             })
         );
         assert_eq!(
             h.metadata.get("tokenizer.ggml.scores"),
             Some(&MetaValue::Array {
-                elem_type: 6,
-                len: 3
+                elem_type: ValueType::F32,
+                len: 3,
+                offset: scores_at,
             })
         );
     }
 
+    /// Where the first element of the array at `key` lies in `bytes`: after
+    /// the key, the value type, the element type and the length.
+    fn array_offset(bytes: &[u8], key: &str) -> u64 {
+        let at = bytes
+            .windows(key.len())
+            .position(|w| w == key.as_bytes())
+            .unwrap();
+        (at + key.len() + 4 + 4 + 8) as u64
+    }
+
+    /// An array value: element type, length, then the elements' bytes.
+    fn array(elem_type: u32, len: u64, elements: &[Vec<u8>]) -> Vec<u8> {
+        let mut out = elem_type.to_le_bytes().to_vec();
+        out.extend(len.to_le_bytes());
+        out.extend(elements.concat());
+        out
+    }
+
+    /// `bytes` written to a temporary file and its header read back.
+    fn on_disk(bytes: &[u8]) -> (tempfile::TempDir, GgufHeader) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        let h = read_header(&path).unwrap();
+        assert_eq!(h.path, path);
+        (dir, h)
+    }
+
+    /// A file with one array of each kind the tokenizer and loaders read.
+    fn arrays_file() -> Vec<u8> {
+        let le = |n: i32| n.to_le_bytes().to_vec();
+        header(&[
+            ("general.architecture", 8, string("gemma3")),
+            (
+                "tokenizer.ggml.tokens",
+                9,
+                array(8, 3, &[string("<s>"), string("hé"), string("")]),
+            ),
+            ("tokenizer.ggml.merges", 9, array(8, 1, &[string("h é")])),
+            (
+                "tokenizer.ggml.token_type",
+                9,
+                array(5, 3, &[le(3), le(1), le(-1)]),
+            ),
+            (
+                "tokenizer.ggml.scores",
+                9,
+                array(
+                    6,
+                    2,
+                    &[
+                        0.5f32.to_le_bytes().to_vec(),
+                        (-2f32).to_le_bytes().to_vec(),
+                    ],
+                ),
+            ),
+            (
+                "gemma3.swa_layers",
+                9,
+                array(7, 3, &[vec![1], vec![0], vec![2]]),
+            ),
+            (
+                "gemma3.attention.head_count_kv",
+                9,
+                array(
+                    4,
+                    2,
+                    &[8u32.to_le_bytes().to_vec(), 4u32.to_le_bytes().to_vec()],
+                ),
+            ),
+            ("big", 9, array(10, 1, &[u64::MAX.to_le_bytes().to_vec()])),
+            ("wide", 9, array(12, 1, &[1.25f64.to_le_bytes().to_vec()])),
+            ("bytes", 9, array(1, 2, &[vec![0xff], vec![7]])),
+            ("gemma3.block_count", 4, 2u32.to_le_bytes().to_vec()),
+        ])
+    }
+
+    #[test]
+    fn typed_getters_read_arrays_on_demand() {
+        let (_dir, h) = on_disk(&arrays_file());
+        assert_eq!(h.array_len("tokenizer.ggml.tokens"), Some(3));
+        assert_eq!(
+            h.strings("tokenizer.ggml.tokens").unwrap().unwrap(),
+            ["<s>", "hé", ""]
+        );
+        assert_eq!(
+            h.strings("tokenizer.ggml.merges").unwrap().unwrap(),
+            ["h é"]
+        );
+        assert_eq!(
+            h.i32s("tokenizer.ggml.token_type").unwrap().unwrap(),
+            [3, 1, -1]
+        );
+        assert_eq!(
+            h.floats("tokenizer.ggml.scores").unwrap().unwrap(),
+            [0.5, -2.0]
+        );
+        assert_eq!(h.floats("wide").unwrap().unwrap(), [1.25]);
+        assert_eq!(
+            h.bools("gemma3.swa_layers").unwrap().unwrap(),
+            [true, false, true]
+        );
+        assert_eq!(
+            h.ints("gemma3.attention.head_count_kv").unwrap().unwrap(),
+            [8, 4]
+        );
+        assert_eq!(
+            h.i32s("gemma3.attention.head_count_kv").unwrap().unwrap(),
+            [8, 4]
+        );
+        assert_eq!(h.ints("bytes").unwrap().unwrap(), [-1, 7]);
+        assert!(h.strings("tokenizer.ggml.absent").unwrap().is_none());
+        assert!(h.ints("absent").unwrap().is_none());
+        assert!(h.floats("absent").unwrap().is_none());
+        assert!(h.bools("absent").unwrap().is_none());
+        assert!(h.i32s("absent").unwrap().is_none());
+        // The cheap header still reads the scalars around the arrays.
+        assert_eq!(h.arch_usize("block_count"), Some(2));
+    }
+
+    #[test]
+    fn a_getter_of_the_wrong_type_is_a_typed_error() {
+        let (_dir, h) = on_disk(&arrays_file());
+        let format = |e: HeaderError| match e {
+            HeaderError::Format { reason, .. } => reason,
+            other => panic!("not a format error: {other}"),
+        };
+        let err = format(h.strings("tokenizer.ggml.scores").unwrap_err());
+        assert!(
+            matches!(&err, FormatError::ElementType { key, want: "strings", found: ValueType::F32 } if key == "tokenizer.ggml.scores"),
+            "{err}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "array `tokenizer.ggml.scores` holds f32 values, not strings"
+        );
+        let err = format(h.floats("tokenizer.ggml.tokens").unwrap_err());
+        assert!(
+            matches!(
+                err,
+                FormatError::ElementType {
+                    found: ValueType::STRING,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = format(h.ints("tokenizer.ggml.scores").unwrap_err());
+        assert!(matches!(err, FormatError::ElementType { .. }), "{err}");
+        let err = format(h.bools("gemma3.attention.head_count_kv").unwrap_err());
+        assert!(matches!(err, FormatError::ElementType { .. }), "{err}");
+        let err = format(h.ints("gemma3.block_count").unwrap_err());
+        assert!(
+            matches!(
+                err,
+                FormatError::NotArray {
+                    found: "integer",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = format(h.strings("general.architecture").unwrap_err());
+        assert_eq!(
+            err.to_string(),
+            "`general.architecture` is a single string, not an array of strings"
+        );
+        let err = format(h.ints("big").unwrap_err());
+        assert!(
+            matches!(err, FormatError::OutOfRange { index: 0, value, .. } if value == u64::MAX.into()),
+            "{err}"
+        );
+        let err = format(h.i32s("big").unwrap_err());
+        assert!(err.to_string().contains("does not fit i32"), "{err}");
+    }
+
+    #[test]
+    fn a_getter_on_a_file_cut_short_since_is_an_error() {
+        let bytes = arrays_file();
+        let (dir, h) = on_disk(&bytes);
+        let path = dir.path().join("m.gguf");
+        let tokens_at = array_offset(&bytes, "tokenizer.ggml.tokens") as usize;
+        let scores_at = array_offset(&bytes, "tokenizer.ggml.scores") as usize;
+        // Cut inside the last token and inside the second score.
+        for (cut, key) in [
+            (tokens_at + 8 + 3 + 8 + 2, "tokenizer.ggml.tokens"),
+            (scores_at + 6, "tokenizer.ggml.scores"),
+        ] {
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            let err = if key == "tokenizer.ggml.tokens" {
+                h.strings(key).map(|_| ())
+            } else {
+                h.floats(key).map(|_| ())
+            }
+            .unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    HeaderError::Format {
+                        reason: FormatError::PastEnd { .. } | FormatError::TooMany { .. },
+                        ..
+                    }
+                ),
+                "{key}: {err}"
+            );
+        }
+        std::fs::remove_file(&path).unwrap();
+        let err = h.strings("tokenizer.ggml.merges").unwrap_err();
+        assert!(matches!(err, HeaderError::Io { .. }), "{err}");
+    }
+
     #[test]
     fn refuses_what_is_not_gguf_or_is_cut_short() {
-        assert!(read(b"GGML\x03\0\0\0").unwrap_err().contains("magic"));
+        assert!(matches!(read(b"GGML\x03\0\0\0"), Err(FormatError::NoMagic)));
         let mut v1 = header(&[]);
         v1[4] = 1;
-        assert!(read(&v1).unwrap_err().contains("version 1"));
+        assert!(matches!(read(&v1), Err(FormatError::Version(1))));
+        assert!(refusal(&v1).contains("version 1"));
         let full = header(&[("general.architecture", 8, string("llama"))]);
         for cut in 0..full.len() {
             assert!(read(&full[..cut]).is_err(), "cut at {cut}");
@@ -630,13 +1310,13 @@ mod tests {
     fn huge_declared_lengths_are_refused_before_allocating() {
         let mut huge = u64::MAX.to_le_bytes().to_vec();
         huge.extend(b"x");
-        let err = read(&header(&[("general.name", 8, huge)])).unwrap_err();
+        let err = refusal(&header(&[("general.name", 8, huge)]));
         assert!(err.contains("past the end"), "{err}");
         let mut array = 6u32.to_le_bytes().to_vec();
         array.extend(u64::MAX.to_le_bytes());
-        let err = read(&header(&[("a", 9, array)])).unwrap_err();
+        let err = refusal(&header(&[("a", 9, array)]));
         assert!(err.contains("too long"), "{err}");
-        let err = read(&header(&[("a", 13, vec![0; 8])])).unwrap_err();
+        let err = refusal(&header(&[("a", 13, vec![0; 8])]));
         assert!(err.contains("unknown value type 13"), "{err}");
     }
 
@@ -720,7 +1400,7 @@ mod tests {
         for cut in 0..full.len() {
             assert!(read(&full[..cut]).is_err(), "cut at {cut}");
         }
-        let err = read(&full[..full.len() - 1]).unwrap_err();
+        let err = refusal(&full[..full.len() - 1]);
         assert!(
             err.contains("`output.weight`") && err.contains("truncated"),
             "{err}"
@@ -731,17 +1411,17 @@ mod tests {
     fn absurd_counts_and_shapes_are_refused_before_allocating() {
         let mut many_tensors = header(&[]);
         many_tensors[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-        let err = read(&many_tensors).unwrap_err();
+        let err = refusal(&many_tensors);
         assert!(err.contains("declares") && err.contains("tensors"), "{err}");
 
         let mut many_kvs = header(&[]);
         many_kvs[16..24].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
-        let err = read(&many_kvs).unwrap_err();
+        let err = refusal(&many_kvs);
         assert!(err.contains("metadata entries"), "{err}");
 
         let mut strings = 8u32.to_le_bytes().to_vec();
         strings.extend(u64::MAX.to_le_bytes());
-        let err = read(&header(&[("tokenizer.ggml.tokens", 9, strings)])).unwrap_err();
+        let err = refusal(&header(&[("tokenizer.ggml.tokens", 9, strings)]));
         assert!(
             err.contains("strings in array `tokenizer.ggml.tokens`"),
             "{err}"
@@ -759,12 +1439,12 @@ mod tests {
             (tensor("x", &[4], 0, u64::MAX - 31), "runs past the end"),
         ];
         for (entry, want) in cases {
-            let err = read(&file(header(&[]), &[entry], 64)).unwrap_err();
+            let err = refusal(&file(header(&[]), &[entry], 64));
             assert!(err.contains(want), "want {want:?}: {err}");
         }
         let mut long_name = u64::MAX.to_le_bytes().to_vec();
         long_name.extend([0; 24]);
-        let err = read(&file(header(&[]), &[long_name], 0)).unwrap_err();
+        let err = refusal(&file(header(&[]), &[long_name], 0));
         assert!(err.contains("past the end"), "{err}");
     }
 
@@ -778,7 +1458,7 @@ mod tests {
         bytes.resize(data_offset + 16, 0);
         let h = read(&bytes).unwrap();
         assert_eq!(h.data_offset as usize, data_offset);
-        let err = read(&header(&[("general.alignment", 4, int(48))])).unwrap_err();
+        let err = refusal(&header(&[("general.alignment", 4, int(48))]));
         assert!(err.contains("power of two"), "{err}");
     }
 

@@ -14,7 +14,9 @@ pub mod procfs;
 use std::path::Path;
 
 pub use device::{Device, DeviceError};
-pub use gguf::{GgmlType, GgufHeader, HeaderError, MetaValue, TensorInfo, read_header};
+pub use gguf::{
+    FormatError, GgmlType, GgufHeader, HeaderError, MetaValue, TensorInfo, ValueType, read_header,
+};
 
 /// How the CPU backend stores K/V rows in its pool.
 ///
@@ -136,17 +138,18 @@ impl KvShape {
 /// weights; for memory budgets. Safetensors directories are not read (an
 /// error). See [`KvShape::from_header`] for where the widths come from.
 pub fn kv_bytes_per_token(path: &Path, dtype: KvDtype) -> Result<u64, HeaderError> {
-    let format = |reason: String| HeaderError::Format {
-        path: path.to_path_buf(),
-        reason,
-    };
     if path.is_dir() {
-        return Err(format("KV size is read from GGUF headers only".into()));
+        return Err(HeaderError::NotGguf {
+            path: path.to_path_buf(),
+        });
     }
     let header = read_header(path)?;
     KvShape::from_header(&header)
         .and_then(|shape| shape.bytes_per_token(dtype))
-        .map_err(|e| format(e.to_string()))
+        .map_err(|reason| HeaderError::Shape {
+            path: path.to_path_buf(),
+            reason,
+        })
 }
 
 /// The name a worker reports to the router for a model path: the file or
