@@ -38,14 +38,10 @@ pub enum TextError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// A GGUF file's header could not be read.
-    #[error("{path} is not a readable GGUF file: {reason}")]
-    Gguf {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong with it.
-        reason: String,
-    },
+    /// A GGUF file's header, or an array the tokenizer reads, could not
+    /// be read.
+    #[error("not a readable GGUF file: {0}")]
+    Gguf(zinfer_probe::HeaderError),
     /// The tokenizer could not be built or failed on input.
     #[error("tokenizer: {0}")]
     Tokenizer(#[from] TokenizerError),

@@ -14,8 +14,8 @@ mod vocab;
 
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::Content;
 use tokenizers::Tokenizer;
+use zinfer_probe::{GgufHeader, HeaderError};
 use zinfer_protocol::ChatMessage;
 
 use crate::TextError;
@@ -280,31 +280,23 @@ impl ModelTokenizer {
     /// Reads the tokenizer and chat template of a GGUF file, weights or
     /// not (llama.cpp's vocabulary-only files have none).
     pub fn from_gguf_file(path: &Path) -> Result<Self, TextError> {
-        let mut reader =
-            std::io::BufReader::new(std::fs::File::open(path).map_err(|source| TextError::Io {
-                path: path.to_path_buf(),
-                source,
-            })?);
-        let content = Content::read(&mut reader).map_err(|e| TextError::Gguf {
-            path: path.to_path_buf(),
-            reason: e.to_string(),
+        let header = zinfer_probe::read_header(path).map_err(|e| match e {
+            HeaderError::Io { path, source } => TextError::Io { path, source },
+            other => TextError::Gguf(other),
         })?;
-        Self::from_gguf(&content)
+        Self::from_gguf(&header)
     }
 
-    /// Builds the tokenizer and chat template from a GGUF file's metadata.
-    pub(crate) fn from_gguf(ct: &Content) -> Result<Self, TextError> {
-        let vocab = GgufVocab::from_metadata(&ct.metadata)?;
+    /// Builds the tokenizer and chat template from a GGUF file's metadata
+    /// (its arrays are read from the file as the vocabulary needs them).
+    fn from_gguf(header: &GgufHeader) -> Result<Self, TextError> {
+        let vocab = GgufVocab::from_metadata(header)?;
         let text = |id: Option<u32>| {
             id.and_then(|id| vocab.text(id))
                 .map(String::from)
                 .unwrap_or_default()
         };
-        let template = ct
-            .metadata
-            .get("tokenizer.chat_template")
-            .and_then(|v| v.to_string().ok())
-            .cloned();
+        let template = header.str("tokenizer.chat_template").map(String::from);
         let chat = ChatTemplate::new(template, text(vocab.bos), text(vocab.eos));
         let eos = vocab.eog.clone();
         Ok(Self {
@@ -467,21 +459,67 @@ fn hf_err(e: impl std::fmt::Display) -> TokenizerError {
 mod tests {
     use std::collections::HashMap;
 
-    use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
-
     use super::*;
+
+    /// A GGUF metadata value of the types these tests write.
+    enum Value {
+        String(String),
+        U32(u32),
+        F32(f32),
+        Array(Vec<Value>),
+    }
+
+    impl Value {
+        /// GGUF's type code.
+        fn code(&self) -> u32 {
+            match self {
+                Value::U32(_) => 4,
+                Value::F32(_) => 6,
+                Value::String(_) => 8,
+                Value::Array(_) => 9,
+            }
+        }
+
+        /// The value's bytes, without its type code.
+        fn write(&self, out: &mut Vec<u8>) {
+            match self {
+                Value::String(s) => {
+                    out.extend((s.len() as u64).to_le_bytes());
+                    out.extend(s.as_bytes());
+                }
+                Value::U32(x) => out.extend(x.to_le_bytes()),
+                Value::F32(x) => out.extend(x.to_le_bytes()),
+                Value::Array(items) => {
+                    out.extend(items.first().map_or(8, Value::code).to_le_bytes());
+                    out.extend((items.len() as u64).to_le_bytes());
+                    for item in items {
+                        item.write(out);
+                    }
+                }
+            }
+        }
+    }
 
     fn strings(v: &[&str]) -> Value {
         Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect())
     }
 
-    fn content(metadata: HashMap<String, Value>) -> Content {
-        Content {
-            magic: VersionedMagic::GgufV3,
-            metadata,
-            tensor_infos: HashMap::new(),
-            tensor_data_offset: 0,
+    /// The tokenizer of a GGUF file (version 3, no tensors) holding
+    /// `metadata`, read back through the file as a model's is.
+    fn from_metadata(metadata: HashMap<String, Value>) -> Result<ModelTokenizer, TextError> {
+        let mut bytes = b"GGUF".to_vec();
+        bytes.extend(3u32.to_le_bytes());
+        bytes.extend(0u64.to_le_bytes());
+        bytes.extend((metadata.len() as u64).to_le_bytes());
+        for (key, value) in &metadata {
+            Value::String(key.clone()).write(&mut bytes);
+            bytes.extend(value.code().to_le_bytes());
+            value.write(&mut bytes);
         }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vocab.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        ModelTokenizer::from_gguf_file(&path)
     }
 
     /// A tiny SentencePiece (llama) vocabulary with byte tokens for `!`.
@@ -530,7 +568,7 @@ mod tests {
     /// their byte, nothing stripped.
     #[test]
     fn pieces_write_special_tokens_and_bytes() {
-        let tok = ModelTokenizer::from_gguf(&content(spm_metadata())).unwrap();
+        let tok = from_metadata(spm_metadata()).unwrap();
         assert_eq!(tok.token_to_piece(1).unwrap(), b"<s>");
         assert_eq!(tok.token_to_piece(12).unwrap(), b" hello");
         assert_eq!(tok.token_to_piece(13).unwrap(), b"!");
@@ -548,7 +586,7 @@ mod tests {
     /// only when asked, and BOS comes with `add_special`.
     #[test]
     fn sentencepiece_merges_by_score_with_a_space_prefix() {
-        let tok = ModelTokenizer::from_gguf(&content(spm_metadata())).unwrap();
+        let tok = from_metadata(spm_metadata()).unwrap();
 
         assert_eq!(tok.encode("hello").unwrap(), [12]);
         assert_eq!(tok.encode("hell").unwrap(), [11, 6]);
@@ -584,7 +622,7 @@ mod tests {
             "tokenizer.ggml.model".to_string(),
             Value::String("bert".to_string()),
         );
-        let err = ModelTokenizer::from_gguf(&content(md)).unwrap_err();
+        let err = from_metadata(md).unwrap_err();
         assert!(err.to_string().contains("`bert`"), "{err}");
 
         let mut md = spm_metadata();
@@ -597,7 +635,7 @@ mod tests {
             "tokenizer.ggml.pre".to_string(),
             Value::String("tekken".to_string()),
         );
-        let err = ModelTokenizer::from_gguf(&content(md)).unwrap_err();
+        let err = from_metadata(md).unwrap_err();
         assert!(
             matches!(&err, TextError::Tokenizer(TokenizerError::UnsupportedPre(p)) if p == "tekken"),
             "{err}"
