@@ -22,10 +22,11 @@ pub mod tools;
 
 use std::path::PathBuf;
 
-pub use chat::tools::{ChatFeatures, ToolFormat};
+pub use chat::features::ChatFeatures;
 pub use chat::{ChatTemplate, TemplateInput};
 pub use codec::TextCodec;
 pub use tokenizer::{ModelTokenizer, TokenBytes, TokenizerError};
+pub use tools::ToolFormat;
 
 /// Why text could not be read, tokenized or rendered.
 #[derive(Debug, thiserror::Error)]

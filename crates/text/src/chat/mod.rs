@@ -22,8 +22,8 @@
 //! serde_json with `preserve_order`.
 
 mod clock;
+pub(crate) mod features;
 mod python;
-pub(crate) mod tools;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -85,7 +85,7 @@ pub struct ChatTemplate {
     broken: Option<String>,
     bos_token: String,
     eos_token: String,
-    features: tools::ChatFeatures,
+    features: features::ChatFeatures,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -110,7 +110,7 @@ impl ChatTemplate {
             broken: None,
             bos_token,
             eos_token,
-            features: tools::detect(&source),
+            features: features::detect(&source),
         };
         template.broken = template
             .env
@@ -130,7 +130,7 @@ impl ChatTemplate {
     }
 
     /// What the template supports: tool-call syntax, tools, reasoning.
-    pub fn features(&self) -> tools::ChatFeatures {
+    pub fn features(&self) -> features::ChatFeatures {
         self.features
     }
 
@@ -144,7 +144,7 @@ impl ChatTemplate {
     /// first user turn when the template refuses a system turn (gemma-2);
     /// the template then sees no `tools`.
     pub fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, TextError> {
-        if self.features.renders_tools || !tools::uses_tools(input) {
+        if self.features.renders_tools || !features::uses_tools(input) {
             return self.render(input);
         }
         let render = |messages: &[ChatMessage]| {
@@ -154,19 +154,19 @@ impl ChatTemplate {
                 ..*input
             })
         };
-        let turns = tools::hermes_turns(input.messages)?;
+        let turns = crate::tools::fallback_turns(input.messages)?;
         let Some(preamble) = input
             .tools
             .filter(|t| !t.is_empty())
-            .map(tools::hermes_preamble)
+            .map(crate::tools::fallback_preamble)
             .transpose()?
         else {
             return render(&turns);
         };
-        render(&tools::in_system_turn(&turns, &preamble)).or_else(|system_refused| {
+        render(&features::in_system_turn(&turns, &preamble)).or_else(|system_refused| {
             // When both fail, the second error is the one closer to a
             // rendering the template accepts.
-            match tools::in_first_user_turn(&turns, &preamble) {
+            match features::in_first_user_turn(&turns, &preamble) {
                 Some(turns) => render(&turns),
                 None => Err(system_refused),
             }

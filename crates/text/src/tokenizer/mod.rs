@@ -18,8 +18,8 @@ use tokenizers::Tokenizer;
 use zinfer_probe::{GgufHeader, HeaderError};
 use zinfer_protocol::ChatMessage;
 
+use crate::ChatFeatures;
 use crate::TextError;
-use crate::chat::tools::ChatFeatures;
 use crate::chat::{ChatTemplate, TemplateInput};
 use vocab::GgufVocab;
 

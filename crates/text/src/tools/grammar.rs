@@ -2,13 +2,15 @@
 //!
 //! Each allowed tool is one rule holding an inline `%json { schema }` whose
 //! schema fixes the name and checks the arguments; the format's syntax
-//! (tags, separators, Mistral's marker) is written around them in Lark.
+//! (tags, separators, Mistral's marker) is written around them in Lark by
+//! the format's own file.
 
 use std::fmt::Write;
 
-use crate::ToolFormat;
 use serde_json::{Map, Value, json};
 use zinfer_protocol::{Tool, ToolChoice};
+
+use super::ToolFormat;
 
 /// Why no grammar could be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,58 +26,46 @@ pub enum GrammarError {
     NoTools,
 }
 
+/// How many calls a forced output holds: one, or with `parallel_tool_calls`
+/// one or more joined by the format's separator.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Repeat {
+    parallel: bool,
+}
+
+impl Repeat {
+    /// The rule of the calls, `call` rules joined by `separator`.
+    pub(super) fn joined_by(self, separator: &str) -> String {
+        if self.parallel {
+            format!("call ({} call)*", literal(separator))
+        } else {
+            "call".to_string()
+        }
+    }
+}
+
 /// A grammar whose every sentence is one call (or, with `parallel`, one
 /// or more) of the tools `choice` allows, in `format`'s syntax, arguments
-/// valid under each tool's schema. `tool_calls_token` is the id of the
-/// control token that opens Mistral's calls, when the vocabulary has one.
+/// valid under each tool's schema. `opener` is the id of the control
+/// token that opens the format's calls (Mistral's `[TOOL_CALLS]`, see
+/// [`ToolFormat::opener`]), when the vocabulary has one.
 pub fn forced_call_grammar(
     format: ToolFormat,
     tools: &[Tool],
     choice: &ToolChoice,
     parallel: bool,
-    tool_calls_token: Option<u32>,
+    opener: Option<u32>,
 ) -> Result<String, GrammarError> {
     let allowed = allowed_tools(tools, choice)?;
-    let calls = |separator: &str| {
-        if parallel {
-            format!("call ({} call)*", literal(separator))
-        } else {
-            "call".to_string()
-        }
-    };
-    let (start, call) = match format {
-        ToolFormat::Hermes => (
-            calls("\n"),
-            format!(
-                "{} tool {}",
-                literal("<tool_call>\n"),
-                literal("\n</tool_call>")
-            ),
-        ),
-        ToolFormat::Llama3Json => (calls("; "), "tool".to_string()),
-        ToolFormat::Mistral => {
-            // The control token when there is one: its text would be
-            // tokenized as plain text, which the model never writes.
-            let marker = match tool_calls_token {
-                Some(id) => format!("<[{id}]>"),
-                None => literal("[TOOL_CALLS]"),
-            };
-            let array = format!("{} {} {}", literal("["), calls(","), literal("]"));
-            (format!("{marker} {array}"), "tool".to_string())
-        }
-    };
-    let arguments_key = match format {
-        ToolFormat::Llama3Json => "parameters",
-        ToolFormat::Hermes | ToolFormat::Mistral => "arguments",
-    };
-
+    let syntax = format.syntax();
+    let (start, call) = (syntax.forced)(Repeat { parallel }, opener);
     let mut grammar = format!("start: {start}\ncall: {call}\ntool: ");
     let alternatives: Vec<String> = (0..allowed.len()).map(|i| format!("tool_{i}")).collect();
     grammar.push_str(&alternatives.join(" | "));
     grammar.push('\n');
     for (i, tool) in allowed.iter().enumerate() {
         // serde_json's text is valid JSON, which is what `%json` reads.
-        let schema = Value::Object(call_schema(tool, arguments_key));
+        let schema = Value::Object(call_schema(tool, syntax.arguments_key));
         let _ = writeln!(grammar, "tool_{i}: %json {schema}");
     }
     Ok(grammar)
@@ -124,13 +114,13 @@ fn call_schema(tool: &Tool, arguments_key: &str) -> Map<String, Value> {
     schema.insert("required".into(), json!(["name", arguments_key]));
     schema.insert("additionalProperties".into(), json!(false));
     schema.extend(definitions);
-    // Compact JSON, as `constraint.rs` does for schemas: free whitespace
-    // lets a small model fill its budget with blank lines.
+    // Compact JSON, as the worker's constraints do for schemas: free
+    // whitespace lets a small model fill its budget with blank lines.
     schema.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
     schema
 }
 
 /// `text` as a Lark string literal: llguidance reads them as JSON strings.
-fn literal(text: &str) -> String {
+pub(super) fn literal(text: &str) -> String {
     Value::String(text.to_string()).to_string()
 }

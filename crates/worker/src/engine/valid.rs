@@ -31,15 +31,6 @@ impl OutputPlan {
     }
 }
 
-/// Control tokens of each tool syntax that the parser reads.
-fn marker_texts(format: ToolFormat) -> &'static [&'static str] {
-    match format {
-        ToolFormat::Hermes => &[],
-        ToolFormat::Llama3Json => &["<|python_tag|>"],
-        ToolFormat::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
-    }
-}
-
 /// The id of the one token `text` is, when the vocabulary has it.
 fn single_token(text: &dyn TextCodec, piece: &str) -> Option<u32> {
     match text.tokenize_text(piece, false, true).ok()?.as_slice() {
@@ -182,10 +173,7 @@ fn forced_call(
         return Ok(None);
     }
     let format = text.chat_features().tool_format;
-    let opener = match format {
-        ToolFormat::Mistral => single_token(text, "[TOOL_CALLS]"),
-        _ => None,
-    };
+    let opener = format.opener().and_then(|piece| single_token(text, piece));
     forced_call_grammar(
         format,
         &request.tools,
@@ -258,16 +246,10 @@ fn output_plan(request: &GenerateRequest, text: &dyn TextCodec, rendered: &str) 
     let features = text.chat_features();
     let tools = (!request.tools.is_empty() && request.tool_choice != ToolChoice::None)
         .then_some(features.tool_format);
-    let thinking = if !features.thinks {
-        Thinking::Off
-    } else if rendered.trim_end().ends_with("<think>") {
-        Thinking::Open
-    } else {
-        Thinking::Tags
-    };
-    let mut texts: Vec<&str> = tools.map_or(&[][..], marker_texts).to_vec();
+    let thinking = Thinking::after_prompt(features.thinks, rendered);
+    let mut texts: Vec<&str> = tools.map_or(&[][..], ToolFormat::markers).to_vec();
     if thinking != Thinking::Off {
-        texts.extend(["<think>", "</think>"]);
+        texts.extend(Thinking::TAGS);
     }
     // Only tokens that decoding drops: the others reach the parser as text.
     let markers = texts
