@@ -329,8 +329,9 @@ pub enum ModelError {
     Candle(#[from] candle_core::Error),
 }
 
-/// Loads a GGUF file or a safetensors directory (config.json, tokenizer.json,
-/// *.safetensors) and allocates its KV pool.
+/// Loads a GGUF file or a safetensors directory (config.json, *.safetensors)
+/// and allocates its KV pool; the checkpoint's tokenizer is
+/// `zinfer_text::ModelTokenizer::open`'s.
 ///
 /// `cpu` runs zinfer's own kernels ([`CpuModel`]); a GPU device runs [`CandleModel`] on it.
 pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {

@@ -1,6 +1,7 @@
 //! zinfer worker: the KV pool and prefix cache around a model, the
 //! continuous batching scheduler, and the socket loop that serves the router.
-//! The model itself (loading, tokenizer, forward pass) is `zinfer_model`'s.
+//! The model itself (loading, forward pass) is `zinfer_model`'s; its
+//! tokenizer, chat template and output formats are `zinfer_text`'s.
 //!
 //! Threads: one I/O thread owns the DEALER socket ([`server`]); one engine
 //! thread owns the model, the pool and the cache ([`engine`]). They talk over
