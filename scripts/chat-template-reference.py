@@ -4,10 +4,10 @@
     chat-template-reference.py TEMPLATES_DIR CASES_JSON > rendered.json
 
 Every `*.jinja` file of TEMPLATES_DIR is rendered with every case of
-CASES_JSON (see crates/model/tests/data/chat-template-cases.json), and
+CASES_JSON (see crates/text/tests/data/chat-template-cases.json), and
 each of its `snippets` (named `snippet:NAME`) with its first case. The output
 is a JSON list of {"template", "case", "rendered"} or {"template", "case",
-"error"}. crates/model/tests/chat_templates.rs runs it in a venv holding only
+"error"}. crates/text/tests/chat_templates.rs runs it in a venv holding only
 jinja2 and compares zinfer's rendering with it byte for byte.
 
 The environment is transformers' (`_compile_jinja_template` and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes crates/model/src/tokenizer/unicode_data.rs from llama.cpp's
+"""Writes crates/text/src/tokenizer/unicode_data.rs from llama.cpp's
 src/unicode-data.cpp, so the GGUF tokenizer classifies codepoints exactly as
 llama.cpp does (its tables follow one Unicode version; Rust's may not), and
 the codepoint ranges of the bracket expressions in DeepSeek's pre-tokenizer

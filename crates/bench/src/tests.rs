@@ -340,8 +340,11 @@ impl RealCluster {
             threads: Some(1),
             ..Default::default()
         };
-        let engine =
-            engine::Engine::start(model::load(&path, &options).unwrap(), Default::default());
+        let engine = engine::Engine::start(
+            model::load(&path, &options).unwrap(),
+            zinfer_text::ModelTokenizer::open(&path).unwrap(),
+            Default::default(),
+        );
         let server_config = server::ServerConfig {
             models: vec![engine.model_name().to_string()],
             kv_capacity: engine.kv_capacity() as u64,

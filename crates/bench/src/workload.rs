@@ -474,12 +474,7 @@ mod tests {
     #[test]
     fn a_prompt_of_n_words_is_n_tokens_for_the_default_model() {
         let path = zinfer_fetch::test_model_path().unwrap();
-        let options = zinfer_model::LoadOptions {
-            kv_capacity: 64,
-            ..Default::default()
-        };
-        let model = zinfer_model::load(&path, &options).unwrap();
-        let tokenizer = &model.tokenizer;
+        let tokenizer = &zinfer_text::ModelTokenizer::open(&path).unwrap();
         for word in WORDS {
             assert_eq!(tokenizer.encode(word).unwrap().len(), 1, "{word:?}");
             assert_eq!(

@@ -7,7 +7,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use zinfer_model::ModelTokenizer;
+use zinfer_text::ModelTokenizer;
 
 /// Flags of `zinfer model tokenize`.
 #[derive(Debug, clap::Args)]

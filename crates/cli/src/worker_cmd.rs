@@ -11,6 +11,7 @@ use zinfer_curve::ClientCurve;
 use zinfer_model::{self as model, LoadOptions};
 use zinfer_probe::Device;
 use zinfer_supervisor::{CurveFiles, EngineSettings, WorkerConfig};
+use zinfer_text::ModelTokenizer;
 use zinfer_worker::engine::{Engine, EngineConfig};
 use zinfer_worker::metrics::WorkerMetrics;
 use zinfer_worker::scheduler::SchedulerConfig;
@@ -263,6 +264,8 @@ fn run_config(config: &WorkerConfig) -> anyhow::Result<()> {
         "zinfer worker {id}: loading {} on {device} with {threads} thread(s)",
         model_path.display()
     );
+    let tokenizer = ModelTokenizer::open(&model_path)
+        .with_context(|| format!("loading {}", model_path.display()))?;
     let load_options = LoadOptions {
         kv_capacity: settings.kv_tokens,
         threads: Some(threads),
@@ -288,15 +291,17 @@ fn run_config(config: &WorkerConfig) -> anyhow::Result<()> {
         ..EngineConfig::default()
     };
     let engine = match &settings.draft_model {
-        None => Engine::start(loaded, engine_config),
+        None => Engine::start(loaded, tokenizer, engine_config),
         Some(path) => {
             eprintln!(
                 "zinfer worker {id}: loading the draft model {}",
                 path.display()
             );
+            let draft_tokenizer = ModelTokenizer::open(path)
+                .with_context(|| format!("loading the draft model {}", path.display()))?;
             let draft = model::load(path, &load_options)
                 .with_context(|| format!("loading the draft model {}", path.display()))?;
-            Engine::start_with_draft(loaded, draft, engine_config)?
+            Engine::start_with_draft(loaded, tokenizer, draft, &draft_tokenizer, engine_config)?
         }
     };
 

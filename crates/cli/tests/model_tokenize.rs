@@ -109,7 +109,7 @@ fn the_default_model() {
     let path = zinfer_fetch::test_model_path().unwrap();
     let text = "<|im_start|>user\nHi there<|im_end|>\n";
     let got = ids(&[path.to_str().unwrap(), text]);
-    let tokenizer = zinfer_model::ModelTokenizer::open(&path).unwrap();
+    let tokenizer = zinfer_text::ModelTokenizer::open(&path).unwrap();
     assert_eq!(got, [tokenizer.tokenize(text, true, true).unwrap()]);
     let im_start = tokenizer.tokenize("<|im_start|>", false, true).unwrap();
     assert_eq!(im_start.len(), 1);

@@ -96,9 +96,10 @@ fn main() {
     let load_s = t0.elapsed().as_secs_f64();
     let mut model = loaded.model;
     let threads = threads.unwrap_or_else(zinfer_model::kernel_threads);
+    let tokenizer = zinfer_text::ModelTokenizer::open(&path).unwrap();
     let mut text = String::new();
     let prompt = loop {
-        let ids = loaded.tokenizer.encode(&text).unwrap();
+        let ids = tokenizer.encode(&text).unwrap();
         if ids.len() >= 512 {
             break ids[..512].to_vec();
         }

@@ -28,9 +28,7 @@ use super::cpu::{OutputRows, StepPlan, split_outputs};
 use super::gguf::{self, GgufFile, check_dims, check_len};
 use super::spec::{Activation, ModelSpec, RopeStyle};
 use super::weights::{self, GateUp, Naming, Qkv, TensorSource, Weights};
-use super::{
-    ForwardModel, KvShape, LoadOptions, ModelError, ModelTokenizer, SeqChunk, check_transfer,
-};
+use super::{ForwardModel, KvShape, LoadOptions, ModelError, SeqChunk, check_transfer};
 
 /// Weights on the device: the embedding table dequantized (`[vocab, hidden]`
 /// f32, looked up with `index_select`), matrices quantized, vectors f32.
@@ -74,7 +72,7 @@ pub(crate) fn load(
     path: &Path,
     options: &LoadOptions,
     device: &Device,
-) -> Result<(CandleModel, ModelTokenizer), ModelError> {
+) -> Result<CandleModel, ModelError> {
     if device.is_cuda() {
         use_float_activations();
     }
@@ -85,8 +83,7 @@ pub(crate) fn load(
         device,
     };
     let weights = weights::read(&mut src, &spec, Naming::Gguf)?;
-    let model = CandleModel::new(spec, device.clone(), weights, options.kv_capacity)?;
-    Ok((model, file.tokenizer))
+    CandleModel::new(spec, device.clone(), weights, options.kv_capacity)
 }
 
 /// Makes candle's CUDA quantized matmuls dequantize weights and multiply

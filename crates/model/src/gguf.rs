@@ -22,25 +22,20 @@ use super::cpu::{CpuModel, CpuWeights};
 use super::linear::{Embedding, Linear};
 use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec};
 use super::weights::{self, Naming, TensorSource};
-use super::{LoadOptions, ModelError, ModelTokenizer};
+use super::{LoadOptions, ModelError};
 
-/// Reads the model, its tokenizer and chat template from one GGUF file.
-pub(crate) fn load(
-    path: &Path,
-    options: &LoadOptions,
-) -> Result<(CpuModel, ModelTokenizer), ModelError> {
+/// Reads the model from one GGUF file.
+pub(crate) fn load(path: &Path, options: &LoadOptions) -> Result<CpuModel, ModelError> {
     let mut file = open(path)?;
     let spec = file.spec.clone();
     let weights: CpuWeights = weights::read(&mut CpuSource(&mut file), &spec, Naming::Gguf)?;
-    let model = CpuModel::new(spec, weights, options)?;
-    Ok((model, file.tokenizer))
+    CpuModel::new(spec, weights, options)
 }
 
 /// A GGUF file with its metadata read: what both backends start from.
 pub(crate) struct GgufFile {
     pub(crate) tensors: Tensors,
     pub(crate) spec: ModelSpec,
-    pub(crate) tokenizer: ModelTokenizer,
 }
 
 impl GgufFile {
@@ -60,16 +55,11 @@ impl GgufFile {
     }
 }
 
-/// Reads a GGUF file's header, model spec and tokenizer (not the weights).
+/// Reads a GGUF file's header and model spec (not the weights).
 pub(crate) fn open(path: &Path) -> Result<GgufFile, ModelError> {
     let mut tensors = Tensors::open(path)?;
-    let tokenizer = ModelTokenizer::from_gguf_file(path)?;
     let spec = spec(&mut tensors)?;
-    Ok(GgufFile {
-        tensors,
-        spec,
-        tokenizer,
-    })
+    Ok(GgufFile { tensors, spec })
 }
 
 /// A GGUF file's header and tensor table, with the file open to read

@@ -1,9 +1,9 @@
-//! zinfer's models: loading, tokenizer and chat template, devices, and the
-//! forward pass over the KV pool, on zinfer's CPU kernels or on candle.
+//! zinfer's models: loading, devices, and the forward pass over the KV
+//! pool, on zinfer's CPU kernels or on candle. The tokenizer and chat
+//! template of a checkpoint are `zinfer_text`'s.
 //!
 //! [`load`] reads a GGUF file or a Hugging Face safetensors directory into a
-//! [`LoadedModel`]: a [`ForwardModel`] that owns its KV pool, plus the
-//! [`ModelTokenizer`]. The engine drives the model one step at a time with a
+//! [`LoadedModel`]: a [`ForwardModel`] that owns its KV pool. The engine drives the model one step at a time with a
 //! [`StepBatch`]: the step's [`SeqChunk`]s laid out flat; the KV slots come
 //! from the engine's token pool.
 
@@ -11,7 +11,6 @@ mod arch;
 mod attention;
 mod batch;
 mod candle_model;
-mod chat;
 mod cpu;
 pub mod device;
 mod flash;
@@ -22,7 +21,6 @@ mod safetensors;
 mod spec;
 #[cfg(feature = "synthetic")]
 pub mod synthetic;
-mod tokenizer;
 mod weights;
 
 use std::path::{Path, PathBuf};
@@ -33,14 +31,11 @@ pub use zinfer_probe::{AttentionDtype, KvDtype, KvShape, model_name};
 pub use arch::supported as supported_architectures;
 pub use batch::StepBatch;
 pub use candle_model::CandleModel;
-pub use chat::tools::{ChatFeatures, ToolFormat};
-pub use chat::{ChatTemplate, TemplateInput};
 pub use cpu::CpuModel;
 pub use spec::{
     Activation, BlockLayout, LayerSpec, MAX_POSITIONS, ModelSpec, RopeScaling, RopeSpec, RopeStyle,
     SpecError,
 };
-pub use tokenizer::{ModelTokenizer, TokenBytes, TokenizerError};
 pub use zinfer_kernels::ScoreRule;
 
 /// What a forward step returns for one [`SeqChunk`].
@@ -207,14 +202,12 @@ impl Default for LoadOptions {
     }
 }
 
-/// A model ready to serve: the forward pass and its tokenizer.
+/// A model ready to run: the forward pass, named.
 pub struct LoadedModel {
     /// Name reported to the router (the file or directory stem).
     pub name: String,
     /// The forward pass with its KV pool.
     pub model: Box<dyn ForwardModel + Send>,
-    /// Tokenizer and chat template read from the same checkpoint.
-    pub tokenizer: ModelTokenizer,
 }
 
 /// Why a model could not be loaded or run.
@@ -388,12 +381,6 @@ pub enum ModelError {
     /// The requested device is unknown, not in this build, or not usable.
     #[error(transparent)]
     Device(#[from] DeviceError),
-    /// The tokenizer could not be built or failed on input.
-    #[error("tokenizer: {0}")]
-    Tokenizer(#[from] TokenizerError),
-    /// The chat template could not be parsed or rendered.
-    #[error("chat template: {0}")]
-    ChatTemplate(String),
     /// A forward batch broke the [`SeqChunk`] contract.
     #[error("invalid batch: {0}")]
     InvalidBatch(String),
@@ -423,8 +410,9 @@ impl From<zinfer_probe::SafetensorsError> for ModelError {
     }
 }
 
-/// Loads a GGUF file or a safetensors directory (config.json, tokenizer.json,
-/// *.safetensors) and allocates its KV pool.
+/// Loads a GGUF file or a safetensors directory (config.json, *.safetensors)
+/// and allocates its KV pool; the checkpoint's tokenizer is
+/// `zinfer_text::ModelTokenizer::open`'s.
 ///
 /// `cpu` runs zinfer's own kernels ([`CpuModel`]); a GPU device runs [`CandleModel`] on it.
 pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelError> {
@@ -432,7 +420,7 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelErro
     match check_device(device)? {
         Device::Cpu | Device::CpuSet(_) | Device::Auto => {
             apply_threads(options.threads);
-            let (model, tokenizer) = if path.is_dir() {
+            let model = if path.is_dir() {
                 safetensors::load(path, options)?
             } else {
                 gguf::load(path, options)?
@@ -440,7 +428,6 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelErro
             Ok(LoadedModel {
                 name: model_name(path),
                 model: Box::new(model),
-                tokenizer,
             })
         }
         gpu => load_candle(path, options, &candle_device(gpu)?),
@@ -458,11 +445,10 @@ pub fn load_candle(
     if path.is_dir() {
         return Err(ModelError::SafetensorsOnGpu(path.to_path_buf()));
     }
-    let (model, tokenizer) = candle_model::load(path, options, device)?;
+    let model = candle_model::load(path, options, device)?;
     Ok(LoadedModel {
         name: model_name(path),
         model: Box::new(model),
-        tokenizer,
     })
 }
 

@@ -21,7 +21,7 @@ use super::gguf::{check_dims, check_len};
 use super::linear::{Embedding, Linear};
 use super::spec::{MAX_POSITIONS, ModelSpec, RopeScaling, RopeSpec, RopeStyle};
 use super::weights::{self, Naming, TensorSource};
-use super::{LoadOptions, ModelError, ModelTokenizer};
+use super::{LoadOptions, ModelError};
 
 /// The fields of `config.json` the llama forward pass uses.
 #[derive(Debug, Deserialize)]
@@ -47,8 +47,6 @@ struct HfConfig {
     rope_scaling: Option<HfRopeScaling>,
     #[serde(default)]
     sliding_window: Option<usize>,
-    #[serde(default)]
-    eos_token_id: Option<serde_json::Value>,
 }
 
 /// `rope_scaling` of a llama `config.json`; only the `llama3` type loads.
@@ -103,11 +101,8 @@ fn default_positions() -> usize {
     4096
 }
 
-/// Reads the model and tokenizer from a checkpoint directory.
-pub(crate) fn load(
-    dir: &Path,
-    options: &LoadOptions,
-) -> Result<(CpuModel, ModelTokenizer), ModelError> {
+/// Reads the model from a checkpoint directory.
+pub(crate) fn load(dir: &Path, options: &LoadOptions) -> Result<CpuModel, ModelError> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io {
         path: config_path.clone(),
@@ -157,24 +152,12 @@ pub(crate) fn load(
         layout: arch.layout,
     };
     spec.validate()?;
-    let eos: Vec<u32> = match &hf.eos_token_id {
-        Some(serde_json::Value::Number(n)) => {
-            n.as_u64().map(|v| vec![v as u32]).unwrap_or_default()
-        }
-        Some(serde_json::Value::Array(a)) => a
-            .iter()
-            .filter_map(|v| v.as_u64())
-            .map(|v| v as u32)
-            .collect(),
-        _ => Vec::new(),
-    };
-    let tokenizer = ModelTokenizer::from_hf_dir(dir, &eos)?;
     let mut tensors = SafetensorsSource {
         tensors: read_tensors(dir)?,
         tied: hf.tie_word_embeddings,
     };
     let weights: CpuWeights = weights::read(&mut tensors, &spec, Naming::HuggingFace)?;
-    Ok((CpuModel::new(spec, weights, options)?, tokenizer))
+    CpuModel::new(spec, weights, options)
 }
 
 /// Every tensor of the directory's `*.safetensors` files, headers read by

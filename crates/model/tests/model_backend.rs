@@ -21,7 +21,7 @@ use zinfer_model::{
 mod support;
 use support::{
     argmax, check_all_rows_match_stepwise, greedy_capital_of_france, max_abs_diff, one_shot,
-    prompt_ids, reference_logits, top_k, whole_chunk, write_converted,
+    prompt_ids, reference_logits, tokenizer, top_k, whole_chunk, write_converted,
 };
 
 /// Same float weights, same backend, only the batch layout differs (logits
@@ -59,7 +59,7 @@ fn load_backend_from(path: &Path, kv_capacity: usize) -> LoadedModel {
 fn logits_agree_with_quantized_llama_and_the_cpu_kernels() {
     let path = test_model_path().unwrap();
     let mut m = load_backend(256);
-    let ids = prompt_ids(&m);
+    let ids = prompt_ids();
     let ours = one_shot(&mut m, &ids);
     assert_eq!(ours.len(), 49152);
 
@@ -114,7 +114,7 @@ fn chunks_batches_and_decode_match_one_shot() {
     ];
     let prompts: Vec<Vec<u32>> = texts
         .iter()
-        .map(|t| m.tokenizer.encode(t).unwrap())
+        .map(|t| tokenizer().encode(t).unwrap())
         .collect();
     let alone: Vec<Vec<f32>> = prompts.iter().map(|p| one_shot(&mut m, p)).collect();
     // With float weights the backend must match the reference closely.
@@ -238,7 +238,7 @@ fn every_row_of_a_chunk_matches_one_position_per_step() {
     )
     .unwrap();
     let _ = std::fs::remove_file(&f32_copy);
-    let ids = prompt_ids(&m);
+    let ids = prompt_ids();
     assert_eq!(m.model.hidden_size(), cpu.model.hidden_size());
     check_all_rows_match_stepwise(
         m.model.as_mut(),

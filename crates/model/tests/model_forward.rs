@@ -14,7 +14,7 @@ use zinfer_model::{
 mod support;
 use support::{
     argmax, check_all_rows_match_stepwise, greedy_capital_of_france, max_abs_diff, one_shot,
-    prompt_ids, reference_logits, top_k, write_converted,
+    prompt_ids, reference_logits, tokenizer, top_k, write_converted,
 };
 
 /// Largest logit difference accepted between two runs of the same weights
@@ -57,7 +57,7 @@ fn our_logits(gguf: &Path, ids: &[u32]) -> Vec<f32> {
 #[test]
 fn last_logits_match_candle_quantized_llama_with_float_weights() {
     let path = test_model_path().unwrap();
-    let ids = prompt_ids(&load_default(8));
+    let ids = prompt_ids();
     let f16 = write_converted(
         &path,
         &[GgmlDType::Q4_1, GgmlDType::Q8_0],
@@ -85,7 +85,7 @@ fn last_logits_match_candle_quantized_llama_with_float_weights() {
 #[test]
 fn last_logits_agree_with_candle_quantized_llama_on_quantized_weights() {
     let path = test_model_path().unwrap();
-    let ids = prompt_ids(&load_default(8));
+    let ids = prompt_ids();
     let ours = our_logits(&path, &ids);
     let reference = reference_logits(&path, &ids);
     let diff = max_abs_diff(&ours, &reference);
@@ -104,7 +104,7 @@ fn last_logits_agree_with_candle_quantized_llama_on_quantized_weights() {
 #[test]
 fn an_f16_kv_pool_gives_nearly_the_logits_of_f32() {
     let path = test_model_path().unwrap();
-    let ids = prompt_ids(&load_default(8));
+    let ids = prompt_ids();
     let logits = |gguf: &Path, kv_dtype: KvDtype| {
         let options = LoadOptions {
             kv_capacity: 256,
@@ -154,7 +154,7 @@ fn assert_nearly_same(a: &[f32], b: &[f32], tolerance: f32, what: &str) -> f32 {
 #[test]
 fn bf16_attention_gives_nearly_the_logits_of_f32() {
     let path = test_model_path().unwrap();
-    let ids = prompt_ids(&load_default(8));
+    let ids = prompt_ids();
     let options = |attention| LoadOptions {
         kv_capacity: 256,
         attention,
@@ -194,7 +194,7 @@ fn bf16_attention_gives_nearly_the_logits_of_f32() {
 #[test]
 fn prefill_in_chunks_and_decode_match_one_chunk() {
     let mut m = load_default(256);
-    let ids = prompt_ids(&m);
+    let ids = prompt_ids();
     let n = ids.len();
     let whole_slots: Vec<u32> = (0..n as u32).collect();
     let whole = m
@@ -249,7 +249,7 @@ fn prefill_in_chunks_and_decode_match_one_chunk() {
 #[test]
 fn every_row_of_a_chunk_matches_one_position_per_step() {
     let mut m = load_default(512);
-    let ids = prompt_ids(&m);
+    let ids = prompt_ids();
     assert_eq!(m.model.hidden_size(), 576);
     check_all_rows_match_stepwise(
         m.model.as_mut(),
@@ -270,7 +270,7 @@ fn a_batch_gives_each_sequence_its_own_logits() {
     ];
     let prompts: Vec<Vec<u32>> = texts
         .iter()
-        .map(|t| m.tokenizer.encode(t).unwrap())
+        .map(|t| tokenizer().encode(t).unwrap())
         .collect();
 
     let mut alone = Vec::new();
@@ -397,7 +397,7 @@ fn bad_batches_are_errors_not_panics() {
 #[test]
 fn other_weight_types_load_and_agree() {
     let path = test_model_path().unwrap();
-    let ids = prompt_ids(&load_default(8));
+    let ids = prompt_ids();
     let shipped = our_logits(&path, &ids);
     for to in [GgmlDType::Q4_0, GgmlDType::Q5_1, GgmlDType::Q8_0] {
         let converted = write_converted(&path, &[GgmlDType::Q4_1], to, &format!("{to:?}"));

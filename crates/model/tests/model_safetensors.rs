@@ -16,6 +16,7 @@ use candle_core::{DType, Device, Tensor};
 use tokenizers::{AddedToken, Tokenizer};
 use zinfer_fetch::test_model_path;
 use zinfer_model::{LoadOptions, load};
+use zinfer_text::ModelTokenizer;
 
 mod support;
 use support::one_shot;
@@ -203,10 +204,11 @@ fn safetensors_directory_matches_the_gguf() {
         kv_capacity: 128,
         ..LoadOptions::default()
     };
-    let original = load(&test_model_path().unwrap(), &options).unwrap();
+    let original = ModelTokenizer::open(&test_model_path().unwrap()).unwrap();
     let (gguf_path, hf_dir) = convert(&test_model_path().unwrap());
     let mut from_gguf = load(&gguf_path, &options).unwrap();
     let mut from_hf = load(&hf_dir, &options).unwrap();
+    let hf_tokenizer = ModelTokenizer::open(&hf_dir).unwrap();
     // A chat_template.jinja beside the checkpoint wins over the template of
     // tokenizer_config.json (Python string methods included).
     std::fs::write(
@@ -214,14 +216,14 @@ fn safetensors_directory_matches_the_gguf() {
         "{% for m in messages %}\n<{{ m['role'] }}>{{ m['content'].strip().upper() }}\n{% endfor %}",
     )
     .unwrap();
-    let with_jinja = load(&hf_dir, &options).unwrap();
+    let with_jinja = ModelTokenizer::open(&hf_dir).unwrap();
     let _ = std::fs::remove_dir_all(gguf_path.parent().unwrap());
     let padded = [zinfer_protocol::ChatMessage::new(
         "user",
         "  Name three colours. ",
     )];
     assert_eq!(
-        with_jinja.tokenizer.apply_chat_template(&padded).unwrap(),
+        with_jinja.apply_chat_template(&padded).unwrap(),
         "<user>NAME THREE COLOURS.\n"
     );
 
@@ -229,14 +231,11 @@ fn safetensors_directory_matches_the_gguf() {
         "user",
         "Name three colours.",
     )];
-    let prompt = from_hf.tokenizer.apply_chat_template(&messages).unwrap();
-    assert_eq!(
-        prompt,
-        original.tokenizer.apply_chat_template(&messages).unwrap()
-    );
-    let ids = from_hf.tokenizer.encode(&prompt).unwrap();
-    assert_eq!(ids, original.tokenizer.encode(&prompt).unwrap());
-    assert!(from_hf.tokenizer.eos_token_ids().contains(&2));
+    let prompt = hf_tokenizer.apply_chat_template(&messages).unwrap();
+    assert_eq!(prompt, original.apply_chat_template(&messages).unwrap());
+    let ids = hf_tokenizer.encode(&prompt).unwrap();
+    assert_eq!(ids, original.encode(&prompt).unwrap());
+    assert!(hf_tokenizer.eos_token_ids().contains(&2));
 
     let a = one_shot(&mut from_gguf, &ids);
     let b = one_shot(&mut from_hf, &ids);

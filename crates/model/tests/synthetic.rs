@@ -10,6 +10,7 @@ use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, Value};
 use zinfer_fetch::test_model_path;
 use zinfer_model::{ChunkOutput, KvShape, LoadOptions, SeqChunk, load};
+use zinfer_text::ModelTokenizer;
 mod support;
 use support::{max_abs_diff, one_shot, reference_logits, top_k};
 use zinfer_model::synthetic::{
@@ -190,8 +191,9 @@ fn the_loader_reads_the_shape_that_was_written() {
     assert_eq!(m.model.vocab_size(), 49_152);
     assert_eq!(m.model.max_positions(), 4096);
     // The copied tokenizer still encodes text as the real model does.
+    let tokenizer = ModelTokenizer::open(&dir.path().join("q8_0.gguf")).unwrap();
     assert_eq!(
-        m.tokenizer
+        tokenizer
             .encode("Hello, world! The quick brown fox.")
             .unwrap(),
         [19556, 28, 905, 17, 378, 2365, 6354, 16438, 30]
@@ -376,8 +378,8 @@ fn a_smaller_vocabulary_loads() {
         },
     )
     .unwrap();
-    let ids = m
-        .tokenizer
+    let ids = ModelTokenizer::open(&dir.path().join("q4_0.gguf"))
+        .unwrap()
         .encode("Hello, world! The quick brown fox.")
         .unwrap();
     assert!(ids.iter().all(|&t| t < 32_000));

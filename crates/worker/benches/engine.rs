@@ -39,6 +39,7 @@ use std::time::{Duration, Instant};
 use zinfer_fetch::test_model_path;
 use zinfer_model::{LoadOptions, load};
 use zinfer_protocol::{Constraint, DoneBody, GenerateRequest, Timings, Usage};
+use zinfer_text::ModelTokenizer;
 use zinfer_worker::constraint::Grammars;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use zinfer_worker::sampling::{Sampler, SamplingParams};
@@ -253,8 +254,9 @@ fn main() {
     };
     let options_device = options.device.clone();
     let loaded = load(&path, &options).unwrap();
+    let tokenizer = ModelTokenizer::open(&path).unwrap();
     let load_s = load_start.elapsed().as_secs_f64();
-    let corpus = loaded.tokenizer.encode(&long_text()).unwrap();
+    let corpus = tokenizer.encode(&long_text()).unwrap();
     assert!(corpus.len() >= 1000, "corpus too short: {}", corpus.len());
     let mut config = EngineConfig::default();
     // Room for the 64-stream figure.
@@ -266,12 +268,12 @@ fn main() {
     let trie_start = Instant::now();
     let grammars = selected("constrained").then(|| {
         Grammars::new(
-            loaded.tokenizer.token_bytes().map_err(|e| e.to_string()),
-            loaded.tokenizer.eos_token_ids(),
+            tokenizer.token_bytes().map_err(|e| e.to_string()),
+            tokenizer.eos_token_ids(),
         )
     });
     let trie_s = trie_start.elapsed().as_secs_f64();
-    let handle = Engine::start(loaded, config);
+    let handle = Engine::start(loaded, tokenizer, config);
     let threads = match threads {
         Some(1) => "1 (engine thread only)".to_string(),
         _ => zinfer_model::kernel_threads().to_string(),

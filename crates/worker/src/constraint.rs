@@ -18,8 +18,8 @@ use crossbeam_channel::{Receiver, Sender};
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
-use zinfer_model::TokenBytes;
 use zinfer_protocol::{Constraint, ConstraintKind};
+use zinfer_text::TokenBytes;
 
 /// Compiled constraints kept for reuse; a repeated schema costs a clone.
 const CACHE_ENTRIES: usize = 64;

@@ -1,6 +1,7 @@
 //! zinfer worker: the KV pool and prefix cache around a model, the
 //! continuous batching scheduler, and the socket loop that serves the router.
-//! The model itself (loading, tokenizer, forward pass) is `zinfer_model`'s.
+//! The model itself (loading, forward pass) is `zinfer_model`'s; its
+//! tokenizer, chat template and output formats are `zinfer_text`'s.
 //!
 //! Threads: one I/O thread owns the DEALER socket ([`server`]); one engine
 //! thread owns the model, the pool and the cache ([`engine`]). They talk over
@@ -9,7 +10,6 @@
 //! while the forward pass runs.
 
 pub mod constraint;
-pub mod detokenize;
 pub mod engine;
 pub mod metrics;
 pub mod migration;
@@ -18,7 +18,6 @@ pub mod scheduler;
 pub mod server;
 pub mod speculate;
 pub mod text;
-pub mod tools;
 
 pub use engine::CacheBlock;
 pub use zinfer_model::KvShape;

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
-use zinfer_model::ModelError;
 use zinfer_protocol::{
     ApplyTemplateRequest, ChatMessage, ErrorCode, Limits, Piece, TextRequest, TextResult,
     WorkerToRouter,
 };
+use zinfer_text::TextError;
 
 use crate::engine::TextCodec;
 
@@ -33,16 +33,16 @@ const REPLY_SLACK: usize = 1024;
 /// the client.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{message}")]
-pub struct TextError {
+pub struct TextRequestError {
     /// The protocol error code.
     pub code: ErrorCode,
     /// For a person.
     pub message: String,
 }
 
-impl TextError {
+impl TextRequestError {
     fn bad_request(message: impl Into<String>) -> Self {
-        TextError {
+        TextRequestError {
             code: ErrorCode::BadRequest,
             message: message.into(),
         }
@@ -52,15 +52,15 @@ impl TextError {
 /// Errors of the tokenizer and template come from what the client sent
 /// (text with a byte the vocabulary lacks, a template's
 /// `raise_exception`), so they are `bad_request`; anything else is ours.
-impl From<ModelError> for TextError {
-    fn from(error: ModelError) -> Self {
+impl From<TextError> for TextRequestError {
+    fn from(error: TextError) -> Self {
         match error {
-            ModelError::Tokenizer(_) | ModelError::ChatTemplate(_) => {
-                TextError::bad_request(error.to_string())
+            TextError::Tokenizer(_) | TextError::ChatTemplate(_) => {
+                TextRequestError::bad_request(error.to_string())
             }
             other => {
                 tracing::error!(error = %other, "text request failed");
-                TextError {
+                TextRequestError {
                     code: ErrorCode::Internal,
                     message: "the worker failed on this request; see its log".into(),
                 }
@@ -75,7 +75,7 @@ impl From<ModelError> for TextError {
 pub fn render_template(
     codec: &dyn TextCodec,
     request: &ApplyTemplateRequest,
-) -> Result<String, ModelError> {
+) -> Result<String, TextError> {
     render(codec, &request.messages, request.add_generation_prompt)
 }
 
@@ -83,7 +83,7 @@ fn render(
     codec: &dyn TextCodec,
     messages: &[ChatMessage],
     add_generation_prompt: bool,
-) -> Result<String, ModelError> {
+) -> Result<String, TextError> {
     if add_generation_prompt {
         codec.render_chat(messages)
     } else {
@@ -96,7 +96,7 @@ pub fn answer(
     codec: &dyn TextCodec,
     vocab_size: usize,
     request: &TextRequest,
-) -> Result<TextResult, TextError> {
+) -> Result<TextResult, TextRequestError> {
     match request {
         TextRequest::Tokenize(request) => {
             let tokens = codec.tokenize_text(
@@ -117,7 +117,7 @@ pub fn answer(
         }
         TextRequest::Detokenize(request) => {
             if let Some(bad) = request.tokens.iter().find(|&&t| t as usize >= vocab_size) {
-                return Err(TextError::bad_request(format!(
+                return Err(TextRequestError::bad_request(format!(
                     "token id {bad} is outside the vocabulary of {vocab_size} tokens"
                 )));
             }
@@ -143,7 +143,7 @@ pub fn reply_frame(
 ) -> Option<Vec<u8>> {
     let result = answer(codec, vocab_size, request);
     let max = limits.max_frame_bytes.saturating_sub(REPLY_SLACK);
-    let error = |error: TextError| WorkerToRouter::Error {
+    let error = |error: TextRequestError| WorkerToRouter::Error {
         rid,
         code: error.code,
         message: error.message,
@@ -157,11 +157,11 @@ pub fn reply_frame(
                  in parts (or without with_pieces)",
                 frame.len()
             );
-            encode_or_log(&error(TextError::bad_request(message)))?
+            encode_or_log(&error(TextRequestError::bad_request(message)))?
         }
         Err(encode) => {
             tracing::error!(%encode, "cannot encode a text reply");
-            encode_or_log(&error(TextError {
+            encode_or_log(&error(TextRequestError {
                 code: ErrorCode::Internal,
                 message: "the worker could not encode its reply".into(),
             }))?
@@ -208,13 +208,13 @@ impl TextThread {
 
     /// Queues a job; the error to send at once when the queue is full or
     /// the thread is gone.
-    pub(crate) fn submit(&self, job: TextJob) -> Result<(), TextError> {
+    pub(crate) fn submit(&self, job: TextJob) -> Result<(), TextRequestError> {
         let Some(jobs) = &self.jobs else {
             return Err(stopped());
         };
         match jobs.try_send(job) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(_)) => Err(TextError {
+            Err(TrySendError::Full(_)) => Err(TextRequestError {
                 code: ErrorCode::Overloaded,
                 message: format!(
                     "the worker has {TEXT_QUEUE} text requests waiting; retry with backoff"
@@ -225,8 +225,8 @@ impl TextThread {
     }
 }
 
-fn stopped() -> TextError {
-    TextError {
+fn stopped() -> TextRequestError {
+    TextRequestError {
         code: ErrorCode::Unavailable,
         message: "the worker is stopping; retry".into(),
     }

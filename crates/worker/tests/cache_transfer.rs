@@ -16,6 +16,7 @@ use zinfer_model::{
     ChunkOutput, LoadOptions, LoadedModel, ModelError, SeqChunk, candle_device, load, load_candle,
 };
 use zinfer_protocol::{ChunkBody, DoneBody, GenerateRequest, Usage};
+use zinfer_text::ModelTokenizer;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineError, EngineEvent, EngineHandle};
 use zinfer_worker::scheduler::SchedulerConfig;
 use zinfer_worker::{CacheBlock, KvShape};
@@ -76,7 +77,7 @@ fn step(m: &mut LoadedModel, ids: &[u32], slots: &[u32], start: usize) -> Vec<f3
 /// Prefill a prompt into slots 0..n, copy its K/V to slots 100.., read it
 /// back unchanged, and decode the last token from the copy: same logits.
 fn round_trip(m: &mut LoadedModel) {
-    let ids = prompt_ids(m);
+    let ids = prompt_ids();
     let n = ids.len();
     let shape = m.model.kv_shape();
     assert_eq!(
@@ -139,7 +140,7 @@ fn kv_from_the_cpu_kernels_serves_the_candle_backend() {
     let _serial = serial();
     let mut cpu = cpu_model(128);
     let mut gpu = candle_model(128);
-    let ids = prompt_ids(&cpu);
+    let ids = prompt_ids();
     let n = ids.len();
     let slots: Vec<u32> = (0..n as u32).collect();
     step(&mut cpu, &ids[..n - 1], &slots[..n - 1], 0);
@@ -167,6 +168,7 @@ fn engine(kv_capacity: usize) -> EngineHandle {
     let path = test_model_path().unwrap();
     Engine::start(
         load(&path, &options(kv_capacity, test_device())).unwrap(),
+        ModelTokenizer::open(&path).unwrap(),
         config(),
     )
 }

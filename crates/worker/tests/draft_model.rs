@@ -12,14 +12,19 @@ use zinfer_fetch::test_model_path;
 use zinfer_model::synthetic::{SynthShape, SynthSpec, generate};
 use zinfer_model::{LoadOptions, LoadedModel, load};
 use zinfer_protocol::{ChunkBody, GenerateRequest, Speculative};
+use zinfer_text::ModelTokenizer;
 use zinfer_worker::engine::{DraftModelError, Engine, EngineConfig, EngineEvent, EngineHandle};
 
-fn model(path: &Path) -> LoadedModel {
+/// A model and its tokenizer.
+fn model(path: &Path) -> (LoadedModel, ModelTokenizer) {
     let options = LoadOptions {
         kv_capacity: 4096,
         ..LoadOptions::default()
     };
-    load(path, &options).unwrap()
+    (
+        load(path, &options).unwrap(),
+        ModelTokenizer::open(path).unwrap(),
+    )
 }
 
 /// A tiny random-weight llama with the default model's tokenizer, or with
@@ -80,11 +85,23 @@ const PROMPTS: [&str; 2] = [
     "<|im_start|>user\nWhat is a prime number?<|im_end|>\n<|im_start|>assistant\n",
 ];
 
+/// The default model served with the draft model at `draft`.
+fn start_with_draft(draft: &Path) -> Result<EngineHandle, DraftModelError> {
+    let (loaded, tokenizer) = model(&test_model_path().unwrap());
+    let (draft, draft_tokenizer) = model(draft);
+    Engine::start_with_draft(
+        loaded,
+        tokenizer,
+        draft,
+        &draft_tokenizer,
+        EngineConfig::default(),
+    )
+}
+
 /// Greedy tokens of each prompt with no speculation, then with a draft
 /// model; returns the share of draft tokens accepted.
-fn check_unchanged(draft: LoadedModel) -> f64 {
-    let path = test_model_path().unwrap();
-    let handle = Engine::start_with_draft(model(&path), draft, EngineConfig::default()).unwrap();
+fn check_unchanged(draft: &Path) -> f64 {
+    let handle = start_with_draft(draft).unwrap();
     for (i, prompt) in PROMPTS.iter().enumerate() {
         let rid = 10 * i as u64;
         let plain = tokens(&handle, rid, request(prompt, 0));
@@ -100,26 +117,21 @@ fn check_unchanged(draft: LoadedModel) -> f64 {
 
 #[test]
 fn drafts_of_the_same_model_are_accepted_and_change_nothing() {
-    let accepted = check_unchanged(model(&test_model_path().unwrap()));
+    let accepted = check_unchanged(&test_model_path().unwrap());
     assert!(accepted > 0.9, "{accepted:.2} of the draft accepted");
 }
 
 #[test]
 fn drafts_of_a_random_model_are_rejected_and_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let accepted = check_unchanged(model(&synthetic(dir.path(), true)));
+    let accepted = check_unchanged(&synthetic(dir.path(), true));
     assert!(accepted < 0.5, "{accepted:.2} of the draft accepted");
 }
 
 #[test]
 fn a_draft_model_with_another_vocabulary_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let draft = model(&synthetic(dir.path(), false));
-    let refused = Engine::start_with_draft(
-        model(&test_model_path().unwrap()),
-        draft,
-        EngineConfig::default(),
-    );
+    let refused = start_with_draft(&synthetic(dir.path(), false));
     assert!(matches!(
         refused,
         Err(DraftModelError::OtherTokenizer { .. })

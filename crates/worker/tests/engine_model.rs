@@ -12,7 +12,8 @@ use zinfer_fetch::test_model_path;
 use zinfer_model::device::test_device;
 use zinfer_model::{LoadOptions, load};
 use zinfer_protocol::{ChunkBody, DoneBody, FinishReason, GenerateRequest, Usage};
-use zinfer_worker::detokenize::Detokenizer;
+use zinfer_text::ModelTokenizer;
+use zinfer_text::detokenize::Detokenizer;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent, EngineHandle};
 use zinfer_worker::scheduler::SchedulerConfig;
 
@@ -48,7 +49,8 @@ fn start(kv_capacity: usize, config: EngineConfig) -> EngineHandle {
         device: test_device(),
         ..LoadOptions::default()
     };
-    Engine::start(load(&path, &options).unwrap(), config)
+    let tokenizer = ModelTokenizer::open(&path).unwrap();
+    Engine::start(load(&path, &options).unwrap(), tokenizer, config)
 }
 
 /// ChatML without the default system message (see FACTS.md: with it, the
@@ -286,8 +288,7 @@ fn stop_strings_are_cut_and_never_streamed() {
 #[test]
 fn the_real_tokenizer_streams_multibyte_text_without_splitting_it() {
     let _serial = serial();
-    let loaded = load(&test_model_path().unwrap(), &LoadOptions::default()).unwrap();
-    let tokenizer = &loaded.tokenizer;
+    let tokenizer = &ModelTokenizer::open(&test_model_path().unwrap()).unwrap();
     let text = "Grüße aus Köln — 東京タワー 🎉🦀 naïve café, ½ ≠ ∞.";
     let ids = tokenizer.encode(text).unwrap();
     assert!(ids.len() > 10);

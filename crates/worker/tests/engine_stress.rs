@@ -11,6 +11,7 @@ use zinfer_fetch::test_model_path;
 use zinfer_model::device::test_device;
 use zinfer_model::{LoadOptions, load};
 use zinfer_protocol::{ChunkBody, ErrorCode, GenerateRequest};
+use zinfer_text::ModelTokenizer;
 use zinfer_worker::engine::{Engine, EngineConfig, EngineEvent};
 use zinfer_worker::scheduler::SchedulerConfig;
 
@@ -33,7 +34,8 @@ fn random_requests_cancels_and_preemptions_leave_the_pool_whole() {
         },
         ..EngineConfig::default()
     };
-    let handle = Engine::start(load(&path, &options).unwrap(), config);
+    let tokenizer = ModelTokenizer::open(&path).unwrap();
+    let handle = Engine::start(load(&path, &options).unwrap(), tokenizer, config);
     let mut rng = StdRng::seed_from_u64(2024);
     let stems = [
         "<|im_start|>system\nYou are a terse assistant.<|im_end|>\n<|im_start|>user\n",

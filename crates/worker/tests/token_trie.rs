@@ -7,7 +7,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests may unwrap
 
-use zinfer_model::{ModelTokenizer, TokenBytes};
+use zinfer_text::{ModelTokenizer, TokenBytes};
 use zinfer_worker::constraint::token_env;
 
 const TEXT: &str = "Hello, world! The quick brown fox. Ünïcödé 🎉 {\"a\": [1, 2]}";

@@ -7,6 +7,7 @@ use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
 use candle_core::{Device, Tensor};
 use candle_transformers::models::quantized_llama::ModelWeights;
 use zinfer_model::{ChunkOutput, ForwardModel, LoadedModel, SeqChunk};
+use zinfer_text::ModelTokenizer;
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -24,9 +25,15 @@ pub fn argmax(v: &[f32]) -> usize {
         .unwrap()
 }
 
-/// The test prompt, ChatML without a system message.
-pub fn prompt_ids(m: &LoadedModel) -> Vec<u32> {
-    m.tokenizer
+/// The default model's tokenizer.
+pub fn tokenizer() -> ModelTokenizer {
+    ModelTokenizer::open(&zinfer_fetch::test_model_path().unwrap()).unwrap()
+}
+
+/// The test prompt, ChatML without a system message, in the default
+/// model's tokens.
+pub fn prompt_ids() -> Vec<u32> {
+    tokenizer()
         .encode("<|im_start|>user\nWrite one sentence about the sea and the 42 boats on it.<|im_end|>\n<|im_start|>assistant\n")
         .unwrap()
 }
@@ -103,10 +110,11 @@ pub fn one_shot(m: &mut LoadedModel, ids: &[u32]) -> Vec<f32> {
 }
 
 /// Eight greedy tokens for "What is the capital of France?" (ChatML, no
-/// system message), one forward per token over slots 0..128, as text.
+/// system message), one forward per token over slots 0..128, as text
+/// (`m` is the default model, or has its vocabulary).
 pub fn greedy_capital_of_france(m: &mut LoadedModel) -> String {
-    let mut ids = m
-        .tokenizer
+    let tokenizer = tokenizer();
+    let mut ids = tokenizer
         .encode(
             "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
         )
@@ -130,7 +138,7 @@ pub fn greedy_capital_of_france(m: &mut LoadedModel) -> String {
         ids.push(next);
         out.push(next);
     }
-    m.tokenizer.decode(&out).unwrap()
+    tokenizer.decode(&out).unwrap()
 }
 
 /// Each position of `ids` run as its own one-token step on top of the

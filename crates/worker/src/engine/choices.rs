@@ -142,7 +142,7 @@ mod tests {
             arrival: Instant::now(),
             output: OutputPlan {
                 tools: None,
-                thinking: crate::tools::Thinking::Off,
+                thinking: zinfer_text::tools::Thinking::Off,
                 markers: Vec::new(),
             },
             constraints: Vec::new(),

@@ -23,16 +23,12 @@ mod valid;
 use std::sync::Arc;
 
 use zinfer_cache::CacheConfig;
-use zinfer_model::{
-    ChatFeatures, ForwardModel, LoadedModel, ModelError, ModelTokenizer, TemplateInput, TokenBytes,
-    TokenizerError,
-};
-use zinfer_protocol::{
-    ChatMessage, ChunkBody, DoneBody, ErrorCode, FinishReason, Limits, WorkerToRouter,
-};
+use zinfer_model::{ForwardModel, LoadedModel, ModelError};
+use zinfer_protocol::{ChunkBody, DoneBody, ErrorCode, FinishReason, Limits, WorkerToRouter};
+use zinfer_text::detokenize::{DetokenizeError, TokenDecoder};
+use zinfer_text::{ModelTokenizer, TextError};
 
 use crate::constraint::Grammars;
-use crate::detokenize::{DetokenizeError, TokenDecoder};
 use crate::sampling::SamplingError;
 use crate::scheduler::{SchedulerConfig, SchedulerError};
 
@@ -40,6 +36,7 @@ pub use clock::{Clock, VirtualClock};
 pub use handle::EngineHandle;
 pub use transfer::CacheBlock;
 pub use valid::ValidRequest;
+pub use zinfer_text::TextCodec;
 
 /// Settings of one engine.
 #[derive(Debug, Clone)]
@@ -214,7 +211,7 @@ pub enum InternalError {
         /// The token.
         token: u32,
         /// Why.
-        source: ModelError,
+        source: TextError,
     },
     /// The sampler computed no log probabilities for a request that asked
     /// for them (a bug).
@@ -363,141 +360,6 @@ pub struct EngineStats {
     pub cache_import_spans: u64,
 }
 
-/// The text side of a model as the engine uses it; implemented by
-/// [`ModelTokenizer`], and by fakes in tests.
-pub trait TextCodec: Send + Sync {
-    /// Token ids of `text`, no special tokens added.
-    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError>;
-    /// Token ids of a prompt, with the BOS/EOS the model asks for (at most
-    /// one BOS when the text already starts with it).
-    fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ModelError> {
-        self.encode(text)
-    }
-    /// Text of `ids`, special tokens skipped.
-    fn decode(&self, ids: &[u32]) -> Result<String, ModelError>;
-    /// The prompt text for a conversation.
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError>;
-    /// The prompt text of a `generate` request's conversation, with its
-    /// tools and template variables; a codec without them renders the
-    /// turns alone.
-    fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
-        self.render_chat(input.messages)
-    }
-    /// What the chat template supports: tool-call syntax, reasoning.
-    fn chat_features(&self) -> ChatFeatures {
-        ChatFeatures::default()
-    }
-    /// Tokens that end generation: every end-of-generation token of the model.
-    fn eos_token_ids(&self) -> &[u32];
-    /// llama.cpp's `llama_tokenize(text, add_special, parse_special)`; with
-    /// both set, exactly [`Self::encode_prompt`] (what `generate` feeds the
-    /// model).
-    fn tokenize_text(
-        &self,
-        text: &str,
-        add_special: bool,
-        parse_special: bool,
-    ) -> Result<Vec<u32>, ModelError> {
-        match (add_special, parse_special) {
-            (true, true) => self.encode_prompt(text),
-            (false, true) => self.encode(text),
-            (_, false) => Err(TokenizerError::Unsupported(
-                "this tokenizer always recognises special tokens",
-            )
-            .into()),
-        }
-    }
-    /// The bytes of one token, special tokens written out.
-    fn token_piece(&self, id: u32) -> Result<Vec<u8>, ModelError> {
-        Ok(self.decode(&[id])?.into_bytes())
-    }
-    /// The text of `ids` with special tokens written out (`detokenize`).
-    fn detokenize_text(&self, ids: &[u32]) -> Result<String, ModelError> {
-        self.decode(ids)
-    }
-    /// The prompt text for a conversation, with or without the opening of
-    /// the assistant's turn.
-    fn render_chat_with(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, ModelError> {
-        if add_generation_prompt {
-            self.render_chat(messages)
-        } else {
-            Err(ModelError::ChatTemplate(
-                "this model renders only with the generation prompt".into(),
-            ))
-        }
-    }
-    /// Every token's bytes by id, for constrained decoding; a codec that
-    /// cannot tell refuses constrained requests with this error.
-    fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
-        Err(ModelError::Tokenizer(TokenizerError::Unsupported(
-            "this tokenizer does not expose its token bytes",
-        )))
-    }
-}
-
-impl TextCodec for ModelTokenizer {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
-        ModelTokenizer::encode(self, text)
-    }
-    fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ModelError> {
-        ModelTokenizer::encode_prompt(self, text)
-    }
-    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
-        ModelTokenizer::decode(self, ids)
-    }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
-        self.apply_chat_template(messages)
-    }
-    fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
-        ModelTokenizer::render_request(self, input)
-    }
-    fn chat_features(&self) -> ChatFeatures {
-        ModelTokenizer::chat_features(self)
-    }
-    fn eos_token_ids(&self) -> &[u32] {
-        ModelTokenizer::eos_token_ids(self)
-    }
-    fn tokenize_text(
-        &self,
-        text: &str,
-        add_special: bool,
-        parse_special: bool,
-    ) -> Result<Vec<u32>, ModelError> {
-        if add_special && parse_special {
-            // The double-BOS guard of `generate`'s prompts included.
-            ModelTokenizer::encode_prompt(self, text)
-        } else {
-            self.tokenize(text, add_special, parse_special)
-        }
-    }
-    fn token_piece(&self, id: u32) -> Result<Vec<u8>, ModelError> {
-        self.token_to_piece(id).ok_or_else(|| {
-            TokenizerError::UnknownId {
-                id,
-                vocab_size: self.vocab_size(),
-            }
-            .into()
-        })
-    }
-    fn detokenize_text(&self, ids: &[u32]) -> Result<String, ModelError> {
-        Ok(self.detokenize(ids)?)
-    }
-    fn render_chat_with(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, ModelError> {
-        self.apply_chat_template_with(messages, add_generation_prompt)
-    }
-    fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
-        ModelTokenizer::token_bytes(self)
-    }
-}
-
 /// Lets the detokenizer decode through any [`TextCodec`].
 struct Decode<'a>(&'a dyn TextCodec);
 
@@ -529,14 +391,13 @@ pub enum DraftModelError {
 pub struct Engine;
 
 impl Engine {
-    /// Starts the engine thread for a loaded model.
-    pub fn start(loaded: LoadedModel, config: EngineConfig) -> EngineHandle {
-        Engine::start_with(
-            loaded.name,
-            loaded.model,
-            Arc::new(loaded.tokenizer),
-            config,
-        )
+    /// Starts the engine thread for a loaded model and its tokenizer.
+    pub fn start(
+        loaded: LoadedModel,
+        tokenizer: ModelTokenizer,
+        config: EngineConfig,
+    ) -> EngineHandle {
+        Engine::start_with(loaded.name, loaded.model, Arc::new(tokenizer), config)
     }
 
     /// Starts the engine thread for a loaded model and a draft model that
@@ -545,12 +406,14 @@ impl Engine {
     /// other text.
     pub fn start_with_draft(
         loaded: LoadedModel,
+        tokenizer: ModelTokenizer,
         draft: LoadedModel,
+        draft_tokenizer: &ModelTokenizer,
         config: EngineConfig,
     ) -> Result<EngineHandle, DraftModelError> {
         let same = loaded.model.vocab_size() == draft.model.vocab_size()
-            && loaded.tokenizer.eos_token_ids() == draft.tokenizer.eos_token_ids()
-            && loaded.tokenizer.token_bytes().ok() == draft.tokenizer.token_bytes().ok();
+            && tokenizer.eos_token_ids() == draft_tokenizer.eos_token_ids()
+            && tokenizer.token_bytes().ok() == draft_tokenizer.token_bytes().ok();
         if !same {
             return Err(DraftModelError::OtherTokenizer {
                 model: loaded.name,
@@ -561,7 +424,7 @@ impl Engine {
             loaded.name,
             loaded.model,
             Some(draft.model),
-            Arc::new(loaded.tokenizer),
+            Arc::new(tokenizer),
             config,
         ))
     }

@@ -4,7 +4,7 @@
 use zinfer_protocol::{FunctionCall, ToolCall};
 
 use super::valid::OutputPlan;
-use crate::tools::{OutputParser, Parsed, ParsedCall};
+use zinfer_text::tools::{OutputParser, Parsed, ParsedCall};
 
 /// Output since the previous delta.
 #[derive(Debug, Default, PartialEq)]
@@ -133,7 +133,7 @@ fn call_id(seed: u64, index: u32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tools::Thinking;
+    use zinfer_text::tools::Thinking;
 
     #[test]
     fn call_ids_are_nine_alphanumerics_and_differ() {

@@ -27,10 +27,10 @@ use super::{
     TextCodec,
 };
 use crate::constraint::{CompiledConstraint, ConstraintError, MaskThread, apply_mask};
-use crate::detokenize::Detokenizer;
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens, model_logprobs};
 use crate::scheduler::{NewSequence, PlanItem, Scheduler, Speculation, StepPlan};
 use crate::speculate::{self, Drawn};
+use zinfer_text::detokenize::Detokenizer;
 
 /// How long an engine with work it cannot schedule waits before retrying;
 /// only reached if admission is stuck, which is a bug.

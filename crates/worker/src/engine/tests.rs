@@ -7,7 +7,10 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use zinfer_model::{KvShape, ModelError, SeqChunk};
-use zinfer_protocol::{ChunkBody, DoneBody, GenerateRequest, TokenLogprob, ToolCall, Usage};
+use zinfer_protocol::{
+    ChatMessage, ChunkBody, DoneBody, GenerateRequest, TokenLogprob, ToolCall, Usage,
+};
+use zinfer_text::{TextError, TokenBytes};
 
 use super::*;
 use crate::scheduler::SchedulerConfig;
@@ -26,20 +29,20 @@ const SCRIPT: &str = "Hello, wörld! 🎉 STOP here.";
 pub(crate) struct Bytes;
 
 impl TextCodec for Bytes {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
         Ok(text.bytes().map(u32::from).collect())
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+    fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
         let bytes: Vec<u8> = ids.iter().filter_map(|&id| u8::try_from(id).ok()).collect();
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
-    fn token_piece(&self, id: u32) -> Result<Vec<u8>, ModelError> {
+    fn token_piece(&self, id: u32) -> Result<Vec<u8>, TextError> {
         Ok(u8::try_from(id).map(|b| vec![b]).unwrap_or_default())
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, TextError> {
         // As a template's `raise_exception` refuses a conversation.
         if messages.iter().any(|m| m.role == "refused") {
-            return Err(ModelError::ChatTemplate("roles must alternate".into()));
+            return Err(TextError::ChatTemplate("roles must alternate".into()));
         }
         Ok(messages
             .iter()
@@ -55,7 +58,7 @@ impl TextCodec for Bytes {
     fn eos_token_ids(&self) -> &[u32] {
         &[EOS]
     }
-    fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+    fn token_bytes(&self) -> Result<Vec<TokenBytes>, TextError> {
         let mut tokens: Vec<TokenBytes> = (0..=255u8).map(|b| TokenBytes::Text(vec![b])).collect();
         tokens.push(TokenBytes::Special("<eos>".into()));
         Ok(tokens)
@@ -412,16 +415,16 @@ fn ignore_eos_generates_past_the_end_of_the_script() {
 struct BytesWithEnds;
 
 impl TextCodec for BytesWithEnds {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
         Bytes.encode(text)
     }
-    fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+    fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TextError> {
         Ok([2].into_iter().chain(Bytes.encode(text)?).collect())
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+    fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
         Bytes.decode(ids)
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, TextError> {
         Bytes.render_chat(messages)
     }
     fn eos_token_ids(&self) -> &[u32] {

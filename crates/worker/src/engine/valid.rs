@@ -3,13 +3,13 @@
 
 use std::time::Instant;
 
-use zinfer_model::{TemplateInput, ToolFormat};
 use zinfer_protocol::{Constraint, GenerateRequest, Limits, ToolChoice};
+use zinfer_text::tools::{Thinking, forced_call_grammar};
+use zinfer_text::{TemplateInput, TextError, ToolFormat};
 
 use super::handle::ModelFacts;
 use super::{EngineError, TextCodec};
 use crate::constraint::{CompiledConstraint, Grammars};
-use crate::tools::{Thinking, forced_call_grammar};
 
 /// How a request's output text is read: plain, or split into content,
 /// reasoning and tool calls.
@@ -28,15 +28,6 @@ impl OutputPlan {
     /// Whether the text needs parsing at all.
     pub fn parses(&self) -> bool {
         self.tools.is_some() || self.thinking != Thinking::Off
-    }
-}
-
-/// Control tokens of each tool syntax that the parser reads.
-fn marker_texts(format: ToolFormat) -> &'static [&'static str] {
-    match format {
-        ToolFormat::Hermes => &[],
-        ToolFormat::Llama3Json => &["<|python_tag|>"],
-        ToolFormat::Mistral => &["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"],
     }
 }
 
@@ -182,10 +173,7 @@ fn forced_call(
         return Ok(None);
     }
     let format = text.chat_features().tool_format;
-    let opener = match format {
-        ToolFormat::Mistral => single_token(text, "[TOOL_CALLS]"),
-        _ => None,
-    };
+    let opener = format.opener().and_then(|piece| single_token(text, piece));
     forced_call_grammar(
         format,
         &request.tools,
@@ -210,7 +198,7 @@ fn tokenize(
         thinking: Thinking::Off,
         markers: Vec::new(),
     };
-    let tokenizer = |error: zinfer_model::ModelError| EngineError::Tokenizer(error.to_string());
+    let tokenizer = |error: TextError| EngineError::Tokenizer(error.to_string());
     let prompt = if let Some(tokens) = &request.tokens {
         if let Some(bad) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(EngineError::BadRequest(format!(
@@ -233,7 +221,7 @@ fn tokenize(
             ..TemplateInput::new(messages)
         };
         let rendered = text.render_request(&input).map_err(|error| match error {
-            zinfer_model::ModelError::ChatTemplate(_) => EngineError::BadRequest(error.to_string()),
+            TextError::ChatTemplate(_) => EngineError::BadRequest(error.to_string()),
             other => tokenizer(other),
         })?;
         output = output_plan(request, text, &rendered);
@@ -258,16 +246,10 @@ fn output_plan(request: &GenerateRequest, text: &dyn TextCodec, rendered: &str) 
     let features = text.chat_features();
     let tools = (!request.tools.is_empty() && request.tool_choice != ToolChoice::None)
         .then_some(features.tool_format);
-    let thinking = if !features.thinks {
-        Thinking::Off
-    } else if rendered.trim_end().ends_with("<think>") {
-        Thinking::Open
-    } else {
-        Thinking::Tags
-    };
-    let mut texts: Vec<&str> = tools.map_or(&[][..], marker_texts).to_vec();
+    let thinking = Thinking::after_prompt(features.thinks, rendered);
+    let mut texts: Vec<&str> = tools.map_or(&[][..], ToolFormat::markers).to_vec();
     if thinking != Thinking::Off {
-        texts.extend(["<think>", "</think>"]);
+        texts.extend(Thinking::TAGS);
     }
     // Only tokens that decoding drops: the others reach the parser as text.
     let markers = texts

@@ -245,19 +245,19 @@ proptest! {
 struct NoB;
 
 impl TextCodec for NoB {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
         Bytes.encode(text)
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+    fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
         Bytes.decode(ids)
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, TextError> {
         Bytes.render_chat(messages)
     }
     fn eos_token_ids(&self) -> &[u32] {
         &[EOS]
     }
-    fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+    fn token_bytes(&self) -> Result<Vec<TokenBytes>, TextError> {
         let mut tokens = Bytes.token_bytes()?;
         tokens[usize::from(b'b')] = TokenBytes::Text(Vec::new());
         Ok(tokens)

@@ -3,8 +3,8 @@
 //! block comes out as `reasoning`, through the same engine path a real
 //! model takes.
 
-use zinfer_model::ChatFeatures;
 use zinfer_protocol::{ChunkBody, Constraint, DoneBody, Tool, ToolChoice};
+use zinfer_text::ChatFeatures;
 
 use super::*;
 
@@ -12,19 +12,19 @@ use super::*;
 struct Thinker;
 
 impl TextCodec for Thinker {
-    fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+    fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
         Bytes.encode(text)
     }
-    fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+    fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
         Bytes.decode(ids)
     }
-    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, TextError> {
         Bytes.render_chat(messages)
     }
     fn eos_token_ids(&self) -> &[u32] {
         &[EOS]
     }
-    fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+    fn token_bytes(&self) -> Result<Vec<TokenBytes>, TextError> {
         Bytes.token_bytes()
     }
     fn chat_features(&self) -> ChatFeatures {

@@ -8,8 +8,8 @@
 use std::path::PathBuf;
 
 use serde_json::json;
-use zinfer_model::{ChatFeatures, ChatTemplate, TemplateInput, ToolFormat};
 use zinfer_protocol::{ChatMessage, FunctionCall, ToolCall};
+use zinfer_text::{ChatFeatures, ChatTemplate, TemplateInput, ToolFormat};
 
 fn templates_dir() -> PathBuf {
     zinfer_fetch::chat_templates_dir().unwrap()

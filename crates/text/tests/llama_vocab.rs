@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use zinfer_model::{ModelError, ModelTokenizer, TokenizerError};
+use zinfer_text::{ModelTokenizer, TextError, TokenizerError};
 
 /// Cases known to differ from llama.cpp, as (vocabulary, case index, why).
 /// Empty: every case matches. An entry here keeps the rest of its
@@ -22,7 +22,7 @@ fn models() -> PathBuf {
     zinfer_fetch::llama_cpp_reference().unwrap().join("models")
 }
 
-fn load(models: &Path, name: &str) -> Result<ModelTokenizer, ModelError> {
+fn load(models: &Path, name: &str) -> Result<ModelTokenizer, TextError> {
     ModelTokenizer::from_gguf_file(&models.join(format!("ggml-vocab-{name}.gguf")))
 }
 
@@ -87,7 +87,7 @@ fn every_test_vocabulary_gives_llama_cpp_ids() {
         if let Some((_, model)) = REFUSED.iter().find(|(n, _)| n == name) {
             let err = load(&models, name).unwrap_err();
             assert!(
-                matches!(&err, ModelError::Tokenizer(TokenizerError::UnsupportedModel(m)) if m == model),
+                matches!(&err, TextError::Tokenizer(TokenizerError::UnsupportedModel(m)) if m == model),
                 "{name}: {err}"
             );
             continue;

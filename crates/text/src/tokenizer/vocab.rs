@@ -7,10 +7,10 @@
 //! vocabularies; where llama.cpp does something odd, so does this port, and
 //! the comment says so.
 
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 
 use aho_corasick::AhoCorasick;
-use candle_core::quantized::gguf_file::Value;
+use zinfer_probe::{GgufHeader, HeaderError, MetaValue, ValueType};
 
 use super::TokenizerError;
 use super::split::{Step, Text, split};
@@ -279,7 +279,7 @@ pub(super) struct GgufVocab {
     piece_ends: Vec<u32>,
 }
 
-type Metadata = HashMap<String, Value>;
+type Metadata = GgufHeader;
 
 fn bad(key: &str, reason: impl std::fmt::Display) -> TokenizerError {
     TokenizerError::Metadata {
@@ -289,33 +289,44 @@ fn bad(key: &str, reason: impl std::fmt::Display) -> TokenizerError {
 }
 
 fn get_str<'a>(md: &'a Metadata, key: &str) -> Result<Option<&'a str>, TokenizerError> {
-    md.get(key)
-        .map(|v| v.to_string().map(String::as_str).map_err(|e| bad(key, e)))
-        .transpose()
+    match md.metadata.get(key) {
+        None => Ok(None),
+        Some(MetaValue::Str(s)) => Ok(Some(s)),
+        Some(other) => Err(bad(key, format!("not a string: {other:?}"))),
+    }
 }
 
 fn get_bool(md: &Metadata, key: &str) -> Result<Option<bool>, TokenizerError> {
-    md.get(key)
-        .map(|v| v.to_bool().map_err(|e| bad(key, e)))
-        .transpose()
+    match md.metadata.get(key) {
+        None => Ok(None),
+        Some(MetaValue::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(bad(key, format!("not a bool: {other:?}"))),
+    }
 }
 
-fn get_array<'a>(md: &'a Metadata, key: &str) -> Result<Option<&'a Vec<Value>>, TokenizerError> {
-    md.get(key)
-        .map(|v| v.to_vec().map_err(|e| bad(key, e)))
-        .transpose()
+/// An array read from the file, its errors named by `key`.
+fn get_array<T>(
+    key: &str,
+    read: impl FnOnce(&str) -> Result<Option<Vec<T>>, HeaderError>,
+) -> Result<Option<Vec<T>>, TokenizerError> {
+    read(key).map_err(|e| bad(key, e))
 }
 
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::U8(x) => Some((*x).into()),
-        Value::I8(x) => Some((*x).into()),
-        Value::U16(x) => Some((*x).into()),
-        Value::I16(x) => Some((*x).into()),
-        Value::U32(x) => Some((*x).into()),
-        Value::I32(x) => Some((*x).into()),
-        Value::U64(x) => i64::try_from(*x).ok(),
-        Value::I64(x) => Some(*x),
+/// Token scores: f32 (or f64) values, or i32 ones as some writers store them.
+fn get_scores(md: &Metadata, key: &str) -> Result<Option<Vec<f32>>, TokenizerError> {
+    match md.metadata.get(key) {
+        Some(MetaValue::Array { elem_type, .. }) if *elem_type == ValueType::I32 => {
+            let ints = get_array(key, |k| md.i32s(k))?;
+            Ok(ints.map(|v| v.into_iter().map(|x| x as f32).collect()))
+        }
+        _ => get_array(key, |k| md.floats(k)),
+    }
+}
+
+/// An integer value, if `key` holds one that fits i64.
+fn get_int(md: &Metadata, key: &str) -> Option<i64> {
+    match md.metadata.get(key) {
+        Some(MetaValue::Int(n)) => i64::try_from(*n).ok(),
         _ => None,
     }
 }
@@ -392,20 +403,16 @@ impl GgufVocab {
                 return Err(TokenizerError::UnsupportedModel(other.to_string()));
             }
         }
-        let tokens = get_array(md, "tokenizer.ggml.tokens")?
+        let mut texts = get_array("tokenizer.ggml.tokens", |k| md.strings(k))?
             .ok_or_else(|| bad("tokenizer.ggml.tokens", "missing"))?;
-        let n = tokens.len();
+        let n = texts.len();
         let n_tokens = u32::try_from(n).map_err(|_| bad("tokenizer.ggml.tokens", "too many"))?;
-        let mut texts = Vec::with_capacity(n);
-        for (i, t) in tokens.iter().enumerate() {
-            let text = t.to_string().map_err(|e| bad("tokenizer.ggml.tokens", e))?;
-            texts.push(if text.is_empty() {
-                format!("[EMPTY_{i}]")
-            } else {
-                text.clone()
-            });
+        for (i, text) in texts.iter_mut().enumerate() {
+            if text.is_empty() {
+                *text = format!("[EMPTY_{i}]");
+            }
         }
-        let scores = match get_array(md, "tokenizer.ggml.scores")? {
+        let scores = match get_scores(md, "tokenizer.ggml.scores")? {
             None => vec![0.0; n],
             Some(a) if a.len() < n => {
                 return Err(bad(
@@ -413,20 +420,12 @@ impl GgufVocab {
                     format!("{} scores for {n} tokens", a.len()),
                 ));
             }
-            Some(a) => a
-                .iter()
-                .take(n)
-                .map(|v| match v {
-                    Value::F32(x) => Ok(*x),
-                    Value::I32(x) => Ok(*x as f32),
-                    other => Err(bad(
-                        "tokenizer.ggml.scores",
-                        format!("not f32 or i32: {other:?}"),
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
+            Some(mut a) => {
+                a.truncate(n);
+                a
+            }
         };
-        let mut attrs = match get_array(md, "tokenizer.ggml.token_type")? {
+        let mut attrs = match get_array("tokenizer.ggml.token_type", |k| md.ints(k))? {
             None => vec![attr::NORMAL; n],
             Some(a) if a.len() < n => {
                 return Err(bad(
@@ -437,13 +436,13 @@ impl GgufVocab {
             Some(a) => a
                 .iter()
                 .take(n)
-                .map(|v| match int(v) {
-                    Some(1) => attr::NORMAL,
-                    Some(2) => attr::UNKNOWN,
-                    Some(3) => attr::CONTROL,
-                    Some(4) => attr::USER_DEFINED,
-                    Some(5) => attr::UNUSED,
-                    Some(6) => attr::BYTE,
+                .map(|&v| match v {
+                    1 => attr::NORMAL,
+                    2 => attr::UNKNOWN,
+                    3 => attr::CONTROL,
+                    4 => attr::USER_DEFINED,
+                    5 => attr::UNUSED,
+                    6 => attr::BYTE,
                     _ => 0,
                 })
                 .collect(),
@@ -464,9 +463,9 @@ impl GgufVocab {
         let mut add_eos = false;
         let algorithm = match pre {
             Some(p) => {
-                let merges = get_array(md, "tokenizer.ggml.merges")?
+                let merges = get_array("tokenizer.ggml.merges", |k| md.strings(k))?
                     .ok_or_else(|| bad("tokenizer.ggml.merges", "missing"))?;
-                Algorithm::Bpe(Box::new(Bpe::new(p, merges, &mut ids, n_tokens)?))
+                Algorithm::Bpe(Box::new(Bpe::new(p, &merges, &mut ids, n_tokens)?))
             }
             None => Algorithm::Spm,
         };
@@ -476,7 +475,7 @@ impl GgufVocab {
         sp.bos = in_range(sp.bos);
         sp.eos = in_range(sp.eos);
         let read_id = |key: &str, current: Option<u32>| -> Option<u32> {
-            match md.get(key).and_then(int) {
+            match get_int(md, key) {
                 Some(id) if id >= 0 && id < i64::from(n_tokens) => Some(id as u32),
                 Some(id) => {
                     tracing::warn!(key, id, "special token id out of the vocabulary; ignored");
@@ -1157,7 +1156,7 @@ impl Bpe {
     /// (tokens keep theirs), so merging compares ids, not strings.
     fn new(
         pre: Pre,
-        merges: &[Value],
+        merges: &[String],
         ids: &mut FastMap<Box<str>, u32>,
         n_tokens: u32,
     ) -> Result<Self, TokenizerError> {
@@ -1175,7 +1174,6 @@ impl Bpe {
         table.reserve(merges.len());
         let mut joined = String::new();
         for (rank, m) in merges.iter().enumerate() {
-            let m = m.to_string().map_err(|e| bad("tokenizer.ggml.merges", e))?;
             // llama.cpp splits at the first space after the first byte; none
             // makes both halves empty.
             let (first, second) = match m.as_bytes().iter().skip(1).position(|&b| b == b' ') {

@@ -17,8 +17,8 @@ use std::process::Command;
 use std::time::{Duration, UNIX_EPOCH};
 
 use serde::Deserialize;
-use zinfer_model::{ChatTemplate, TemplateInput};
 use zinfer_protocol::ChatMessage;
+use zinfer_text::{ChatTemplate, TemplateInput};
 
 /// (template, case or `*` for every case, why) of renderings known to
 /// differ from Jinja2. Each one listed is still rendered; a difference not

@@ -2,33 +2,15 @@
 //! model writes tool calls in, whether the template shows tools itself,
 //! and whether the model thinks in `<think>` blocks.
 //!
-//! Also the Hermes fallback for templates that do not show tools: the
-//! tools become a system preamble in the format Qwen2.5's template writes,
-//! and tool calls and results become plain text in assistant and user
-//! turns, so any template renders a tool conversation.
+//! Also where the Hermes fallback for templates that do not show tools
+//! puts its preamble (the preamble and the rewritten turns are the Hermes
+//! format's, in `tools/hermes.rs`), so any template renders a tool
+//! conversation.
 
-use serde_json::Value as Json;
-use zinfer_protocol::{ChatMessage, MessageContent, ToolCall};
+use zinfer_protocol::{ChatMessage, MessageContent};
 
 use super::TemplateInput;
-use crate::ModelError;
-
-/// How a model family writes tool calls in its output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ToolFormat {
-    /// `<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, one block
-    /// per call: Hermes, Qwen2.5, Qwen3, and zinfer's fallback for templates
-    /// that do not show tools.
-    #[default]
-    Hermes,
-    /// Llama 3.1 / 3.2: `{"name": ..., "parameters": {...}}`, optionally
-    /// after `<|python_tag|>`, several separated by `;`.
-    Llama3Json,
-    /// Mistral: `[TOOL_CALLS]` then a JSON array of
-    /// `{"name": ..., "arguments": {...}}`, or (v11 and later)
-    /// `[TOOL_CALLS]name[ARGS]{...}` per call.
-    Mistral,
-}
+use crate::tools::{ToolFormat, thinks_in_template};
 
 /// What a chat template supports, read from its source once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -45,26 +27,16 @@ pub struct ChatFeatures {
 
 /// The features of a template's source.
 ///
-/// - `tool_format`: `Mistral` when the source has `[TOOL_CALLS]`;
-///   `Llama3Json` when it has `<|python_tag|>` (Llama 3.1, 3.3), or Llama 3
-///   headers together with the `"parameters"` key Meta's templates ask
-///   calls in (Llama 3.2 has no python tag); otherwise `Hermes`.
+/// - `tool_format`: the first format of the tools table whose markers the
+///   source has (`[TOOL_CALLS]`: Mistral; `<|python_tag|>`, or Llama 3
+///   headers with a `"parameters"` key: Llama 3 JSON), else Hermes.
 /// - `renders_tools`: see [`reads_tools`].
 /// - `thinks`: the source has `<think>` or `</think>`.
 pub(crate) fn detect(source: &str) -> ChatFeatures {
-    let tool_format = if source.contains("[TOOL_CALLS]") {
-        ToolFormat::Mistral
-    } else if source.contains("<|python_tag|>")
-        || (source.contains("<|start_header_id|>") && source.contains("\"parameters\""))
-    {
-        ToolFormat::Llama3Json
-    } else {
-        ToolFormat::Hermes
-    };
     ChatFeatures {
-        tool_format,
+        tool_format: ToolFormat::of_template(source),
         renders_tools: reads_tools(source),
-        thinks: source.contains("<think>") || source.contains("</think>"),
+        thinks: thinks_in_template(source),
     }
 }
 
@@ -181,72 +153,6 @@ pub(super) fn uses_tools(input: &TemplateInput<'_>) -> bool {
         })
 }
 
-/// The system preamble that lists `tools` (OpenAI tool dicts), one
-/// compact JSON object per line, in the words of Qwen2.5's template.
-pub(super) fn hermes_preamble(tools: &[Json]) -> Result<String, ModelError> {
-    let mut text = String::from(
-        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n\
-         You are provided with function signatures within <tools></tools> XML tags:\n<tools>",
-    );
-    for tool in tools {
-        text.push('\n');
-        text.push_str(&to_json(tool)?);
-    }
-    text.push_str(
-        "\n</tools>\n\nFor each function call, return a json object with function name and \
-         arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n\
-         {\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
-    );
-    Ok(text)
-}
-
-/// `messages` with tool calls and tool results as Hermes text: an
-/// assistant turn's calls become `<tool_call>` blocks after its content;
-/// each run of `tool` turns becomes one `user` turn of `<tool_response>`
-/// blocks, so templates that need user/assistant alternation accept it.
-pub(super) fn hermes_turns(messages: &[ChatMessage]) -> Result<Vec<ChatMessage>, ModelError> {
-    let mut turns: Vec<ChatMessage> = Vec::with_capacity(messages.len());
-    let mut in_tool_run = false;
-    for message in messages {
-        let text = message.content.as_ref().map(MessageContent::text);
-        let text = text.as_deref().unwrap_or("");
-        if message.role == "tool" {
-            let block = format!("<tool_response>\n{text}\n</tool_response>");
-            match turns.last_mut() {
-                Some(ChatMessage {
-                    content: Some(MessageContent::Text(merged)),
-                    ..
-                }) if in_tool_run => {
-                    merged.push('\n');
-                    merged.push_str(&block);
-                }
-                _ => turns.push(ChatMessage::new("user", block)),
-            }
-            in_tool_run = true;
-            continue;
-        }
-        in_tool_run = false;
-        let calls = message.tool_calls.as_deref().unwrap_or_default();
-        if message.role == "assistant" && (!calls.is_empty() || message.content.is_none()) {
-            let mut content = text.to_string();
-            for (i, call) in calls.iter().enumerate() {
-                if i > 0 || !content.is_empty() {
-                    content.push('\n');
-                }
-                content.push_str(&tool_call_block(call)?);
-            }
-            // Rewritten turns keep role, text and reasoning only.
-            turns.push(ChatMessage {
-                reasoning_content: message.reasoning_content.clone(),
-                ..ChatMessage::new("assistant", content)
-            });
-        } else {
-            turns.push(message.clone());
-        }
-    }
-    Ok(turns)
-}
-
 /// `turns` with `preamble` in the system turn: after the first turn's
 /// content when that is a system turn, else in a new system turn first.
 pub(super) fn in_system_turn(turns: &[ChatMessage], preamble: &str) -> Vec<ChatMessage> {
@@ -290,35 +196,14 @@ fn joined(first: &str, second: &str) -> String {
     }
 }
 
-/// One call as the model writes it:
-/// `<tool_call>\n{"name": NAME, "arguments": ARGS}\n</tool_call>`.
-/// Arguments sent as a string that holds JSON (as OpenAI sends them) are
-/// shown as that JSON; any other value is shown as given.
-fn tool_call_block(call: &ToolCall) -> Result<String, ModelError> {
-    let arguments = &call.function.arguments;
-    let parsed = arguments
-        .as_str()
-        .and_then(|s| serde_json::from_str::<Json>(s).ok());
-    let name = to_json(&Json::from(call.function.name.as_str()))?;
-    let arguments = to_json(parsed.as_ref().unwrap_or(arguments))?;
-    Ok(format!(
-        "<tool_call>\n{{\"name\": {name}, \"arguments\": {arguments}}}\n</tool_call>"
-    ))
-}
-
-/// Compact JSON, keys in the client's order.
-fn to_json(value: &Json) -> Result<String, ModelError> {
-    serde_json::to_string(value)
-        .map_err(|e| ModelError::ChatTemplate(format!("tool JSON does not serialize: {e}")))
-}
-
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-    use zinfer_protocol::FunctionCall;
+    use serde_json::{Value as Json, json};
+    use zinfer_protocol::{FunctionCall, ToolCall};
 
     use super::*;
     use crate::ChatTemplate;
+    use crate::tools::fallback_turns;
 
     fn chatml() -> ChatTemplate {
         ChatTemplate::new(None, "<s>".into(), "</s>".into())
@@ -529,7 +414,7 @@ Thanks! Anything else?<|im_end|>
 
     #[test]
     fn rewritten_turns_drop_tool_fields() {
-        let turns = hermes_turns(&tool_conversation()).unwrap();
+        let turns = fallback_turns(&tool_conversation()).unwrap();
         let roles: Vec<&str> = turns.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["user", "assistant", "user", "user"]);
         for turn in &turns[1..3] {
@@ -542,7 +427,7 @@ Thanks! Anything else?<|im_end|>
             ..ChatMessage::default()
         }];
         assert_eq!(
-            hermes_turns(&silent).unwrap(),
+            fallback_turns(&silent).unwrap(),
             [ChatMessage::new("assistant", "")]
         );
     }

@@ -2,7 +2,7 @@
 //! compare ids with llama.cpp's, and to time the tokenizer.
 //!
 //! ```text
-//! cargo run --release -p zinfer-model --example tokenize -- VOCAB.gguf TEXT MODE [ADD_SPECIAL] [PARSE_SPECIAL] [REPS]
+//! cargo run --release -p zinfer-text --example tokenize -- VOCAB.gguf TEXT MODE [ADD_SPECIAL] [PARSE_SPECIAL] [REPS]
 //! ```
 //!
 //! MODE `ids` prints the ids of the whole file; `cases` splits it at
@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use zinfer_model::ModelTokenizer;
+use zinfer_text::ModelTokenizer;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();

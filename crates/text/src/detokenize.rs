@@ -18,7 +18,7 @@ pub trait TokenDecoder {
     fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokenizeError>;
 }
 
-impl TokenDecoder for zinfer_model::ModelTokenizer {
+impl TokenDecoder for crate::ModelTokenizer {
     fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokenizeError> {
         self.decode(ids)
             .map_err(|error| DetokenizeError(error.to_string()))

@@ -3,19 +3,11 @@
 #![allow(clippy::unwrap_used)] // tests may unwrap (team rules)
 
 use zinfer_fetch::test_model_path;
-use zinfer_model::{LoadOptions, LoadedModel, load};
 use zinfer_protocol::ChatMessage;
+use zinfer_text::ModelTokenizer;
 
-fn model() -> LoadedModel {
-    let path = test_model_path().unwrap();
-    load(
-        &path,
-        &LoadOptions {
-            kv_capacity: 64,
-            ..LoadOptions::default()
-        },
-    )
-    .unwrap()
+fn tokenizer() -> ModelTokenizer {
+    ModelTokenizer::open(&test_model_path().unwrap()).unwrap()
 }
 
 fn msg(role: &str, content: &str) -> ChatMessage {
@@ -24,8 +16,7 @@ fn msg(role: &str, content: &str) -> ChatMessage {
 
 #[test]
 fn tokenizer_matches_reference_ids_and_round_trips() {
-    let m = model();
-    let tok = &m.tokenizer;
+    let tok = &tokenizer();
     let text = "Hello, world! The quick brown fox.";
     let ids = tok.encode(text).unwrap();
     assert_eq!(ids, [19556, 28, 905, 17, 378, 2365, 6354, 16438, 30]);
@@ -40,8 +31,7 @@ fn tokenizer_matches_reference_ids_and_round_trips() {
 
 #[test]
 fn control_tokens_are_special() {
-    let m = model();
-    let tok = &m.tokenizer;
+    let tok = &tokenizer();
     let ids = tok.encode("<|im_start|>user\nHi<|im_end|>").unwrap();
     assert_eq!(ids.first(), Some(&1));
     assert_eq!(ids.last(), Some(&2));
@@ -52,8 +42,7 @@ fn control_tokens_are_special() {
 
 #[test]
 fn chat_template_renders_chatml() {
-    let m = model();
-    let tok = &m.tokenizer;
+    let tok = &tokenizer();
     let with_system = tok
         .apply_chat_template(&[
             msg("system", "You are terse."),

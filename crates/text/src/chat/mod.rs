@@ -22,8 +22,8 @@
 //! serde_json with `preserve_order`.
 
 mod clock;
+pub(crate) mod features;
 mod python;
-pub(crate) mod tools;
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -33,7 +33,7 @@ use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Rest, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State, Value};
 use zinfer_protocol::{ChatMessage, MessageContent};
 
-use super::ModelError;
+use crate::TextError;
 
 /// ChatML, used when a checkpoint carries no template.
 pub(crate) const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -85,7 +85,7 @@ pub struct ChatTemplate {
     broken: Option<String>,
     bos_token: String,
     eos_token: String,
-    features: tools::ChatFeatures,
+    features: features::ChatFeatures,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -110,7 +110,7 @@ impl ChatTemplate {
             broken: None,
             bos_token,
             eos_token,
-            features: tools::detect(&source),
+            features: features::detect(&source),
         };
         template.broken = template
             .env
@@ -125,12 +125,12 @@ impl ChatTemplate {
 
     /// Renders `messages` with `add_generation_prompt = true`, no tools,
     /// at the current time.
-    pub fn render_messages(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+    pub fn render_messages(&self, messages: &[ChatMessage]) -> Result<String, TextError> {
         self.render(&TemplateInput::new(messages))
     }
 
     /// What the template supports: tool-call syntax, tools, reasoning.
-    pub fn features(&self) -> tools::ChatFeatures {
+    pub fn features(&self) -> features::ChatFeatures {
         self.features
     }
 
@@ -143,8 +143,8 @@ impl ChatTemplate {
     /// any, become a preamble in the system turn, or at the start of the
     /// first user turn when the template refuses a system turn (gemma-2);
     /// the template then sees no `tools`.
-    pub fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
-        if self.features.renders_tools || !tools::uses_tools(input) {
+    pub fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, TextError> {
+        if self.features.renders_tools || !features::uses_tools(input) {
             return self.render(input);
         }
         let render = |messages: &[ChatMessage]| {
@@ -154,19 +154,19 @@ impl ChatTemplate {
                 ..*input
             })
         };
-        let turns = tools::hermes_turns(input.messages)?;
+        let turns = crate::tools::fallback_turns(input.messages)?;
         let Some(preamble) = input
             .tools
             .filter(|t| !t.is_empty())
-            .map(tools::hermes_preamble)
+            .map(crate::tools::fallback_preamble)
             .transpose()?
         else {
             return render(&turns);
         };
-        render(&tools::in_system_turn(&turns, &preamble)).or_else(|system_refused| {
+        render(&features::in_system_turn(&turns, &preamble)).or_else(|system_refused| {
             // When both fail, the second error is the one closer to a
             // rendering the template accepts.
-            match tools::in_first_user_turn(&turns, &preamble) {
+            match features::in_first_user_turn(&turns, &preamble) {
                 Some(turns) => render(&turns),
                 None => Err(system_refused),
             }
@@ -174,9 +174,9 @@ impl ChatTemplate {
     }
 
     /// Renders a conversation as transformers' `apply_chat_template` does.
-    pub fn render(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+    pub fn render(&self, input: &TemplateInput<'_>) -> Result<String, TextError> {
         if let Some(why) = &self.broken {
-            return Err(ModelError::ChatTemplate(why.clone()));
+            return Err(TextError::ChatTemplate(why.clone()));
         }
         let messages: Vec<Value> = input.messages.iter().map(message_value).collect();
         let now = clock::DateTime::utc(input.now);
@@ -202,7 +202,7 @@ impl ChatTemplate {
             // transformers passes these as arguments of their own; a second
             // value is a `TypeError` there.
             if RESERVED.contains(&name.as_str()) {
-                return Err(ModelError::ChatTemplate(format!(
+                return Err(TextError::ChatTemplate(format!(
                     "template variable {name:?} comes from the request itself"
                 )));
             }
@@ -213,7 +213,7 @@ impl ChatTemplate {
         self.env
             .get_template(NAME)
             .and_then(|t| t.render(context))
-            .map_err(|e| ModelError::ChatTemplate(describe(&e)))
+            .map_err(|e| TextError::ChatTemplate(describe(&e)))
     }
 }
 

@@ -14,12 +14,13 @@ mod vocab;
 
 use std::path::Path;
 
-use candle_core::quantized::gguf_file::Content;
 use tokenizers::Tokenizer;
+use zinfer_probe::{GgufHeader, HeaderError};
 use zinfer_protocol::ChatMessage;
 
-use super::ModelError;
-use super::chat::{ChatTemplate, TemplateInput};
+use crate::ChatFeatures;
+use crate::TextError;
+use crate::chat::{ChatTemplate, TemplateInput};
 use vocab::GgufVocab;
 
 /// Tokens that end a turn in common chat formats; each one present in a
@@ -103,7 +104,7 @@ pub struct ModelTokenizer {
 
 impl ModelTokenizer {
     /// Token ids of `text`, special tokens in it recognised, no BOS/EOS added.
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
         self.tokenize(text, false, true)
     }
 
@@ -111,7 +112,7 @@ impl ModelTokenizer {
     /// `tokenizer.ggml.add_bos_token`, or the `tokenizer.json` post-processor),
     /// special tokens recognised, and never two BOS at the start when the
     /// text (a chat template's output, say) already begins with one.
-    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, TextError> {
         let mut ids = self.tokenize(text, true, true)?;
         if let Some(bos) = self.bos_token_id()
             && ids.len() >= 2
@@ -132,7 +133,7 @@ impl ModelTokenizer {
         text: &str,
         add_special: bool,
         parse_special: bool,
-    ) -> Result<Vec<u32>, ModelError> {
+    ) -> Result<Vec<u32>, TextError> {
         match &self.backend {
             Backend::Gguf(vocab) => Ok(vocab.tokenize(text, add_special, parse_special)?),
             Backend::Hf { tokenizer, .. } => {
@@ -151,7 +152,7 @@ impl ModelTokenizer {
     /// Text of `ids`, leaving out control tokens. Invalid UTF-8 (a
     /// character split across byte tokens) decodes as U+FFFD, so a stream
     /// can hold back text that ends in one.
-    pub fn decode(&self, ids: &[u32]) -> Result<String, ModelError> {
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
         match &self.backend {
             Backend::Gguf(vocab) => Ok(vocab.decode(ids)),
             Backend::Hf { tokenizer, .. } => Ok(tokenizer.decode(ids, true).map_err(hf_err)?),
@@ -159,24 +160,24 @@ impl ModelTokenizer {
     }
 
     /// The prompt for a conversation, ending where the assistant's reply starts.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+    pub fn apply_chat_template(&self, messages: &[ChatMessage]) -> Result<String, TextError> {
         self.chat.render_messages(messages)
     }
 
     /// The prompt for a conversation with tools, extra template variables
     /// or a fixed clock, as transformers' `apply_chat_template` renders it.
-    pub fn render_chat(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+    pub fn render_chat(&self, input: &TemplateInput<'_>) -> Result<String, TextError> {
         self.chat.render(input)
     }
 
     /// What the chat template supports: tool-call syntax, tools, reasoning.
-    pub fn chat_features(&self) -> crate::ChatFeatures {
+    pub fn chat_features(&self) -> ChatFeatures {
         self.chat.features()
     }
 
     /// The prompt of a `generate` request's conversation, tools included
     /// (through the Hermes fallback when the template does not show them).
-    pub fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, ModelError> {
+    pub fn render_request(&self, input: &TemplateInput<'_>) -> Result<String, TextError> {
         self.chat.render_request(input)
     }
 
@@ -187,7 +188,7 @@ impl ModelTokenizer {
         &self,
         messages: &[ChatMessage],
         add_generation_prompt: bool,
-    ) -> Result<String, ModelError> {
+    ) -> Result<String, TextError> {
         self.chat.render(&TemplateInput {
             add_generation_prompt,
             ..TemplateInput::new(messages)
@@ -249,7 +250,7 @@ impl ModelTokenizer {
 
     /// Every token's bytes, by id, as generated text holds them; special
     /// tokens flagged. Built once per model for constrained decoding.
-    pub fn token_bytes(&self) -> Result<Vec<TokenBytes>, ModelError> {
+    pub fn token_bytes(&self) -> Result<Vec<TokenBytes>, TextError> {
         match &self.backend {
             Backend::Gguf(vocab) => Ok(vocab.token_bytes()),
             Backend::Hf { tokenizer, .. } => hf_token_bytes(tokenizer),
@@ -266,10 +267,11 @@ impl ModelTokenizer {
 
     /// The tokenizer and chat template of a model on disk, without its
     /// weights: a GGUF file's metadata (llama.cpp's vocabulary-only files
-    /// included), or a Hugging Face directory's `tokenizer.json`.
-    pub fn open(path: &Path) -> Result<Self, ModelError> {
+    /// included), or a Hugging Face directory's `tokenizer.json` (with the
+    /// end-of-generation ids of its `config.json`).
+    pub fn open(path: &Path) -> Result<Self, TextError> {
         if path.is_dir() {
-            Self::from_hf_dir(path, &[])
+            Self::from_hf_dir(path, &config_eos(path))
         } else {
             Self::from_gguf_file(path)
         }
@@ -277,32 +279,24 @@ impl ModelTokenizer {
 
     /// Reads the tokenizer and chat template of a GGUF file, weights or
     /// not (llama.cpp's vocabulary-only files have none).
-    pub fn from_gguf_file(path: &Path) -> Result<Self, ModelError> {
-        let mut reader = std::io::BufReader::new(std::fs::File::open(path).map_err(|source| {
-            ModelError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?);
-        // The probe's hardened reader names what is wrong with a bad file.
-        zinfer_probe::read_header(path)?;
-        let content = Content::read(&mut reader)?;
-        Self::from_gguf(&content)
+    pub fn from_gguf_file(path: &Path) -> Result<Self, TextError> {
+        let header = zinfer_probe::read_header(path).map_err(|e| match e {
+            HeaderError::Io { path, source } => TextError::Io { path, source },
+            other => TextError::Gguf(other),
+        })?;
+        Self::from_gguf(&header)
     }
 
-    /// Builds the tokenizer and chat template from a GGUF file's metadata.
-    pub(crate) fn from_gguf(ct: &Content) -> Result<Self, ModelError> {
-        let vocab = GgufVocab::from_metadata(&ct.metadata)?;
+    /// Builds the tokenizer and chat template from a GGUF file's metadata
+    /// (its arrays are read from the file as the vocabulary needs them).
+    fn from_gguf(header: &GgufHeader) -> Result<Self, TextError> {
+        let vocab = GgufVocab::from_metadata(header)?;
         let text = |id: Option<u32>| {
             id.and_then(|id| vocab.text(id))
                 .map(String::from)
                 .unwrap_or_default()
         };
-        let template = ct
-            .metadata
-            .get("tokenizer.chat_template")
-            .and_then(|v| v.to_string().ok())
-            .cloned();
+        let template = header.str("tokenizer.chat_template").map(String::from);
         let chat = ChatTemplate::new(template, text(vocab.bos), text(vocab.eos));
         let eos = vocab.eog.clone();
         Ok(Self {
@@ -313,7 +307,7 @@ impl ModelTokenizer {
     }
 
     /// Loads `tokenizer.json` and the chat template from a Hugging Face checkpoint directory.
-    pub(crate) fn from_hf_dir(dir: &Path, eos_from_config: &[u32]) -> Result<Self, ModelError> {
+    pub(crate) fn from_hf_dir(dir: &Path, eos_from_config: &[u32]) -> Result<Self, TextError> {
         let path = dir.join("tokenizer.json");
         let tokenizer = Tokenizer::from_file(&path)
             .map_err(|e| TokenizerError::Hf(format!("{}: {e}", path.display())))?;
@@ -348,10 +342,7 @@ impl ModelTokenizer {
                 _ => None,
             },
             Err(e) => {
-                return Err(ModelError::ChatTemplate(format!(
-                    "{}: {e}",
-                    jinja.display()
-                )));
+                return Err(TextError::ChatTemplate(format!("{}: {e}", jinja.display())));
             }
         };
         let mut eos_ids: Vec<u32> = eos.iter().map(|(id, _)| *id).collect();
@@ -380,11 +371,30 @@ impl ModelTokenizer {
     }
 }
 
+/// The `eos_token_id`s of a checkpoint directory's `config.json` (one id
+/// or a list): they end generation too. None when the file is missing or
+/// unreadable (loading the weights reports that).
+fn config_eos(dir: &Path) -> Vec<u32> {
+    let config: serde_json::Value = std::fs::read_to_string(dir.join("config.json"))
+        .ok()
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or_default();
+    match &config["eos_token_id"] {
+        serde_json::Value::Number(n) => n.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
+        serde_json::Value::Array(a) => a
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .map(|v| v as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 /// Token bytes of a `tokenizer.json` vocabulary: byte-level (GPT-2's
 /// stand-in characters) or SentencePiece-style (`▁` for a space, `<0xAB>`
 /// byte fallback), told apart by its decoder; added special tokens are
 /// special.
-fn hf_token_bytes(tokenizer: &Tokenizer) -> Result<Vec<TokenBytes>, ModelError> {
+fn hf_token_bytes(tokenizer: &Tokenizer) -> Result<Vec<TokenBytes>, TextError> {
     let decoder = serde_json::to_value(tokenizer.get_decoder()).map_err(hf_err)?;
     let kinds = |d: &serde_json::Value| -> Vec<String> {
         match d["type"].as_str() {
@@ -449,21 +459,67 @@ fn hf_err(e: impl std::fmt::Display) -> TokenizerError {
 mod tests {
     use std::collections::HashMap;
 
-    use candle_core::quantized::gguf_file::{Content, Value, VersionedMagic};
-
     use super::*;
+
+    /// A GGUF metadata value of the types these tests write.
+    enum Value {
+        String(String),
+        U32(u32),
+        F32(f32),
+        Array(Vec<Value>),
+    }
+
+    impl Value {
+        /// GGUF's type code.
+        fn code(&self) -> u32 {
+            match self {
+                Value::U32(_) => 4,
+                Value::F32(_) => 6,
+                Value::String(_) => 8,
+                Value::Array(_) => 9,
+            }
+        }
+
+        /// The value's bytes, without its type code.
+        fn write(&self, out: &mut Vec<u8>) {
+            match self {
+                Value::String(s) => {
+                    out.extend((s.len() as u64).to_le_bytes());
+                    out.extend(s.as_bytes());
+                }
+                Value::U32(x) => out.extend(x.to_le_bytes()),
+                Value::F32(x) => out.extend(x.to_le_bytes()),
+                Value::Array(items) => {
+                    out.extend(items.first().map_or(8, Value::code).to_le_bytes());
+                    out.extend((items.len() as u64).to_le_bytes());
+                    for item in items {
+                        item.write(out);
+                    }
+                }
+            }
+        }
+    }
 
     fn strings(v: &[&str]) -> Value {
         Value::Array(v.iter().map(|s| Value::String(s.to_string())).collect())
     }
 
-    fn content(metadata: HashMap<String, Value>) -> Content {
-        Content {
-            magic: VersionedMagic::GgufV3,
-            metadata,
-            tensor_infos: HashMap::new(),
-            tensor_data_offset: 0,
+    /// The tokenizer of a GGUF file (version 3, no tensors) holding
+    /// `metadata`, read back through the file as a model's is.
+    fn from_metadata(metadata: HashMap<String, Value>) -> Result<ModelTokenizer, TextError> {
+        let mut bytes = b"GGUF".to_vec();
+        bytes.extend(3u32.to_le_bytes());
+        bytes.extend(0u64.to_le_bytes());
+        bytes.extend((metadata.len() as u64).to_le_bytes());
+        for (key, value) in &metadata {
+            Value::String(key.clone()).write(&mut bytes);
+            bytes.extend(value.code().to_le_bytes());
+            value.write(&mut bytes);
         }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("vocab.gguf");
+        std::fs::write(&path, bytes).unwrap();
+        ModelTokenizer::from_gguf_file(&path)
     }
 
     /// A tiny SentencePiece (llama) vocabulary with byte tokens for `!`.
@@ -512,7 +568,7 @@ mod tests {
     /// their byte, nothing stripped.
     #[test]
     fn pieces_write_special_tokens_and_bytes() {
-        let tok = ModelTokenizer::from_gguf(&content(spm_metadata())).unwrap();
+        let tok = from_metadata(spm_metadata()).unwrap();
         assert_eq!(tok.token_to_piece(1).unwrap(), b"<s>");
         assert_eq!(tok.token_to_piece(12).unwrap(), b" hello");
         assert_eq!(tok.token_to_piece(13).unwrap(), b"!");
@@ -530,7 +586,7 @@ mod tests {
     /// only when asked, and BOS comes with `add_special`.
     #[test]
     fn sentencepiece_merges_by_score_with_a_space_prefix() {
-        let tok = ModelTokenizer::from_gguf(&content(spm_metadata())).unwrap();
+        let tok = from_metadata(spm_metadata()).unwrap();
 
         assert_eq!(tok.encode("hello").unwrap(), [12]);
         assert_eq!(tok.encode("hell").unwrap(), [11, 6]);
@@ -540,7 +596,7 @@ mod tests {
         // byte token (llama.cpp throws there).
         assert!(matches!(
             tok.tokenize("<s>", false, false),
-            Err(ModelError::Tokenizer(TokenizerError::NoByteToken(b'<')))
+            Err(TextError::Tokenizer(TokenizerError::NoByteToken(b'<')))
         ));
         assert_eq!(tok.encode_prompt("hello").unwrap(), [1, 12]);
         // A prompt that already starts with BOS gets no second one.
@@ -566,7 +622,7 @@ mod tests {
             "tokenizer.ggml.model".to_string(),
             Value::String("bert".to_string()),
         );
-        let err = ModelTokenizer::from_gguf(&content(md)).unwrap_err();
+        let err = from_metadata(md).unwrap_err();
         assert!(err.to_string().contains("`bert`"), "{err}");
 
         let mut md = spm_metadata();
@@ -579,9 +635,9 @@ mod tests {
             "tokenizer.ggml.pre".to_string(),
             Value::String("tekken".to_string()),
         );
-        let err = ModelTokenizer::from_gguf(&content(md)).unwrap_err();
+        let err = from_metadata(md).unwrap_err();
         assert!(
-            matches!(&err, ModelError::Tokenizer(TokenizerError::UnsupportedPre(p)) if p == "tekken"),
+            matches!(&err, TextError::Tokenizer(TokenizerError::UnsupportedPre(p)) if p == "tekken"),
             "{err}"
         );
     }

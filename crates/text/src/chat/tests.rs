@@ -13,7 +13,7 @@ fn template(source: &str) -> ChatTemplate {
     ChatTemplate::new(Some(source.into()), "<s>".into(), "</s>".into())
 }
 
-fn render(source: &str, messages: &[ChatMessage]) -> Result<String, ModelError> {
+fn render(source: &str, messages: &[ChatMessage]) -> Result<String, TextError> {
     template(source).render_messages(messages)
 }
 

@@ -1,0 +1,288 @@
+//! The grammars that force tool calls (`zinfer_text::tools`), compiled by
+//! the worker's constraint compiler: each compiles, what they let a model
+//! write parses back into allowed calls, and arguments follow the schemas.
+
+#![allow(clippy::unwrap_used)] // tests may unwrap (team rules)
+
+use llguidance::Matcher;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use serde_json::{Value, json};
+use zinfer_protocol::{Constraint, Tool, ToolChoice};
+use zinfer_text::tools::{GrammarError, OutputParser, Thinking, forced_call_grammar};
+use zinfer_text::{TokenBytes, ToolFormat};
+use zinfer_worker::constraint::Grammars;
+
+const EOS: u32 = 256;
+const TOOL_CALLS: u32 = 257;
+
+/// One token per byte, then EOS and Mistral's `[TOOL_CALLS]`.
+fn vocabulary() -> Vec<TokenBytes> {
+    let mut tokens: Vec<TokenBytes> = (0..=255u8).map(|b| TokenBytes::Text(vec![b])).collect();
+    tokens.push(TokenBytes::Special("<eos>".into()));
+    tokens.push(TokenBytes::Special("[TOOL_CALLS]".into()));
+    tokens
+}
+
+fn tools() -> Vec<Tool> {
+    vec![
+        Tool::function(
+            "get_weather",
+            json!({
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "maxLength": 12},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 9},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                },
+                "required": ["city", "days"],
+                "additionalProperties": false,
+            }),
+        ),
+        Tool::function(
+            "pick",
+            json!({
+                "type": "object",
+                "properties": {"item": {"$ref": "#/$defs/item"}},
+                "required": ["item"],
+                "additionalProperties": false,
+                "$defs": {"item": {"enum": ["a", "b\"c"]}},
+            }),
+        ),
+        Tool {
+            kind: "function".into(),
+            function: zinfer_protocol::FunctionDef {
+                name: "now".into(),
+                description: None,
+                parameters: None,
+                strict: None,
+            },
+        },
+    ]
+}
+
+/// Every format, choice, `parallel` and Mistral marker.
+fn cases() -> Vec<(ToolFormat, ToolChoice, bool, Option<u32>)> {
+    let choices = [
+        ToolChoice::Required,
+        ToolChoice::Function("get_weather".into()),
+        ToolChoice::Function("pick".into()),
+        ToolChoice::Function("now".into()),
+    ];
+    let mut cases = Vec::new();
+    for format in [
+        ToolFormat::Hermes,
+        ToolFormat::Llama3Json,
+        ToolFormat::Mistral,
+    ] {
+        let markers = match format {
+            ToolFormat::Mistral => vec![None, Some(TOOL_CALLS)],
+            _ => vec![None],
+        };
+        for choice in &choices {
+            for parallel in [false, true] {
+                for &marker in &markers {
+                    cases.push((format, choice.clone(), parallel, marker));
+                }
+            }
+        }
+    }
+    cases
+}
+
+fn compile(grammars: &Grammars, grammar: &str) -> Matcher {
+    grammars
+        .compile(&Constraint::lark(grammar))
+        .unwrap_or_else(|e| panic!("{e}\n{grammar}"))
+}
+
+/// The text of a random sentence: random allowed tokens, then after
+/// `free` steps the ones that close things, and EOS once allowed.
+fn walk(matcher: &mut Matcher, rng: &mut StdRng, free: usize) -> String {
+    let mut bytes = Vec::new();
+    for step in 0..4000 {
+        if matcher.is_stopped() {
+            return String::from_utf8(bytes).unwrap();
+        }
+        let allowed = matcher.compute_mask().unwrap().to_list();
+        assert!(!allowed.is_empty(), "dead end after {bytes:?}");
+        // A quote first: it closes strings, and opens only short ones.
+        let closing = [EOS, b'"'.into(), b'}'.into(), b']'.into(), b','.into()];
+        let token = match closing.iter().find(|t| allowed.contains(t)) {
+            Some(&token) if step >= free => token,
+            _ => {
+                // No exponents where there is a choice: JSON allows
+                // 1e400, serde_json (no arbitrary_precision) does not.
+                let exponent = |t: u32| t == u32::from(b'e') || t == u32::from(b'E');
+                let mut others: Vec<u32> = allowed.iter().copied().filter(|&t| t != EOS).collect();
+                if others.iter().any(|&t| !exponent(t)) {
+                    others.retain(|&t| !exponent(t));
+                }
+                if others.is_empty() {
+                    EOS
+                } else {
+                    others[rng.random_range(0..others.len())]
+                }
+            }
+        };
+        matcher.consume_token(token).unwrap();
+        match token {
+            EOS => return String::from_utf8(bytes).unwrap(),
+            TOOL_CALLS => bytes.extend_from_slice(b"[TOOL_CALLS]"),
+            byte => bytes.push(u8::try_from(byte).unwrap()),
+        }
+    }
+    panic!(
+        "no end after 4000 steps: {:?}",
+        String::from_utf8_lossy(&bytes)
+    );
+}
+
+/// The call's arguments follow the test tools' schemas.
+fn check_arguments(name: &str, arguments: &str) {
+    let arguments: Value = serde_json::from_str(arguments).unwrap();
+    let map = arguments.as_object().unwrap();
+    match name {
+        "get_weather" => {
+            assert!(map["city"].is_string(), "{arguments}");
+            let days = map["days"].as_i64().unwrap();
+            assert!((1..=9).contains(&days), "{arguments}");
+            if let Some(unit) = map.get("unit") {
+                assert!(unit == "celsius" || unit == "fahrenheit", "{arguments}");
+            }
+        }
+        "pick" => assert!(map["item"] == "a" || map["item"] == "b\"c", "{arguments}"),
+        // No schema: any map.
+        "now" => {}
+        other => panic!("unknown tool {other}"),
+    }
+}
+
+#[test]
+fn only_forcing_choices_give_a_grammar() {
+    let tools = tools();
+    for choice in [ToolChoice::Auto, ToolChoice::None] {
+        let result = forced_call_grammar(ToolFormat::Hermes, &tools, &choice, false, None);
+        assert_eq!(result, Err(GrammarError::NotForced));
+    }
+    let missing = ToolChoice::Function("nope".into());
+    assert_eq!(
+        forced_call_grammar(ToolFormat::Hermes, &tools, &missing, false, None),
+        Err(GrammarError::UnknownFunction("nope".into()))
+    );
+    assert_eq!(
+        forced_call_grammar(ToolFormat::Hermes, &[], &ToolChoice::Required, true, None),
+        Err(GrammarError::NoTools)
+    );
+}
+
+#[test]
+fn grammars_have_one_json_rule_per_allowed_tool() {
+    let tools = tools();
+    let choice = ToolChoice::Function("now".into());
+    let hermes = forced_call_grammar(ToolFormat::Hermes, &tools, &choice, false, None).unwrap();
+    assert_eq!(
+        hermes,
+        "start: call\n\
+         call: \"<tool_call>\\n\" tool \"\\n</tool_call>\"\n\
+         tool: tool_0\n\
+         tool_0: %json {\"type\":\"object\",\"properties\":{\"name\":{\"const\":\"now\"},\
+         \"arguments\":{\"type\":\"object\",\"properties\":{}}},\"required\":[\"name\",\"arguments\"],\
+         \"additionalProperties\":false,\"x-guidance\":{\"whitespace_flexible\":false}}\n"
+    );
+    let all = ToolChoice::Required;
+    let llama = forced_call_grammar(ToolFormat::Llama3Json, &tools, &all, true, None).unwrap();
+    assert!(
+        llama.starts_with(
+            "start: call (\"; \" call)*\ncall: tool\ntool: tool_0 | tool_1 | tool_2\n"
+        )
+    );
+    assert!(llama.contains("\"required\":[\"name\",\"parameters\"]"));
+    let mistral = forced_call_grammar(ToolFormat::Mistral, &tools, &all, true, Some(7)).unwrap();
+    assert!(
+        mistral.starts_with("start: <[7]> \"[\" call (\",\" call)* \"]\"\n"),
+        "{mistral}"
+    );
+    let literal = forced_call_grammar(ToolFormat::Mistral, &tools, &all, false, None).unwrap();
+    assert!(
+        literal.starts_with("start: \"[TOOL_CALLS]\" \"[\" call \"]\"\n"),
+        "{literal}"
+    );
+}
+
+#[test]
+fn every_grammar_compiles() {
+    let grammars = Grammars::new(Ok(vocabulary()), &[EOS]);
+    for (format, choice, parallel, marker) in cases() {
+        let grammar = forced_call_grammar(format, &tools(), &choice, parallel, marker).unwrap();
+        let mut matcher = compile(&grammars, &grammar);
+        if marker.is_some() {
+            let first = matcher.compute_mask().unwrap().to_list();
+            assert_eq!(first, [TOOL_CALLS], "the control token opens the calls");
+        }
+    }
+}
+
+/// The parser reads a forced output as calls only, each allowed by
+/// `choice` and with arguments that follow its schema.
+fn check_forced(format: ToolFormat, choice: &ToolChoice, text: &str) -> usize {
+    let mut parser = OutputParser::new(Some(format), Thinking::Off);
+    let mut parsed = parser.push(text);
+    let rest = parser.finish();
+    parsed.content.push_str(&rest.content);
+    parsed.calls.extend(rest.calls);
+    assert_eq!(parsed.content, "", "{text:?}");
+    assert!(!parsed.calls.is_empty(), "{text:?}");
+    for call in &parsed.calls {
+        match choice {
+            ToolChoice::Function(name) => assert_eq!(&call.name, name, "{text:?}"),
+            _ => assert!(
+                tools().iter().any(|t| t.function.name == call.name),
+                "{text:?}"
+            ),
+        }
+        check_arguments(&call.name, &call.arguments);
+    }
+    parsed.calls.len()
+}
+
+#[test]
+fn forced_output_parses_back_into_allowed_calls() {
+    let grammars = Grammars::new(Ok(vocabulary()), &[EOS]);
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut several = 0;
+    for (format, choice, parallel, marker) in cases() {
+        let grammar = forced_call_grammar(format, &tools(), &choice, parallel, marker).unwrap();
+        let matcher = compile(&grammars, &grammar);
+        for round in 0..8 {
+            let text = walk(&mut matcher.clone(), &mut rng, 20 + round * 40);
+            let calls = check_forced(format, &choice, &text);
+            assert!(parallel || calls == 1, "{text:?}");
+            several += usize::from(calls > 1);
+        }
+    }
+    assert!(several > 0, "no walk wrote parallel calls");
+}
+
+#[test]
+fn arguments_must_follow_the_schema() {
+    let grammars = Grammars::new(Ok(vocabulary()), &[EOS]);
+    let choice = ToolChoice::Function("get_weather".into());
+    let grammar = forced_call_grammar(ToolFormat::Hermes, &tools(), &choice, false, None).unwrap();
+    let accepts = |text: &str| {
+        let mut matcher = compile(&grammars, &grammar);
+        let tokens: Vec<u32> = text.bytes().map(u32::from).collect();
+        matcher.try_consume_tokens(&tokens).unwrap() == tokens.len()
+            && matcher.is_accepting().unwrap()
+    };
+    let call = |json: &str| format!("<tool_call>\n{json}\n</tool_call>");
+    assert!(accepts(&call(
+        r#"{"name":"get_weather","arguments":{"city":"Oslo","days":3}}"#
+    )));
+    assert!(!accepts(&call(
+        r#"{"name":"get_weather","arguments":{"city":"Oslo"}}"#
+    )));
+    assert!(!accepts(&call(r#"{"name":"now","arguments":{}}"#)));
+    assert!(!accepts(&call(
+        r#"{"arguments":{"city":"Oslo","days":3},"name":"get_weather"}"#
+    )));
+}
