@@ -266,12 +266,8 @@ fn main() {
     config.scheduler.speculate_max_decodes = 64;
     let max_positions = loaded.model.max_positions();
     let trie_start = Instant::now();
-    let grammars = selected("constrained").then(|| {
-        Grammars::new(
-            tokenizer.token_bytes().map_err(|e| e.to_string()),
-            tokenizer.eos_token_ids(),
-        )
-    });
+    let grammars = selected("constrained")
+        .then(|| Grammars::new(tokenizer.token_bytes(), tokenizer.eos_token_ids()));
     let trie_s = trie_start.elapsed().as_secs_f64();
     let handle = Engine::start(loaded, tokenizer, config);
     let threads = match threads {

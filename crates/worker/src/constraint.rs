@@ -19,7 +19,7 @@ use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTrie};
 use zinfer_protocol::{Constraint, ConstraintKind};
-use zinfer_text::TokenBytes;
+use zinfer_text::{TextError, TokenBytes};
 
 /// Compiled constraints kept for reuse; a repeated schema costs a clone.
 const CACHE_ENTRIES: usize = 64;
@@ -94,9 +94,9 @@ impl std::fmt::Debug for Grammars {
 impl Grammars {
     /// Grammars over `tokens`; when the vocabulary cannot be used, every
     /// constrained request is refused with the reason.
-    pub fn new(tokens: Result<Vec<TokenBytes>, String>, eos: &[u32]) -> Self {
+    pub fn new(tokens: Result<Vec<TokenBytes>, TextError>, eos: &[u32]) -> Self {
         let factory = tokens
-            .map_err(ConstraintError::Vocabulary)
+            .map_err(|e| ConstraintError::Vocabulary(e.to_string()))
             .and_then(|tokens| token_env(&tokens, eos))
             .and_then(|env| {
                 let mut factory = ParserFactory::new_simple(&env)
@@ -316,6 +316,7 @@ impl Drop for MaskThread {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zinfer_text::TokenizerError;
 
     fn bytes_vocab() -> Vec<TokenBytes> {
         let mut tokens: Vec<TokenBytes> = (0..=255u8).map(|b| TokenBytes::Text(vec![b])).collect();
@@ -368,7 +369,7 @@ mod tests {
         assert!(matches!(error, ConstraintError::Compile(_)), "{error}");
         let schema = serde_json::json!({"type": "no-such-type"});
         assert!(grammars.compile(&Constraint::json_schema(schema)).is_err());
-        let none = Grammars::new(Err("no bytes".into()), &[256]);
+        let none = Grammars::new(Err(TokenizerError::Unsupported("no bytes").into()), &[256]);
         assert!(matches!(
             none.compile(&Constraint::json_object()),
             Err(ConstraintError::Vocabulary(_))

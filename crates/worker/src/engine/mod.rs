@@ -451,10 +451,7 @@ impl Engine {
         let (event_tx, event_rx) = crossbeam_channel::bounded(config.event_capacity.max(1));
         let shared = Arc::new(handle::Shared::default());
         // Once per model: the token trie and llguidance's parser factory.
-        let grammars = Arc::new(Grammars::new(
-            text.token_bytes().map_err(|error| error.to_string()),
-            text.eos_token_ids(),
-        ));
+        let grammars = Arc::new(Grammars::new(text.token_bytes(), text.eos_token_ids()));
         let info = handle::ModelFacts {
             name,
             vocab_size: model.vocab_size(),

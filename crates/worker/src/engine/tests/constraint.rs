@@ -10,7 +10,7 @@ use super::*;
 use crate::constraint::Grammars;
 
 fn vocab() -> Grammars {
-    Grammars::new(Bytes.token_bytes().map_err(|e| e.to_string()), &[EOS])
+    Grammars::new(Bytes.token_bytes(), &[EOS])
 }
 
 /// Every generated token, in order, EOS included.
