@@ -15,11 +15,12 @@ use candle_core::Device;
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::{GgmlDType, QTensor};
 use zinfer_kernels::ScoreRule;
-use zinfer_probe::{GgufHeader, MetaValue, TensorInfo};
+use zinfer_probe::{GgufHeader, TensorInfo};
 
 use super::arch::{self, RopeTensors};
 use super::cpu::{CpuModel, CpuWeights};
 use super::linear::{Embedding, Linear};
+use super::meta::Meta;
 use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec};
 use super::weights::{self, Naming, TensorSource};
 use super::{LoadOptions, ModelError};
@@ -195,84 +196,6 @@ fn missing_tensor(name: &str) -> ModelError {
     }
 }
 
-/// GGUF metadata of one architecture: `usize("block_count")` reads
-/// `{arch}.block_count`.
-pub(crate) struct Meta<'a> {
-    header: &'a GgufHeader,
-    arch: &'a str,
-}
-
-impl Meta<'_> {
-    fn key(&self, key: &str) -> String {
-        format!("{}.{key}", self.arch)
-    }
-
-    /// `{arch}.{key}` as an integer; an error when it is missing.
-    pub(crate) fn usize(&self, key: &str) -> Result<usize, ModelError> {
-        self.opt_usize(key)?
-            .ok_or_else(|| ModelError::MissingKey(self.key(key)))
-    }
-
-    /// `{arch}.{key}` as an integer, if present.
-    pub(crate) fn opt_usize(&self, key: &str) -> Result<Option<usize>, ModelError> {
-        let full = self.key(key);
-        self.header
-            .metadata
-            .get(&full)
-            .map(|v| value_usize(v, &full))
-            .transpose()
-    }
-
-    /// `{arch}.{key}` as a float, if present.
-    pub(crate) fn opt_f32(&self, key: &str) -> Result<Option<f32>, ModelError> {
-        let full = self.key(key);
-        match self.header.metadata.get(&full) {
-            None => Ok(None),
-            Some(MetaValue::Float(v)) => Ok(Some(*v as f32)),
-            Some(other) => Err(wrong_type(full, "a float", other)),
-        }
-    }
-
-    /// `{arch}.{key}` as a string, if present.
-    pub(crate) fn opt_str(&self, key: &str) -> Result<Option<&str>, ModelError> {
-        let full = self.key(key);
-        match self.header.metadata.get(&full) {
-            None => Ok(None),
-            Some(MetaValue::Str(s)) => Ok(Some(s)),
-            Some(other) => Err(wrong_type(full, "a string", other)),
-        }
-    }
-
-    /// Which layers have a sliding window: `attention.sliding_window_pattern`
-    /// as one flag per layer, or a period `n` (every layer but the last of
-    /// each `n`); `period` when the key is missing.
-    pub(crate) fn swa_pattern(
-        &self,
-        n_layers: usize,
-        period: usize,
-    ) -> Result<Vec<bool>, ModelError> {
-        let full = self.key("attention.sliding_window_pattern");
-        let period = match self.header.metadata.get(&full) {
-            Some(MetaValue::Array { .. }) => {
-                let flags = self.header.bools(&full)?.unwrap_or_default();
-                if flags.len() != n_layers {
-                    return Err(ModelError::PerLayerLength {
-                        key: full,
-                        got: flags.len(),
-                        layers: n_layers,
-                    });
-                }
-                return Ok(flags);
-            }
-            Some(v) => value_usize(v, &full)?,
-            None => period,
-        };
-        Ok((0..n_layers)
-            .map(|i| period == 0 || i % period < period - 1)
-            .collect())
-    }
-}
-
 /// The spec of an opened file: the keys every architecture shares, then
 /// the architecture's own.
 fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
@@ -282,10 +205,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         .str("general.architecture")
         .ok_or_else(|| ModelError::MissingKey("general.architecture".to_string()))?;
     let arch = arch::by_gguf_name(name)?;
-    let meta = Meta {
-        header: &index.header,
-        arch: name,
-    };
+    let meta = Meta::new(&index.header, name);
     if meta.opt_usize("expert_count")?.unwrap_or(0) > 0 {
         return Err(ModelError::UnsupportedArchitecture(format!(
             "{name} with mixture-of-experts"
@@ -452,25 +372,6 @@ pub(crate) fn check_len(name: &str, got: usize, want: usize) -> Result<(), Model
     Ok(())
 }
 
-/// Any GGUF integer as a usize (metadata writers disagree on widths).
-pub(crate) fn value_usize(v: &MetaValue, key: &str) -> Result<usize, ModelError> {
-    match v {
-        MetaValue::Int(n) => usize::try_from(*n).map_err(|_| ModelError::MetadataRange {
-            key: key.to_string(),
-            value: *n,
-        }),
-        other => Err(wrong_type(key.to_string(), "an integer", other)),
-    }
-}
-
-fn wrong_type(key: String, want: &'static str, found: &MetaValue) -> ModelError {
-    ModelError::MetadataType {
-        key,
-        want,
-        found: format!("{found:?}"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use candle_core::quantized::gguf_file::{self, Value};
@@ -615,10 +516,7 @@ mod tests {
             ];
             let (_dir, file) = header("phi3", &keys);
             let mut spec = read("phi3", &keys).unwrap();
-            let meta = Meta {
-                header: &file.index.header,
-                arch: "phi3",
-            };
+            let meta = Meta::new(&file.index.header, "phi3");
             (arch::by_gguf_name("phi3").unwrap().finish)(&mut spec, &meta, &rope).unwrap();
             assert_eq!(
                 spec.ropes[0].scaling.freq_factors,

@@ -17,6 +17,7 @@ mod flash;
 mod gguf;
 mod kv;
 mod linear;
+mod meta;
 mod safetensors;
 mod spec;
 #[cfg(feature = "synthetic")]

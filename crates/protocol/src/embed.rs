@@ -5,7 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::messages::{GenerateRequest, RequestId};
+use crate::ids::RequestId;
+use crate::messages::GenerateRequest;
 
 /// How a prompt's hidden states become one vector.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

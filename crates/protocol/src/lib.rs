@@ -19,9 +19,11 @@
 //! Decoding goes through [`decode`], which enforces every [`Limits`] check in
 //! one place and never panics.
 
+mod chat;
 mod codec;
 mod constraint;
 mod embed;
+mod ids;
 mod keep_alive;
 mod limits;
 mod messages;
@@ -31,9 +33,11 @@ mod text;
 mod tools;
 mod validate;
 
+pub use chat::{ChatMessage, ContentPart, FunctionCall, MessageContent, ToolCall};
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
 pub use constraint::{Constraint, ConstraintKind};
 pub use embed::{EmbedRequest, Pooling};
+pub use ids::{RequestId, RouterRequestId};
 pub use keep_alive::{DEFAULT_KEEP_ALIVE, KeepAlive, ParseKeepAliveError};
 pub use limits::Limits;
 pub use messages::*;

@@ -6,9 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::messages::{
-    ChatMessage, ClientReply, RequestId, RouterRequestId, RouterToWorker, WorkerToRouter,
-};
+use crate::chat::ChatMessage;
+use crate::ids::RequestId;
 
 fn default_true() -> bool {
     true
@@ -119,111 +118,4 @@ pub enum TextRequest {
     Detokenize(DetokenizeRequest),
     /// `apply_template`.
     ApplyTemplate(ApplyTemplateRequest),
-}
-
-impl TextRequest {
-    /// The client's request id.
-    pub fn id(&self) -> &str {
-        match self {
-            TextRequest::Tokenize(r) => &r.id,
-            TextRequest::Detokenize(r) => &r.id,
-            TextRequest::ApplyTemplate(r) => &r.id,
-        }
-    }
-
-    /// The model named, if any.
-    pub fn model(&self) -> Option<&str> {
-        match self {
-            TextRequest::Tokenize(r) => r.model.as_deref(),
-            TextRequest::Detokenize(r) => r.model.as_deref(),
-            TextRequest::ApplyTemplate(r) => r.model.as_deref(),
-        }
-    }
-
-    /// Names the model the request runs on.
-    pub fn set_model(&mut self, model: String) {
-        let slot = match self {
-            TextRequest::Tokenize(r) => &mut r.model,
-            TextRequest::Detokenize(r) => &mut r.model,
-            TextRequest::ApplyTemplate(r) => &mut r.model,
-        };
-        *slot = Some(model);
-    }
-}
-
-/// The answer to a text request, without the request's id or rid.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TextResult {
-    /// Answer to `tokenize`.
-    Tokenized {
-        /// Token ids.
-        tokens: Vec<u32>,
-        /// One piece per token, when `with_pieces` was set.
-        pieces: Option<Vec<Piece>>,
-    },
-    /// Answer to `detokenize`.
-    Detokenized {
-        /// The text.
-        content: String,
-    },
-    /// Answer to `apply_template`.
-    AppliedTemplate {
-        /// The rendered prompt.
-        prompt: String,
-    },
-}
-
-impl TextRequest {
-    /// The message that asks a worker to answer it as `rid`.
-    pub fn to_worker(&self, rid: RouterRequestId) -> RouterToWorker {
-        match self.clone() {
-            TextRequest::Tokenize(request) => RouterToWorker::Tokenize { rid, request },
-            TextRequest::Detokenize(request) => RouterToWorker::Detokenize { rid, request },
-            TextRequest::ApplyTemplate(request) => RouterToWorker::ApplyTemplate { rid, request },
-        }
-    }
-}
-
-impl TextResult {
-    /// The worker's answer to request `rid`.
-    pub fn to_worker_reply(self, rid: RouterRequestId) -> WorkerToRouter {
-        match self {
-            TextResult::Tokenized { tokens, pieces } => WorkerToRouter::Tokenized {
-                rid,
-                tokens,
-                pieces,
-            },
-            TextResult::Detokenized { content } => WorkerToRouter::Detokenized { rid, content },
-            TextResult::AppliedTemplate { prompt } => {
-                WorkerToRouter::AppliedTemplate { rid, prompt }
-            }
-        }
-    }
-
-    /// The router's reply to the client's request `id`.
-    pub fn to_client_reply(self, id: RequestId) -> ClientReply {
-        match self {
-            TextResult::Tokenized { tokens, pieces } => {
-                ClientReply::Tokenized { id, tokens, pieces }
-            }
-            TextResult::Detokenized { content } => ClientReply::Detokenized { id, content },
-            TextResult::AppliedTemplate { prompt } => ClientReply::AppliedTemplate { id, prompt },
-        }
-    }
-}
-
-impl ClientReply {
-    /// Whether this reply ends its request: `done`, an `error` with an id,
-    /// or the one reply of a text request.
-    pub fn is_terminal(&self) -> bool {
-        matches!(
-            self,
-            ClientReply::Done { .. }
-                | ClientReply::Error { id: Some(_), .. }
-                | ClientReply::Tokenized { .. }
-                | ClientReply::Detokenized { .. }
-                | ClientReply::AppliedTemplate { .. }
-                | ClientReply::Embedding { .. }
-        )
-    }
 }

@@ -5,7 +5,7 @@ use crate::{
     ClientReply, ClientRequest, DecodeError, DetokenizeRequest, DoneBody, GenerateRequest, Limits,
     MessageContent, Piece, ReadyBody, RouterToSupervisor, RouterToWorker, SupervisorToRouter,
     TextRequest, TokenLogprob, TokenizeRequest, ToolChoice, WireMessage, WorkerToRouter,
-    messages::json_bytes, valid_function_name,
+    chat::json_bytes, valid_function_name,
 };
 
 /// Most `tools` on one request.

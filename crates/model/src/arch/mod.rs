@@ -17,7 +17,7 @@ mod qwen3;
 pub(crate) use zinfer_probe::Architecture;
 
 use super::ModelError;
-use super::gguf::Meta;
+use super::meta::Meta;
 use super::spec::{Activation, BlockLayout, ModelSpec, RopeStyle};
 
 /// How one architecture differs from the common reading.

@@ -8,7 +8,8 @@ use serde_json::Value as Json;
 use zinfer_protocol::{ChatMessage, MessageContent, ToolCall};
 
 use super::grammar::{Repeat, literal};
-use super::parse::{CallParser, Parsed, Shape, is_blank, parse_call, partial_tag};
+use super::parse::{CallParser, Parsed, Shape, is_blank, parse_call};
+use super::tag::partial_tag;
 use super::{Format, ToolFormat};
 use crate::TextError;
 

@@ -7,8 +7,8 @@ use serde_json::Value;
 use super::grammar::{Repeat, literal};
 use super::parse::{
     CallParser, Parsed, ParsedCall, Shape, arguments_text, call_from_value, is_blank, leading_json,
-    partial_tag,
 };
+use super::tag::partial_tag;
 use super::{Format, ToolFormat};
 
 const CALLS: &str = "[TOOL_CALLS]";

@@ -17,6 +17,7 @@ mod llama3;
 mod mistral;
 mod parse;
 mod reasoning;
+mod tag;
 #[cfg(test)]
 mod tests;
 

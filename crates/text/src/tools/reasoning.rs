@@ -95,7 +95,7 @@ impl Reasoning {
                     *self = Reasoning::Closed;
                     self.push(&after, reasoning, content);
                 } else {
-                    let ready = held.len() - super::parse::partial_tag(held, THINK_CLOSE);
+                    let ready = held.len() - super::tag::partial_tag(held, THINK_CLOSE);
                     reasoning.push_str(&held[..ready]);
                     held.drain(..ready);
                 }
