@@ -20,7 +20,7 @@ test: setup-tests
 	ZINFER_CPU_LEVEL=avx2 cargo test -p zinfer-kernels
 	ZINFER_CPU_LEVEL=scalar cargo test -p zinfer-kernels
 
-# Serves the default model: router on tcp://127.0.0.1:5555, one CPU worker.
+# Serves the default model: router with clients on tcp://*:5555, one CPU worker.
 serve: build
 	target/release/zinfer serve
 
