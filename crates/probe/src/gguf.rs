@@ -807,6 +807,11 @@ impl<R: Read + Seek> Reader<R> {
         self.reserve(n, "a string")?;
         let mut buf = vec![0u8; n as usize];
         self.inner.read_exact(&mut buf)?;
+        // Some writers pad strings with NULs; llama.cpp's and candle's
+        // readers drop them, and `llama\0` must still name `llama`.
+        while buf.last() == Some(&0) {
+            buf.pop();
+        }
         Ok(String::from_utf8_lossy(&buf).into_owned())
     }
 
@@ -1042,6 +1047,22 @@ mod tests {
             Ok(_) => panic!("{} bytes were taken", bytes.len()),
             Err(e) => e.to_string(),
         }
+    }
+
+    #[test]
+    fn trailing_nuls_are_dropped_from_strings() {
+        let mut tokens = 8u32.to_le_bytes().to_vec();
+        tokens.extend(1u64.to_le_bytes());
+        tokens.extend(string("<s>\0\0"));
+        let (_dir, h) = on_disk(&header(&[
+            ("general.architecture", 8, string("llama\0")),
+            ("tokenizer.ggml.tokens", 9, tokens),
+        ]));
+        assert_eq!(h.architecture(), Some("llama"));
+        assert_eq!(
+            h.strings("tokenizer.ggml.tokens").unwrap().unwrap(),
+            ["<s>"]
+        );
     }
 
     #[test]
