@@ -15,7 +15,7 @@ use candle_core::Device;
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::{GgmlDType, QTensor};
 use zinfer_kernels::ScoreRule;
-use zinfer_probe::{GgufHeader, TensorInfo};
+use zinfer_probe::{GgmlType, GgufHeader, TensorInfo};
 
 use super::arch::{self, RopeTensors};
 use super::cpu::{CpuModel, CpuWeights};
@@ -129,10 +129,16 @@ impl Index {
             tensor: name.to_string(),
             dtype: info.ggml_type.to_string(),
         };
-        let dtype = ggml_dtype(info).ok_or_else(unsupported)?;
+        let dtype = ggml_dtype(info.ggml_type).ok_or_else(unsupported)?;
         // The probe checked that a tensor of a sized type lies inside the file.
         let bytes = info.bytes().ok_or_else(unsupported)?;
         let len = usize::try_from(bytes).map_err(|_| unsupported())?;
+        // candle reads the buffer by its own block sizes without checking
+        // its length: refuse where the probe's table and candle's disagree.
+        let blocks = usize::try_from(info.elements() / dtype.block_size() as u64);
+        if blocks.ok().and_then(|b| b.checked_mul(dtype.type_size())) != Some(len) {
+            return Err(unsupported());
+        }
         let io = |source| ModelError::Io {
             path: self.header.path.clone(),
             source,
@@ -169,8 +175,8 @@ impl Index {
 }
 
 /// The candle type of a tensor, for the ggml types candle builds.
-fn ggml_dtype(info: &TensorInfo) -> Option<GgmlDType> {
-    Some(match info.ggml_type.0 {
+fn ggml_dtype(ggml_type: GgmlType) -> Option<GgmlDType> {
+    Some(match ggml_type.0 {
         0 => GgmlDType::F32,
         1 => GgmlDType::F16,
         2 => GgmlDType::Q4_0,
@@ -409,6 +415,22 @@ mod tests {
 
     fn read(arch: &str, keys: &[(&str, Value)]) -> Result<ModelSpec, ModelError> {
         spec(&mut header(arch, keys).1)
+    }
+
+    /// The probe sizes every type candle builds here as candle does, so
+    /// the length check before `qtensor_from_ggml` refuses nothing it takes.
+    #[test]
+    fn the_probe_and_candle_agree_on_block_sizes() {
+        let mut built = 0;
+        for code in 0..64 {
+            let Some(dtype) = ggml_dtype(GgmlType(code)) else {
+                continue;
+            };
+            built += 1;
+            let candle = (dtype.block_size() as u64, dtype.type_size() as u64);
+            assert_eq!(GgmlType(code).block(), Some(candle), "type {code}");
+        }
+        assert_eq!(built, 14);
     }
 
     #[test]
