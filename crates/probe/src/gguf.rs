@@ -536,8 +536,8 @@ impl GgufHeader {
         self.integers(key, "integers")
     }
 
-    /// An array of integers that each fit i32 (`tokenizer.ggml.token_type`);
-    /// `None` when the key is absent.
+    /// An array of integers that each fit i32 (scores some converters
+    /// write as integers); `None` when the key is absent.
     pub fn i32s(&self, key: &str) -> Result<Option<Vec<i32>>, HeaderError> {
         self.integers(key, "i32 integers")
     }

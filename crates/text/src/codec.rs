@@ -3,11 +3,12 @@
 
 use zinfer_protocol::ChatMessage;
 
+use crate::detokenize::{DetokenizeError, TokenDecoder};
 use crate::{ChatFeatures, ModelTokenizer, TemplateInput, TextError, TokenBytes, TokenizerError};
 
 /// The text side of a model as the engine uses it; implemented by
 /// [`ModelTokenizer`], and by fakes in tests.
-pub trait TextCodec: Send + Sync {
+pub trait TextCodec: TokenDecoder + Send + Sync {
     /// Token ids of `text`, no special tokens added.
     fn encode(&self, text: &str) -> Result<Vec<u32>, TextError>;
     /// Token ids of a prompt, with the BOS/EOS the model asks for (at most
@@ -76,6 +77,14 @@ pub trait TextCodec: Send + Sync {
     /// cannot tell refuses constrained requests with this error.
     fn token_bytes(&self) -> Result<Vec<TokenBytes>, TextError> {
         Err(TokenizerError::Unsupported("this tokenizer does not expose its token bytes").into())
+    }
+}
+
+/// The detokenizer decodes through any codec.
+impl<T: TextCodec + ?Sized> TokenDecoder for T {
+    fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokenizeError> {
+        self.decode(ids)
+            .map_err(|error| DetokenizeError(error.to_string()))
     }
 }
 

@@ -18,13 +18,6 @@ pub trait TokenDecoder {
     fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokenizeError>;
 }
 
-impl TokenDecoder for crate::ModelTokenizer {
-    fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokenizeError> {
-        self.decode(ids)
-            .map_err(|error| DetokenizeError(error.to_string()))
-    }
-}
-
 /// The text a decoder marks an incomplete UTF-8 sequence with.
 const REPLACEMENT: char = '\u{FFFD}';
 

@@ -39,8 +39,8 @@ pub enum TextError {
         /// The underlying error.
         source: std::io::Error,
     },
-    /// A GGUF file's header, or an array the tokenizer reads, could not
-    /// be read.
+    /// A GGUF file's header could not be read (an array the tokenizer
+    /// cannot use is a [`TokenizerError`]).
     #[error("not a readable GGUF file: {0}")]
     Gguf(zinfer_probe::HeaderError),
     /// The tokenizer could not be built or failed on input.

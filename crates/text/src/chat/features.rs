@@ -27,8 +27,8 @@ pub struct ChatFeatures {
 
 /// The features of a template's source.
 ///
-/// - `tool_format`: the first format of the tools table whose markers the
-///   source has (`[TOOL_CALLS]`: Mistral; `<|python_tag|>`, or Llama 3
+/// - `tool_format`: the first format of the tools table that recognises
+///   the source (`[TOOL_CALLS]`: Mistral; `<|python_tag|>`, or Llama 3
 ///   headers with a `"parameters"` key: Llama 3 JSON), else Hermes.
 /// - `renders_tools`: see [`reads_tools`].
 /// - `thinks`: the source has `<think>` or `</think>`.

@@ -279,8 +279,6 @@ pub(super) struct GgufVocab {
     piece_ends: Vec<u32>,
 }
 
-type Metadata = GgufHeader;
-
 fn bad(key: &str, reason: impl std::fmt::Display) -> TokenizerError {
     TokenizerError::Metadata {
         key: key.to_string(),
@@ -288,7 +286,7 @@ fn bad(key: &str, reason: impl std::fmt::Display) -> TokenizerError {
     }
 }
 
-fn get_str<'a>(md: &'a Metadata, key: &str) -> Result<Option<&'a str>, TokenizerError> {
+fn get_str<'a>(md: &'a GgufHeader, key: &str) -> Result<Option<&'a str>, TokenizerError> {
     match md.metadata.get(key) {
         None => Ok(None),
         Some(MetaValue::Str(s)) => Ok(Some(s)),
@@ -296,7 +294,7 @@ fn get_str<'a>(md: &'a Metadata, key: &str) -> Result<Option<&'a str>, Tokenizer
     }
 }
 
-fn get_bool(md: &Metadata, key: &str) -> Result<Option<bool>, TokenizerError> {
+fn get_bool(md: &GgufHeader, key: &str) -> Result<Option<bool>, TokenizerError> {
     match md.metadata.get(key) {
         None => Ok(None),
         Some(MetaValue::Bool(b)) => Ok(Some(*b)),
@@ -313,7 +311,7 @@ fn get_array<T>(
 }
 
 /// Token scores: f32 (or f64) values, or i32 ones as some writers store them.
-fn get_scores(md: &Metadata, key: &str) -> Result<Option<Vec<f32>>, TokenizerError> {
+fn get_scores(md: &GgufHeader, key: &str) -> Result<Option<Vec<f32>>, TokenizerError> {
     match md.metadata.get(key) {
         Some(MetaValue::Array { elem_type, .. }) if *elem_type == ValueType::I32 => {
             let ints = get_array(key, |k| md.i32s(k))?;
@@ -324,7 +322,7 @@ fn get_scores(md: &Metadata, key: &str) -> Result<Option<Vec<f32>>, TokenizerErr
 }
 
 /// An integer value, if `key` holds one that fits i64.
-fn get_int(md: &Metadata, key: &str) -> Option<i64> {
+fn get_int(md: &GgufHeader, key: &str) -> Option<i64> {
     match md.metadata.get(key) {
         Some(MetaValue::Int(n)) => i64::try_from(*n).ok(),
         _ => None,
@@ -365,7 +363,7 @@ fn is_c_space(b: u8) -> bool {
 
 impl GgufVocab {
     /// Reads the vocabulary from GGUF metadata (`llama_vocab::impl::load`).
-    pub(super) fn from_metadata(md: &Metadata) -> Result<Self, TokenizerError> {
+    pub(super) fn from_metadata(md: &GgufHeader) -> Result<Self, TokenizerError> {
         let model = get_str(md, "tokenizer.ggml.model")?
             .ok_or_else(|| bad("tokenizer.ggml.model", "missing"))?;
         let pre_name = get_str(md, "tokenizer.ggml.pre")?;
@@ -1001,7 +999,7 @@ fn eog_set(
 /// whitespace after them; some embedding models' mask token eats the
 /// whitespace before it.
 fn strip_attributes(
-    md: &Metadata,
+    md: &GgufHeader,
     pre_name: Option<&str>,
     texts: &[String],
     ids: &FastMap<Box<str>, u32>,

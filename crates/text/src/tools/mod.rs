@@ -97,10 +97,10 @@ impl ToolFormat {
 
     /// This format's row of [`FORMATS`].
     fn syntax(self) -> &'static Format {
-        FORMATS
-            .iter()
-            .copied()
-            .find(|f| f.format == self)
-            .unwrap_or(&hermes::HERMES)
+        match self {
+            ToolFormat::Hermes => &hermes::HERMES,
+            ToolFormat::Llama3Json => &llama3::LLAMA3_JSON,
+            ToolFormat::Mistral => &mistral::MISTRAL,
+        }
     }
 }

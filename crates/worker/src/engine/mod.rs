@@ -25,7 +25,7 @@ use std::sync::Arc;
 use zinfer_cache::CacheConfig;
 use zinfer_model::{ForwardModel, LoadedModel, ModelError};
 use zinfer_protocol::{ChunkBody, DoneBody, ErrorCode, FinishReason, Limits, WorkerToRouter};
-use zinfer_text::detokenize::{DetokenizeError, TokenDecoder};
+use zinfer_text::detokenize::DetokenizeError;
 use zinfer_text::{ModelTokenizer, TextError};
 
 use crate::constraint::Grammars;
@@ -358,17 +358,6 @@ pub struct EngineStats {
     /// Imported spans taken up, kept or skipped: the transport compares it
     /// with the spans it handed over to know the import has settled.
     pub cache_import_spans: u64,
-}
-
-/// Lets the detokenizer decode through any [`TextCodec`].
-struct Decode<'a>(&'a dyn TextCodec);
-
-impl TokenDecoder for Decode<'_> {
-    fn decode_ids(&self, ids: &[u32]) -> Result<String, DetokenizeError> {
-        self.0
-            .decode(ids)
-            .map_err(|error| DetokenizeError(error.to_string()))
-    }
 }
 
 /// Why a draft model cannot serve beside a model.

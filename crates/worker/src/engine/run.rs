@@ -23,8 +23,7 @@ use super::reply::{Delta, ReplyText};
 use super::transfer::{self, EXPORT_TOKENS_PER_STEP, Export, Progress, SPAN_TOKENS};
 use super::valid::OutputPlan;
 use super::{
-    Clock, Decode, EngineConfig, EngineEvent, EngineStats, INTERNAL_MESSAGE, InternalError,
-    TextCodec,
+    Clock, EngineConfig, EngineEvent, EngineStats, INTERNAL_MESSAGE, InternalError, TextCodec,
 };
 use crate::constraint::{CompiledConstraint, ConstraintError, MaskThread, apply_mask};
 use crate::sampling::{Logprobs, Sampler, SamplingParams, StopTokens, model_logprobs};
@@ -949,7 +948,7 @@ impl EngineLoop {
                     }
                 }
             }
-            match request.detok.push(&Decode(self.text.as_ref()), token) {
+            match request.detok.push(self.text.as_ref(), token) {
                 Ok(decoded) => {
                     if decoded.stopped {
                         reason = Some(FinishReason::Stop);
@@ -992,7 +991,7 @@ impl EngineLoop {
             return;
         };
         let rid = request.rid;
-        let tail = match request.detok.finish(&Decode(self.text.as_ref())) {
+        let tail = match request.detok.finish(self.text.as_ref()) {
             Ok(delta) => delta.text,
             Err(error) => {
                 tracing::warn!(rid, %error, "final detokenization failed");
