@@ -235,6 +235,12 @@ pub(crate) fn run(args: &WorkerArgs) -> anyhow::Result<()> {
 ///
 /// Must run before this process starts any thread (see [`run_config`]).
 pub(crate) fn run_spawned() -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    anyhow::ensure!(
+        !std::io::stdin().is_terminal(),
+        "`zinfer spawned-worker` reads its configuration from a supervisor on stdin; \
+         to start a worker by hand, run `zinfer worker`"
+    );
     let config = WorkerConfig::read(std::io::stdin().lock())?;
     run_config(&config)
 }
@@ -251,6 +257,14 @@ fn run_config(config: &WorkerConfig) -> anyhow::Result<()> {
         config.curve.key.as_deref(),
     )?;
     let settings = &config.engine;
+    // The flags' ranges, checked again for a configuration read from JSON.
+    let speculative = zinfer_protocol::Speculative {
+        ngram: settings.speculative_ngram,
+        max_draft: settings.speculative_draft,
+    };
+    speculative
+        .validate()
+        .context("the worker's speculative settings")?;
     let threads = settings
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -284,10 +298,7 @@ fn run_config(config: &WorkerConfig) -> anyhow::Result<()> {
             speculate_max_decodes: settings.speculative_max_batch,
             ..SchedulerConfig::default()
         },
-        speculative: zinfer_protocol::Speculative {
-            ngram: settings.speculative_ngram,
-            max_draft: settings.speculative_draft,
-        },
+        speculative,
         ..EngineConfig::default()
     };
     let engine = match &settings.draft_model {
