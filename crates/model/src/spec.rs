@@ -199,7 +199,7 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
-    /// Width of the key (and value) projection output.
+    /// The KV pool's shape: layers, KV heads, key and value widths.
     pub fn kv_shape(&self) -> zinfer_probe::KvShape {
         zinfer_probe::KvShape {
             layers: self.n_layers,
@@ -211,7 +211,7 @@ impl ModelSpec {
 
     /// Width of one K (or V) row: KV heads times head width.
     pub fn kv_dim(&self) -> usize {
-        self.n_kv_heads * self.head_dim
+        self.kv_shape().kv_dim()
     }
 
     /// Width of the query projection output.
