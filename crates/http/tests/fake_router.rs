@@ -212,14 +212,6 @@ fn serve(config: HttpConfig) -> SocketAddr {
     addr_rx.recv().unwrap()
 }
 
-/// A loopback port nothing listens on (yet).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .unwrap()
-        .port()
-}
-
 /// One HTTP/1.1 request; returns (status, body).
 fn call(
     addr: SocketAddr,
@@ -356,8 +348,11 @@ fn errors_are_openai_shaped() {
 
 #[test]
 fn no_router_is_a_fast_503() {
+    // An IPC path nobody binds: a free TCP port could be taken by another
+    // test's router between choosing it and the front's connect.
+    let nobody = std::env::temp_dir().join(format!("zinfer-no-router-{}", std::process::id()));
     let addr = serve(HttpConfig {
-        router: format!("tcp://127.0.0.1:{}", free_port()),
+        router: format!("ipc://{}", nobody.display()),
         listen: "127.0.0.1:0".parse().unwrap(),
         api_key: None,
         served_model_name: None,
@@ -383,7 +378,10 @@ fn no_router_is_a_fast_503() {
 /// listings and generation alike.
 #[test]
 fn a_router_that_starts_after_the_front_still_answers() {
-    let router = format!("tcp://127.0.0.1:{}", free_port());
+    // IPC, so no other test's router can take the endpoint in the 300 ms
+    // before this one binds it.
+    let path = std::env::temp_dir().join(format!("zinfer-late-router-{}", std::process::id()));
+    let router = format!("ipc://{}", path.display());
     let addr = serve(HttpConfig {
         router: router.clone(),
         listen: "127.0.0.1:0".parse().unwrap(),
