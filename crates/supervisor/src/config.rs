@@ -157,10 +157,11 @@ mod as_text {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn config() -> WorkerConfig {
+    /// A configuration with every field set, for tests here and in `process`.
+    pub(crate) fn config() -> WorkerConfig {
         WorkerConfig {
             router: "tcp://127.0.0.1:5556".into(),
             id: Some("w1".into()),

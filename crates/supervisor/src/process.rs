@@ -13,7 +13,7 @@ use std::time::Instant;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-use crate::{SPAWNED_WORKER, SpawnError, WorkerConfig};
+use crate::{EXIT_WITH_PARENT, SPAWNED_WORKER, SpawnError, WorkerConfig};
 
 /// Log lines kept per worker for failure reports.
 const TAIL_LINES: usize = 12;
@@ -36,8 +36,9 @@ pub(crate) struct WorkerProcess {
 }
 
 impl WorkerProcess {
-    /// Starts `exe` as a worker ([`SPAWNED_WORKER`]) with `envs` added,
-    /// and writes `config` to its stdin.
+    /// Starts `exe` as a worker ([`SPAWNED_WORKER`]) with `envs` added and
+    /// [`EXIT_WITH_PARENT`] set to this process, and writes `config` to its
+    /// stdin.
     pub(crate) fn spawn(
         exe: &Path,
         config: &WorkerConfig,
@@ -48,6 +49,7 @@ impl WorkerProcess {
         let mut child = Command::new(exe)
             .arg(SPAWNED_WORKER)
             .envs(envs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env(EXIT_WITH_PARENT, std::process::id().to_string())
             .stdin(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -139,5 +141,40 @@ impl WorkerProcess {
     pub(crate) fn log_tail(&self) -> String {
         let tail = self.tail.lock().unwrap_or_else(PoisonError::into_inner);
         tail.iter().cloned().collect::<Vec<_>>().join(" | ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    /// A "worker" that writes what it was started with to a file: the
+    /// variable that makes a real worker exit with its supervisor is set to
+    /// this process, and the configuration arrives on stdin.
+    #[test]
+    fn a_worker_is_told_its_parent_and_handed_its_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = dir.path().join("seen");
+        let exe = dir.path().join("fake-zinfer");
+        std::fs::write(
+            &exe,
+            format!(
+                "#!/bin/sh\n{{ echo \"$1 $ZINFER_EXIT_WITH_PARENT\"; cat; }} > '{}'\n",
+                seen.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let config = crate::config::tests::config();
+        let mut child = WorkerProcess::spawn(&exe, &config, &[], "w1").unwrap();
+        assert!(child.wait().unwrap().success());
+        let seen = std::fs::read_to_string(&seen).unwrap();
+        let (first, json) = seen.split_once('\n').unwrap();
+        assert_eq!(first, format!("{SPAWNED_WORKER} {}", std::process::id()));
+        assert_eq!(WorkerConfig::read(json.as_bytes()).unwrap(), config);
     }
 }
