@@ -54,6 +54,39 @@ impl GgufFile {
     pub(crate) fn opt_vector(&mut self, name: &str) -> Result<Option<Vec<f32>>, ModelError> {
         self.tensors.opt_vector(name)
     }
+
+    /// The stacked expert tensor `name` (ggml `[cols, rows, experts]`), one
+    /// `[rows, cols]` tensor per expert on `device`: each expert's blocks
+    /// are contiguous in the file, so a split costs one copy at load.
+    pub(crate) fn expert_qtensors(
+        &mut self,
+        name: &str,
+        experts: usize,
+        (rows, cols): (usize, usize),
+        device: &Device,
+    ) -> Result<Vec<QTensor>, ModelError> {
+        let stacked = self.qtensor(name, &Device::Cpu)?;
+        let dims = stacked.shape().dims();
+        if dims != [experts, rows, cols] {
+            return Err(ModelError::TensorLayout {
+                tensor: name.to_string(),
+                reason: "is not [experts, rows, cols] as the metadata says",
+            });
+        }
+        let dtype = stacked.dtype();
+        let data = stacked.data()?;
+        let per = data.len() / experts.max(1);
+        data.chunks_exact(per.max(1))
+            .map(|bytes| {
+                qtensor_from_ggml(dtype, bytes, vec![rows, cols], device).map_err(|source| {
+                    ModelError::TensorData {
+                        tensor: name.to_string(),
+                        source,
+                    }
+                })
+            })
+            .collect()
+    }
 }
 
 /// Reads a GGUF file's header and model spec (not the weights).
@@ -212,11 +245,6 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         .ok_or_else(|| ModelError::MissingKey("general.architecture".to_string()))?;
     let arch = arch::by_gguf_name(name)?;
     let meta = Meta::new(&index.header, name);
-    if meta.opt_usize("expert_count")?.unwrap_or(0) > 0 {
-        return Err(ModelError::UnsupportedArchitecture(format!(
-            "{name} with mixture-of-experts"
-        )));
-    }
     let n_heads = meta.usize("attention.head_count")?;
     let hidden = meta.usize("embedding_length")?;
     let head_dim = match meta.opt_usize("attention.key_length")? {
@@ -263,6 +291,8 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         }
         Some(_) => {}
     }
+    let ffn = meta.usize("feed_forward_length")?;
+    let moe = arch::moe_spec(arch, &meta, ffn)?;
     let mut spec = ModelSpec {
         arch: arch.name(),
         n_layers,
@@ -272,7 +302,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
             .unwrap_or(n_heads),
         hidden,
         head_dim,
-        ffn: meta.usize("feed_forward_length")?,
+        ffn,
         vocab,
         norm_eps: meta
             .opt_f32("attention.layer_norm_rms_epsilon")?
@@ -288,6 +318,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         embed_scale: None,
         final_softcap: None,
         layout: arch.layout,
+        moe,
     };
     if let Some(f) = index.opt_vector(reader, "rope_freqs.weight")? {
         spec.ropes[0].scaling.freq_factors = f;
@@ -330,6 +361,22 @@ impl TensorSource for CpuSource<'_> {
 
     fn concat(&mut self, parts: Vec<Vec<f32>>) -> Result<Vec<f32>, ModelError> {
         Ok(parts.concat())
+    }
+
+    fn experts(
+        &mut self,
+        name: &str,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Linear>, ModelError> {
+        let parts = self
+            .0
+            .expert_qtensors(name, experts, (rows, cols), &Device::Cpu)?;
+        parts
+            .into_iter()
+            .map(|qt| Linear::from_qtensor(name, qt))
+            .collect()
     }
 
     fn embedding(
@@ -509,7 +556,20 @@ mod tests {
         let key_length = [("attention.key_length", Value::U32(64))];
         assert_eq!(read("qwen3", &key_length).unwrap().head_dim, 64);
         let moe = [("expert_count", Value::U32(8))];
-        assert!(read("qwen3", &moe).is_err());
+        assert!(matches!(
+            read("qwen3", &moe),
+            Err(ModelError::UnsupportedArchitecture(m)) if m.contains("mixture-of-experts")
+        ));
+        let experts = [
+            ("expert_count", Value::U32(8)),
+            ("expert_used_count", Value::U32(2)),
+        ];
+        let moe = read("qwen3moe", &experts).unwrap().moe.unwrap();
+        assert_eq!((moe.experts, moe.used, moe.expert_ffn), (8, 2, 256));
+        assert!(matches!(
+            read("qwen3moe", &[]),
+            Err(ModelError::MissingKey(k)) if k == "qwen3moe.expert_count"
+        ));
         let int_base = [("rope.freq_base", Value::U32(10_000))];
         assert!(matches!(
             read("qwen3", &int_base),

@@ -18,6 +18,7 @@ mod gguf;
 mod kv;
 mod linear;
 mod meta;
+mod moe;
 mod safetensors;
 mod spec;
 #[cfg(feature = "synthetic")]

@@ -142,6 +142,40 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// How a router's logits become each token's experts and their weights,
+/// as llama.cpp's MoE graph has them; the weighted experts' outputs are
+/// summed after their down projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over every expert, the `used` most probable kept, their
+    /// probabilities divided by their sum when `renormalize` (Qwen3-MoE).
+    SoftmaxTopK {
+        /// Whether the kept probabilities are scaled to sum to one.
+        renormalize: bool,
+    },
+    /// The `used` highest logits kept, softmax over those alone (gpt-oss).
+    TopKSoftmax,
+}
+
+/// A mixture-of-experts MLP in place of the dense one: a router
+/// (`ffn_gate_inp`) scores `experts` expert MLPs per token and the
+/// `used` best run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeSpec {
+    /// Experts per layer (`{arch}.expert_count`).
+    pub experts: usize,
+    /// Experts each token runs (`{arch}.expert_used_count`).
+    pub used: usize,
+    /// Inner width of one expert's MLP (`{arch}.expert_feed_forward_length`).
+    pub expert_ffn: usize,
+    /// How router logits become expert weights.
+    pub gating: Gating,
+    /// The router has a bias (`ffn_gate_inp.bias`).
+    pub router_bias: bool,
+    /// The chosen weights are multiplied by this (1 for none).
+    pub weights_scale: f32,
+}
+
 /// Which tensors a block has beyond the Llama set.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BlockLayout {
@@ -196,6 +230,9 @@ pub struct ModelSpec {
     pub final_softcap: Option<f32>,
     /// The block's tensors.
     pub layout: BlockLayout,
+    /// A mixture of experts in place of every layer's dense MLP; `None`
+    /// for dense models.
+    pub moe: Option<MoeSpec>,
 }
 
 impl ModelSpec {
@@ -217,6 +254,11 @@ impl ModelSpec {
     /// Width of the query projection output.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
+    }
+
+    /// Widest MLP inner width a layer runs: the dense MLP's, or one expert's.
+    pub fn mlp_width(&self) -> usize {
+        self.moe.map_or(self.ffn, |m| m.expert_ffn)
     }
 
     /// Every layer with the same window and the first RoPE.
@@ -270,6 +312,15 @@ impl ModelSpec {
             if !(r.theta > 0.0 && r.scaling.linear > 0.0) {
                 return Err(SpecError::RopeNotPositive(format!("{r:?}")));
             }
+        }
+        if let Some(m) = &self.moe
+            && (m.experts == 0
+                || m.used == 0
+                || m.used > m.experts
+                || m.expert_ffn == 0
+                || !(m.weights_scale.is_finite() && m.weights_scale > 0.0))
+        {
+            return Err(SpecError::Experts(format!("{m:?}")));
         }
         let caps = [self.attn.softcap, self.final_softcap];
         if caps.into_iter().flatten().any(|c| c.is_nan() || c <= 0.0) {
@@ -329,4 +380,8 @@ pub enum SpecError {
     /// A softcap that is not positive.
     #[error("softcaps must be positive")]
     Softcap,
+    /// Experts that cannot run: none, more used than there are, no width,
+    /// or a weight scale that is not positive (the MoE spec, printed).
+    #[error("invalid mixture of experts: {0}")]
+    Experts(String),
 }

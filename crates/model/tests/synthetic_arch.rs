@@ -90,6 +90,9 @@ impl CandleModel {
                 quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Gemma3)
             }
             Architecture::Gemma2 => panic!("candle-transformers has no quantized gemma2"),
+            Architecture::Qwen3Moe => {
+                panic!("candle-transformers' quantized qwen3 MoE runs on CUDA only")
+            }
         };
         m.unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
@@ -124,12 +127,13 @@ fn assert_sane(logits: &[f32], vocab: usize, what: &str) {
 
 /// Each tiny preset in F32 and Q8_0: candle's model for its architecture
 /// loads it and runs a 20-token prompt (past the 16-token windows) and one
-/// decode step.
+/// decode step (not gemma2, which it lacks, nor qwen3moe, whose experts it
+/// runs on CUDA only).
 #[test]
 fn tiny_presets_run_in_candle_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| 300 + 37 * i).collect();
-    for name in tiny_presets().filter(|&n| n != "gemma2-tiny") {
+    for name in tiny_presets().filter(|&n| n != "gemma2-tiny" && n != "qwen3moe-tiny") {
         let shape = SynthShape::preset(name).unwrap();
         for quant in ["f32", "q8_0"] {
             let what = format!("{name} {quant}");
@@ -166,7 +170,6 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
         put("attn_norm.weight", &[h]);
         put("attn_output.weight", &[h, q]);
         put("ffn_norm.weight", &[h]);
-        put("ffn_down.weight", &[h, f]);
         if s.arch == Architecture::Phi3 {
             put("attn_qkv.weight", &[q + 2 * kv, h]);
             put("ffn_up.weight", &[2 * f, h]);
@@ -174,15 +177,29 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
             put("attn_q.weight", &[q, h]);
             put("attn_k.weight", &[kv, h]);
             put("attn_v.weight", &[kv, h]);
-            put("ffn_gate.weight", &[f, h]);
-            put("ffn_up.weight", &[f, h]);
+        }
+        if let Some(m) = s.moe {
+            let (e, ef) = (m.experts, m.expert_ffn);
+            put("ffn_gate_inp.weight", &[e, h]);
+            put("ffn_gate_exps.weight", &[e, ef, h]);
+            put("ffn_up_exps.weight", &[e, ef, h]);
+            put("ffn_down_exps.weight", &[e, h, ef]);
+        } else {
+            put("ffn_down.weight", &[h, f]);
+            if s.arch != Architecture::Phi3 {
+                put("ffn_gate.weight", &[f, h]);
+                put("ffn_up.weight", &[f, h]);
+            }
         }
         if s.arch == Architecture::Qwen2 {
             put("attn_q.bias", &[q]);
             put("attn_k.bias", &[kv]);
             put("attn_v.bias", &[kv]);
         }
-        if matches!(s.arch, Architecture::Qwen3 | Architecture::Gemma3) {
+        if matches!(
+            s.arch,
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        ) {
             put("attn_q_norm.weight", &[hd]);
             put("attn_k_norm.weight", &[hd]);
         }
@@ -214,7 +231,8 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
             .collect();
         assert_eq!(got, expected_tensors(&shape), "{name}");
         for (t, info) in &ct.tensor_infos {
-            let want = if info.shape.rank() == 1 {
+            // llama.cpp's quantizer leaves MoE routers in f32.
+            let want = if info.shape.rank() == 1 || t.ends_with("ffn_gate_inp.weight") {
                 GgmlDType::F32
             } else {
                 GgmlDType::Q8_0
@@ -266,6 +284,13 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         let rope_dims = matches!(shape.arch, Architecture::Llama | Architecture::Phi3)
             .then_some(shape.head_dim);
         assert_eq!(u("rope.dimension_count"), rope_dims, "{name}");
+        assert_eq!(u("expert_count"), shape.moe.map(|m| m.experts), "{name}");
+        assert_eq!(u("expert_used_count"), shape.moe.map(|m| m.used), "{name}");
+        assert_eq!(
+            u("expert_feed_forward_length"),
+            shape.moe.map(|m| m.expert_ffn),
+            "{name}"
+        );
         assert_eq!(
             u("rope.scaling.original_context_length"),
             shape.rope_original_context,

@@ -59,6 +59,19 @@ impl LongRope {
     }
 }
 
+/// A mixture of experts in place of every dense MLP, written as
+/// llama.cpp's converter writes Qwen3-MoE: a router `ffn_gate_inp` and
+/// stacked `ffn_{gate,up,down}_exps` tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SynthMoe {
+    /// Experts per layer.
+    pub experts: usize,
+    /// Experts each token runs.
+    pub used: usize,
+    /// Inner width of one expert's MLP.
+    pub expert_ffn: usize,
+}
+
 /// The architecture numbers of a checkpoint, as llama.cpp's converter writes
 /// them from the model's Hugging Face `config.json`.
 #[derive(Clone, Debug, PartialEq)]
@@ -116,6 +129,8 @@ pub struct SynthShape {
     pub attn_softcap: Option<f32>,
     /// `{arch}.final_logit_softcapping`: the same on the output logits.
     pub final_softcap: Option<f32>,
+    /// Experts in place of the dense MLP (qwen3moe only, which needs them).
+    pub moe: Option<SynthMoe>,
 }
 
 /// Rows of the Qwen2/2.5/3 embedding: 151,665 tokens padded to a multiple of 128.
@@ -149,6 +164,7 @@ impl SynthShape {
             sliding_window: None,
             attn_softcap: None,
             final_softcap: None,
+            moe: None,
         };
         let vocab_file = |n: &str| Some(n.to_string());
         // 2-6 layers, hidden 128, GQA, windows of 16 tokens: cheap to run
@@ -254,6 +270,25 @@ impl SynthShape {
                 hidden: 64,
                 ..tiny(Architecture::Qwen3, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
             },
+            "qwen3moe-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                hidden: 64,
+                moe: Some(SynthMoe {
+                    experts: 8,
+                    used: 2,
+                    expert_ffn: 64,
+                }),
+                ..tiny(
+                    Architecture::Qwen3Moe,
+                    2,
+                    4,
+                    2,
+                    32,
+                    QWEN_VOCAB,
+                    Some("qwen2"),
+                )
+            },
             "phi3-tiny" => Self {
                 rope_theta: 10_000.0,
                 tied_embeddings: false,
@@ -299,7 +334,10 @@ impl SynthShape {
                 Architecture::Gemma2 => layer.is_multiple_of(2),
                 Architecture::Gemma3 => layer % 6 < 5,
                 Architecture::Phi3 => false,
-                Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => true,
+                Architecture::Llama
+                | Architecture::Qwen2
+                | Architecture::Qwen3
+                | Architecture::Qwen3Moe => true,
             }
     }
 
@@ -374,6 +412,21 @@ impl SynthShape {
             "final soft-cap",
             &[Architecture::Gemma2, Architecture::Gemma3],
         )?;
+        let has_experts = crate::arch::rules(self.arch).moe.is_some();
+        match self.moe {
+            None if has_experts => {
+                return bad(format!("{}: llama.cpp needs experts for it", self.arch));
+            }
+            Some(_) if !has_experts => {
+                return bad(format!("{}: llama.cpp reads no experts for it", self.arch));
+            }
+            Some(m) if m.experts == 0 || m.used == 0 || m.used > m.experts || m.expert_ffn == 0 => {
+                return bad(format!(
+                    "experts {m:?}: need 0 < used <= experts and a width"
+                ));
+            }
+            _ => {}
+        }
         if self.arch == Architecture::Gemma2 && !self.tied_embeddings {
             return bad("gemma2: llama.cpp reads no output.weight; tie the embeddings".into());
         }
@@ -531,6 +584,8 @@ pub(super) enum Role {
     Vector,
     /// The token embedding when it is not also the LM head.
     Embedding,
+    /// A MoE router (`ffn_gate_inp`): llama.cpp's quantizer leaves it f32.
+    Router,
     /// `output.weight`, or the tied embedding that serves as it.
     Output,
     AttnV,
@@ -556,11 +611,15 @@ pub(super) const NORM_SPREAD: f32 = 0.1;
 
 /// One tensor of the file: checkpoint name, candle-order dims
 /// (`[rows, cols]`, reversed in the file as ggml's `ne`), type, values.
+/// A stacked expert tensor `[experts, rows / experts, cols]` is written as
+/// its `rows` rows end to end.
 #[derive(Clone, Debug)]
 pub(super) struct TensorSpec {
     pub(super) name: String,
     pub(super) rows: usize,
     pub(super) cols: usize,
+    /// Experts stacked in `rows`; 1 for a matrix or vector.
+    pub(super) experts: usize,
     pub(super) dtype: GgmlDType,
     pub(super) init: Init,
     pub(super) layer: Option<usize>,
@@ -585,7 +644,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
     let layout = crate::arch::rules(shape.arch).layout;
     let (h, hd, q_dim, kv_dim) = (shape.hidden, shape.head_dim, shape.q_dim(), shape.kv_dim());
     let spec = |name: String, rows, cols, role, init, layer: Option<usize>| {
-        let dtype = if role == Role::Vector {
+        let dtype = if matches!(role, Role::Vector | Role::Router) {
             GgmlDType::F32
         } else {
             fallback(quant.matrix_type(role, layer.unwrap_or(0), n), cols)
@@ -594,6 +653,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             name,
             rows,
             cols,
+            experts: 1,
             dtype,
             init,
             layer,
@@ -675,14 +735,27 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             out.push(norm("post_attention_norm.weight", h));
         }
         out.push(norm("ffn_norm.weight", h));
-        if layout.fused_gate_up {
+        if let Some(moe) = shape.moe {
+            let (e, f) = (moe.experts, moe.expert_ffn);
+            out.push(m("ffn_gate_inp.weight", e, h, Role::Router));
+            let stacked = |t: TensorSpec| TensorSpec {
+                rows: t.rows * e,
+                experts: e,
+                ..t
+            };
+            out.push(stacked(m("ffn_gate_exps.weight", f, h, Role::OtherMatrix)));
+            out.push(stacked(m("ffn_up_exps.weight", f, h, Role::OtherMatrix)));
+            out.push(stacked(m("ffn_down_exps.weight", h, f, Role::FfnDown)));
+        } else if layout.fused_gate_up {
             // Rows: gate, then up.
             out.push(m("ffn_up.weight", 2 * shape.ffn, h, Role::OtherMatrix));
         } else {
             out.push(m("ffn_gate.weight", shape.ffn, h, Role::OtherMatrix));
             out.push(m("ffn_up.weight", shape.ffn, h, Role::OtherMatrix));
         }
-        out.push(m("ffn_down.weight", h, shape.ffn, Role::FfnDown));
+        if shape.moe.is_none() {
+            out.push(m("ffn_down.weight", h, shape.ffn, Role::FfnDown));
+        }
         if layout.post_norms {
             out.push(norm("post_ffw_norm.weight", h));
         }
