@@ -4,21 +4,16 @@
 //! does for every `qwen3moe` file (Qwen3-MoE checkpoints ship
 //! `norm_topk_prob: true`).
 
+use super::qwen3::QWEN3;
 use super::{Arch, Architecture, no_extras};
-use crate::spec::{Activation, BlockLayout, Gating, RopeStyle};
+use crate::spec::Gating;
 
 pub(super) const QWEN3MOE: Arch = Arch {
     architecture: Architecture::Qwen3Moe,
     hf_model_types: &["qwen3_moe"],
-    layout: BlockLayout {
-        fused_qkv: false,
-        qkv_bias: false,
-        qk_norm: true,
-        post_norms: false,
-        fused_gate_up: false,
-    },
-    rope_style: RopeStyle::Neox,
-    activation: Activation::Silu,
+    layout: QWEN3.layout,
+    rope_style: QWEN3.rope_style,
+    activation: QWEN3.activation,
     moe: Some(Gating::SoftmaxTopK { renormalize: true }),
     finish: no_extras,
 };
