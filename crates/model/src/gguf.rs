@@ -21,7 +21,7 @@ use super::arch::{self, RopeTensors};
 use super::cpu::{CpuModel, CpuWeights};
 use super::linear::{Embedding, Linear};
 use super::meta::Meta;
-use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec};
+use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec, Yarn};
 use super::weights::{self, Naming, TensorSource};
 use super::{LoadOptions, ModelError};
 
@@ -283,7 +283,18 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
                 rope.scaling.linear = f;
             }
         }
-        // YaRN needs attention scaling zinfer does not do; refuse rather than drift.
+        Some("yarn") => {
+            // As llama.cpp: no factor is 1, the original context defaults to the trained one.
+            let factor = meta.opt_f32("rope.scaling.factor")?.filter(|&f| f > 0.0);
+            let original = match meta.opt_usize("rope.scaling.original_context_length")? {
+                Some(n) => n,
+                None => meta.opt_usize("context_length")?.unwrap_or(4096),
+            };
+            rope.scaling.yarn = Some(Yarn::new(factor.unwrap_or(1.0), original));
+            if let Some(a) = meta.opt_f32("rope.scaling.attn_factor")? {
+                rope.scaling.attn_factor = a;
+            }
+        }
         Some(other) if other != "longrope" => {
             return Err(ModelError::UnsupportedArchitecture(format!(
                 "{name} with `{other}` RoPE scaling"
@@ -548,10 +559,25 @@ mod tests {
             read("gemma3", &linear).unwrap().ropes[0].scaling.linear,
             8.0
         );
+        let yarn = [
+            ("rope.scaling.type", Value::String("yarn".into())),
+            ("rope.scaling.factor", Value::F32(4.0)),
+            ("rope.scaling.original_context_length", Value::U32(2048)),
+        ];
+        let scaling = &read("qwen2", &yarn).unwrap().ropes[0].scaling;
+        assert_eq!(scaling.yarn, Some(Yarn::new(4.0, 2048)));
+        assert_eq!(scaling.linear, 1.0, "YaRN interpolates by its own ramp");
         let yarn = [("rope.scaling.type", Value::String("yarn".into()))];
+        let scaling = &read("qwen3", &yarn).unwrap().ropes[0].scaling;
+        assert_eq!(
+            scaling.yarn,
+            Some(Yarn::new(1.0, 8192)),
+            "the trained context"
+        );
+        let dynamic = [("rope.scaling.type", Value::String("dynamic".into()))];
         assert!(matches!(
-            read("qwen2", &yarn),
-            Err(ModelError::UnsupportedArchitecture(m)) if m.contains("yarn")
+            read("qwen2", &dynamic),
+            Err(ModelError::UnsupportedArchitecture(m)) if m.contains("dynamic")
         ));
         let key_length = [("attention.key_length", Value::U32(64))];
         assert_eq!(read("qwen3", &key_length).unwrap().head_dim, 64);

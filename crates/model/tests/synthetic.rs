@@ -55,6 +55,7 @@ fn tiny() -> SynthShape {
         attn_softcap: None,
         final_softcap: None,
         moe: None,
+        yarn_factor: None,
     }
 }
 

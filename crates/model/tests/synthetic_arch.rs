@@ -284,6 +284,13 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         let rope_dims = matches!(shape.arch, Architecture::Llama | Architecture::Phi3)
             .then_some(shape.head_dim);
         assert_eq!(u("rope.dimension_count"), rope_dims, "{name}");
+        assert_eq!(f("rope.scaling.factor"), shape.yarn_factor, "{name}");
+        assert_eq!(
+            md.get(&format!("{arch}.rope.scaling.type"))
+                .map(|v| v.to_string().unwrap().clone()),
+            shape.yarn_factor.map(|_| "yarn".to_string()),
+            "{name}"
+        );
         assert_eq!(u("expert_count"), shape.moe.map(|m| m.experts), "{name}");
         assert_eq!(u("expert_used_count"), shape.moe.map(|m| m.used), "{name}");
         assert_eq!(
@@ -446,6 +453,14 @@ fn shapes_an_architecture_cannot_read_are_refused() {
         SynthShape {
             head_dim: 33,
             ..p("qwen3-tiny")
+        },
+        SynthShape {
+            yarn_factor: Some(4.0),
+            ..p("phi3-tiny")
+        },
+        SynthShape {
+            rope_original_context: None,
+            ..p("qwen3-yarn-tiny")
         },
     ];
     for s in bad {

@@ -51,6 +51,7 @@ pub const PRESETS: &[&str] = &[
     "llama-swa-tiny",
     "qwen2-tiny",
     "qwen3-tiny",
+    "qwen3-yarn-tiny",
     "qwen3moe-tiny",
     "phi3-tiny",
     "gemma2-tiny",
@@ -236,6 +237,10 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     }
     if matches!(arch, Architecture::Llama | Architecture::Phi3) {
         kv("rope.dimension_count", u(shape.head_dim));
+    }
+    if let Some(factor) = shape.yarn_factor {
+        kv("rope.scaling.type", Value::String("yarn".into()));
+        kv("rope.scaling.factor", Value::F32(factor));
     }
     if let Some(n) = shape.rope_original_context {
         kv("rope.scaling.original_context_length", u(n));

@@ -131,6 +131,9 @@ pub struct SynthShape {
     pub final_softcap: Option<f32>,
     /// Experts in place of the dense MLP (qwen3moe only, which needs them).
     pub moe: Option<SynthMoe>,
+    /// YaRN RoPE scaling by this factor over [`SynthShape::rope_original_context`]
+    /// (`rope.scaling.type = yarn`, as the converter writes Qwen's long-context configs).
+    pub yarn_factor: Option<f32>,
 }
 
 /// Rows of the Qwen2/2.5/3 embedding: 151,665 tokens padded to a multiple of 128.
@@ -165,6 +168,7 @@ impl SynthShape {
             attn_softcap: None,
             final_softcap: None,
             moe: None,
+            yarn_factor: None,
         };
         let vocab_file = |n: &str| Some(n.to_string());
         // 2-6 layers, hidden 128, GQA, windows of 16 tokens: cheap to run
@@ -268,6 +272,14 @@ impl SynthShape {
                 rope_theta: 1_000_000.0,
                 rms_eps: 1e-6,
                 hidden: 64,
+                ..tiny(Architecture::Qwen3, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
+            },
+            "qwen3-yarn-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                hidden: 64,
+                rope_original_context: Some(128),
+                yarn_factor: Some(4.0),
                 ..tiny(Architecture::Qwen3, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
             },
             "qwen3moe-tiny" => Self {
@@ -402,6 +414,20 @@ impl SynthShape {
             "long-context RoPE factors",
             &[Architecture::Phi3],
         )?;
+        only(
+            self.yarn_factor.is_some(),
+            "YaRN here (its tests cover Qwen)",
+            &[
+                Architecture::Qwen2,
+                Architecture::Qwen3,
+                Architecture::Qwen3Moe,
+            ],
+        )?;
+        if self.yarn_factor.is_some_and(|f| f.is_nan() || f <= 0.0)
+            || self.yarn_factor.is_some() && self.rope_original_context.is_none()
+        {
+            return bad("YaRN needs a positive factor and rope_original_context".into());
+        }
         only(
             self.attn_softcap.is_some(),
             "attention soft-cap",
