@@ -445,6 +445,15 @@ mod tests {
     /// A GGUF file with `keys` (`{arch}.` added) over a 4-layer model with
     /// 8 heads of 32 (2 KV heads) and no tensor but the embedding, opened.
     fn header(arch: &str, keys: &[(&str, Value)]) -> (tempfile::TempDir, Tensors) {
+        header_with(arch, keys, &[])
+    }
+
+    /// [`header`] with more tensors after the embedding.
+    fn header_with(
+        arch: &str,
+        keys: &[(&str, Value)],
+        more: &[(&str, &QTensor)],
+    ) -> (tempfile::TempDir, Tensors) {
         let mut metadata: Vec<(String, Value)> = [
             ("block_count", Value::U32(4)),
             ("embedding_length", Value::U32(256)),
@@ -465,7 +474,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.gguf");
         let mut out = File::create(&path).unwrap();
-        gguf_file::write(&mut out, &refs, &[("token_embd.weight", &embd)]).unwrap();
+        let tensors: Vec<(&str, &QTensor)> = [("token_embd.weight", &embd)]
+            .into_iter()
+            .chain(more.iter().copied())
+            .collect();
+        gguf_file::write(&mut out, &refs, &tensors).unwrap();
         drop(out);
         let tensors = Tensors::open(&path).unwrap();
         (dir, tensors)
@@ -608,6 +621,41 @@ mod tests {
         assert!(matches!(
             read("qwen3", &negative),
             Err(ModelError::MetadataRange { value: -1, .. })
+        ));
+    }
+
+    /// A stacked `[experts, rows, cols]` tensor splits into each expert's
+    /// rows, quantized blocks intact; another shape than the metadata's is refused.
+    #[test]
+    fn stacked_experts_split_per_expert() {
+        let values: Vec<f32> = (0..4 * 8 * 32)
+            .map(|i| (i % 97) as f32 / 97.0 - 0.5)
+            .collect();
+        let t = candle_core::Tensor::from_vec(values, (4, 8, 32), &Device::Cpu).unwrap();
+        let q8 = QTensor::quantize(&t, GgmlDType::Q8_0).unwrap();
+        let (_dir, tensors) = header_with("qwen3", &[], &[("exps", &q8)]);
+        let mut file = GgufFile {
+            tensors,
+            spec: read("qwen3", &[]).unwrap(),
+        };
+        let parts = file
+            .expert_qtensors("exps", 4, (8, 32), &Device::Cpu)
+            .unwrap();
+        let whole = q8.dequantize(&Device::Cpu).unwrap();
+        assert_eq!(parts.len(), 4);
+        for (e, part) in parts.iter().enumerate() {
+            assert_eq!(part.dtype(), GgmlDType::Q8_0);
+            let got = part
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            let want = whole.get(e).unwrap().to_vec2::<f32>().unwrap();
+            assert_eq!(got, want, "expert {e}");
+        }
+        assert!(matches!(
+            file.expert_qtensors("exps", 8, (4, 32), &Device::Cpu),
+            Err(ModelError::TensorLayout { .. })
         ));
     }
 

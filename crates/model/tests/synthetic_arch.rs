@@ -372,6 +372,13 @@ fn real_presets_have_the_public_configs_numbers() {
     assert_eq!(dims(&s), (28, 2048, 16, 8, 128, 6144, 151_936));
     assert_eq!((s.rope_theta, s.rms_eps, s.context), (1e6, 1e-6, 40_960));
     assert!(s.tied_embeddings);
+    let s = p("qwen3-30b-a3b");
+    assert_eq!(s.arch, Architecture::Qwen3Moe);
+    assert_eq!(dims(&s), (48, 2048, 32, 4, 128, 6144, 151_936));
+    assert_eq!((s.rope_theta, s.rms_eps, s.context), (1e6, 1e-6, 40_960));
+    let moe = s.moe.unwrap();
+    assert_eq!((moe.experts, moe.used, moe.expert_ffn), (128, 8, 768));
+    assert!(!s.tied_embeddings);
     let s = p("phi-3-mini");
     assert_eq!(s.arch, Architecture::Phi3);
     assert_eq!(dims(&s), (32, 3072, 32, 32, 96, 8192, 32_064));

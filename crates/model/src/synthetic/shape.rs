@@ -231,6 +231,21 @@ impl SynthShape {
                 rms_eps: 1e-6,
                 ..base(28, 2048, 16, 8, 6144, QWEN_VOCAB)
             },
+            "qwen3-30b-a3b" => Self {
+                arch: Architecture::Qwen3Moe,
+                head_dim: 128,
+                vocab_file: vocab_file("qwen2"),
+                context: 40_960,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                tied_embeddings: false,
+                moe: Some(SynthMoe {
+                    experts: 128,
+                    used: 8,
+                    expert_ffn: 768,
+                }),
+                ..base(48, 2048, 32, 4, 6144, QWEN_VOCAB)
+            },
             "phi-3-mini" => phi3(4096),
             "phi-3-mini-128k" => Self {
                 long_rope: Some(LongRope::stand_in(96, 131_072.0 / 4096.0)),
