@@ -609,6 +609,17 @@ mod tests {
             read("qwen3moe", &[]),
             Err(ModelError::MissingKey(k)) if k == "qwen3moe.expert_count"
         ));
+        for (experts, used) in [(0, 0), (4, 5), (4, 0)] {
+            let bad = [
+                ("expert_count", Value::U32(experts)),
+                ("expert_used_count", Value::U32(used)),
+            ];
+            let err = read("qwen3moe", &bad).unwrap_err();
+            assert!(
+                err.to_string().contains("invalid mixture of experts"),
+                "{experts}/{used}: {err}"
+            );
+        }
         let int_base = [("rope.freq_base", Value::U32(10_000))];
         assert!(matches!(
             read("qwen3", &int_base),
