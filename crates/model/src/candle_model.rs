@@ -419,6 +419,10 @@ fn moe_forward(
         let ys = ffn(expert, act, &x.index_select(&ids, 0)?)?.broadcast_mul(&weights)?;
         out = out.index_add(&ids, &ys, 0)?;
     }
+    if let Some((shared, gate)) = &m.shared {
+        let g = candle_nn::ops::sigmoid(&x.matmul(&gate.unsqueeze(1)?)?)?;
+        out = (out + ffn(shared, act, x)?.broadcast_mul(&g)?)?;
+    }
     Ok(out)
 }
 

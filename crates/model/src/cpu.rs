@@ -680,7 +680,8 @@ struct MoeScratch<'a> {
 /// grouped by expert: an expert's rows are gathered and run through its
 /// matrices as one matmul of that many rows (on the same kernels as a
 /// dense MLP), and an expert no row picked is not read. A row's sum runs
-/// over its experts in index order, whatever else is in the step.
+/// over its experts in index order, whatever else is in the step; a
+/// shared expert runs on every row and adds its output scaled by its gate.
 #[allow(clippy::too_many_arguments)]
 fn moe_forward(
     m: &Experts<Linear, Vec<f32>>,
@@ -715,6 +716,19 @@ fn moe_forward(
             for (o, &v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(y) {
                 *o += w * v;
             }
+        }
+    }
+    if let Some((shared, gate)) = &m.shared {
+        let ys = &mut s.rows_out[..n * hidden];
+        mlp.run(shared, act, x, n, ys, ws)?;
+        for ((o, y), xr) in out
+            .chunks_exact_mut(hidden)
+            .zip(ys.chunks_exact(hidden))
+            .zip(x.chunks_exact(hidden))
+        {
+            let g = xr.iter().zip(gate).map(|(a, b)| a * b).sum::<f32>();
+            let g = 1.0 / (1.0 + (-g).exp());
+            o.iter_mut().zip(y).for_each(|(o, &v)| *o += g * v);
         }
     }
     Ok(())

@@ -88,6 +88,7 @@ mod tests {
             gating,
             router_bias: false,
             weights_scale: 1.0,
+            shared_ffn: None,
         }
     }
 

@@ -246,6 +246,10 @@ pub struct MoeSpec {
     pub router_bias: bool,
     /// The chosen weights are multiplied by this (1 for none).
     pub weights_scale: f32,
+    /// Inner width of a shared expert every token runs beside its routed
+    /// ones, its output scaled by `sigmoid(x . ffn_gate_inp_shexp)`
+    /// (Qwen2-MoE); `None` without one.
+    pub shared_ffn: Option<usize>,
 }
 
 /// Which tensors a block has beyond the Llama set.
@@ -330,7 +334,8 @@ impl ModelSpec {
 
     /// Widest MLP inner width a layer runs: the dense MLP's, or one expert's.
     pub fn mlp_width(&self) -> usize {
-        self.moe.map_or(self.ffn, |m| m.expert_ffn)
+        self.moe
+            .map_or(self.ffn, |m| m.expert_ffn.max(m.shared_ffn.unwrap_or(0)))
     }
 
     /// Every layer with the same window and the first RoPE.
@@ -393,6 +398,7 @@ impl ModelSpec {
                 || m.used == 0
                 || m.used > m.experts
                 || m.expert_ffn == 0
+                || m.shared_ffn == Some(0)
                 || !(m.weights_scale.is_finite() && m.weights_scale > 0.0))
         {
             return Err(SpecError::Experts(format!("{m:?}")));

@@ -66,6 +66,8 @@ pub(crate) struct Experts<M, V> {
     pub(crate) router_bias: Option<V>,
     /// `[expert_ffn, hidden]` gate and up, `[hidden, expert_ffn]` down.
     pub(crate) experts: Vec<Ffn<M>>,
+    /// The shared expert every row runs, and its gate's `[hidden]` weights.
+    pub(crate) shared: Option<(Ffn<M>, V)>,
 }
 
 /// One transformer block. `M` is a matrix, `V` a vector, in the backend's types.
@@ -125,6 +127,10 @@ pub(crate) enum Part {
     GateExps,
     UpExps,
     DownExps,
+    SharedGateInp,
+    SharedGate,
+    SharedUp,
+    SharedDown,
 }
 
 /// How a checkpoint format names its tensors.
@@ -174,6 +180,16 @@ impl Naming {
             GateExps => ("ffn_gate_exps.weight", "mlp.experts.gate_proj.weight"),
             UpExps => ("ffn_up_exps.weight", "mlp.experts.up_proj.weight"),
             DownExps => ("ffn_down_exps.weight", "mlp.experts.down_proj.weight"),
+            SharedGateInp => ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
+            SharedGate => (
+                "ffn_gate_shexp.weight",
+                "mlp.shared_expert.gate_proj.weight",
+            ),
+            SharedUp => ("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
+            SharedDown => (
+                "ffn_down_shexp.weight",
+                "mlp.shared_expert.down_proj.weight",
+            ),
         };
         match self {
             Self::Gguf => format!("blk.{layer}.{gguf}"),
@@ -319,11 +335,25 @@ pub(crate) fn read<S: TensorSource>(
                         down,
                     })
                     .collect();
+                let shared = match moe.shared_ffn {
+                    Some(sf) => {
+                        let ffn = Ffn {
+                            gate_up: GateUp::Separate {
+                                gate: src.matrix(&name(Part::SharedGate), sf, h)?,
+                                up: src.matrix(&name(Part::SharedUp), sf, h)?,
+                            },
+                            down: src.matrix(&name(Part::SharedDown), h, sf)?,
+                        };
+                        Some((ffn, src.vector(&name(Part::SharedGateInp), h)?))
+                    }
+                    None => None,
+                };
                 Mlp::Moe(Experts {
                     spec: *moe,
                     router,
                     router_bias,
                     experts,
+                    shared,
                 })
             }
         };

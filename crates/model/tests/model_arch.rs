@@ -271,22 +271,27 @@ fn every_row_of_a_chunk_matches_one_position_per_step_across_windows() {
 
 /// A mixture of experts routes and weights rows the same way on both
 /// backends (the CPU kernels gather each expert's rows into one matmul, the
-/// candle backend selects and adds them back with tensor ops), and a Q8_0
-/// copy, whose experts are split from quantized stacked tensors, stays
-/// near the F32 file.
+/// candle backend selects and adds them back with tensor ops), with and
+/// without a shared expert, and a Q8_0 copy, whose experts are split from
+/// quantized stacked tensors, stays near the F32 file.
 #[test]
 fn experts_agree_across_backends_and_weight_types() {
-    let path = f32_file("qwen3moe-tiny");
-    let [(_, mut cpu), (_, mut candle)] = both_backends(&path);
-    let mut q8 = load(&preset_file("qwen3moe-tiny", "q8_0"), &options()).unwrap();
-    let vocab = cpu.model.vocab_size();
-    for n in [1, 7, 40] {
-        let prompt = ids(n, vocab, 21 + n as u64);
-        let want = one_shot(cpu.model.as_mut(), &prompt);
-        let diff = max_abs_diff(&want, &one_shot(candle.model.as_mut(), &prompt));
-        assert!(diff < 1e-5, "{n} tokens, candle backend: {diff}");
-        let diff = max_abs_diff(&want, &one_shot(q8.model.as_mut(), &prompt));
-        assert!(diff > 0.0 && diff < 0.02, "{n} tokens, Q8_0: {diff}");
+    for preset in ["qwen3moe-tiny", "qwen2moe-tiny"] {
+        let path = f32_file(preset);
+        let [(_, mut cpu), (_, mut candle)] = both_backends(&path);
+        let mut q8 = load(&preset_file(preset, "q8_0"), &options()).unwrap();
+        let vocab = cpu.model.vocab_size();
+        for n in [1, 7, 40] {
+            let prompt = ids(n, vocab, 21 + n as u64);
+            let want = one_shot(cpu.model.as_mut(), &prompt);
+            let diff = max_abs_diff(&want, &one_shot(candle.model.as_mut(), &prompt));
+            assert!(diff < 1e-5, "{preset}, {n} tokens, candle backend: {diff}");
+            let diff = max_abs_diff(&want, &one_shot(q8.model.as_mut(), &prompt));
+            assert!(
+                diff > 0.0 && diff < 0.02,
+                "{preset}, {n} tokens, Q8_0: {diff}"
+            );
+        }
     }
 }
 

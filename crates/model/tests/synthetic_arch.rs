@@ -90,8 +90,8 @@ impl CandleModel {
                 quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Gemma3)
             }
             Architecture::Gemma2 => panic!("candle-transformers has no quantized gemma2"),
-            Architecture::Qwen3Moe => {
-                panic!("candle-transformers' quantized qwen3 MoE runs on CUDA only")
+            Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
+                panic!("candle-transformers has no CPU quantized MoE")
             }
         };
         m.unwrap_or_else(|e| panic!("{}: {e}", path.display()))
@@ -133,7 +133,7 @@ fn assert_sane(logits: &[f32], vocab: usize, what: &str) {
 fn tiny_presets_run_in_candle_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| 300 + 37 * i).collect();
-    for name in tiny_presets().filter(|&n| n != "gemma2-tiny" && n != "qwen3moe-tiny") {
+    for name in tiny_presets().filter(|&n| n != "gemma2-tiny" && !n.contains("moe")) {
         let shape = SynthShape::preset(name).unwrap();
         for quant in ["f32", "q8_0"] {
             let what = format!("{name} {quant}");
@@ -184,6 +184,12 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
             put("ffn_gate_exps.weight", &[e, ef, h]);
             put("ffn_up_exps.weight", &[e, ef, h]);
             put("ffn_down_exps.weight", &[e, h, ef]);
+            if let Some(sf) = m.shared_ffn {
+                put("ffn_gate_inp_shexp.weight", &[h]);
+                put("ffn_gate_shexp.weight", &[sf, h]);
+                put("ffn_up_shexp.weight", &[sf, h]);
+                put("ffn_down_shexp.weight", &[h, sf]);
+            }
         } else {
             put("ffn_down.weight", &[h, f]);
             if s.arch != Architecture::Phi3 {
@@ -191,7 +197,7 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
                 put("ffn_up.weight", &[f, h]);
             }
         }
-        if s.arch == Architecture::Qwen2 {
+        if matches!(s.arch, Architecture::Qwen2 | Architecture::Qwen2Moe) {
             put("attn_q.bias", &[q]);
             put("attn_k.bias", &[kv]);
             put("attn_v.bias", &[kv]);
@@ -276,7 +282,7 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         assert_eq!(f("attn_logit_softcapping"), shape.attn_softcap, "{name}");
         assert_eq!(f("final_logit_softcapping"), shape.final_softcap, "{name}");
         let head_keys = match shape.arch {
-            Architecture::Qwen2 | Architecture::Phi3 => None,
+            Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::Phi3 => None,
             _ => Some(shape.head_dim),
         };
         assert_eq!(u("attention.key_length"), head_keys, "{name}");
@@ -296,6 +302,11 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         assert_eq!(
             u("expert_feed_forward_length"),
             shape.moe.map(|m| m.expert_ffn),
+            "{name}"
+        );
+        assert_eq!(
+            u("expert_shared_feed_forward_length"),
+            shape.moe.and_then(|m| m.shared_ffn),
             "{name}"
         );
         assert_eq!(
@@ -464,6 +475,14 @@ fn shapes_an_architecture_cannot_read_are_refused() {
         SynthShape {
             yarn_factor: Some(4.0),
             ..p("phi3-tiny")
+        },
+        SynthShape {
+            tied_embeddings: true,
+            ..p("qwen2moe-tiny")
+        },
+        SynthShape {
+            moe: p("qwen3moe-tiny").moe,
+            ..p("qwen2moe-tiny")
         },
         SynthShape {
             rope_original_context: None,

@@ -11,6 +11,8 @@ pub enum Architecture {
     Llama,
     /// Qwen2 and Qwen2.5: llama with Q/K/V biases.
     Qwen2,
+    /// Qwen2-MoE: Qwen2's attention with a mixture of experts and a shared expert.
+    Qwen2Moe,
     /// Qwen3: llama with per-head RMSNorm of Q and K, and a head width of its own.
     Qwen3,
     /// Qwen3-MoE: Qwen3's attention with a mixture of experts for the MLP.
@@ -27,9 +29,10 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order `--help` and errors list them.
-    pub const ALL: [Self; 7] = [
+    pub const ALL: [Self; 8] = [
         Self::Llama,
         Self::Qwen2,
+        Self::Qwen2Moe,
         Self::Qwen3,
         Self::Qwen3Moe,
         Self::Phi3,
@@ -41,7 +44,7 @@ impl Architecture {
     /// must declare `{arch}.expert_count`; a dense architecture's file that
     /// declares experts is refused).
     pub const fn has_experts(self) -> bool {
-        matches!(self, Self::Qwen3Moe)
+        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe)
     }
 
     /// GGUF `general.architecture`, and the prefix of the model's metadata
@@ -50,6 +53,7 @@ impl Architecture {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
+            Self::Qwen2Moe => "qwen2moe",
             Self::Qwen3 => "qwen3",
             Self::Qwen3Moe => "qwen3moe",
             Self::Phi3 => "phi3",
@@ -105,7 +109,7 @@ mod tests {
         assert_eq!(
             SUPPORTED_ARCHITECTURES,
             [
-                "llama", "qwen2", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"
+                "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"
             ]
         );
         for a in Architecture::ALL {

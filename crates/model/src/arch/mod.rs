@@ -12,6 +12,7 @@ mod gemma3;
 mod llama;
 mod phi3;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
 mod qwen3moe;
 
@@ -37,10 +38,20 @@ pub(crate) struct Arch {
     pub(crate) activation: Activation,
     /// How the router picks experts, for mixture-of-experts architectures;
     /// `None` for dense ones (a file of theirs with experts is refused).
-    pub(crate) moe: Option<Gating>,
+    pub(crate) moe: Option<MoeRule>,
     /// Applies the architecture's own metadata (windows, softcaps, scales)
     /// to a spec the common reading filled in.
     pub(crate) finish: fn(&mut ModelSpec, &Meta<'_>, &RopeTensors) -> Result<(), ModelError>,
+}
+
+/// What a mixture-of-experts architecture's blocks hold besides the
+/// routed experts, and how it weights them.
+#[derive(Clone, Copy)]
+pub(crate) struct MoeRule {
+    /// How router logits become expert weights.
+    pub(crate) gating: Gating,
+    /// A gated shared expert beside the routed ones (`*_shexp` tensors).
+    pub(crate) shared_expert: bool,
 }
 
 /// The RoPE factor tensors a GGUF file may carry.
@@ -65,6 +76,7 @@ pub(crate) fn rules(architecture: Architecture) -> &'static Arch {
     match architecture {
         Architecture::Llama => &llama::LLAMA,
         Architecture::Qwen2 => &qwen2::QWEN2,
+        Architecture::Qwen2Moe => &qwen2moe::QWEN2MOE,
         Architecture::Qwen3 => &qwen3::QWEN3,
         Architecture::Qwen3Moe => &qwen3moe::QWEN3MOE,
         Architecture::Phi3 => &phi3::PHI3,
@@ -100,7 +112,8 @@ pub fn supported() -> String {
 /// The mixture of experts a file of `arch` declares, read the same way for
 /// every MoE architecture: `expert_count`, `expert_used_count` and
 /// `expert_feed_forward_length` (else, as llama.cpp,
-/// `feed_forward_length / expert_used_count`). Experts in a file of a dense
+/// `feed_forward_length / expert_used_count`), and a shared expert's
+/// `expert_shared_feed_forward_length` (else `feed_forward_length`). Experts in a file of a dense
 /// architecture are refused rather than ignored.
 pub(crate) fn moe_spec(
     arch: &Arch,
@@ -108,7 +121,7 @@ pub(crate) fn moe_spec(
     ffn: usize,
 ) -> Result<Option<MoeSpec>, ModelError> {
     let experts = meta.opt_usize("expert_count")?.unwrap_or(0);
-    let Some(gating) = arch.moe else {
+    let Some(rule) = arch.moe else {
         if experts > 0 {
             return Err(ModelError::UnsupportedArchitecture(format!(
                 "{} with mixture-of-experts",
@@ -123,13 +136,22 @@ pub(crate) fn moe_spec(
         Some(f) => f,
         None => ffn / used.max(1),
     };
+    let shared_ffn = if rule.shared_expert {
+        Some(
+            meta.opt_usize("expert_shared_feed_forward_length")?
+                .unwrap_or(ffn),
+        )
+    } else {
+        None
+    };
     Ok(Some(MoeSpec {
         experts,
         used,
         expert_ffn,
-        gating,
+        gating: rule.gating,
         router_bias: false,
         weights_scale: 1.0,
+        shared_ffn,
     }))
 }
 

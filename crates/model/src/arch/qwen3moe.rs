@@ -5,7 +5,7 @@
 //! `norm_topk_prob: true`).
 
 use super::qwen3::QWEN3;
-use super::{Arch, Architecture, no_extras};
+use super::{Arch, Architecture, MoeRule, no_extras};
 use crate::spec::Gating;
 
 pub(super) const QWEN3MOE: Arch = Arch {
@@ -14,6 +14,9 @@ pub(super) const QWEN3MOE: Arch = Arch {
     layout: QWEN3.layout,
     rope_style: QWEN3.rope_style,
     activation: QWEN3.activation,
-    moe: Some(Gating::SoftmaxTopK { renormalize: true }),
+    moe: Some(MoeRule {
+        gating: Gating::SoftmaxTopK { renormalize: true },
+        shared_expert: false,
+    }),
     finish: no_extras,
 };

@@ -1,5 +1,5 @@
 //! Synthetic checkpoints: GGUF files with the shapes of real models (llama,
-//! Qwen2, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3), seeded random weights and any
+//! Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3), seeded random weights and any
 //! quantization.
 //!
 //! Only one small real model can be downloaded here, yet how the engine
@@ -51,6 +51,7 @@ pub const PRESETS: &[&str] = &[
     "gemma-3-1b",
     "llama-swa-tiny",
     "qwen2-tiny",
+    "qwen2moe-tiny",
     "qwen3-tiny",
     "qwen3-yarn-tiny",
     "qwen3moe-tiny",
@@ -266,6 +267,9 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
         kv("expert_count", u(moe.experts));
         kv("expert_used_count", u(moe.used));
         kv("expert_feed_forward_length", u(moe.expert_ffn));
+        if let Some(sf) = moe.shared_ffn {
+            kv("expert_shared_feed_forward_length", u(sf));
+        }
     }
     if arch == Architecture::Llama {
         kv("vocab_size", u(shape.vocab));

@@ -13,7 +13,10 @@ use super::SynthError;
 /// llama.cpp builds Q and the attention output `hidden` wide for these,
 /// so their heads must tile the hidden width exactly.
 fn heads_tile_hidden(arch: Architecture) -> bool {
-    matches!(arch, Architecture::Qwen2 | Architecture::Phi3)
+    matches!(
+        arch,
+        Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::Phi3
+    )
 }
 
 /// Llama 3 long-context RoPE scaling (Hugging Face `rope_type: llama3`).
@@ -70,6 +73,9 @@ pub struct SynthMoe {
     pub used: usize,
     /// Inner width of one expert's MLP.
     pub expert_ffn: usize,
+    /// Inner width of the gated shared expert (`*_shexp` tensors), for the
+    /// architectures that have one (qwen2moe).
+    pub shared_ffn: Option<usize>,
 }
 
 /// The architecture numbers of a checkpoint, as llama.cpp's converter writes
@@ -243,6 +249,7 @@ impl SynthShape {
                     experts: 128,
                     used: 8,
                     expert_ffn: 768,
+                    shared_ffn: None,
                 }),
                 ..base(48, 2048, 32, 4, 6144, QWEN_VOCAB)
             },
@@ -297,6 +304,27 @@ impl SynthShape {
                 yarn_factor: Some(4.0),
                 ..tiny(Architecture::Qwen3, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
             },
+            "qwen2moe-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                hidden: 64,
+                moe: Some(SynthMoe {
+                    experts: 8,
+                    used: 2,
+                    expert_ffn: 64,
+                    shared_ffn: Some(128),
+                }),
+                tied_embeddings: false,
+                ..tiny(
+                    Architecture::Qwen2Moe,
+                    2,
+                    2,
+                    1,
+                    32,
+                    QWEN_VOCAB,
+                    Some("qwen2"),
+                )
+            },
             "qwen3moe-tiny" => Self {
                 rope_theta: 1_000_000.0,
                 rms_eps: 1e-6,
@@ -305,6 +333,7 @@ impl SynthShape {
                     experts: 8,
                     used: 2,
                     expert_ffn: 64,
+                    shared_ffn: None,
                 }),
                 ..tiny(
                     Architecture::Qwen3Moe,
@@ -363,6 +392,7 @@ impl SynthShape {
                 Architecture::Phi3 => false,
                 Architecture::Llama
                 | Architecture::Qwen2
+                | Architecture::Qwen2Moe
                 | Architecture::Qwen3
                 | Architecture::Qwen3Moe => true,
             }
@@ -453,7 +483,17 @@ impl SynthShape {
             "final soft-cap",
             &[Architecture::Gemma2, Architecture::Gemma3],
         )?;
-        let has_experts = crate::arch::rules(self.arch).moe.is_some();
+        let rule = crate::arch::rules(self.arch).moe;
+        let has_experts = rule.is_some();
+        if let (Some(r), Some(m)) = (rule, self.moe)
+            && r.shared_expert != m.shared_ffn.is_some()
+        {
+            return bad(format!(
+                "{}: llama.cpp reads a shared expert {}",
+                self.arch,
+                if r.shared_expert { "always" } else { "never" }
+            ));
+        }
         match self.moe {
             None if has_experts => {
                 return bad(format!("{}: llama.cpp needs experts for it", self.arch));
@@ -467,6 +507,9 @@ impl SynthShape {
                 ));
             }
             _ => {}
+        }
+        if self.arch == Architecture::Qwen2Moe && self.tied_embeddings {
+            return bad("qwen2moe: llama.cpp needs output.weight; untie the embeddings".into());
         }
         if self.arch == Architecture::Gemma2 && !self.tied_embeddings {
             return bad("gemma2: llama.cpp reads no output.weight; tie the embeddings".into());
@@ -787,6 +830,12 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             out.push(stacked(m("ffn_gate_exps.weight", f, h, Role::OtherMatrix)));
             out.push(stacked(m("ffn_up_exps.weight", f, h, Role::OtherMatrix)));
             out.push(stacked(m("ffn_down_exps.weight", h, f, Role::FfnDown)));
+            if let Some(sf) = moe.shared_ffn {
+                out.push(bias("ffn_gate_inp_shexp.weight", h));
+                out.push(m("ffn_gate_shexp.weight", sf, h, Role::OtherMatrix));
+                out.push(m("ffn_up_shexp.weight", sf, h, Role::OtherMatrix));
+                out.push(m("ffn_down_shexp.weight", h, sf, Role::FfnDown));
+            }
         } else if layout.fused_gate_up {
             // Rows: gate, then up.
             out.push(m("ffn_up.weight", 2 * shape.ffn, h, Role::OtherMatrix));
