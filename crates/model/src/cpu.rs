@@ -4,7 +4,9 @@
 //!
 //! One step runs every token of the batch (prefill chunks and decode tokens
 //! alike) through the projections and MLP as a single `[n_tokens, hidden]`
-//! matrix; only attention looks at sequences separately: each chunk's keys
+//! matrix (a mixture of experts runs each routed expert on the rows routed
+//! to it, gathered into one matrix); only attention looks at sequences
+//! separately: each chunk's keys
 //! are packed from its own sequence's slots in the pool and its rows attend
 //! to them block by block ([`flash`]). The final norm and the LM head run
 //! only on the rows the chunks ask for ([`crate::ChunkOutput`]): the last
