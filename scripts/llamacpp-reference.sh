@@ -14,7 +14,7 @@
 # scripts/llamacpp-reference/dump_logits.cpp runs each file through
 # llama.cpp's C API (f32 K/V cache, flash attention off, the whole prompt in
 # one batch), crates/model/examples/dump_logits.rs through zinfer (f32 K/V
-# pool, one decode step per position, or prefill chunks with --chunk C), on
+# pool, f32 attention, one decode step per position, or prefill chunks with --chunk C), on
 # the same random token ids (prompts of LENGTHS tokens, plus one past the
 # sliding window when the file has one). compare.py then prints a markdown
 # table row per file and prompt, also saved as OUT/table.md, and this script
@@ -56,10 +56,10 @@ here="$root/scripts/llamacpp-reference"
 
 # The synthetic files of --synthetic: "preset:layers", written in f32 by
 # `synth_model --shape PRESET --layers LAYERS --quant f32`: one per
-# architecture (gemma3 with its 6th, global layer; llama-swa-tiny differs
-# past its window, which llama.cpp does not apply to llama files), and the
-# llama shapes.
-SYNTH_PRESETS=${SYNTH_PRESETS:-"llama-swa-tiny:2 qwen2-tiny:2 qwen3-tiny:2 phi3-tiny:2 gemma2-tiny:4 gemma3-tiny:6 smollm2-135m:2 tinyllama-1.1b:2 llama-3.2-1b:2"}
+# architecture (gemma3 with its 6th, global layer; qwen3-yarn-tiny for YaRN;
+# llama-swa-tiny differs past its window, which llama.cpp does not apply to
+# llama files), and the llama shapes.
+SYNTH_PRESETS=${SYNTH_PRESETS:-"llama-swa-tiny:2 qwen2-tiny:2 qwen2moe-tiny:2 qwen3-tiny:2 qwen3-yarn-tiny:2 qwen3moe-tiny:2 phi3-tiny:2 gemma2-tiny:4 gemma3-tiny:6 smollm2-135m:2 tinyllama-1.1b:2 llama-3.2-1b:2"}
 
 pkg_version=0.3.36
 threads=${THREADS:-2}
@@ -226,12 +226,14 @@ for file in "${files[@]}"; do
 done
 if [ "$embeddings" = 1 ]; then
   llama_mode="one batch, embeddings on (pooling none, mean, last), f32 K/V, flash attention off"
+  zinfer_kv="f32 K/V"
 else
   llama_mode="one batch, f32 K/V, flash attention off"
+  zinfer_kv="f32 K/V and attention"
 fi
 {
   echo "llama.cpp $pkg_version (llama-cpp-python source package): $llama_mode;"
-  echo "zinfer: $mode, f32 K/V; $threads thread(s) each; prompt ids seed $seed."
+  echo "zinfer: $mode, $zinfer_kv; $threads thread(s) each; prompt ids seed $seed."
   echo
   cat "$rows"
 } >"$table"

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use serde::Serialize;
-use zinfer_probe::{GgmlType, GgufHeader, KvDtype, KvShape, SUPPORTED_ARCHITECTURES};
+use zinfer_probe::{Architecture, GgmlType, GgufHeader, KvDtype, KvShape, SUPPORTED_ARCHITECTURES};
 
 /// Flags of `zinfer model inspect`.
 #[derive(Debug, clap::Args)]
@@ -46,6 +46,11 @@ pub(crate) struct Report {
     sliding_window: Option<u64>,
     rope_base: Option<f64>,
     expert_count: Option<u64>,
+    /// Experts each token runs (`{arch}.expert_used_count`).
+    experts_used: Option<u64>,
+    /// Parameters one token reads: all but the experts it does not run
+    /// (`parameters` for a dense model).
+    active_parameters: Option<u64>,
     tokenizer: Option<String>,
     tokenizer_pre: Option<String>,
     tokens: Option<u64>,
@@ -124,13 +129,37 @@ fn unsupported_reason(architecture: Option<&str>, experts: Option<u64>) -> Optio
         Some(arch) if !SUPPORTED_ARCHITECTURES.contains(&arch) => Some(format!(
             "architecture `{arch}` is not supported by this build (supported: {supported})"
         )),
-        Some(_) => match experts {
-            Some(n) if n > 0 => Some(format!(
-                "mixture-of-experts ({n} experts) is not supported by this build"
-            )),
-            _ => None,
-        },
+        Some(arch) => {
+            let moe = arch
+                .parse::<Architecture>()
+                .is_ok_and(Architecture::has_experts);
+            match experts.filter(|&n| n > 0) {
+                Some(n) if !moe => Some(format!(
+                    "mixture-of-experts ({n} experts) is not supported by this build for `{arch}`"
+                )),
+                None if moe => Some(format!("`{arch}` declares no `{arch}.expert_count`")),
+                _ => None,
+            }
+        }
     }
+}
+
+/// Parameters one token reads: the stacked expert tensors (`*_exps.*`)
+/// count `used / experts` of theirs. `None` without a complete expert count.
+fn active_parameters(h: &GgufHeader, experts: Option<u64>, used: Option<u64>) -> Option<u64> {
+    let total = h.parameter_count();
+    let (experts, used) = match (experts, used) {
+        (Some(e), Some(u)) if e > 0 => (e, u.min(e)),
+        (None | Some(0), _) => return Some(total),
+        _ => return None,
+    };
+    let stacked = h
+        .tensors
+        .iter()
+        .filter(|t| t.name.contains("_exps."))
+        .fold(0u64, |n, t| n.saturating_add(t.elements()));
+    let unused = u128::from(stacked) * u128::from(experts - used) / u128::from(experts);
+    Some(total.saturating_sub(u64::try_from(unused).unwrap_or(u64::MAX)))
 }
 
 fn from_gguf(h: &GgufHeader) -> Report {
@@ -141,6 +170,7 @@ fn from_gguf(h: &GgufHeader) -> Report {
         (Some(hidden), Some(heads)) if heads > 0 => Some(hidden / heads),
         _ => None,
     });
+    let (expert_count, experts_used) = (arch_u64("expert_count"), arch_u64("expert_used_count"));
     let mut mix: BTreeMap<GgmlType, TypeShare> = BTreeMap::new();
     for t in &h.tensors {
         let share = mix.entry(t.ggml_type).or_insert_with(|| TypeShare {
@@ -173,7 +203,9 @@ fn from_gguf(h: &GgufHeader) -> Report {
         head_dim,
         sliding_window: arch_u64("attention.sliding_window"),
         rope_base: h.arch_float("rope.freq_base"),
-        expert_count: arch_u64("expert_count"),
+        expert_count,
+        experts_used,
+        active_parameters: active_parameters(h, expert_count, experts_used),
         tokenizer: h.str("tokenizer.ggml.model").map(str::to_string),
         tokenizer_pre: h.str("tokenizer.ggml.pre").map(str::to_string),
         tokens: h.array_len("tokenizer.ggml.tokens"),
@@ -295,7 +327,16 @@ fn human(r: &Report) -> String {
             .map_or_else(|| "not declared".to_string(), |b| b.to_string()),
     ));
     if let Some(experts) = r.expert_count.filter(|&n| n > 0) {
-        lines.push(("experts", experts.to_string()));
+        let used = r
+            .experts_used
+            .map_or_else(|| "not declared".to_string(), |n| n.to_string());
+        lines.push(("experts", format!("{experts} ({used} per token)")));
+        if let Some(active) = r.active_parameters {
+            lines.push((
+                "active params",
+                format!("{} ({active}) per token", count(active)),
+            ));
+        }
     }
     let mut tokenizer = text(&r.tokenizer);
     if let Some(pre) = &r.tokenizer_pre {
@@ -387,6 +428,10 @@ mod tests {
         assert_eq!(unsupported_reason(Some("llama"), None), None);
         let moe = unsupported_reason(Some("qwen3"), Some(128)).unwrap_or_default();
         assert!(moe.contains("mixture-of-experts (128 experts)"), "{moe}");
+        assert_eq!(unsupported_reason(Some("qwen3moe"), Some(128)), None);
+        assert_eq!(unsupported_reason(Some("qwen2moe"), Some(60)), None);
+        let none = unsupported_reason(Some("qwen3moe"), None).unwrap_or_default();
+        assert!(none.contains("no `qwen3moe.expert_count`"), "{none}");
         let other = unsupported_reason(Some("mamba"), None).unwrap_or_default();
         assert!(other.contains("not supported by this build"), "{other}");
         assert!(unsupported_reason(None, None).is_some());

@@ -367,3 +367,40 @@ fn a_hugging_face_directory() {
     let err = failure(d);
     assert!(err.contains("runs past the end"), "{err}");
 }
+
+/// A qwen3moe file loads, and its report counts the parameters one token
+/// reads: the stacked experts' a quarter of theirs with 1 of 4 used.
+#[test]
+fn a_mixture_of_experts_reports_experts_and_active_parameters() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("moe.gguf");
+    // A [4, 256] f32 router (4096 bytes), then 4 experts of [8, 256] f32.
+    let gguf = Gguf::new("qwen3moe")
+        .u32("qwen3moe.block_count", 1)
+        .u32("qwen3moe.embedding_length", 256)
+        .u32("qwen3moe.attention.head_count", 4)
+        .u32("qwen3moe.expert_count", 4)
+        .u32("qwen3moe.expert_used_count", 1)
+        .tensor("blk.0.ffn_gate_inp.weight", &[256, 4], 0, 0)
+        .tensor("blk.0.ffn_up_exps.weight", &[256, 8, 4], 0, 4096);
+    std::fs::write(&path, gguf.bytes(4096 + 32_768)).unwrap();
+    let r = report(&path);
+    assert_eq!(r["loadable"], true, "{r}");
+    assert_eq!(
+        (r["expert_count"].clone(), r["experts_used"].clone()),
+        (json!(4), json!(1))
+    );
+    assert_eq!(r["parameters"], 1024 + 8192);
+    assert_eq!(r["active_parameters"], 1024 + 8192 / 4);
+    let text = String::from_utf8(zinfer(&[], &path).stdout).unwrap();
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("experts:") && l.ends_with("4 (1 per token)")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("active params:") && l.contains("3.1K (3072) per token")),
+        "{text}"
+    );
+}

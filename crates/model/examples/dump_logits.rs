@@ -15,7 +15,10 @@
 //!
 //! ids by descending logit (lower id first on equal logits), log-softmax in
 //! f64 over the whole vocabulary: the lines `scripts/llamacpp-reference/dump_logits.cpp`
-//! writes for llama.cpp. The model runs on the CPU with an f32 K/V pool.
+//! writes for llama.cpp. The model runs on the CPU with an f32 K/V pool and
+//! f32 attention, as llama.cpp's side does: on a CPU with AVX-512 BF16 the
+//! default bf16 attention rounds scores enough to flip near-tied expert
+//! choices of a 128-expert router.
 //!
 //! By default every position takes its own step, asking for the logits of
 //! its chunk's last token ([`ChunkOutput::LastLogits`], what sampling
@@ -30,7 +33,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use zinfer_model::{ChunkOutput, LoadOptions, SeqChunk, load};
+use zinfer_model::{AttentionDtype, ChunkOutput, LoadOptions, SeqChunk, load};
 
 /// Errors are reported, not handled: a boxed error is enough here.
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -154,6 +157,7 @@ fn run() -> Result<()> {
         &LoadOptions {
             kv_capacity: longest,
             threads: Some(args.threads),
+            attention: AttentionDtype::F32,
             ..LoadOptions::default()
         },
     )

@@ -1,7 +1,7 @@
 //! Writes a synthetic GGUF checkpoint (real shape, random weights) for speed
 //! comparisons with bigger models than the one that can be downloaded, and
-//! for tests of other architectures (llama, qwen2, qwen3, phi3, gemma2,
-//! gemma3):
+//! for tests of other architectures (llama, qwen2, qwen3, qwen3moe, phi3,
+//! gemma2, gemma3):
 //!
 //! ```text
 //! cargo run --release -p zinfer-model --features synthetic --example synth_model -- \
@@ -156,6 +156,12 @@ fn main() -> Result<()> {
         spec.seed,
         args.out.display()
     );
+    if let Some(m) = s.moe {
+        println!(
+            "{} experts of width {} per layer, {} per token",
+            m.experts, m.expert_ffn, m.used
+        );
+    }
     let start = Instant::now();
     let summary = generate(&args.out, &spec, &tokenizer, |p| {
         if let (Some(layer), true) = (p.layer, p.end_of_layer) {

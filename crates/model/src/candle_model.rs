@@ -26,8 +26,9 @@ use candle_core::{D, DType, Device, Module, Tensor};
 
 use super::cpu::{OutputRows, StepPlan, split_outputs};
 use super::gguf::{self, GgufFile, check_dims, check_len};
+use super::moe;
 use super::spec::{Activation, ModelSpec, RopeStyle};
-use super::weights::{self, GateUp, Naming, Qkv, TensorSource, Weights};
+use super::weights::{self, Experts, Ffn, GateUp, Mlp, Naming, Qkv, TensorSource, Weights};
 use super::{ForwardModel, KvShape, LoadOptions, ModelError, SeqChunk, check_transfer};
 
 /// Weights on the device: the embedding table dequantized (`[vocab, hidden]`
@@ -135,6 +136,22 @@ impl TensorSource for CandleSource<'_> {
 
     fn concat(&mut self, parts: Vec<Tensor>) -> Result<Tensor, ModelError> {
         Ok(Tensor::cat(&parts, 0)?)
+    }
+
+    fn experts(
+        &mut self,
+        name: &str,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<QMatMul>, ModelError> {
+        let parts = self
+            .file
+            .expert_qtensors(name, experts, (rows, cols), self.device)?;
+        parts
+            .into_iter()
+            .map(|qt| Ok(QMatMul::from_qtensor(qt)?))
+            .collect()
     }
 
     fn embedding(
@@ -357,6 +374,58 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
     Ok(candle_nn::ops::rms_norm(x, w, eps)?)
 }
 
+/// `down(act(gate(x)) * up(x))`.
+fn ffn(f: &Ffn<QMatMul>, act: Activation, x: &Tensor) -> Result<Tensor, ModelError> {
+    let (gate, up) = match &f.gate_up {
+        GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
+        GateUp::Fused(w) => {
+            let gu = w.forward(x)?;
+            let width = gu.dim(1)? / 2;
+            (gu.narrow(1, 0, width)?, gu.narrow(1, width, width)?)
+        }
+    };
+    let gate = match act {
+        Activation::Silu => candle_nn::ops::silu(&gate)?,
+        Activation::GeluTanh => gate.gelu()?,
+    };
+    Ok(f.down.forward(&(gate * up)?)?)
+}
+
+/// Each row's experts' outputs, weighted and summed: the router's logits
+/// come to the host, where [`moe::route`] groups the rows by expert (as on
+/// the CPU backend); each routed expert runs on its rows, picked with
+/// `index_select`, and adds its weighted output back with `index_add`.
+/// Simple rather than fast: one host round trip and a few launches per
+/// routed expert and layer.
+fn moe_forward(
+    m: &Experts<QMatMul, Tensor>,
+    act: Activation,
+    x: &Tensor,
+) -> Result<Tensor, ModelError> {
+    let dev = x.device();
+    let mut logits = m.router.forward(x)?;
+    if let Some(b) = &m.router_bias {
+        logits = logits.broadcast_add(b)?;
+    }
+    let host = logits.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = x.zeros_like()?;
+    for (expert, rows) in m.experts.iter().zip(moe::route(&m.spec, &host)) {
+        if rows.is_empty() {
+            continue;
+        }
+        let (ids, weights): (Vec<u32>, Vec<f32>) = rows.iter().map(|&(r, w)| (r as u32, w)).unzip();
+        let ids = Tensor::new(ids.as_slice(), dev)?;
+        let weights = Tensor::new(weights.as_slice(), dev)?.reshape((rows.len(), 1))?;
+        let ys = ffn(expert, act, &x.index_select(&ids, 0)?)?.broadcast_mul(&weights)?;
+        out = out.index_add(&ids, &ys, 0)?;
+    }
+    if let Some((shared, gate)) = &m.shared {
+        let g = candle_nn::ops::sigmoid(&x.matmul(&gate.unsqueeze(1)?)?)?;
+        out = (out + ffn(shared, act, x)?.broadcast_mul(&g)?)?;
+    }
+    Ok(out)
+}
+
 impl ForwardModel for CandleModel {
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         if batch.is_empty() {
@@ -448,21 +517,10 @@ impl ForwardModel for CandleModel {
             x = (x + out)?;
 
             let hs = rms_norm(&x, &b.ffn_norm, eps)?;
-            let (gate, up) = match &b.gate_up {
-                GateUp::Separate { gate, up } => (gate.forward(&hs)?, up.forward(&hs)?),
-                GateUp::Fused(w) => {
-                    let gu = w.forward(&hs)?;
-                    (
-                        gu.narrow(1, 0, spec.ffn)?,
-                        gu.narrow(1, spec.ffn, spec.ffn)?,
-                    )
-                }
+            let mut out = match &b.mlp {
+                Mlp::Dense(f) => ffn(f, spec.activation, &hs)?,
+                Mlp::Moe(experts) => moe_forward(experts, spec.activation, &hs)?,
             };
-            let gate = match spec.activation {
-                Activation::Silu => candle_nn::ops::silu(&gate)?,
-                Activation::GeluTanh => gate.gelu()?,
-            };
-            let mut out = b.ffn_down.forward(&(gate * up)?)?;
             if let Some(w) = &b.post_ffn_norm {
                 out = rms_norm(&out, w, eps)?;
             }

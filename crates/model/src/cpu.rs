@@ -4,7 +4,9 @@
 //!
 //! One step runs every token of the batch (prefill chunks and decode tokens
 //! alike) through the projections and MLP as a single `[n_tokens, hidden]`
-//! matrix; only attention looks at sequences separately: each chunk's keys
+//! matrix (a mixture of experts runs each routed expert on the rows routed
+//! to it, gathered into one matrix); only attention looks at sequences
+//! separately: each chunk's keys
 //! are packed from its own sequence's slots in the pool and its rows attend
 //! to them block by block ([`flash`]). The final norm and the LM head run
 //! only on the rows the chunks ask for ([`crate::ChunkOutput`]): the last
@@ -20,8 +22,9 @@ use super::attention::{HeadShape, attend};
 use super::flash::{self, ChunkRows, FlashScratch};
 use super::kv::{KvPool, LayerView};
 use super::linear::{Embedding, Linear, Workspace};
+use super::moe;
 use super::spec::{Activation, ModelSpec, RopeStyle};
-use super::weights::{GateUp, Qkv, Weights};
+use super::weights::{Experts, Ffn, GateUp, Mlp, Qkv, Weights};
 use super::{
     AttentionDtype, ChunkOutput, ForwardModel, KvShape, LoadOptions, ModelError, SeqChunk,
     check_transfer,
@@ -72,6 +75,11 @@ struct StepBuffers {
     /// A fused matmul's output (`[rows, q|k|v]` or `[rows, gate|up]`)
     /// before it is split; empty for models without fused matrices.
     fused: Vec<f32>,
+    /// Router logits `[rows, experts]`; empty for dense models.
+    router: Vec<f32>,
+    /// One expert's rows gathered `[rows, hidden]`, and its output.
+    expert_in: Vec<f32>,
+    expert_out: Vec<f32>,
 }
 
 impl StepBuffers {
@@ -85,6 +93,7 @@ impl StepBuffers {
                 qkv.max(if gate_up { 2 * spec.ffn } else { 0 })
             }
         };
+        let (experts, expert_rows) = spec.moe.map_or((0, 0), |m| (m.experts, spec.hidden));
         for (buf, width) in [
             (&mut self.x, spec.hidden),
             (&mut self.h, spec.hidden),
@@ -93,9 +102,12 @@ impl StepBuffers {
             (&mut self.attn, q_dim),
             (&mut self.k, kv_dim),
             (&mut self.v, kv_dim),
-            (&mut self.gate, spec.ffn),
-            (&mut self.up, spec.ffn),
+            (&mut self.gate, spec.mlp_width()),
+            (&mut self.up, spec.mlp_width()),
             (&mut self.fused, fused),
+            (&mut self.router, experts),
+            (&mut self.expert_in, expert_rows),
+            (&mut self.expert_out, expert_rows),
         ] {
             buf.resize(n * width, 0.0);
         }
@@ -272,6 +284,9 @@ impl ForwardModel for CpuModel {
             gate,
             up,
             fused,
+            router,
+            expert_in,
+            expert_out,
         } = &mut self.bufs;
         self.w.token_embd.lookup(&plan.ids, x)?;
         if let Some(s) = spec.embed_scale {
@@ -337,16 +352,18 @@ impl ForwardModel for CpuModel {
             add(x, tmp);
 
             rms_norm(x, &b.ffn_norm, eps, h);
-            match &b.gate_up {
-                GateUp::Separate { gate: wg, up: wu } => {
-                    Linear::forward_shared(&[wg, wu], &mut [&mut gate[..], &mut up[..]], h, n, ws)?
-                }
-                GateUp::Fused(w) => {
-                    fused_forward(w, h, n, fused, &mut [&mut gate[..], &mut up[..]], ws)?
+            let mut mlp = MlpScratch { gate, up, fused };
+            match &b.mlp {
+                Mlp::Dense(f) => mlp.run(f, spec.activation, h, n, tmp, ws)?,
+                Mlp::Moe(experts) => {
+                    let scratch = MoeScratch {
+                        router,
+                        rows_in: expert_in,
+                        rows_out: expert_out,
+                    };
+                    moe_forward(experts, spec.activation, h, n, scratch, &mut mlp, tmp, ws)?
                 }
             }
-            activation_mul(spec.activation, gate, up, ws);
-            b.ffn_down.forward(gate, n, tmp, ws)?;
             if let Some(w) = &b.post_ffn_norm {
                 rms_norm_in_place(tmp, w, eps);
             }
@@ -614,6 +631,106 @@ fn fused_forward(
             let pw = part.len() / n;
             part[r * pw..(r + 1) * pw].copy_from_slice(&row[at..at + pw]);
             at += pw;
+        }
+    }
+    Ok(())
+}
+
+/// The buffers an MLP pass writes: gate and up outputs, and a fused
+/// gate|up output before it is split.
+struct MlpScratch<'a> {
+    gate: &'a mut [f32],
+    up: &'a mut [f32],
+    fused: &'a mut [f32],
+}
+
+impl MlpScratch<'_> {
+    /// `out = down(act(gate(x)) * up(x))` for `n` rows of `x`.
+    fn run(
+        &mut self,
+        f: &Ffn<Linear>,
+        act: Activation,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+        ws: &mut Workspace,
+    ) -> Result<(), ModelError> {
+        let width = f.down.cols();
+        let (gate, up) = (&mut self.gate[..n * width], &mut self.up[..n * width]);
+        match &f.gate_up {
+            GateUp::Separate { gate: wg, up: wu } => {
+                Linear::forward_shared(&[wg, wu], &mut [&mut gate[..], &mut up[..]], x, n, ws)?
+            }
+            GateUp::Fused(w) => {
+                fused_forward(w, x, n, self.fused, &mut [&mut gate[..], &mut up[..]], ws)?
+            }
+        }
+        activation_mul(act, gate, up, ws);
+        f.down.forward(gate, n, out, ws)
+    }
+}
+
+/// The buffers a mixture of experts adds: router logits, and one expert's
+/// gathered rows and their output.
+struct MoeScratch<'a> {
+    router: &'a mut [f32],
+    rows_in: &'a mut [f32],
+    rows_out: &'a mut [f32],
+}
+
+/// `out` = each row's experts' outputs, weighted and summed. The rows are
+/// grouped by expert: an expert's rows are gathered and run through its
+/// matrices as one matmul of that many rows (on the same kernels as a
+/// dense MLP), and an expert no row picked is not read. A row's sum runs
+/// over its experts in index order, whatever else is in the step; a
+/// shared expert runs on every row and adds its output scaled by its gate.
+#[allow(clippy::too_many_arguments)]
+fn moe_forward(
+    m: &Experts<Linear, Vec<f32>>,
+    act: Activation,
+    x: &[f32],
+    n: usize,
+    s: MoeScratch<'_>,
+    mlp: &mut MlpScratch<'_>,
+    out: &mut [f32],
+    ws: &mut Workspace,
+) -> Result<(), ModelError> {
+    let hidden = m.router.cols();
+    let logits = &mut s.router[..n * m.spec.experts];
+    m.router.forward(x, n, logits, ws)?;
+    if let Some(b) = &m.router_bias {
+        add_bias(logits, b);
+    }
+    let routes = moe::route(&m.spec, logits);
+    out[..n * hidden].fill(0.0);
+    for (expert, rows) in m.experts.iter().zip(&routes) {
+        if rows.is_empty() {
+            continue;
+        }
+        let k = rows.len();
+        let xs = &mut s.rows_in[..k * hidden];
+        for (dst, &(r, _)) in xs.chunks_exact_mut(hidden).zip(rows) {
+            dst.copy_from_slice(&x[r * hidden..(r + 1) * hidden]);
+        }
+        let ys = &mut s.rows_out[..k * hidden];
+        mlp.run(expert, act, xs, k, ys, ws)?;
+        for (y, &(r, w)) in ys.chunks_exact(hidden).zip(rows) {
+            for (o, &v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(y) {
+                *o += w * v;
+            }
+        }
+    }
+    if let Some((shared, gate)) = &m.shared {
+        let ys = &mut s.rows_out[..n * hidden];
+        mlp.run(shared, act, x, n, ys, ws)?;
+        for ((o, y), xr) in out
+            .chunks_exact_mut(hidden)
+            .zip(ys.chunks_exact(hidden))
+            .zip(x.chunks_exact(hidden))
+        {
+            let g = xr.iter().zip(gate).map(|(a, b)| a * b).sum::<f32>();
+            let g = 1.0 / (1.0 + (-g).exp());
+            o.iter_mut().zip(y).for_each(|(o, &v)| *o += g * v);
         }
     }
     Ok(())

@@ -21,7 +21,7 @@ use super::arch::{self, RopeTensors};
 use super::cpu::{CpuModel, CpuWeights};
 use super::linear::{Embedding, Linear};
 use super::meta::Meta;
-use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec};
+use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec, Yarn};
 use super::weights::{self, Naming, TensorSource};
 use super::{LoadOptions, ModelError};
 
@@ -53,6 +53,39 @@ impl GgufFile {
     /// The tensor `name` as f32 values on the host, if the file has it.
     pub(crate) fn opt_vector(&mut self, name: &str) -> Result<Option<Vec<f32>>, ModelError> {
         self.tensors.opt_vector(name)
+    }
+
+    /// The stacked expert tensor `name` (ggml `[cols, rows, experts]`), one
+    /// `[rows, cols]` tensor per expert on `device`: each expert's blocks
+    /// are contiguous in the file, so a split costs one copy at load.
+    pub(crate) fn expert_qtensors(
+        &mut self,
+        name: &str,
+        experts: usize,
+        (rows, cols): (usize, usize),
+        device: &Device,
+    ) -> Result<Vec<QTensor>, ModelError> {
+        let stacked = self.qtensor(name, &Device::Cpu)?;
+        let dims = stacked.shape().dims();
+        if dims != [experts, rows, cols] {
+            return Err(ModelError::TensorLayout {
+                tensor: name.to_string(),
+                reason: "is not [experts, rows, cols] as the metadata says",
+            });
+        }
+        let dtype = stacked.dtype();
+        let data = stacked.data()?;
+        let per = data.len() / experts.max(1);
+        data.chunks_exact(per.max(1))
+            .map(|bytes| {
+                qtensor_from_ggml(dtype, bytes, vec![rows, cols], device).map_err(|source| {
+                    ModelError::TensorData {
+                        tensor: name.to_string(),
+                        source,
+                    }
+                })
+            })
+            .collect()
     }
 }
 
@@ -212,11 +245,6 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         .ok_or_else(|| ModelError::MissingKey("general.architecture".to_string()))?;
     let arch = arch::by_gguf_name(name)?;
     let meta = Meta::new(&index.header, name);
-    if meta.opt_usize("expert_count")?.unwrap_or(0) > 0 {
-        return Err(ModelError::UnsupportedArchitecture(format!(
-            "{name} with mixture-of-experts"
-        )));
-    }
     let n_heads = meta.usize("attention.head_count")?;
     let hidden = meta.usize("embedding_length")?;
     let head_dim = match meta.opt_usize("attention.key_length")? {
@@ -255,7 +283,18 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
                 rope.scaling.linear = f;
             }
         }
-        // YaRN needs attention scaling zinfer does not do; refuse rather than drift.
+        Some("yarn") => {
+            // As llama.cpp: no factor is 1, the original context defaults to the trained one.
+            let factor = meta.opt_f32("rope.scaling.factor")?.filter(|&f| f > 0.0);
+            let original = match meta.opt_usize("rope.scaling.original_context_length")? {
+                Some(n) => n,
+                None => meta.opt_usize("context_length")?.unwrap_or(4096),
+            };
+            rope.scaling.yarn = Some(Yarn::new(factor.unwrap_or(1.0), original));
+            if let Some(a) = meta.opt_f32("rope.scaling.attn_factor")? {
+                rope.scaling.attn_factor = a;
+            }
+        }
         Some(other) if other != "longrope" => {
             return Err(ModelError::UnsupportedArchitecture(format!(
                 "{name} with `{other}` RoPE scaling"
@@ -263,6 +302,8 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         }
         Some(_) => {}
     }
+    let ffn = meta.usize("feed_forward_length")?;
+    let moe = arch::moe_spec(arch, &meta, ffn)?;
     let mut spec = ModelSpec {
         arch: arch.name(),
         n_layers,
@@ -272,7 +313,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
             .unwrap_or(n_heads),
         hidden,
         head_dim,
-        ffn: meta.usize("feed_forward_length")?,
+        ffn,
         vocab,
         norm_eps: meta
             .opt_f32("attention.layer_norm_rms_epsilon")?
@@ -288,6 +329,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         embed_scale: None,
         final_softcap: None,
         layout: arch.layout,
+        moe,
     };
     if let Some(f) = index.opt_vector(reader, "rope_freqs.weight")? {
         spec.ropes[0].scaling.freq_factors = f;
@@ -330,6 +372,22 @@ impl TensorSource for CpuSource<'_> {
 
     fn concat(&mut self, parts: Vec<Vec<f32>>) -> Result<Vec<f32>, ModelError> {
         Ok(parts.concat())
+    }
+
+    fn experts(
+        &mut self,
+        name: &str,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Linear>, ModelError> {
+        let parts = self
+            .0
+            .expert_qtensors(name, experts, (rows, cols), &Device::Cpu)?;
+        parts
+            .into_iter()
+            .map(|qt| Linear::from_qtensor(name, qt))
+            .collect()
     }
 
     fn embedding(
@@ -387,6 +445,15 @@ mod tests {
     /// A GGUF file with `keys` (`{arch}.` added) over a 4-layer model with
     /// 8 heads of 32 (2 KV heads) and no tensor but the embedding, opened.
     fn header(arch: &str, keys: &[(&str, Value)]) -> (tempfile::TempDir, Tensors) {
+        header_with(arch, keys, &[])
+    }
+
+    /// [`header`] with more tensors after the embedding.
+    fn header_with(
+        arch: &str,
+        keys: &[(&str, Value)],
+        more: &[(&str, &QTensor)],
+    ) -> (tempfile::TempDir, Tensors) {
         let mut metadata: Vec<(String, Value)> = [
             ("block_count", Value::U32(4)),
             ("embedding_length", Value::U32(256)),
@@ -407,7 +474,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.gguf");
         let mut out = File::create(&path).unwrap();
-        gguf_file::write(&mut out, &refs, &[("token_embd.weight", &embd)]).unwrap();
+        let tensors: Vec<(&str, &QTensor)> = [("token_embd.weight", &embd)]
+            .into_iter()
+            .chain(more.iter().copied())
+            .collect();
+        gguf_file::write(&mut out, &refs, &tensors).unwrap();
         drop(out);
         let tensors = Tensors::open(&path).unwrap();
         (dir, tensors)
@@ -501,15 +572,54 @@ mod tests {
             read("gemma3", &linear).unwrap().ropes[0].scaling.linear,
             8.0
         );
+        let yarn = [
+            ("rope.scaling.type", Value::String("yarn".into())),
+            ("rope.scaling.factor", Value::F32(4.0)),
+            ("rope.scaling.original_context_length", Value::U32(2048)),
+        ];
+        let scaling = &read("qwen2", &yarn).unwrap().ropes[0].scaling;
+        assert_eq!(scaling.yarn, Some(Yarn::new(4.0, 2048)));
+        assert_eq!(scaling.linear, 1.0, "YaRN interpolates by its own ramp");
         let yarn = [("rope.scaling.type", Value::String("yarn".into()))];
+        let scaling = &read("qwen3", &yarn).unwrap().ropes[0].scaling;
+        assert_eq!(
+            scaling.yarn,
+            Some(Yarn::new(1.0, 8192)),
+            "the trained context"
+        );
+        let dynamic = [("rope.scaling.type", Value::String("dynamic".into()))];
         assert!(matches!(
-            read("qwen2", &yarn),
-            Err(ModelError::UnsupportedArchitecture(m)) if m.contains("yarn")
+            read("qwen2", &dynamic),
+            Err(ModelError::UnsupportedArchitecture(m)) if m.contains("dynamic")
         ));
         let key_length = [("attention.key_length", Value::U32(64))];
         assert_eq!(read("qwen3", &key_length).unwrap().head_dim, 64);
         let moe = [("expert_count", Value::U32(8))];
-        assert!(read("qwen3", &moe).is_err());
+        assert!(matches!(
+            read("qwen3", &moe),
+            Err(ModelError::UnsupportedArchitecture(m)) if m.contains("mixture-of-experts")
+        ));
+        let experts = [
+            ("expert_count", Value::U32(8)),
+            ("expert_used_count", Value::U32(2)),
+        ];
+        let moe = read("qwen3moe", &experts).unwrap().moe.unwrap();
+        assert_eq!((moe.experts, moe.used, moe.expert_ffn), (8, 2, 256));
+        assert!(matches!(
+            read("qwen3moe", &[]),
+            Err(ModelError::MissingKey(k)) if k == "qwen3moe.expert_count"
+        ));
+        for (experts, used) in [(0, 0), (4, 5), (4, 0)] {
+            let bad = [
+                ("expert_count", Value::U32(experts)),
+                ("expert_used_count", Value::U32(used)),
+            ];
+            let err = read("qwen3moe", &bad).unwrap_err();
+            assert!(
+                err.to_string().contains("invalid mixture of experts"),
+                "{experts}/{used}: {err}"
+            );
+        }
         let int_base = [("rope.freq_base", Value::U32(10_000))];
         assert!(matches!(
             read("qwen3", &int_base),
@@ -522,6 +632,41 @@ mod tests {
         assert!(matches!(
             read("qwen3", &negative),
             Err(ModelError::MetadataRange { value: -1, .. })
+        ));
+    }
+
+    /// A stacked `[experts, rows, cols]` tensor splits into each expert's
+    /// rows, quantized blocks intact; another shape than the metadata's is refused.
+    #[test]
+    fn stacked_experts_split_per_expert() {
+        let values: Vec<f32> = (0..4 * 8 * 32)
+            .map(|i| (i % 97) as f32 / 97.0 - 0.5)
+            .collect();
+        let t = candle_core::Tensor::from_vec(values, (4, 8, 32), &Device::Cpu).unwrap();
+        let q8 = QTensor::quantize(&t, GgmlDType::Q8_0).unwrap();
+        let (_dir, tensors) = header_with("qwen3", &[], &[("exps", &q8)]);
+        let mut file = GgufFile {
+            tensors,
+            spec: read("qwen3", &[]).unwrap(),
+        };
+        let parts = file
+            .expert_qtensors("exps", 4, (8, 32), &Device::Cpu)
+            .unwrap();
+        let whole = q8.dequantize(&Device::Cpu).unwrap();
+        assert_eq!(parts.len(), 4);
+        for (e, part) in parts.iter().enumerate() {
+            assert_eq!(part.dtype(), GgmlDType::Q8_0);
+            let got = part
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .to_vec2::<f32>()
+                .unwrap();
+            let want = whole.get(e).unwrap().to_vec2::<f32>().unwrap();
+            assert_eq!(got, want, "expert {e}");
+        }
+        assert!(matches!(
+            file.expert_qtensors("exps", 8, (4, 32), &Device::Cpu),
+            Err(ModelError::TensorLayout { .. })
         ));
     }
 

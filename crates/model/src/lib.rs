@@ -18,6 +18,7 @@ mod gguf;
 mod kv;
 mod linear;
 mod meta;
+mod moe;
 mod safetensors;
 mod spec;
 #[cfg(feature = "synthetic")]
@@ -34,8 +35,8 @@ pub use batch::StepBatch;
 pub use candle_model::CandleModel;
 pub use cpu::CpuModel;
 pub use spec::{
-    Activation, BlockLayout, LayerSpec, MAX_POSITIONS, ModelSpec, RopeScaling, RopeSpec, RopeStyle,
-    SpecError,
+    Activation, BlockLayout, Gating, LayerSpec, MAX_POSITIONS, ModelSpec, MoeSpec, RopeScaling,
+    RopeSpec, RopeStyle, SpecError, Yarn,
 };
 pub use zinfer_kernels::ScoreRule;
 

@@ -150,6 +150,7 @@ pub(crate) fn load(dir: &Path, options: &LoadOptions) -> Result<CpuModel, ModelE
         embed_scale: None,
         final_softcap: None,
         layout: arch.layout,
+        moe: None,
     };
     spec.validate()?;
     let mut tensors = SafetensorsSource {
@@ -275,6 +276,20 @@ impl TensorSource for SafetensorsSource {
 
     fn concat(&mut self, parts: Vec<Vec<f32>>) -> Result<Vec<f32>, ModelError> {
         Ok(parts.concat())
+    }
+
+    fn experts(
+        &mut self,
+        name: &str,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<Vec<Linear>, ModelError> {
+        // Directories load for llama only (dense).
+        Err(ModelError::TensorLayout {
+            tensor: name.to_string(),
+            reason: "holds experts, which load from GGUF files only",
+        })
     }
 
     fn embedding(

@@ -32,7 +32,7 @@ pub struct RopeSpec {
     pub scaling: RopeScaling,
 }
 
-/// Long-context RoPE scaling, in the three forms the supported checkpoints use.
+/// Long-context RoPE scaling, in the four forms the supported checkpoints use.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeScaling {
     /// Per-frequency divisors (Llama 3 `rope_freqs`, Phi-3 long/short
@@ -40,8 +40,11 @@ pub struct RopeScaling {
     pub freq_factors: Vec<f32>,
     /// Positions are divided by this (linear scaling, Gemma 3's global layers).
     pub linear: f32,
-    /// cos and sin are multiplied by this (Phi-3 LongRoPE's attention factor).
+    /// cos and sin are multiplied by this (Phi-3 LongRoPE's attention
+    /// factor, `rope.scaling.attn_factor`).
     pub attn_factor: f32,
+    /// YaRN (`rope.scaling.type = yarn`: Qwen and DeepSeek long-context files).
+    pub yarn: Option<Yarn>,
 }
 
 impl Default for RopeScaling {
@@ -50,6 +53,63 @@ impl Default for RopeScaling {
             freq_factors: Vec::new(),
             linear: 1.0,
             attn_factor: 1.0,
+            yarn: None,
+        }
+    }
+}
+
+/// YaRN RoPE scaling as llama.cpp applies it: pairs rotating fewer than
+/// `beta_slow` times over the original context are interpolated (their
+/// frequency divided by `factor`), pairs rotating more than `beta_fast`
+/// times are kept, a linear ramp blends the pairs between, and cos and sin
+/// are scaled by `1 + 0.1 ln(factor)` (the attention factor).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// How many times the original context the model is stretched to
+    /// (`rope.scaling.factor`).
+    pub factor: f32,
+    /// Context the model was trained on before scaling
+    /// (`rope.scaling.original_context_length`).
+    pub original_context: usize,
+    /// Rotations over the original context above which a pair is kept (32).
+    pub beta_fast: f32,
+    /// Rotations below which a pair is fully interpolated (1).
+    pub beta_slow: f32,
+}
+
+impl Yarn {
+    /// llama.cpp's defaults for `beta_fast` and `beta_slow`.
+    pub fn new(factor: f32, original_context: usize) -> Self {
+        Self {
+            factor,
+            original_context,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        }
+    }
+
+    /// The first and last pair index of the blend, as ggml's
+    /// `ggml_rope_yarn_corr_dims`: the pair that turns `beta` times over
+    /// the original context, rounded outwards, within `[0, head_dim - 1]`.
+    pub fn corr_dims(&self, theta: f32, head_dim: usize) -> (f64, f64) {
+        let d = head_dim as f64;
+        let dim = |beta: f32| {
+            let turns =
+                self.original_context as f64 / (f64::from(beta) * 2.0 * std::f64::consts::PI);
+            d * turns.ln() / (2.0 * f64::from(theta).ln())
+        };
+        (
+            dim(self.beta_fast).floor().max(0.0),
+            dim(self.beta_slow).ceil().min(d - 1.0),
+        )
+    }
+
+    /// What cos and sin are multiplied by (llama.cpp's `get_mscale`).
+    fn mscale(&self) -> f64 {
+        if self.factor > 1.0 {
+            1.0 + 0.1 * f64::from(self.factor).ln()
+        } else {
+            1.0
         }
     }
 }
@@ -102,17 +162,29 @@ impl RopeSpec {
     pub(crate) fn tables(&self, head_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
         let half = head_dim / 2;
         let s = &self.scaling;
+        let blend = s.yarn.map(|y| (y, y.corr_dims(self.theta, head_dim)));
         let inv_freq: Vec<f64> = (0..half)
             .map(|i| {
                 let factor = s.freq_factors.get(i).map_or(1.0, |&f| f64::from(f));
-                1.0 / f64::from(self.theta).powf(2.0 * i as f64 / head_dim as f64)
+                let kept = 1.0
+                    / f64::from(self.theta).powf(2.0 * i as f64 / head_dim as f64)
                     / factor
-                    / f64::from(s.linear)
+                    / f64::from(s.linear);
+                match blend {
+                    None => kept,
+                    Some((y, (low, high))) => {
+                        // 1 at and below `low` (kept), 0 from `high` on (interpolated).
+                        let ramp =
+                            1.0 - ((i as f64 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+                        let interpolated = kept / f64::from(y.factor);
+                        interpolated * (1.0 - ramp) + kept * ramp
+                    }
+                }
             })
             .collect();
         let mut cos = Vec::with_capacity(positions * half);
         let mut sin = Vec::with_capacity(positions * half);
-        let mscale = f64::from(s.attn_factor);
+        let mscale = f64::from(s.attn_factor) * blend.map_or(1.0, |(y, _)| y.mscale());
         for p in 0..positions {
             for &f in &inv_freq {
                 let angle = p as f64 * f;
@@ -140,6 +212,44 @@ pub enum Activation {
     Silu,
     /// `gelu_tanh(gate) * up` (Gemma).
     GeluTanh,
+}
+
+/// How a router's logits become each token's experts and their weights,
+/// as llama.cpp's MoE graph has them; the weighted experts' outputs are
+/// summed after their down projections.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gating {
+    /// Softmax over every expert, the `used` most probable kept, their
+    /// probabilities divided by their sum when `renormalize` (Qwen3-MoE).
+    SoftmaxTopK {
+        /// Whether the kept probabilities are scaled to sum to one.
+        renormalize: bool,
+    },
+    /// The `used` highest logits kept, softmax over those alone (gpt-oss).
+    TopKSoftmax,
+}
+
+/// A mixture-of-experts MLP in place of the dense one: a router
+/// (`ffn_gate_inp`) scores `experts` expert MLPs per token and the
+/// `used` best run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MoeSpec {
+    /// Experts per layer (`{arch}.expert_count`).
+    pub experts: usize,
+    /// Experts each token runs (`{arch}.expert_used_count`).
+    pub used: usize,
+    /// Inner width of one expert's MLP (`{arch}.expert_feed_forward_length`).
+    pub expert_ffn: usize,
+    /// How router logits become expert weights.
+    pub gating: Gating,
+    /// The router has a bias (`ffn_gate_inp.bias`).
+    pub router_bias: bool,
+    /// The chosen weights are multiplied by this (1 for none).
+    pub weights_scale: f32,
+    /// Inner width of a shared expert every token runs beside its routed
+    /// ones, its output scaled by `sigmoid(x . ffn_gate_inp_shexp)`
+    /// (Qwen2-MoE); `None` without one.
+    pub shared_ffn: Option<usize>,
 }
 
 /// Which tensors a block has beyond the Llama set.
@@ -196,6 +306,9 @@ pub struct ModelSpec {
     pub final_softcap: Option<f32>,
     /// The block's tensors.
     pub layout: BlockLayout,
+    /// A mixture of experts in place of every layer's dense MLP; `None`
+    /// for dense models.
+    pub moe: Option<MoeSpec>,
 }
 
 impl ModelSpec {
@@ -217,6 +330,12 @@ impl ModelSpec {
     /// Width of the query projection output.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
+    }
+
+    /// Widest MLP inner width a layer runs: the dense MLP's, or one expert's.
+    pub fn mlp_width(&self) -> usize {
+        self.moe
+            .map_or(self.ffn, |m| m.expert_ffn.max(m.shared_ffn.unwrap_or(0)))
     }
 
     /// Every layer with the same window and the first RoPE.
@@ -267,9 +386,22 @@ impl ModelSpec {
                     want: self.head_dim / 2,
                 });
             }
-            if !(r.theta > 0.0 && r.scaling.linear > 0.0) {
+            let yarn_ok = r.scaling.yarn.is_none_or(|y| {
+                y.factor > 0.0 && y.original_context > 0 && y.beta_fast > 0.0 && y.beta_slow > 0.0
+            });
+            if !(r.theta > 0.0 && r.scaling.linear > 0.0 && yarn_ok) {
                 return Err(SpecError::RopeNotPositive(format!("{r:?}")));
             }
+        }
+        if let Some(m) = &self.moe
+            && (m.experts == 0
+                || m.used == 0
+                || m.used > m.experts
+                || m.expert_ffn == 0
+                || m.shared_ffn == Some(0)
+                || !(m.weights_scale.is_finite() && m.weights_scale > 0.0))
+        {
+            return Err(SpecError::Experts(format!("{m:?}")));
         }
         let caps = [self.attn.softcap, self.final_softcap];
         if caps.into_iter().flatten().any(|c| c.is_nan() || c <= 0.0) {
@@ -329,4 +461,71 @@ pub enum SpecError {
     /// A softcap that is not positive.
     #[error("softcaps must be positive")]
     Softcap,
+    /// Experts that cannot run: none, more used than there are, no width,
+    /// or a weight scale that is not positive (the MoE spec, printed).
+    #[error("invalid mixture of experts: {0}")]
+    Experts(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// YaRN's tables against llama.cpp's formulas re-derived independently
+    /// in float64 Python: `python3 scripts/llamacpp-reference/yarn_rope.py`
+    /// printed the correction dims, the scale and these (position, pair,
+    /// cos, sin) for a Qwen3-like head (128 wide, base 1e6, factor 4 over
+    /// 32,768 tokens, attention factor 1.25). Pairs 0-23 kept, 40 on
+    /// interpolated, 30 on the ramp.
+    #[test]
+    fn yarn_matches_llama_cpps_formula() {
+        let yarn = Yarn::new(4.0, 32_768);
+        assert_eq!(yarn.corr_dims(1e6, 128), (23.0, 40.0));
+        let rope = RopeSpec {
+            style: RopeStyle::Neox,
+            theta: 1e6,
+            scaling: RopeScaling {
+                attn_factor: 1.25,
+                yarn: Some(yarn),
+                ..RopeScaling::default()
+            },
+        };
+        let (cos, sin) = rope.tables(128, 30_001);
+        let want = [
+            (1, 0, 0.7690051, 1.1976545),
+            (1, 10, 1.4138074, 0.1639935),
+            (1, 23, 1.4232521, 0.0099320),
+            (1, 30, 1.423286, 0.0015149),
+            (1, 40, 1.4232868, 0.0000633),
+            (1, 63, 1.4232868, 0.0000004),
+            (1000, 0, 0.8004267, 1.1768867),
+            (1000, 10, -1.0309337, 0.9812853),
+            (1000, 23, 1.0930508, 0.9115839),
+            (1000, 30, 0.6903839, 1.2446346),
+            (1000, 40, 1.4218805, 0.0632542),
+            (1000, 63, 1.4232867, 0.0004416),
+            (30000, 0, -0.8488903, -1.1424231),
+            (30000, 10, -0.9597613, 1.0510012),
+            (30000, 23, -0.5975462, 1.2917754),
+            (30000, 30, 1.2387442, 0.7008981),
+            (30000, 40, 0.3342901, 1.3834722),
+            (30000, 63, 1.4232252, 0.0132464),
+        ];
+        for (pos, pair, c, s) in want {
+            let at = pos * 64 + pair;
+            assert!(
+                (cos[at] - c).abs() < 2e-6,
+                "cos {pos} {pair}: {} vs {c}",
+                cos[at]
+            );
+            assert!(
+                (sin[at] - s).abs() < 2e-6,
+                "sin {pos} {pair}: {} vs {s}",
+                sin[at]
+            );
+        }
+        // Without YaRN the same head rotates pair 63 four times faster.
+        let plain = RopeSpec::plain(RopeStyle::Neox, 1e6).tables(128, 30_001);
+        assert!((plain.1[30000 * 64 + 63] - 0.0132464 * 4.0 / 1.4232868).abs() < 1e-4);
+    }
 }

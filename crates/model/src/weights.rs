@@ -7,7 +7,7 @@
 //! matmul instead of three or two.
 
 use super::ModelError;
-use super::spec::ModelSpec;
+use super::spec::{ModelSpec, MoeSpec};
 
 /// Q, K and V projections.
 #[derive(Debug)]
@@ -39,6 +39,37 @@ pub(crate) enum GateUp<M> {
     Fused(M),
 }
 
+/// A dense MLP: gate and up projections, then down.
+#[derive(Debug)]
+pub(crate) struct Ffn<M> {
+    pub(crate) gate_up: GateUp<M>,
+    /// `[hidden, ffn]`.
+    pub(crate) down: M,
+}
+
+/// A block's MLP: one dense MLP, or a router over expert MLPs.
+#[derive(Debug)]
+pub(crate) enum Mlp<M, V> {
+    Dense(Ffn<M>),
+    Moe(Experts<M, V>),
+}
+
+/// A mixture of experts ([`crate::spec::MoeSpec`]): each expert's matrices
+/// apart, split from the checkpoint's stacked `[experts, rows, cols]`
+/// tensors, so a backend runs only the experts a step routes to.
+#[derive(Debug)]
+pub(crate) struct Experts<M, V> {
+    /// How many experts, how many a token runs, and how they are weighted.
+    pub(crate) spec: MoeSpec,
+    /// `[experts, hidden]`: one logit per expert.
+    pub(crate) router: M,
+    pub(crate) router_bias: Option<V>,
+    /// `[expert_ffn, hidden]` gate and up, `[hidden, expert_ffn]` down.
+    pub(crate) experts: Vec<Ffn<M>>,
+    /// The shared expert every row runs, and its gate's `[hidden]` weights.
+    pub(crate) shared: Option<(Ffn<M>, V)>,
+}
+
 /// One transformer block. `M` is a matrix, `V` a vector, in the backend's types.
 #[derive(Debug)]
 pub(crate) struct Block<M, V> {
@@ -52,8 +83,7 @@ pub(crate) struct Block<M, V> {
     /// RMSNorm of the attention output before the residual add.
     pub(crate) post_attn_norm: Option<V>,
     pub(crate) ffn_norm: V,
-    pub(crate) gate_up: GateUp<M>,
-    pub(crate) ffn_down: M,
+    pub(crate) mlp: Mlp<M, V>,
     /// RMSNorm of the MLP output before the residual add.
     pub(crate) post_ffn_norm: Option<V>,
 }
@@ -92,6 +122,15 @@ pub(crate) enum Part {
     GateUp,
     Down,
     PostFfnNorm,
+    Router,
+    RouterBias,
+    GateExps,
+    UpExps,
+    DownExps,
+    SharedGateInp,
+    SharedGate,
+    SharedUp,
+    SharedDown,
 }
 
 /// How a checkpoint format names its tensors.
@@ -134,6 +173,23 @@ impl Naming {
             GateUp => ("ffn_up.weight", "mlp.gate_up_proj.weight"),
             Down => ("ffn_down.weight", "mlp.down_proj.weight"),
             PostFfnNorm => ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+            // Hugging Face keeps experts apart (`mlp.experts.N.gate_proj`);
+            // only llama directories load, so these names are unused.
+            Router => ("ffn_gate_inp.weight", "mlp.gate.weight"),
+            RouterBias => ("ffn_gate_inp.bias", "mlp.gate.bias"),
+            GateExps => ("ffn_gate_exps.weight", "mlp.experts.gate_proj.weight"),
+            UpExps => ("ffn_up_exps.weight", "mlp.experts.up_proj.weight"),
+            DownExps => ("ffn_down_exps.weight", "mlp.experts.down_proj.weight"),
+            SharedGateInp => ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
+            SharedGate => (
+                "ffn_gate_shexp.weight",
+                "mlp.shared_expert.gate_proj.weight",
+            ),
+            SharedUp => ("ffn_up_shexp.weight", "mlp.shared_expert.up_proj.weight"),
+            SharedDown => (
+                "ffn_down_shexp.weight",
+                "mlp.shared_expert.down_proj.weight",
+            ),
         };
         match self {
             Self::Gguf => format!("blk.{layer}.{gguf}"),
@@ -165,6 +221,15 @@ pub(crate) trait TensorSource {
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Self::Matrix, ModelError>;
     /// The vector `name` of `len` values; fails on another length.
     fn vector(&mut self, name: &str, len: usize) -> Result<Self::Vector, ModelError>;
+    /// The stacked `[experts, rows, cols]` tensor `name`, one `[rows, cols]`
+    /// matrix per expert; fails on another shape.
+    fn experts(
+        &mut self,
+        name: &str,
+        experts: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Vec<Self::Matrix>, ModelError>;
     /// Vectors end to end.
     fn concat(&mut self, parts: Vec<Self::Vector>) -> Result<Self::Vector, ModelError>;
     /// The `[rows, cols]` embedding table, and, when `tied`, an LM head over
@@ -237,12 +302,59 @@ pub(crate) fn read<S: TensorSource>(
         } else {
             None
         };
-        let gate_up = if l.fused_gate_up {
-            GateUp::Fused(src.matrix(&name(Part::GateUp), 2 * ffn, h)?)
-        } else {
-            GateUp::Separate {
-                gate: src.matrix(&name(Part::Gate), ffn, h)?,
-                up: src.matrix(&name(Part::Up), ffn, h)?,
+        let mlp = match &spec.moe {
+            None => {
+                let gate_up = if l.fused_gate_up {
+                    GateUp::Fused(src.matrix(&name(Part::GateUp), 2 * ffn, h)?)
+                } else {
+                    GateUp::Separate {
+                        gate: src.matrix(&name(Part::Gate), ffn, h)?,
+                        up: src.matrix(&name(Part::Up), ffn, h)?,
+                    }
+                };
+                let down = src.matrix(&name(Part::Down), h, ffn)?;
+                Mlp::Dense(Ffn { gate_up, down })
+            }
+            Some(moe) => {
+                let (e, f) = (moe.experts, moe.expert_ffn);
+                let router = src.matrix(&name(Part::Router), e, h)?;
+                let router_bias = if moe.router_bias {
+                    Some(src.vector(&name(Part::RouterBias), e)?)
+                } else {
+                    None
+                };
+                let gates = src.experts(&name(Part::GateExps), e, f, h)?;
+                let ups = src.experts(&name(Part::UpExps), e, f, h)?;
+                let downs = src.experts(&name(Part::DownExps), e, h, f)?;
+                let experts = gates
+                    .into_iter()
+                    .zip(ups)
+                    .zip(downs)
+                    .map(|((gate, up), down)| Ffn {
+                        gate_up: GateUp::Separate { gate, up },
+                        down,
+                    })
+                    .collect();
+                let shared = match moe.shared_ffn {
+                    Some(sf) => {
+                        let ffn = Ffn {
+                            gate_up: GateUp::Separate {
+                                gate: src.matrix(&name(Part::SharedGate), sf, h)?,
+                                up: src.matrix(&name(Part::SharedUp), sf, h)?,
+                            },
+                            down: src.matrix(&name(Part::SharedDown), h, sf)?,
+                        };
+                        Some((ffn, src.vector(&name(Part::SharedGateInp), h)?))
+                    }
+                    None => None,
+                };
+                Mlp::Moe(Experts {
+                    spec: *moe,
+                    router,
+                    router_bias,
+                    experts,
+                    shared,
+                })
             }
         };
         let post = |src: &mut S, part| -> Result<Option<S::Vector>, ModelError> {
@@ -260,8 +372,7 @@ pub(crate) fn read<S: TensorSource>(
             attn_output: src.matrix(&name(Part::AttnOutput), h, q)?,
             post_attn_norm: post(src, Part::PostAttnNorm)?,
             ffn_norm: src.vector(&name(Part::FfnNorm), h)?,
-            gate_up,
-            ffn_down: src.matrix(&name(Part::Down), h, ffn)?,
+            mlp,
             post_ffn_norm: post(src, Part::PostFfnNorm)?,
         });
     }
@@ -282,6 +393,14 @@ mod tests {
         assert_eq!(Naming::Gguf.name(Part::Q, 3), "blk.3.attn_q.weight");
         assert_eq!(Naming::Gguf.name(Part::GateUp, 0), "blk.0.ffn_up.weight");
         assert_eq!(Naming::Gguf.name(Part::TokenEmbd, 9), "token_embd.weight");
+        assert_eq!(
+            Naming::Gguf.name(Part::DownExps, 1),
+            "blk.1.ffn_down_exps.weight"
+        );
+        assert_eq!(
+            Naming::Gguf.name(Part::Router, 0),
+            "blk.0.ffn_gate_inp.weight"
+        );
         assert_eq!(
             Naming::HuggingFace.name(Part::FfnNorm, 2),
             "model.layers.2.post_attention_layernorm.weight"

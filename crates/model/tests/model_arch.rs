@@ -34,15 +34,21 @@ fn tokenizer_source() -> HashMap<String, Value> {
 /// Writes the f32 file of a preset (once per test process; tests run in
 /// parallel, so one writes while the others wait).
 fn f32_file(preset: &str) -> PathBuf {
+    preset_file(preset, "f32")
+}
+
+/// [`f32_file`] in weight type `quant`.
+fn preset_file(preset: &str, quant: &str) -> PathBuf {
     static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = WRITING.lock().unwrap_or_else(|e| e.into_inner());
     let dir = std::env::temp_dir().join(format!("zinfer-arch-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("{preset}.gguf"));
+    let path = dir.join(format!("{preset}-{quant}.gguf"));
     if !path.exists() {
+        let spec = SynthShape::preset(preset).unwrap();
         let spec = SynthSpec {
-            shape: SynthShape::preset(preset).unwrap(),
-            quant: "f32".parse().unwrap(),
+            shape: spec,
+            quant: quant.parse().unwrap(),
             seed: 11,
             threads: 2,
         };
@@ -258,6 +264,32 @@ fn every_row_of_a_chunk_matches_one_position_per_step_across_windows() {
                 0,
                 SAME_WEIGHTS_TOL,
                 &format!("{preset} {backend}"),
+            );
+        }
+    }
+}
+
+/// A mixture of experts routes and weights rows the same way on both
+/// backends (the CPU kernels gather each expert's rows into one matmul, the
+/// candle backend selects and adds them back with tensor ops), with and
+/// without a shared expert, and a Q8_0 copy, whose experts are split from
+/// quantized stacked tensors, stays near the F32 file.
+#[test]
+fn experts_agree_across_backends_and_weight_types() {
+    for preset in ["qwen3moe-tiny", "qwen2moe-tiny"] {
+        let path = f32_file(preset);
+        let [(_, mut cpu), (_, mut candle)] = both_backends(&path);
+        let mut q8 = load(&preset_file(preset, "q8_0"), &options()).unwrap();
+        let vocab = cpu.model.vocab_size();
+        for n in [1, 7, 40] {
+            let prompt = ids(n, vocab, 21 + n as u64);
+            let want = one_shot(cpu.model.as_mut(), &prompt);
+            let diff = max_abs_diff(&want, &one_shot(candle.model.as_mut(), &prompt));
+            assert!(diff < 1e-5, "{preset}, {n} tokens, candle backend: {diff}");
+            let diff = max_abs_diff(&want, &one_shot(q8.model.as_mut(), &prompt));
+            assert!(
+                diff > 0.0 && diff < 0.02,
+                "{preset}, {n} tokens, Q8_0: {diff}"
             );
         }
     }

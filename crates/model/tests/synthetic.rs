@@ -54,6 +54,8 @@ fn tiny() -> SynthShape {
         sliding_window: None,
         attn_softcap: None,
         final_softcap: None,
+        moe: None,
+        yarn_factor: None,
     }
 }
 

@@ -90,6 +90,9 @@ impl CandleModel {
                 quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Gemma3)
             }
             Architecture::Gemma2 => panic!("candle-transformers has no quantized gemma2"),
+            Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
+                panic!("candle-transformers has no CPU quantized MoE")
+            }
         };
         m.unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     }
@@ -124,12 +127,13 @@ fn assert_sane(logits: &[f32], vocab: usize, what: &str) {
 
 /// Each tiny preset in F32 and Q8_0: candle's model for its architecture
 /// loads it and runs a 20-token prompt (past the 16-token windows) and one
-/// decode step.
+/// decode step (not gemma2, which it lacks, nor qwen3moe, whose experts it
+/// runs on CUDA only).
 #[test]
 fn tiny_presets_run_in_candle_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| 300 + 37 * i).collect();
-    for name in tiny_presets().filter(|&n| n != "gemma2-tiny") {
+    for name in tiny_presets().filter(|&n| n != "gemma2-tiny" && !n.contains("moe")) {
         let shape = SynthShape::preset(name).unwrap();
         for quant in ["f32", "q8_0"] {
             let what = format!("{name} {quant}");
@@ -166,7 +170,6 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
         put("attn_norm.weight", &[h]);
         put("attn_output.weight", &[h, q]);
         put("ffn_norm.weight", &[h]);
-        put("ffn_down.weight", &[h, f]);
         if s.arch == Architecture::Phi3 {
             put("attn_qkv.weight", &[q + 2 * kv, h]);
             put("ffn_up.weight", &[2 * f, h]);
@@ -174,15 +177,35 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
             put("attn_q.weight", &[q, h]);
             put("attn_k.weight", &[kv, h]);
             put("attn_v.weight", &[kv, h]);
-            put("ffn_gate.weight", &[f, h]);
-            put("ffn_up.weight", &[f, h]);
         }
-        if s.arch == Architecture::Qwen2 {
+        if let Some(m) = s.moe {
+            let (e, ef) = (m.experts, m.expert_ffn);
+            put("ffn_gate_inp.weight", &[e, h]);
+            put("ffn_gate_exps.weight", &[e, ef, h]);
+            put("ffn_up_exps.weight", &[e, ef, h]);
+            put("ffn_down_exps.weight", &[e, h, ef]);
+            if let Some(sf) = m.shared_ffn {
+                put("ffn_gate_inp_shexp.weight", &[h]);
+                put("ffn_gate_shexp.weight", &[sf, h]);
+                put("ffn_up_shexp.weight", &[sf, h]);
+                put("ffn_down_shexp.weight", &[h, sf]);
+            }
+        } else {
+            put("ffn_down.weight", &[h, f]);
+            if s.arch != Architecture::Phi3 {
+                put("ffn_gate.weight", &[f, h]);
+                put("ffn_up.weight", &[f, h]);
+            }
+        }
+        if matches!(s.arch, Architecture::Qwen2 | Architecture::Qwen2Moe) {
             put("attn_q.bias", &[q]);
             put("attn_k.bias", &[kv]);
             put("attn_v.bias", &[kv]);
         }
-        if matches!(s.arch, Architecture::Qwen3 | Architecture::Gemma3) {
+        if matches!(
+            s.arch,
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        ) {
             put("attn_q_norm.weight", &[hd]);
             put("attn_k_norm.weight", &[hd]);
         }
@@ -214,7 +237,8 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
             .collect();
         assert_eq!(got, expected_tensors(&shape), "{name}");
         for (t, info) in &ct.tensor_infos {
-            let want = if info.shape.rank() == 1 {
+            // llama.cpp's quantizer leaves MoE routers in f32.
+            let want = if info.shape.rank() == 1 || t.ends_with("ffn_gate_inp.weight") {
                 GgmlDType::F32
             } else {
                 GgmlDType::Q8_0
@@ -258,7 +282,7 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         assert_eq!(f("attn_logit_softcapping"), shape.attn_softcap, "{name}");
         assert_eq!(f("final_logit_softcapping"), shape.final_softcap, "{name}");
         let head_keys = match shape.arch {
-            Architecture::Qwen2 | Architecture::Phi3 => None,
+            Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::Phi3 => None,
             _ => Some(shape.head_dim),
         };
         assert_eq!(u("attention.key_length"), head_keys, "{name}");
@@ -266,6 +290,25 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         let rope_dims = matches!(shape.arch, Architecture::Llama | Architecture::Phi3)
             .then_some(shape.head_dim);
         assert_eq!(u("rope.dimension_count"), rope_dims, "{name}");
+        assert_eq!(f("rope.scaling.factor"), shape.yarn_factor, "{name}");
+        assert_eq!(
+            md.get(&format!("{arch}.rope.scaling.type"))
+                .map(|v| v.to_string().unwrap().clone()),
+            shape.yarn_factor.map(|_| "yarn".to_string()),
+            "{name}"
+        );
+        assert_eq!(u("expert_count"), shape.moe.map(|m| m.experts), "{name}");
+        assert_eq!(u("expert_used_count"), shape.moe.map(|m| m.used), "{name}");
+        assert_eq!(
+            u("expert_feed_forward_length"),
+            shape.moe.map(|m| m.expert_ffn),
+            "{name}"
+        );
+        assert_eq!(
+            u("expert_shared_feed_forward_length"),
+            shape.moe.and_then(|m| m.shared_ffn),
+            "{name}"
+        );
         assert_eq!(
             u("rope.scaling.original_context_length"),
             shape.rope_original_context,
@@ -340,6 +383,13 @@ fn real_presets_have_the_public_configs_numbers() {
     assert_eq!(dims(&s), (28, 2048, 16, 8, 128, 6144, 151_936));
     assert_eq!((s.rope_theta, s.rms_eps, s.context), (1e6, 1e-6, 40_960));
     assert!(s.tied_embeddings);
+    let s = p("qwen3-30b-a3b");
+    assert_eq!(s.arch, Architecture::Qwen3Moe);
+    assert_eq!(dims(&s), (48, 2048, 32, 4, 128, 6144, 151_936));
+    assert_eq!((s.rope_theta, s.rms_eps, s.context), (1e6, 1e-6, 40_960));
+    let moe = s.moe.unwrap();
+    assert_eq!((moe.experts, moe.used, moe.expert_ffn), (128, 8, 768));
+    assert!(!s.tied_embeddings);
     let s = p("phi-3-mini");
     assert_eq!(s.arch, Architecture::Phi3);
     assert_eq!(dims(&s), (32, 3072, 32, 32, 96, 8192, 32_064));
@@ -421,6 +471,22 @@ fn shapes_an_architecture_cannot_read_are_refused() {
         SynthShape {
             head_dim: 33,
             ..p("qwen3-tiny")
+        },
+        SynthShape {
+            yarn_factor: Some(4.0),
+            ..p("phi3-tiny")
+        },
+        SynthShape {
+            tied_embeddings: true,
+            ..p("qwen2moe-tiny")
+        },
+        SynthShape {
+            moe: p("qwen3moe-tiny").moe,
+            ..p("qwen2moe-tiny")
+        },
+        SynthShape {
+            rope_original_context: None,
+            ..p("qwen3-yarn-tiny")
         },
     ];
     for s in bad {

@@ -11,8 +11,12 @@ pub enum Architecture {
     Llama,
     /// Qwen2 and Qwen2.5: llama with Q/K/V biases.
     Qwen2,
+    /// Qwen2-MoE: Qwen2's attention with a mixture of experts and a shared expert.
+    Qwen2Moe,
     /// Qwen3: llama with per-head RMSNorm of Q and K, and a head width of its own.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention with a mixture of experts for the MLP.
+    Qwen3Moe,
     /// Phi-3: fused QKV and gate|up matrices.
     Phi3,
     /// Gemma 2: norms after attention and MLP too, GELU, soft-capped
@@ -25,14 +29,23 @@ pub enum Architecture {
 
 impl Architecture {
     /// Every architecture, in the order `--help` and errors list them.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 8] = [
         Self::Llama,
         Self::Qwen2,
+        Self::Qwen2Moe,
         Self::Qwen3,
+        Self::Qwen3Moe,
         Self::Phi3,
         Self::Gemma2,
         Self::Gemma3,
     ];
+
+    /// Whether the architecture's MLPs are mixtures of experts (its files
+    /// must declare `{arch}.expert_count`; a dense architecture's file that
+    /// declares experts is refused).
+    pub const fn has_experts(self) -> bool {
+        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe)
+    }
 
     /// GGUF `general.architecture`, and the prefix of the model's metadata
     /// keys (`qwen2.block_count`).
@@ -40,7 +53,9 @@ impl Architecture {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
+            Self::Qwen2Moe => "qwen2moe",
             Self::Qwen3 => "qwen3",
+            Self::Qwen3Moe => "qwen3moe",
             Self::Phi3 => "phi3",
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
@@ -93,7 +108,9 @@ mod tests {
     fn architecture_names_parse_back() {
         assert_eq!(
             SUPPORTED_ARCHITECTURES,
-            ["llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3"]
+            [
+                "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"
+            ]
         );
         for a in Architecture::ALL {
             assert_eq!(a.name().parse::<Architecture>().ok(), Some(a));

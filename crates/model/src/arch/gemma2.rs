@@ -18,6 +18,7 @@ pub(super) const GEMMA2: Arch = Arch {
     },
     rope_style: RopeStyle::Neox,
     activation: Activation::GeluTanh,
+    moe: None,
     finish,
 };
 

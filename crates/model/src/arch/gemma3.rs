@@ -19,6 +19,7 @@ pub(super) const GEMMA3: Arch = Arch {
     },
     rope_style: RopeStyle::Neox,
     activation: Activation::GeluTanh,
+    moe: None,
     finish,
 };
 

@@ -17,6 +17,7 @@ pub(super) const LLAMA: Arch = Arch {
     },
     rope_style: RopeStyle::Interleaved,
     activation: Activation::Silu,
+    moe: None,
     finish,
 };
 

@@ -12,13 +12,15 @@ mod gemma3;
 mod llama;
 mod phi3;
 mod qwen2;
+mod qwen2moe;
 mod qwen3;
+mod qwen3moe;
 
 pub(crate) use zinfer_probe::Architecture;
 
 use super::ModelError;
 use super::meta::Meta;
-use super::spec::{Activation, BlockLayout, ModelSpec, RopeStyle};
+use super::spec::{Activation, BlockLayout, Gating, ModelSpec, MoeSpec, RopeStyle};
 
 /// How one architecture differs from the common reading.
 pub(crate) struct Arch {
@@ -34,9 +36,22 @@ pub(crate) struct Arch {
     pub(crate) rope_style: RopeStyle,
     /// The MLP's activation.
     pub(crate) activation: Activation,
+    /// How the router picks experts, for mixture-of-experts architectures;
+    /// `None` for dense ones (a file of theirs with experts is refused).
+    pub(crate) moe: Option<MoeRule>,
     /// Applies the architecture's own metadata (windows, softcaps, scales)
     /// to a spec the common reading filled in.
     pub(crate) finish: fn(&mut ModelSpec, &Meta<'_>, &RopeTensors) -> Result<(), ModelError>,
+}
+
+/// What a mixture-of-experts architecture's blocks hold besides the
+/// routed experts, and how it weights them.
+#[derive(Clone, Copy)]
+pub(crate) struct MoeRule {
+    /// How router logits become expert weights.
+    pub(crate) gating: Gating,
+    /// A gated shared expert beside the routed ones (`*_shexp` tensors).
+    pub(crate) shared_expert: bool,
 }
 
 /// The RoPE factor tensors a GGUF file may carry.
@@ -61,7 +76,9 @@ pub(crate) fn rules(architecture: Architecture) -> &'static Arch {
     match architecture {
         Architecture::Llama => &llama::LLAMA,
         Architecture::Qwen2 => &qwen2::QWEN2,
+        Architecture::Qwen2Moe => &qwen2moe::QWEN2MOE,
         Architecture::Qwen3 => &qwen3::QWEN3,
+        Architecture::Qwen3Moe => &qwen3moe::QWEN3MOE,
         Architecture::Phi3 => &phi3::PHI3,
         Architecture::Gemma2 => &gemma2::GEMMA2,
         Architecture::Gemma3 => &gemma3::GEMMA3,
@@ -90,6 +107,52 @@ pub(crate) fn by_hf_model_type(model_type: &str) -> Result<&'static Arch, ModelE
 /// The supported architectures' names, comma-separated, for messages.
 pub fn supported() -> String {
     zinfer_probe::SUPPORTED_ARCHITECTURES.join(", ")
+}
+
+/// The mixture of experts a file of `arch` declares, read the same way for
+/// every MoE architecture: `expert_count`, `expert_used_count` and
+/// `expert_feed_forward_length` (else, as llama.cpp,
+/// `feed_forward_length / expert_used_count`), and a shared expert's
+/// `expert_shared_feed_forward_length` (else `feed_forward_length`). Experts in a file of a dense
+/// architecture are refused rather than ignored.
+pub(crate) fn moe_spec(
+    arch: &Arch,
+    meta: &Meta<'_>,
+    ffn: usize,
+) -> Result<Option<MoeSpec>, ModelError> {
+    let experts = meta.opt_usize("expert_count")?.unwrap_or(0);
+    let Some(rule) = arch.moe else {
+        if experts > 0 {
+            return Err(ModelError::UnsupportedArchitecture(format!(
+                "{} with mixture-of-experts",
+                arch.name()
+            )));
+        }
+        return Ok(None);
+    };
+    let experts = meta.usize("expert_count")?;
+    let used = meta.usize("expert_used_count")?;
+    let expert_ffn = match meta.opt_usize("expert_feed_forward_length")? {
+        Some(f) => f,
+        None => ffn / used.max(1),
+    };
+    let shared_ffn = if rule.shared_expert {
+        Some(
+            meta.opt_usize("expert_shared_feed_forward_length")?
+                .unwrap_or(ffn),
+        )
+    } else {
+        None
+    };
+    Ok(Some(MoeSpec {
+        experts,
+        used,
+        expert_ffn,
+        gating: rule.gating,
+        router_bias: false,
+        weights_scale: 1.0,
+        shared_ffn,
+    }))
 }
 
 /// Nothing beyond the common reading.
@@ -145,6 +208,11 @@ mod tests {
         for a in Architecture::ALL {
             let entry = rules(a);
             assert_eq!(entry.architecture, a);
+            assert_eq!(
+                entry.moe.is_some(),
+                a.has_experts(),
+                "{a}: the probe (inspect, the supervisor) and the loader agree on experts"
+            );
             assert!(supported().contains(entry.name()));
             assert_eq!(
                 by_gguf_name(a.name()).map(|b| b.name()).ok(),

@@ -22,6 +22,7 @@ pub(super) const PHI3: Arch = Arch {
     },
     rope_style: RopeStyle::Neox,
     activation: Activation::Silu,
+    moe: None,
     finish,
 };
 

@@ -16,5 +16,6 @@ pub(super) const QWEN2: Arch = Arch {
     },
     rope_style: RopeStyle::Neox,
     activation: Activation::Silu,
+    moe: None,
     finish: no_extras,
 };

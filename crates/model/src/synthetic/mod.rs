@@ -1,5 +1,5 @@
 //! Synthetic checkpoints: GGUF files with the shapes of real models (llama,
-//! Qwen2, Qwen3, Phi-3, Gemma 2, Gemma 3), seeded random weights and any
+//! Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3), seeded random weights and any
 //! quantization.
 //!
 //! Only one small real model can be downloaded here, yet how the engine
@@ -29,7 +29,9 @@ use std::path::Path;
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::Value;
 
-pub use shape::{Llama3RopeScaling, LongRope, Quant, SynthShape, fallback, use_more_bits};
+pub use shape::{
+    Llama3RopeScaling, LongRope, Quant, SynthMoe, SynthShape, fallback, use_more_bits,
+};
 pub use vocab::tokenizer_metadata;
 use writer::{ALIGNMENT, write_gguf};
 pub use zinfer_probe::Architecture;
@@ -42,13 +44,17 @@ pub const PRESETS: &[&str] = &[
     "llama-3.2-1b",
     "qwen2.5-1.5b",
     "qwen3-1.7b",
+    "qwen3-30b-a3b",
     "phi-3-mini",
     "phi-3-mini-128k",
     "gemma-2-2b",
     "gemma-3-1b",
     "llama-swa-tiny",
     "qwen2-tiny",
+    "qwen2moe-tiny",
     "qwen3-tiny",
+    "qwen3-yarn-tiny",
+    "qwen3moe-tiny",
     "phi3-tiny",
     "gemma2-tiny",
     "gemma3-tiny",
@@ -217,7 +223,11 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     // llama.cpp takes hidden / heads.
     if matches!(
         arch,
-        Architecture::Llama | Architecture::Qwen3 | Architecture::Gemma2 | Architecture::Gemma3
+        Architecture::Llama
+            | Architecture::Qwen3
+            | Architecture::Qwen3Moe
+            | Architecture::Gemma2
+            | Architecture::Gemma3
     ) || shape.q_dim() != shape.hidden
     {
         kv("attention.key_length", u(shape.head_dim));
@@ -229,6 +239,10 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     }
     if matches!(arch, Architecture::Llama | Architecture::Phi3) {
         kv("rope.dimension_count", u(shape.head_dim));
+    }
+    if let Some(factor) = shape.yarn_factor {
+        kv("rope.scaling.type", Value::String("yarn".into()));
+        kv("rope.scaling.factor", Value::F32(factor));
     }
     if let Some(n) = shape.rope_original_context {
         kv("rope.scaling.original_context_length", u(n));
@@ -248,6 +262,14 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     }
     if let Some(cap) = shape.final_softcap {
         kv("final_logit_softcapping", Value::F32(cap));
+    }
+    if let Some(moe) = shape.moe {
+        kv("expert_count", u(moe.experts));
+        kv("expert_used_count", u(moe.used));
+        kv("expert_feed_forward_length", u(moe.expert_ffn));
+        if let Some(sf) = moe.shared_ffn {
+            kv("expert_shared_feed_forward_length", u(sf));
+        }
     }
     if arch == Architecture::Llama {
         kv("vocab_size", u(shape.vocab));

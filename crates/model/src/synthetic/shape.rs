@@ -13,7 +13,10 @@ use super::SynthError;
 /// llama.cpp builds Q and the attention output `hidden` wide for these,
 /// so their heads must tile the hidden width exactly.
 fn heads_tile_hidden(arch: Architecture) -> bool {
-    matches!(arch, Architecture::Qwen2 | Architecture::Phi3)
+    matches!(
+        arch,
+        Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::Phi3
+    )
 }
 
 /// Llama 3 long-context RoPE scaling (Hugging Face `rope_type: llama3`).
@@ -57,6 +60,22 @@ impl LongRope {
             short_factors: vec![1.0; n],
         }
     }
+}
+
+/// A mixture of experts in place of every dense MLP, written as
+/// llama.cpp's converter writes Qwen3-MoE: a router `ffn_gate_inp` and
+/// stacked `ffn_{gate,up,down}_exps` tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SynthMoe {
+    /// Experts per layer.
+    pub experts: usize,
+    /// Experts each token runs.
+    pub used: usize,
+    /// Inner width of one expert's MLP.
+    pub expert_ffn: usize,
+    /// Inner width of the gated shared expert (`*_shexp` tensors), for the
+    /// architectures that have one (qwen2moe).
+    pub shared_ffn: Option<usize>,
 }
 
 /// The architecture numbers of a checkpoint, as llama.cpp's converter writes
@@ -116,6 +135,11 @@ pub struct SynthShape {
     pub attn_softcap: Option<f32>,
     /// `{arch}.final_logit_softcapping`: the same on the output logits.
     pub final_softcap: Option<f32>,
+    /// Experts in place of the dense MLP (qwen3moe only, which needs them).
+    pub moe: Option<SynthMoe>,
+    /// YaRN RoPE scaling by this factor over [`SynthShape::rope_original_context`]
+    /// (`rope.scaling.type = yarn`, as the converter writes Qwen's long-context configs).
+    pub yarn_factor: Option<f32>,
 }
 
 /// Rows of the Qwen2/2.5/3 embedding: 151,665 tokens padded to a multiple of 128.
@@ -149,6 +173,8 @@ impl SynthShape {
             sliding_window: None,
             attn_softcap: None,
             final_softcap: None,
+            moe: None,
+            yarn_factor: None,
         };
         let vocab_file = |n: &str| Some(n.to_string());
         // 2-6 layers, hidden 128, GQA, windows of 16 tokens: cheap to run
@@ -211,6 +237,22 @@ impl SynthShape {
                 rms_eps: 1e-6,
                 ..base(28, 2048, 16, 8, 6144, QWEN_VOCAB)
             },
+            "qwen3-30b-a3b" => Self {
+                arch: Architecture::Qwen3Moe,
+                head_dim: 128,
+                vocab_file: vocab_file("qwen2"),
+                context: 40_960,
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                tied_embeddings: false,
+                moe: Some(SynthMoe {
+                    experts: 128,
+                    used: 8,
+                    expert_ffn: 768,
+                    shared_ffn: None,
+                }),
+                ..base(48, 2048, 32, 4, 6144, QWEN_VOCAB)
+            },
             "phi-3-mini" => phi3(4096),
             "phi-3-mini-128k" => Self {
                 long_rope: Some(LongRope::stand_in(96, 131_072.0 / 4096.0)),
@@ -253,6 +295,55 @@ impl SynthShape {
                 rms_eps: 1e-6,
                 hidden: 64,
                 ..tiny(Architecture::Qwen3, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
+            },
+            "qwen3-yarn-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                hidden: 64,
+                rope_original_context: Some(128),
+                yarn_factor: Some(4.0),
+                ..tiny(Architecture::Qwen3, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
+            },
+            "qwen2moe-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                hidden: 64,
+                moe: Some(SynthMoe {
+                    experts: 8,
+                    used: 2,
+                    expert_ffn: 64,
+                    shared_ffn: Some(128),
+                }),
+                tied_embeddings: false,
+                ..tiny(
+                    Architecture::Qwen2Moe,
+                    2,
+                    2,
+                    1,
+                    32,
+                    QWEN_VOCAB,
+                    Some("qwen2"),
+                )
+            },
+            "qwen3moe-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                hidden: 64,
+                moe: Some(SynthMoe {
+                    experts: 8,
+                    used: 2,
+                    expert_ffn: 64,
+                    shared_ffn: None,
+                }),
+                ..tiny(
+                    Architecture::Qwen3Moe,
+                    2,
+                    4,
+                    2,
+                    32,
+                    QWEN_VOCAB,
+                    Some("qwen2"),
+                )
             },
             "phi3-tiny" => Self {
                 rope_theta: 10_000.0,
@@ -299,7 +390,11 @@ impl SynthShape {
                 Architecture::Gemma2 => layer.is_multiple_of(2),
                 Architecture::Gemma3 => layer % 6 < 5,
                 Architecture::Phi3 => false,
-                Architecture::Llama | Architecture::Qwen2 | Architecture::Qwen3 => true,
+                Architecture::Llama
+                | Architecture::Qwen2
+                | Architecture::Qwen2Moe
+                | Architecture::Qwen3
+                | Architecture::Qwen3Moe => true,
             }
     }
 
@@ -365,6 +460,20 @@ impl SynthShape {
             &[Architecture::Phi3],
         )?;
         only(
+            self.yarn_factor.is_some(),
+            "YaRN here (its tests cover Qwen)",
+            &[
+                Architecture::Qwen2,
+                Architecture::Qwen3,
+                Architecture::Qwen3Moe,
+            ],
+        )?;
+        if self.yarn_factor.is_some_and(|f| f.is_nan() || f <= 0.0)
+            || self.yarn_factor.is_some() && self.rope_original_context.is_none()
+        {
+            return bad("YaRN needs a positive factor and rope_original_context".into());
+        }
+        only(
             self.attn_softcap.is_some(),
             "attention soft-cap",
             &[Architecture::Gemma2],
@@ -374,6 +483,34 @@ impl SynthShape {
             "final soft-cap",
             &[Architecture::Gemma2, Architecture::Gemma3],
         )?;
+        let rule = crate::arch::rules(self.arch).moe;
+        let has_experts = rule.is_some();
+        if let (Some(r), Some(m)) = (rule, self.moe)
+            && r.shared_expert != m.shared_ffn.is_some()
+        {
+            return bad(format!(
+                "{}: llama.cpp reads a shared expert {}",
+                self.arch,
+                if r.shared_expert { "always" } else { "never" }
+            ));
+        }
+        match self.moe {
+            None if has_experts => {
+                return bad(format!("{}: llama.cpp needs experts for it", self.arch));
+            }
+            Some(_) if !has_experts => {
+                return bad(format!("{}: llama.cpp reads no experts for it", self.arch));
+            }
+            Some(m) if m.experts == 0 || m.used == 0 || m.used > m.experts || m.expert_ffn == 0 => {
+                return bad(format!(
+                    "experts {m:?}: need 0 < used <= experts and a width"
+                ));
+            }
+            _ => {}
+        }
+        if self.arch == Architecture::Qwen2Moe && self.tied_embeddings {
+            return bad("qwen2moe: llama.cpp needs output.weight; untie the embeddings".into());
+        }
         if self.arch == Architecture::Gemma2 && !self.tied_embeddings {
             return bad("gemma2: llama.cpp reads no output.weight; tie the embeddings".into());
         }
@@ -531,6 +668,8 @@ pub(super) enum Role {
     Vector,
     /// The token embedding when it is not also the LM head.
     Embedding,
+    /// A MoE router (`ffn_gate_inp`): llama.cpp's quantizer leaves it f32.
+    Router,
     /// `output.weight`, or the tied embedding that serves as it.
     Output,
     AttnV,
@@ -556,11 +695,15 @@ pub(super) const NORM_SPREAD: f32 = 0.1;
 
 /// One tensor of the file: checkpoint name, candle-order dims
 /// (`[rows, cols]`, reversed in the file as ggml's `ne`), type, values.
+/// A stacked expert tensor `[experts, rows / experts, cols]` is written as
+/// its `rows` rows end to end.
 #[derive(Clone, Debug)]
 pub(super) struct TensorSpec {
     pub(super) name: String,
     pub(super) rows: usize,
     pub(super) cols: usize,
+    /// Experts stacked in `rows`; 1 for a matrix or vector.
+    pub(super) experts: usize,
     pub(super) dtype: GgmlDType,
     pub(super) init: Init,
     pub(super) layer: Option<usize>,
@@ -585,7 +728,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
     let layout = crate::arch::rules(shape.arch).layout;
     let (h, hd, q_dim, kv_dim) = (shape.hidden, shape.head_dim, shape.q_dim(), shape.kv_dim());
     let spec = |name: String, rows, cols, role, init, layer: Option<usize>| {
-        let dtype = if role == Role::Vector {
+        let dtype = if matches!(role, Role::Vector | Role::Router) {
             GgmlDType::F32
         } else {
             fallback(quant.matrix_type(role, layer.unwrap_or(0), n), cols)
@@ -594,6 +737,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             name,
             rows,
             cols,
+            experts: 1,
             dtype,
             init,
             layer,
@@ -675,14 +819,33 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             out.push(norm("post_attention_norm.weight", h));
         }
         out.push(norm("ffn_norm.weight", h));
-        if layout.fused_gate_up {
+        if let Some(moe) = shape.moe {
+            let (e, f) = (moe.experts, moe.expert_ffn);
+            out.push(m("ffn_gate_inp.weight", e, h, Role::Router));
+            let stacked = |t: TensorSpec| TensorSpec {
+                rows: t.rows * e,
+                experts: e,
+                ..t
+            };
+            out.push(stacked(m("ffn_gate_exps.weight", f, h, Role::OtherMatrix)));
+            out.push(stacked(m("ffn_up_exps.weight", f, h, Role::OtherMatrix)));
+            out.push(stacked(m("ffn_down_exps.weight", h, f, Role::FfnDown)));
+            if let Some(sf) = moe.shared_ffn {
+                out.push(bias("ffn_gate_inp_shexp.weight", h));
+                out.push(m("ffn_gate_shexp.weight", sf, h, Role::OtherMatrix));
+                out.push(m("ffn_up_shexp.weight", sf, h, Role::OtherMatrix));
+                out.push(m("ffn_down_shexp.weight", h, sf, Role::FfnDown));
+            }
+        } else if layout.fused_gate_up {
             // Rows: gate, then up.
             out.push(m("ffn_up.weight", 2 * shape.ffn, h, Role::OtherMatrix));
         } else {
             out.push(m("ffn_gate.weight", shape.ffn, h, Role::OtherMatrix));
             out.push(m("ffn_up.weight", shape.ffn, h, Role::OtherMatrix));
         }
-        out.push(m("ffn_down.weight", h, shape.ffn, Role::FfnDown));
+        if shape.moe.is_none() {
+            out.push(m("ffn_down.weight", h, shape.ffn, Role::FfnDown));
+        }
         if layout.post_norms {
             out.push(norm("post_ffw_norm.weight", h));
         }

@@ -44,6 +44,11 @@ pub(super) fn write_gguf<W: Write>(
         if t.is_vector() {
             header.extend(1u32.to_le_bytes());
             header.extend((t.cols as u64).to_le_bytes());
+        } else if t.experts > 1 {
+            header.extend(3u32.to_le_bytes());
+            header.extend((t.cols as u64).to_le_bytes());
+            header.extend(((t.rows / t.experts) as u64).to_le_bytes());
+            header.extend((t.experts as u64).to_le_bytes());
         } else {
             header.extend(2u32.to_le_bytes());
             header.extend((t.cols as u64).to_le_bytes());
