@@ -34,10 +34,7 @@ pub enum ApiError {
     #[error("the model {0:?} does not exist; GET /v1/models lists the models served")]
     ModelNotFound(String),
     /// No such path.
-    #[error(
-        "no route for {0}; the API is under /v1 (completions, chat/completions, models), \
-         plus /tokenize, /detokenize and /apply-template"
-    )]
+    #[error("no route for {0}; zinfer serves {routes}", routes = crate::server::ROUTES.join(", "))]
     NoRoute(String),
     /// `--api-key` is set and the request did not carry it.
     #[error("missing or incorrect API key; send it as \"Authorization: Bearer KEY\"")]

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{StatusCode, header};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Request, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -72,6 +72,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{*id}", get(model))
         .route("/v1/embeddings", post(embeddings))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
@@ -83,7 +84,55 @@ pub fn app(state: AppState) -> Router {
         .route("/ready", get(ready))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(state.clone(), request_id))
         .with_state(state)
+}
+
+/// Every route served, for the 404 text.
+pub const ROUTES: &[&str] = &[
+    "POST /v1/chat/completions",
+    "POST /v1/completions",
+    "POST /v1/embeddings",
+    "GET /v1/models",
+    "GET /v1/models/{id}",
+    "POST /tokenize",
+    "POST /detokenize",
+    "POST /apply-template",
+    "GET /health",
+    "GET /ready",
+];
+
+/// A request's protocol id, chosen by [`request_id`] before any handler.
+#[derive(Debug, Clone)]
+struct RequestId(String);
+
+/// The header that names a request to the client and in logs.
+static X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// Longest client `x-request-id` echoed; a longer one is replaced by the
+/// request's own id.
+const MAX_CLIENT_REQUEST_ID: usize = 200;
+
+/// Gives the request a fresh protocol id (unique, so the router connection
+/// can tell replies apart) and answers with `x-request-id`: the client's
+/// own when it sent a usable one, else that protocol id.
+async fn request_id(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    let id = state.client.next_id();
+    let echoed = request
+        .headers()
+        .get(&X_REQUEST_ID)
+        .filter(|v| !v.is_empty() && v.len() <= MAX_CLIENT_REQUEST_ID)
+        .cloned()
+        .or_else(|| HeaderValue::from_str(&id).ok());
+    if let Some(echoed) = &echoed {
+        tracing::debug!(id, client_id = ?echoed, "request");
+    }
+    request.extensions_mut().insert(RequestId(id));
+    let mut response = next.run(request).await;
+    if let Some(echoed) = echoed {
+        response.headers_mut().insert(X_REQUEST_ID.clone(), echoed);
+    }
+    response
 }
 
 async fn require_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
@@ -150,6 +199,26 @@ fn state_name(model: &zinfer_protocol::ModelInfo) -> &'static str {
 /// Every model the router lists: loaded, loading, or offered and loaded on
 /// its first request (`state`, as Ollama's `ps` tells).
 async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let data = model_entries(&state).await?;
+    Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
+}
+
+/// OpenAI's `GET /v1/models/{id}`: the entry `/v1/models` lists under
+/// that id, or a 404 naming it.
+async fn model(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    model_entries(&state)
+        .await?
+        .into_iter()
+        .find(|entry| entry["id"] == id.as_str())
+        .map(|entry| axum::Json(entry).into_response())
+        .ok_or(ApiError::ModelNotFound(id))
+}
+
+/// The entries of `/v1/models`: the alias first, then every servable model.
+async fn model_entries(state: &AppState) -> Result<Vec<serde_json::Value>, ApiError> {
     let served = state.client.models(MODELS_TIMEOUT).await?;
     let created = now_unix();
     let entry = |id: &str, model_state: &str| {
@@ -167,32 +236,46 @@ async fn models(State(state): State<AppState>) -> Result<Response, ApiError> {
             .filter(|m| m.servable() && Some(&m.name) != state.alias.as_ref())
             .map(|m| entry(&m.name, state_name(m))),
     );
-    Ok(axum::Json(json!({"object": "list", "data": data})).into_response())
+    Ok(data)
 }
 
-async fn completions(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+async fn completions(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read(body)?;
-    generate(state, Endpoint::Completions, body).await
+    generate(state, id, Endpoint::Completions, body).await
 }
 
-async fn chat_completions(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+async fn chat_completions(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read(body)?;
-    generate(state, Endpoint::Chat, body).await
+    generate(state, id, Endpoint::Chat, body).await
 }
 
 /// llama-server's `/tokenize`.
-async fn tokenize(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+async fn tokenize(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read(body)?;
-    let id = state.client.next_id();
     let request = text::tokenize(&body, text_context(&state, &id))?;
     answer_text(&state, TextRequest::Tokenize(request)).await
 }
 
 /// OpenAI's `/v1/embeddings`: one protocol request per input, all sent
 /// at once so the worker batches them; the vectors in input order.
-async fn embeddings(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+async fn embeddings(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read(body)?;
-    let id = state.client.next_id();
     let request = embeddings::request(&body, text_context(&state, &id))?;
     let mut pending = Vec::with_capacity(request.requests.len());
     for generate in request.requests {
@@ -242,17 +325,23 @@ async fn embeddings(State(state): State<AppState>, body: Body) -> Result<Respons
 }
 
 /// llama-server's `/detokenize`.
-async fn detokenize(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+async fn detokenize(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read(body)?;
-    let id = state.client.next_id();
     let request = text::detokenize(&body, text_context(&state, &id))?;
     answer_text(&state, TextRequest::Detokenize(request)).await
 }
 
 /// llama-server's `/apply-template`.
-async fn apply_template(State(state): State<AppState>, body: Body) -> Result<Response, ApiError> {
+async fn apply_template(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Result<Response, ApiError> {
     let body = read(body)?;
-    let id = state.client.next_id();
     let request = text::apply_template(&body, text_context(&state, &id))?;
     answer_text(&state, TextRequest::ApplyTemplate(request)).await
 }
@@ -279,8 +368,12 @@ fn now_unix() -> u64 {
 /// Translates, sends, and answers with one JSON body or an SSE stream. The
 /// first reply is awaited before answering, so a request the router rejects
 /// gets a proper HTTP error status even when streaming.
-async fn generate(state: AppState, endpoint: Endpoint, body: Bytes) -> Result<Response, ApiError> {
-    let id = state.client.next_id();
+async fn generate(
+    state: AppState,
+    id: String,
+    endpoint: Endpoint,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let ctx = Context {
         id: &id,
         alias: state.alias.as_deref(),

@@ -83,6 +83,12 @@ const CHAT_FIELDS: &[&str] = &[
     "priority",
     "speculative",
     "keep_alive",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "verbosity",
+    "modalities",
 ];
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
@@ -175,6 +181,10 @@ enum OneOrMany {
 struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
+    /// Accepted and ignored: zinfer pads no events, so there is no
+    /// padding to turn off.
+    #[serde(default, rename = "include_obfuscation")]
+    _include_obfuscation: Option<bool>,
 }
 
 /// Translates a `/v1/completions` body.
@@ -308,13 +318,61 @@ pub fn chat(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
         }
     }
     request.constraint = response_format(body.get::<Value>("response_format")?)?.map(Box::new);
+    ignored_chat_fields(&body)?;
     finish(body, request, ctx)
+}
+
+/// Fields OpenAI's chat clients send that change nothing here, checked
+/// for their type and values: `store` (nothing is stored),
+/// `service_tier`, `prompt_cache_key` (the prefix cache needs no key),
+/// `safety_identifier` (logged with `user`), `verbosity`, and
+/// `modalities`, which may ask for text only.
+fn ignored_chat_fields(body: &Body) -> Result<(), ApiError> {
+    body.get::<bool>("store")?;
+    body.get::<String>("prompt_cache_key")?;
+    body.get::<String>("safety_identifier")?;
+    one_of(
+        body,
+        "service_tier",
+        &["auto", "default", "flex", "scale", "priority"],
+    )?;
+    one_of(body, "verbosity", &["low", "medium", "high"])?;
+    for modality in body.get::<Vec<String>>("modalities")?.unwrap_or_default() {
+        match modality.as_str() {
+            "text" => {}
+            "audio" => {
+                return Err(ApiError::unsupported(
+                    "modalities",
+                    "audio output is not supported; \"modalities\" may only be [\"text\"]",
+                ));
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "modalities",
+                    format!("unknown modality {other:?}; only \"text\" is served"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rejects `name` unless it is absent or one of `values`.
+fn one_of(body: &Body, name: &str, values: &[&str]) -> Result<(), ApiError> {
+    match body.get::<String>(name)? {
+        Some(value) if !values.contains(&value.as_str()) => Err(ApiError::invalid(
+            name,
+            format!("{name:?} must be one of {}", values.join(", ")),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// OpenAI's `response_format` as a protocol `constraint`: `text` is none,
 /// `json_object` any JSON object, `json_schema` its `schema` (any JSON
-/// when left out). The worker enforces every schema whether `strict` is
-/// true or not: being stricter than asked never breaks a client.
+/// when left out). The worker enforces every schema; unless `strict` is
+/// `false`, its objects are closed first, as OpenAI's strict mode and
+/// vLLM read them ([`zinfer_protocol::closed_objects`]).
 fn response_format(format: Option<Value>) -> Result<Option<zinfer_protocol::Constraint>, ApiError> {
     use zinfer_protocol::Constraint;
     let param = "response_format";
@@ -345,7 +403,11 @@ fn response_format(format: Option<Value>) -> Result<Option<zinfer_protocol::Cons
                     Ok(Some(Constraint::json_schema(Value::Object(Map::new()))))
                 }
                 Some(schema @ Value::Object(_)) => {
-                    Ok(Some(Constraint::json_schema(schema.clone())))
+                    let mut schema = schema.clone();
+                    if spec.get("strict") != Some(&Value::Bool(false)) {
+                        zinfer_protocol::closed_objects(&mut schema);
+                    }
+                    Ok(Some(Constraint::json_schema(schema)))
                 }
                 Some(_) => Err(ApiError::invalid(
                     param,
@@ -417,6 +479,7 @@ fn finish(
     request.keep_alive = body.get("keep_alive")?;
     // Accepted and logged, as OpenAI stores them; they change nothing.
     let user = body.get::<String>("user")?;
+    let safety_identifier = body.get::<String>("safety_identifier")?;
     let metadata = body.get::<Map<String, Value>>("metadata")?;
     if let Some(metadata) = &metadata
         && let Some((key, _)) = metadata.iter().find(|(_, v)| !v.is_string())
@@ -426,8 +489,8 @@ fn finish(
             format!("\"metadata\" values must be strings; {key:?} is not"),
         ));
     }
-    if user.is_some() || metadata.is_some() {
-        tracing::info!(id = ctx.id, user, metadata = ?metadata, "request labels");
+    if user.is_some() || safety_identifier.is_some() || metadata.is_some() {
+        tracing::info!(id = ctx.id, user, safety_identifier, metadata = ?metadata, "request labels");
     }
     let stream = body.get::<bool>("stream")?.unwrap_or(false);
     let options = body.get::<StreamOptions>("stream_options")?;
@@ -775,6 +838,23 @@ mod tests {
         chat_ok(serde_json::json!({"messages": user, "tools": shallow}));
     }
 
+    /// What OpenAI's SDKs and agent frameworks send on every call is
+    /// accepted (and changes nothing).
+    #[test]
+    fn standard_fields_real_clients_send_are_accepted() {
+        let user = serde_json::json!([{"role": "user", "content": "x"}]);
+        let plain = chat_ok(serde_json::json!({"messages": user}));
+        let t = chat_ok(serde_json::json!({"messages": user, "store": false,
+            "service_tier": "auto", "prompt_cache_key": "k-1", "safety_identifier": "u-9",
+            "verbosity": "medium", "modalities": ["text"], "stream": true,
+            "stream_options": {"include_usage": true, "include_obfuscation": false}}));
+        assert_eq!(t.request, plain.request);
+        assert!(t.include_usage);
+        let t = chat_ok(serde_json::json!({"messages": user, "store": true,
+            "service_tier": "default", "verbosity": "low"}));
+        assert_eq!(t.request, plain.request);
+    }
+
     #[test]
     fn penalties_bias_priority_and_labels_reach_the_protocol() {
         let user = serde_json::json!([{"role": "user", "content": "x"}]);
@@ -884,6 +964,8 @@ mod tests {
         let user = serde_json::json!([{"role": "user", "content": "x"}]);
         let schema =
             serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let closed = serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}},
+            "additionalProperties": false});
         for (format, expected) in [
             (serde_json::json!({"type": "text"}), None),
             (
@@ -893,6 +975,16 @@ mod tests {
             (
                 serde_json::json!({"type": "json_schema",
                     "json_schema": {"name": "a", "strict": true, "schema": schema}}),
+                Some(Constraint::json_schema(closed.clone())),
+            ),
+            (
+                serde_json::json!({"type": "json_schema",
+                    "json_schema": {"name": "a", "schema": schema}}),
+                Some(Constraint::json_schema(closed.clone())),
+            ),
+            (
+                serde_json::json!({"type": "json_schema",
+                    "json_schema": {"name": "a", "strict": false, "schema": schema}}),
                 Some(Constraint::json_schema(schema.clone())),
             ),
             (
@@ -930,6 +1022,21 @@ mod tests {
             serde_json::json!({"messages": user, "stream_options": {"include_usage": true}}),
         );
         assert_eq!(param(&error).as_deref(), Some("stream_options"));
+        for (field, value) in [
+            ("modalities", serde_json::json!(["text", "audio"])),
+            ("modalities", serde_json::json!(["video"])),
+            ("service_tier", serde_json::json!("fastest")),
+            ("verbosity", serde_json::json!("loud")),
+            ("store", serde_json::json!("yes")),
+            ("prompt_cache_key", serde_json::json!(5)),
+        ] {
+            let mut body = serde_json::json!({"messages": user});
+            body[field] = value;
+            let error = chat_err(body);
+            assert_eq!(param(&error).as_deref(), Some(field), "{error}");
+        }
+        let error = chat_err(serde_json::json!({"messages": user, "modalities": ["audio"]}));
+        assert!(error.to_string().contains("audio"), "{error}");
         let error = chat_err(serde_json::json!({"messages": []}));
         assert_eq!(param(&error).as_deref(), Some("messages"));
         let error = chat_err(serde_json::json!({"model": "m"}));

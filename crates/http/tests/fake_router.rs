@@ -220,17 +220,36 @@ fn call(
     body: Option<&Value>,
     key: Option<&str>,
 ) -> (u16, String) {
+    let auth = key.map(|k| format!("Bearer {k}"));
+    let headers: Vec<(&str, &str)> = auth
+        .iter()
+        .map(|auth| ("Authorization", auth.as_str()))
+        .collect();
+    let (status, _, body) = call_with(addr, method, path, body, &headers);
+    (status, body)
+}
+
+/// One HTTP/1.1 request with extra `headers`; returns (status, the
+/// response's headers lower-cased, body).
+fn call_with(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> (u16, String, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(20)))
         .unwrap();
     let body = body.map(Value::to_string).unwrap_or_default();
-    let auth = key
-        .map(|k| format!("Authorization: Bearer {k}\r\n"))
-        .unwrap_or_default();
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     write!(
         stream,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -246,7 +265,14 @@ fn call(
     } else {
         body.to_string()
     };
-    (status, body)
+    (status, head.to_ascii_lowercase(), body)
+}
+
+/// The value of header `name` (lower case) in a lower-cased head.
+fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
+    head.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
+        .map(str::trim)
 }
 
 fn dechunk(mut body: &str) -> String {
@@ -525,4 +551,68 @@ fn tokenize_detokenize_and_apply_template_in_llama_servers_shapes() {
         None,
     );
     assert_eq!(status, 401);
+}
+
+#[test]
+fn every_response_names_its_request() {
+    let (addr, _) = start_front(Some("k"));
+    let auth = [("Authorization", "Bearer k")];
+    let request = json!({"messages": [{"role": "user", "content": "Hi"}]});
+    let (status, head, _) = call_with(addr, "POST", "/v1/chat/completions", Some(&request), &auth);
+    assert_eq!(status, 200);
+    let own = header(&head, "x-request-id").unwrap();
+    assert!(own.starts_with("h-"), "{head}");
+    let (_, head, _) = call_with(addr, "GET", "/v1/models", None, &auth);
+    let other = header(&head, "x-request-id").unwrap();
+    assert_ne!(own, other, "each request its own id");
+    // The client's own id comes back, on errors too (no key: 401; no route).
+    for (path, status) in [("/v1/models", 401), ("/v9/x", 404), ("/health", 200)] {
+        let (got, head, _) = call_with(addr, "GET", path, None, &[("X-Request-Id", "trace-42")]);
+        assert_eq!(got, status, "{path}");
+        assert_eq!(header(&head, "x-request-id"), Some("trace-42"), "{path}");
+    }
+}
+
+#[test]
+fn a_model_is_retrieved_by_id_and_an_unknown_one_is_openais_404() {
+    let (addr, _) = start_front(None);
+    for id in ["smol", "alias"] {
+        let (status, body) = call(addr, "GET", &format!("/v1/models/{id}"), None, None);
+        assert_eq!(status, 200, "{body}");
+        let body = json(&body);
+        assert_eq!(
+            (body["id"].as_str(), body["object"].as_str()),
+            (Some(id), Some("model"))
+        );
+        assert_eq!(body["owned_by"], "zinfer");
+    }
+    let (status, body) = call(addr, "GET", "/v1/models/org/gpt-x", None, None);
+    assert_eq!(status, 404, "{body}");
+    let error = &json(&body)["error"];
+    assert_eq!(error["code"], "model_not_found");
+    assert_eq!(error["type"], "invalid_request_error");
+    assert!(
+        error["message"].as_str().unwrap().contains("org/gpt-x"),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_404_lists_every_route() {
+    let (addr, _) = start_front(None);
+    let (status, body) = call(addr, "GET", "/v2/nothing", None, None);
+    assert_eq!(status, 404);
+    let message = json(&body)["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    for route in zinfer_http::server::ROUTES {
+        assert!(message.contains(route), "{route} missing from {message}");
+        let (method, path) = route.split_once(' ').unwrap();
+        let path = path.replace("{id}", "smol");
+        let body = (method == "POST").then(|| json!({}));
+        let (status, _) = call(addr, method, &path, body.as_ref(), None);
+        assert_ne!(status, 404, "{route} is listed but not served");
+    }
+    assert!(message.contains("/v1/embeddings"));
 }

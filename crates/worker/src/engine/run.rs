@@ -998,7 +998,8 @@ impl EngineLoop {
                 String::new()
             }
         };
-        let tail = request.reply.finish(tail);
+        let cut = matches!(reason, FinishReason::Length | FinishReason::Deadline);
+        let tail = request.reply.finish(tail, cut);
         if request.stream {
             if !tail.is_empty() || !request.unsent.is_empty() {
                 let event = chunk_event(&mut request, tail);
