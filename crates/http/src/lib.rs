@@ -1,7 +1,8 @@
 //! zinfer's OpenAI-compatible HTTP front.
 //!
 //! An axum server that speaks OpenAI's `/v1/completions`,
-//! `/v1/chat/completions` and `/v1/models` to HTTP clients and the zinfer
+//! `/v1/chat/completions` and `/v1/models`, and Anthropic's
+//! `/v1/messages`, to HTTP clients and the zinfer
 //! client protocol (MessagePack over a ZeroMQ DEALER) to the router, like
 //! any other client. The crate is split so that the request and response
 //! translation is pure and unit-tested, and the sockets sit at the edge:
@@ -9,6 +10,7 @@
 //! | module | job |
 //! |---|---|
 //! | [`translate`] | OpenAI request bodies to protocol `generate` requests (pure) |
+//! | [`anthropic`] | Anthropic Messages bodies to chat requests, replies to Messages bodies and events (pure) |
 //! | [`respond`] | protocol replies to OpenAI bodies and SSE events (pure) |
 //! | [`error`] | one error enum, OpenAI-shaped bodies and statuses |
 //! | [`backend`] | the I/O thread owning the DEALER, requests multiplexed by id |
@@ -16,6 +18,7 @@
 //! | [`text`] | llama-server's `/tokenize`, `/detokenize`, `/apply-template` bodies to and from protocol text requests (pure) |
 //! | [`server`] | routes, API key, handlers |
 
+pub mod anthropic;
 pub mod backend;
 pub mod embeddings;
 pub mod error;

@@ -21,6 +21,7 @@ use zinfer_protocol::{
     ChunkBody, ClientReply, DoneBody, FinishReason, Limits, ModelInfo, TextRequest, Usage,
 };
 
+use crate::anthropic;
 use crate::backend::{Pending, RouterClient};
 use crate::embeddings;
 use crate::error::ApiError;
@@ -74,6 +75,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/apply-template", post(apply_template))
@@ -93,6 +96,8 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/chat/completions",
     "POST /v1/completions",
     "POST /v1/embeddings",
+    "POST /v1/messages",
+    "POST /v1/messages/count_tokens",
     "GET /v1/models",
     "GET /v1/models/{id}",
     "POST /tokenize",
@@ -135,18 +140,131 @@ async fn request_id(State(state): State<AppState>, mut request: Request, next: N
     response
 }
 
+/// The API key, as OpenAI's clients send it (`Authorization: Bearer`) or
+/// Anthropic's (`x-api-key`); a missing or wrong one is a 401 in the
+/// shape of the API asked.
 async fn require_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
-        let given = request
-            .headers()
+        let headers = request.headers();
+        let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if !given.is_some_and(|given| same_secret(given.as_bytes(), key.as_bytes())) {
+        let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+        if ![bearer, x_api_key]
+            .into_iter()
+            .flatten()
+            .any(|given| same_secret(given.as_bytes(), key.as_bytes()))
+        {
+            if request.uri().path().starts_with("/v1/messages") {
+                return anthropic_error(&ApiError::Unauthorized);
+            }
             return ApiError::Unauthorized.into_response();
         }
     }
     next.run(request).await
+}
+
+fn anthropic_error(error: &ApiError) -> Response {
+    let (status, body) = anthropic::error(error);
+    (status, axum::Json(body)).into_response()
+}
+
+/// Anthropic's `POST /v1/messages`, whole or streamed; errors in
+/// Anthropic's shape.
+async fn messages(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Response {
+    match answer_messages(state, id, body).await {
+        Ok(response) => response,
+        Err(error) => anthropic_error(&error),
+    }
+}
+
+async fn answer_messages(state: AppState, id: String, body: Body) -> Result<Response, ApiError> {
+    let body = read(body)?;
+    let ctx = Context {
+        id: &id,
+        alias: state.alias.as_deref(),
+        limits: &state.limits,
+    };
+    let request = anthropic::request(&body, ctx, false)?;
+    let translated = request.translated;
+    let model = translated.request.model.clone();
+    let timeout = state.reply_timeout;
+    let mut pending = state.client.generate(translated.request)?;
+    let first = pending.next(timeout).await?;
+    if let ClientReply::Error { code, message, .. } = first {
+        return Err(ApiError::from_router(code, message, model.as_deref()));
+    }
+    let meta = anthropic::MessageMeta {
+        id: format!("msg_{}", id.replace('-', "")),
+        model: translated.model,
+        stop_sequences: request.stop_sequences,
+    };
+    if translated.stream {
+        return Ok(stream(
+            vec![(pending, first)],
+            anthropic::MessageStream::new(meta),
+            timeout,
+            1,
+        ));
+    }
+    let mut outs = [(Collected::default(), FinishReason::Stop)];
+    let mut used = Usage::default();
+    collect(
+        &mut pending,
+        first,
+        &mut outs,
+        &mut used,
+        timeout,
+        model.as_deref(),
+    )
+    .await?;
+    let [(out, reason)] = &outs;
+    Ok(axum::Json(anthropic::message(&meta, out, *reason, &used)).into_response())
+}
+
+/// Anthropic's `POST /v1/messages/count_tokens`: the prompt the request
+/// would feed the model, counted by the worker (templated, tools shown)
+/// without computing anything.
+async fn count_tokens(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Response {
+    let counted = async {
+        let body = read(body)?;
+        let ctx = Context {
+            id: &id,
+            alias: state.alias.as_deref(),
+            limits: &state.limits,
+        };
+        let mut request = anthropic::request(&body, ctx, true)?.translated.request;
+        request.max_tokens = 0;
+        request.logprobs = false;
+        let model = request.model.clone();
+        let mut pending = state.client.generate(request)?;
+        let first = pending.next(state.reply_timeout).await?;
+        let mut outs = [(Collected::default(), FinishReason::Stop)];
+        let mut used = Usage::default();
+        collect(
+            &mut pending,
+            first,
+            &mut outs,
+            &mut used,
+            state.reply_timeout,
+            model.as_deref(),
+        )
+        .await?;
+        Ok::<_, ApiError>(axum::Json(anthropic::count(&used)).into_response())
+    };
+    match counted.await {
+        Ok(response) => response,
+        Err(error) => anthropic_error(&error),
+    }
 }
 
 /// Compares without stopping at the first difference.
@@ -366,8 +484,11 @@ fn now_unix() -> u64 {
 }
 
 /// Translates, sends, and answers with one JSON body or an SSE stream. The
-/// first reply is awaited before answering, so a request the router rejects
-/// gets a proper HTTP error status even when streaming.
+/// first reply to every prompt is awaited before answering, so a request
+/// the router rejects gets a proper HTTP error status even when streaming.
+/// A completions body with several prompts sends one protocol request per
+/// prompt, all at once (the worker batches them); prompt `p`'s choice `c`
+/// is the response's choice `p * n + c`, as OpenAI numbers them.
 async fn generate(
     state: AppState,
     id: String,
@@ -383,10 +504,29 @@ async fn generate(
         Endpoint::Completions => translate::completion(&body, ctx)?,
         Endpoint::Chat => translate::chat(&body, ctx)?,
     };
+    let requests = translated.requests();
     let model = translated.request.model.clone();
-    let logprobs = translated.request.logprobs;
-    let choices = translated.request.n.max(1);
-    let mut pending = state.client.generate(translated.request)?;
+    let n = translated.request.n.max(1);
+    let echo = if translated.echo {
+        echoed_prompts(&state, &requests).await?
+    } else {
+        Vec::new()
+    };
+    let prompts = requests.len() as u32;
+    let timeout = state.reply_timeout;
+    // Dropping what was sent (on an error) cancels it in the router.
+    let mut sent = Vec::with_capacity(requests.len());
+    for request in requests {
+        sent.push(state.client.generate(request)?);
+    }
+    let mut started = Vec::with_capacity(sent.len());
+    for mut pending in sent {
+        let first = pending.next(timeout).await?;
+        if let ClientReply::Error { code, message, .. } = first {
+            return Err(ApiError::from_router(code, message, model.as_deref()));
+        }
+        started.push((pending, first));
+    }
     let prefix = match endpoint {
         Endpoint::Completions => "cmpl",
         Endpoint::Chat => "chatcmpl",
@@ -396,57 +536,209 @@ async fn generate(
         id: format!("{prefix}-{id}"),
         created: now_unix(),
         model: translated.model,
-        logprobs,
-        choices,
-        echo: translated.echo,
+        logprobs: translated.request.logprobs,
+        choices: n * prompts,
+        n,
+        echo,
     };
-    let timeout = state.reply_timeout;
-    let first = pending.next(timeout).await?;
-    if let ClientReply::Error { code, message, .. } = first {
-        return Err(ApiError::from_router(code, message, model.as_deref()));
-    }
     if !translated.stream {
-        return whole(pending, first, &meta, timeout, model.as_deref()).await;
+        return whole(started, &meta, timeout, model.as_deref()).await;
     }
-    let mut encoder = StreamEncoder::new(meta, translated.include_usage);
-    let queue: VecDeque<String> = encoder.on_reply(first).into();
-    let stream = futures_util::stream::unfold(
-        (pending, encoder, queue),
-        move |(mut pending, mut encoder, mut queue)| async move {
+    let encoder = StreamEncoder::new(meta, translated.include_usage);
+    Ok(stream(started, encoder, timeout, n))
+}
+
+/// Each prompt's text, for `echo`: as sent, or its token ids decoded by
+/// the model's tokenizer.
+async fn echoed_prompts(
+    state: &AppState,
+    requests: &[zinfer_protocol::GenerateRequest],
+) -> Result<Vec<String>, ApiError> {
+    let mut texts = Vec::with_capacity(requests.len());
+    for request in requests {
+        let text = match (&request.prompt, &request.tokens) {
+            (Some(text), _) => text.clone(),
+            (None, tokens) => {
+                let detokenize = zinfer_protocol::DetokenizeRequest {
+                    id: state.client.next_id(),
+                    model: request.model.clone(),
+                    tokens: tokens.clone().unwrap_or_default(),
+                };
+                match state
+                    .client
+                    .text(TextRequest::Detokenize(detokenize), state.reply_timeout)
+                    .await?
+                {
+                    ClientReply::Detokenized { content, .. } => content,
+                    _ => {
+                        return Err(ApiError::Router {
+                            code: zinfer_protocol::ErrorCode::Internal,
+                            message: "the router answered a detokenize with another reply".into(),
+                        });
+                    }
+                }
+            }
+        };
+        texts.push(text);
+    }
+    Ok(texts)
+}
+
+/// What turns a streamed request's replies into server-sent events.
+trait Events: Send + 'static {
+    /// The events for one reply.
+    fn reply(&mut self, reply: ClientReply) -> Vec<Event>;
+    /// The events for a failure of the front mid-stream.
+    fn error(&mut self, error: &ApiError) -> Vec<Event>;
+    /// Whether the last event went out.
+    fn finished(&self) -> bool;
+}
+
+impl Events for StreamEncoder {
+    fn reply(&mut self, reply: ClientReply) -> Vec<Event> {
+        let payloads = self.on_reply(reply);
+        payloads
+            .into_iter()
+            .map(|p| Event::default().data(p))
+            .collect()
+    }
+
+    fn error(&mut self, error: &ApiError) -> Vec<Event> {
+        let payloads = self.on_error(error);
+        payloads
+            .into_iter()
+            .map(|p| Event::default().data(p))
+            .collect()
+    }
+
+    fn finished(&self) -> bool {
+        StreamEncoder::finished(self)
+    }
+}
+
+impl Events for anthropic::MessageStream {
+    fn reply(&mut self, reply: ClientReply) -> Vec<Event> {
+        named(self.on_reply(reply))
+    }
+
+    fn error(&mut self, error: &ApiError) -> Vec<Event> {
+        named(self.on_error(error))
+    }
+
+    fn finished(&self) -> bool {
+        anthropic::MessageStream::finished(self)
+    }
+}
+
+fn named(events: Vec<anthropic::Sse>) -> Vec<Event> {
+    events
+        .into_iter()
+        .map(|(name, data)| Event::default().event(name).data(data))
+        .collect()
+}
+
+/// The SSE response: every prompt's replies as they come, their choices
+/// numbered `prompt * n + choice`, through one encoder.
+fn stream(
+    started: Vec<(Pending, ClientReply)>,
+    encoder: impl Events,
+    timeout: Duration,
+    n: u32,
+) -> Response {
+    use futures_util::StreamExt;
+    let prompts = started
+        .into_iter()
+        .enumerate()
+        .map(|(prompt, (pending, first))| {
+            let offset = prompt as u32 * n;
+            // Each prompt's replies until its `n` dones (or an error).
+            futures_util::stream::unfold(
+                (pending, Some(first), n),
+                move |(mut pending, first, left)| async move {
+                    if left == 0 {
+                        return None;
+                    }
+                    let reply = match first {
+                        Some(reply) => Ok(reply),
+                        None => pending.next(timeout).await,
+                    };
+                    let left = match &reply {
+                        Ok(ClientReply::Done { .. }) => left - 1,
+                        Ok(ClientReply::Error { .. }) | Err(_) => 0,
+                        Ok(_) => left,
+                    };
+                    Some((
+                        reply.map(|r| shift_choice(r, offset)),
+                        (pending, None, left),
+                    ))
+                },
+            )
+            .boxed()
+        });
+    let replies = futures_util::stream::select_all(prompts);
+    let events = futures_util::stream::unfold(
+        (replies, encoder, VecDeque::new()),
+        |(mut replies, mut encoder, mut queue)| async move {
             loop {
-                if let Some(payload) = queue.pop_front() {
-                    let event = Ok::<_, Infallible>(Event::default().data(payload));
-                    return Some((event, (pending, encoder, queue)));
+                if let Some(event) = queue.pop_front() {
+                    return Some((Ok::<_, Infallible>(event), (replies, encoder, queue)));
                 }
                 if encoder.finished() {
                     return None;
                 }
-                match pending.next(timeout).await {
-                    Ok(reply) => queue.extend(encoder.on_reply(reply)),
-                    Err(error) => queue.extend(encoder.on_error(&error)),
+                match replies.next().await {
+                    Some(Ok(reply)) => queue.extend(encoder.reply(reply)),
+                    Some(Err(error)) => queue.extend(encoder.error(&error)),
+                    None => return None,
                 }
             }
         },
     );
-    Ok(Sse::new(stream)
+    Sse::new(events)
         .keep_alive(KeepAlive::default())
-        .into_response())
+        .into_response()
 }
 
-/// Collects a request's chunks, every choice's, into one response body.
+/// `reply` with its choice moved up by `offset`.
+fn shift_choice(mut reply: ClientReply, offset: u32) -> ClientReply {
+    match &mut reply {
+        ClientReply::Chunk { body, .. } => body.choice += offset,
+        ClientReply::Done { body, .. } => body.choice += offset,
+        _ => {}
+    }
+    reply
+}
+
+/// Collects every prompt's chunks, every choice's, into one response body.
 async fn whole(
-    mut pending: Pending,
-    first: ClientReply,
+    started: Vec<(Pending, ClientReply)>,
     meta: &Meta,
     timeout: Duration,
     model: Option<&str>,
 ) -> Result<Response, ApiError> {
-    let n = meta.choices.max(1) as usize;
-    let mut outs: Vec<(Collected, FinishReason)> = (0..n)
+    let n = meta.n.max(1) as usize;
+    let mut outs: Vec<(Collected, FinishReason)> = (0..n * started.len())
         .map(|_| (Collected::default(), FinishReason::Stop))
         .collect();
     let mut used = Usage::default();
-    let mut left = n;
+    for ((mut pending, first), outs) in started.into_iter().zip(outs.chunks_mut(n)) {
+        collect(&mut pending, first, outs, &mut used, timeout, model).await?;
+    }
+    let body = full_response(meta, &outs, &used);
+    Ok(axum::Json(body).into_response())
+}
+
+/// Gathers one prompt's replies into `outs`, one per choice, until each
+/// choice's `done`.
+async fn collect(
+    pending: &mut Pending,
+    first: ClientReply,
+    outs: &mut [(Collected, FinishReason)],
+    used: &mut Usage,
+    timeout: Duration,
+    model: Option<&str>,
+) -> Result<(), ApiError> {
+    let mut left = outs.len();
     let mut reply = first;
     loop {
         match reply {
@@ -477,6 +769,7 @@ async fn whole(
                         tool_calls,
                         choice,
                         prompt_logprobs,
+                        stop_logprob,
                         ..
                     },
                 ..
@@ -495,13 +788,13 @@ async fn whole(
                         tool_calls.unwrap_or_default(),
                         logprobs,
                     );
+                    out.stop = stop_logprob;
                     *reason = finish_reason;
-                    add_usage(&mut used, choice, &usage);
+                    add_usage(used, choice == 0, &usage);
                     left -= 1;
                 }
                 if left == 0 {
-                    let body = full_response(meta, &outs, &used);
-                    return Ok(axum::Json(body).into_response());
+                    return Ok(());
                 }
             }
             ClientReply::Error { code, message, .. } => {

@@ -117,8 +117,87 @@ pub struct Translated {
     pub include_usage: bool,
     /// The model name echoed in responses.
     pub model: String,
-    /// `echo` on completions: the prompt text the output starts with.
-    pub echo: Option<String>,
+    /// `echo` on completions: each choice's text starts with its prompt's.
+    pub echo: bool,
+    /// A completions body with a list of prompts: the requests of the
+    /// second prompt on (`request` is the first's); ids `{id}-{index}`.
+    pub more: Vec<GenerateRequest>,
+}
+
+impl Translated {
+    /// Every prompt's request, in order.
+    pub fn requests(&self) -> Vec<GenerateRequest> {
+        std::iter::once(&self.request)
+            .chain(&self.more)
+            .cloned()
+            .collect()
+    }
+}
+
+/// Most prompts in one completions request.
+pub const MAX_PROMPTS: usize = 256;
+
+/// One prompt of a completions body.
+enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// A completions `prompt`: a string, token ids, or a list of either.
+fn prompts(value: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
+    let items = match value {
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("prompt", "\"prompt\" is required"));
+        }
+        Some(Value::String(text)) => return Ok(vec![Prompt::Text(text.clone())]),
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "\"prompt\" must be a string, an array of strings, token ids, or an array of token id arrays",
+            ));
+        }
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid("prompt", "\"prompt\" must not be empty"));
+    }
+    if items.iter().all(Value::is_number) {
+        return Ok(vec![Prompt::Tokens(token_ids(items)?)]);
+    }
+    if items.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "at most {MAX_PROMPTS} prompts per request, got {}",
+                items.len()
+            ),
+        ));
+    }
+    items
+        .iter()
+        .map(|item| match item {
+            Value::String(text) => Ok(Prompt::Text(text.clone())),
+            Value::Array(tokens) if !tokens.is_empty() => Ok(Prompt::Tokens(token_ids(tokens)?)),
+            _ => Err(ApiError::invalid(
+                "prompt",
+                "each prompt of a list must be a string or a non-empty array of token ids",
+            )),
+        })
+        .collect()
+}
+
+/// Sets `prompt` as `request`'s input.
+fn set_prompt(request: &mut GenerateRequest, prompt: Prompt) {
+    match prompt {
+        Prompt::Text(text) => {
+            request.prompt = Some(text);
+            request.tokens = None;
+        }
+        Prompt::Tokens(tokens) => {
+            request.prompt = None;
+            request.tokens = Some(tokens);
+        }
+    }
 }
 
 /// The JSON object of a request body.
@@ -190,31 +269,14 @@ struct StreamOptions {
 /// Translates a `/v1/completions` body.
 pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
     let body = Body::parse(bytes, COMPLETION_FIELDS)?;
+    let mut prompts = prompts(body.0.get("prompt"))?.into_iter();
+    let several = prompts.len() > 1;
     let mut request = GenerateRequest::from_prompt(ctx.id, "");
-    request.prompt = None;
-    match body.0.get("prompt") {
-        None | Some(Value::Null) => {
-            return Err(ApiError::invalid("prompt", "\"prompt\" is required"));
-        }
-        Some(Value::String(text)) => request.prompt = Some(text.clone()),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [Value::String(text)] => request.prompt = Some(text.clone()),
-            [Value::Array(tokens)] => request.tokens = Some(token_ids(tokens)?),
-            [] => return Err(ApiError::invalid("prompt", "\"prompt\" must not be empty")),
-            [Value::Number(_), ..] => request.tokens = Some(token_ids(items)?),
-            _ => {
-                return Err(ApiError::unsupported(
-                    "prompt",
-                    "more than one prompt per request is not supported; send one request per prompt",
-                ));
-            }
-        },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "\"prompt\" must be a string, an array of one string, or an array of token ids",
-            ));
-        }
+    if let Some(first) = prompts.next() {
+        set_prompt(&mut request, first);
+    }
+    if several {
+        request.id = format!("{}-0", ctx.id);
     }
     request.max_tokens = body
         .get::<u32>("max_tokens")?
@@ -237,14 +299,7 @@ pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError
         request.logprobs = true;
         request.top_logprobs = top;
     }
-    let mut echoed = None;
     if echo {
-        let Some(prompt) = request.prompt.clone() else {
-            return Err(ApiError::unsupported(
-                "echo",
-                "\"echo\" needs a text prompt; send the prompt as a string",
-            ));
-        };
         if body.get::<bool>("stream")?.unwrap_or(false) {
             return Err(ApiError::unsupported(
                 "echo",
@@ -255,10 +310,16 @@ pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError
         if request.logprobs {
             request.prompt_logprobs = Some(request.top_logprobs);
         }
-        echoed = Some(prompt);
     }
     let mut translated = finish(body, request, ctx)?;
-    translated.echo = echoed;
+    translated.echo = echo;
+    for (index, prompt) in prompts.enumerate() {
+        let mut request = translated.request.clone();
+        request.id = format!("{}-{}", ctx.id, index + 1);
+        set_prompt(&mut request, prompt);
+        request.validate(ctx.limits).map_err(decode_error)?;
+        translated.more.push(request);
+    }
     Ok(translated)
 }
 
@@ -505,7 +566,8 @@ fn finish(
     request.validate(ctx.limits).map_err(decode_error)?;
     request.check_nesting(ctx.limits).map_err(decode_error)?;
     Ok(Translated {
-        echo: None,
+        echo: false,
+        more: Vec::new(),
         request,
         stream,
         include_usage,
@@ -1129,8 +1191,27 @@ mod tests {
         assert_eq!(t.request.prompt, None);
         let t = completion_ok(serde_json::json!({"prompt": [[4, 5]]}));
         assert_eq!(t.request.tokens, Some(vec![4, 5]));
+        let t = completion_ok(serde_json::json!({"prompt": ["a", [7, 8], "c"], "n": 2}));
+        let requests = t.requests();
+        assert_eq!(requests.len(), 3);
+        assert_eq!(
+            requests.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            ["h-1-0", "h-1-1", "h-1-2"]
+        );
+        assert_eq!(requests[0].prompt.as_deref(), Some("a"));
+        assert_eq!(
+            (requests[1].prompt.as_ref(), requests[1].tokens.as_deref()),
+            (None, Some(&[7, 8][..]))
+        );
+        assert_eq!(requests[2].prompt.as_deref(), Some("c"));
+        assert!(requests.iter().all(|r| r.n == 2));
+        let t = completion_ok(serde_json::json!({"prompt": [[1, 2], [3]]}));
+        assert_eq!(t.requests()[1].tokens, Some(vec![3]));
+        let many: Vec<String> = (0..=MAX_PROMPTS).map(|i| i.to_string()).collect();
         for (prompt, field) in [
-            (serde_json::json!(["a", "b"]), "prompt"),
+            (serde_json::json!(many), "prompt"),
+            (serde_json::json!(["a", 5]), "prompt"),
+            (serde_json::json!(["a", []]), "prompt"),
             (serde_json::json!([]), "prompt"),
             (serde_json::json!([-1]), "prompt"),
             (serde_json::json!(5), "prompt"),
@@ -1139,12 +1220,14 @@ mod tests {
             assert_eq!(param(&error).as_deref(), Some(field), "{error}");
         }
         let t = completion_ok(serde_json::json!({"prompt": "x", "echo": true, "logprobs": 2}));
-        assert_eq!(t.echo.as_deref(), Some("x"));
+        assert!(t.echo);
         assert_eq!(t.request.prompt_logprobs, Some(2));
         let t = completion_ok(serde_json::json!({"prompt": "x", "echo": true}));
         assert_eq!(t.request.prompt_logprobs, None);
-        let error = completion_err(serde_json::json!({"prompt": [1, 2], "echo": true}));
-        assert_eq!(param(&error).as_deref(), Some("echo"));
+        let t = completion_ok(serde_json::json!({"prompt": [[1, 2], [3]], "echo": true,
+            "logprobs": 1, "max_tokens": 0}));
+        assert!(t.echo);
+        assert!(t.requests().iter().all(|r| r.prompt_logprobs == Some(1)));
         let error =
             completion_err(serde_json::json!({"prompt": "x", "echo": true, "stream": true}));
         assert_eq!(param(&error).as_deref(), Some("echo"));

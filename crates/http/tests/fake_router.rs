@@ -9,11 +9,14 @@
     unreachable_pub
 )]
 
+mod messages_grammar;
+
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
+use messages_grammar::{check_message_stream, dechunk, named_events};
 use serde_json::{Value, json};
 use zinfer_http::{HttpConfig, HttpServer};
 use zinfer_protocol::{
@@ -80,17 +83,71 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                             ..ChunkBody::default()
                         },
                     };
-                    send(chunk(0, "Hel"));
+                    if request.max_tokens == 0 {
+                        // Nothing to generate: the prompt is only counted.
+                        send(ClientReply::Done {
+                            id,
+                            body: DoneBody::new(
+                                FinishReason::Length,
+                                Usage {
+                                    prompt_tokens: 5,
+                                    cached_tokens: 0,
+                                    completion_tokens: 0,
+                                },
+                                Timings::default(),
+                            ),
+                        });
+                        continue;
+                    }
+                    let thinking = request
+                        .chat_template_kwargs
+                        .as_ref()
+                        .is_some_and(|kwargs| kwargs.get("enable_thinking") == Some(&json!(true)));
+                    if thinking {
+                        send(ClientReply::Chunk {
+                            id: id.clone(),
+                            body: ChunkBody {
+                                reasoning: "Hmm.".into(),
+                                tokens: vec![9],
+                                ..ChunkBody::default()
+                            },
+                        });
+                    }
+                    send(chunk(u32::from(thinking), "Hel"));
                     if request.prompt.as_deref() == Some("hang") {
                         continue;
                     }
-                    send(chunk(1, "lo"));
+                    send(chunk(1 + u32::from(thinking), "lo"));
+                    // With tools, a call to the first; with stop strings,
+                    // a stop; else the length ran out.
+                    let mut finish = FinishReason::Length;
+                    if let Some(tool) = request.tools.first() {
+                        send(ClientReply::Chunk {
+                            id: id.clone(),
+                            body: ChunkBody {
+                                index: 2 + u32::from(thinking),
+                                tokens: vec![7],
+                                tool_calls: vec![zinfer_protocol::ToolCall {
+                                    id: Some("call_1".into()),
+                                    kind: Some("function".into()),
+                                    function: zinfer_protocol::FunctionCall {
+                                        name: tool.function.name.clone(),
+                                        arguments: json!("{\"city\":\"Paris\"}"),
+                                    },
+                                }],
+                                ..ChunkBody::default()
+                            },
+                        });
+                        finish = FinishReason::ToolCalls;
+                    } else if !request.stop.is_empty() {
+                        finish = FinishReason::Stop;
+                    }
                     send(ClientReply::Done {
                         id,
                         body: DoneBody {
                             worker: Some("w0".into()),
                             ..DoneBody::new(
-                                FinishReason::Length,
+                                finish,
                                 Usage {
                                     prompt_tokens: 5,
                                     cached_tokens: 3,
@@ -273,19 +330,6 @@ fn header<'a>(head: &'a str, name: &str) -> Option<&'a str> {
     head.lines()
         .find_map(|line| line.strip_prefix(name)?.strip_prefix(':'))
         .map(str::trim)
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let size = usize::from_str_radix(size.trim(), 16).unwrap();
-        if size == 0 {
-            break;
-        }
-        out.push_str(&rest[..size]);
-        body = &rest[size + 2..];
-    }
-    out
 }
 
 fn json(body: &str) -> Value {
@@ -615,4 +659,211 @@ fn the_404_lists_every_route() {
         assert_ne!(status, 404, "{route} is listed but not served");
     }
     assert!(message.contains("/v1/embeddings"));
+}
+
+/// lm-eval and batch clients send a list of prompts (text or token ids):
+/// one choice per prompt, numbered in order, the usage summed; token-id
+/// prompts are echoed as their text.
+#[test]
+fn completions_take_a_list_of_prompts_and_echo_token_ids() {
+    let (addr, _) = start_front(None);
+    let request = json!({"prompt": ["a", [104, 105], "c"], "echo": true});
+    let (status, body) = call(addr, "POST", "/v1/completions", Some(&request), None);
+    assert_eq!(status, 200, "{body}");
+    let body = json(&body);
+    let choices = body["choices"].as_array().unwrap();
+    let texts: Vec<_> = choices
+        .iter()
+        .map(|c| c["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(texts, ["aHello", "hiHello", "cHello"]);
+    let indices: Vec<_> = choices
+        .iter()
+        .map(|c| c["index"].as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, [0, 1, 2]);
+    assert_eq!(
+        body["usage"]["prompt_tokens"], 15,
+        "each prompt counted once"
+    );
+    assert_eq!(body["usage"]["completion_tokens"], 6);
+
+    let request = json!({"prompt": [[1], [2]], "stream": true,
+        "stream_options": {"include_usage": true}});
+    let (status, body) = call(addr, "POST", "/v1/completions", Some(&request), None);
+    assert_eq!(status, 200, "{body}");
+    let events = events(&body);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{body}");
+    let parsed: Vec<Value> = events[..events.len() - 1].iter().map(|e| json(e)).collect();
+    for index in 0..2 {
+        let text: String = parsed
+            .iter()
+            .filter_map(|e| e["choices"].as_array()?.first().cloned())
+            .filter(|c| c["index"] == index)
+            .filter_map(|c| c["text"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(text, "Hello", "choice {index}");
+    }
+    let finishes = parsed
+        .iter()
+        .filter(|e| !e["choices"][0]["finish_reason"].is_null())
+        .count();
+    assert_eq!(finishes, 2);
+    assert_eq!(parsed.last().unwrap()["usage"]["prompt_tokens"], 10);
+    // One prompt unknown to the router fails the whole request.
+    let request = json!({"model": "nope", "prompt": ["a", "b"]});
+    let (status, _) = call(addr, "POST", "/v1/completions", Some(&request), None);
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn anthropic_messages_whole_and_streamed() {
+    let (addr, _) = start_front(Some("k"));
+    let key = [("x-api-key", "k")];
+    let request = json!({"model": "alias", "max_tokens": 64,
+        "system": [{"type": "text", "text": "Be brief."}],
+        "messages": [{"role": "user", "content": "Hi"}]});
+    let (status, _, body) = call_with(addr, "POST", "/v1/messages", Some(&request), &key);
+    assert_eq!(status, 200, "{body}");
+    let body = json(&body);
+    assert_eq!(body["type"], "message");
+    assert_eq!(body["role"], "assistant");
+    assert_eq!(body["model"], "alias");
+    assert!(body["id"].as_str().unwrap().starts_with("msg_"), "{body}");
+    assert_eq!(body["content"], json!([{"type": "text", "text": "Hello"}]));
+    assert_eq!(body["stop_reason"], "max_tokens");
+    assert!(body["stop_sequence"].is_null());
+    assert_eq!(body["usage"]["input_tokens"], 2, "uncached prompt tokens");
+    assert_eq!(body["usage"]["cache_read_input_tokens"], 3);
+    assert_eq!(body["usage"]["output_tokens"], 2);
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let (status, head, body) = call_with(addr, "POST", "/v1/messages", Some(&streamed), &key);
+    assert_eq!(status, 200, "{body}");
+    assert!(head.contains("text/event-stream"), "{head}");
+    let events = named_events(&body);
+    assert!(events.iter().any(|(name, _)| name == "ping"));
+    let (blocks, delta) = check_message_stream(&events);
+    assert_eq!(blocks, [("text".to_string(), "Hello".to_string())]);
+    assert_eq!(delta["delta"]["stop_reason"], "max_tokens");
+    assert_eq!(delta["usage"]["output_tokens"], 2);
+
+    // A stop sequence, thinking, tools with a forced choice.
+    let tools = json!([{"name": "get_weather", "description": "Weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let request = json!({"model": "alias", "max_tokens": 64, "stream": true,
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+        "tools": tools, "tool_choice": {"type": "tool", "name": "get_weather"},
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let (status, _, body) = call_with(addr, "POST", "/v1/messages", Some(&request), &key);
+    assert_eq!(status, 200, "{body}");
+    let (blocks, delta) = check_message_stream(&named_events(&body));
+    let kinds: Vec<&str> = blocks.iter().map(|(kind, _)| kind.as_str()).collect();
+    assert_eq!(kinds, ["thinking", "text", "tool_use"], "{blocks:?}");
+    assert_eq!(blocks[0].1, "Hmm.");
+    assert_eq!(json(&blocks[2].1), json!({"city": "Paris"}));
+    assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    let mut whole = request.clone();
+    whole["stream"] = json!(false);
+    let (status, _, body) = call_with(addr, "POST", "/v1/messages", Some(&whole), &key);
+    assert_eq!(status, 200, "{body}");
+    let body = json(&body);
+    assert_eq!(body["stop_reason"], "tool_use");
+    assert_eq!(
+        body["content"][0],
+        json!({"type": "thinking", "thinking": "Hmm.", "signature": ""})
+    );
+    assert_eq!(
+        body["content"][2],
+        json!({"type": "tool_use", "id": "call_1", "name": "get_weather", "input": {"city": "Paris"}})
+    );
+    let request = json!({"model": "alias", "max_tokens": 64, "stop_sequences": ["\n\nHuman:"],
+        "messages": [{"role": "user", "content": "Hi"}]});
+    let (status, _, body) = call_with(addr, "POST", "/v1/messages", Some(&request), &key);
+    assert_eq!(status, 200, "{body}");
+    let body = json(&body);
+    assert_eq!(body["stop_reason"], "stop_sequence");
+    assert_eq!(body["stop_sequence"], "\n\nHuman:");
+}
+
+#[test]
+fn anthropic_history_tools_and_errors() {
+    let (addr, _) = start_front(Some("k"));
+    let key = [("x-api-key", "k")];
+    // A whole tool round trip in the history.
+    let request = json!({"model": "alias", "max_tokens": 16, "metadata": {"user_id": "u-1"},
+        "tool_choice": {"type": "auto"}, "temperature": 0.5, "top_p": 0.9, "top_k": 40,
+        "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "Call f."}]},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "I should.", "signature": "x"},
+                {"type": "text", "text": "Calling."},
+                {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {"a": 1}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"},
+                {"type": "text", "text": "And now?"}]}]});
+    let (status, _, body) = call_with(addr, "POST", "/v1/messages", Some(&request), &key);
+    assert_eq!(status, 200, "{body}");
+    // Errors in Anthropic's shape: a missing max_tokens, an image, a
+    // server tool, a bad key, an unknown model.
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    for (body, status, kind, words) in [
+        (
+            json!({"messages": user}),
+            400,
+            "invalid_request_error",
+            "max_tokens",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}]}]}),
+            400,
+            "invalid_request_error",
+            "image",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user,
+                "tools": [{"type": "web_search_20250305", "name": "web_search"}]}),
+            400,
+            "invalid_request_error",
+            "web_search_20250305",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": user, "model": "nope"}),
+            404,
+            "not_found_error",
+            "nope",
+        ),
+    ] {
+        let (got, _, text) = call_with(addr, "POST", "/v1/messages", Some(&body), &key);
+        assert_eq!(got, status, "{text}");
+        let error = json(&text);
+        assert_eq!(error["type"], "error", "{text}");
+        assert_eq!(error["error"]["type"], kind, "{text}");
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains(words),
+            "{text}"
+        );
+    }
+    let (status, _, text) = call_with(
+        addr,
+        "POST",
+        "/v1/messages",
+        Some(&json!({"max_tokens": 5, "messages": user})),
+        &[("x-api-key", "wrong")],
+    );
+    assert_eq!(status, 401);
+    assert_eq!(json(&text)["error"]["type"], "authentication_error");
+    // The bearer token works too; count_tokens needs no max_tokens.
+    let (status, _, text) = call_with(
+        addr,
+        "POST",
+        "/v1/messages/count_tokens",
+        Some(&json!({"messages": user})),
+        &[("Authorization", "Bearer k")],
+    );
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(json(&text), json!({"input_tokens": 5}));
 }
