@@ -230,3 +230,16 @@ fn anthropic_messages_through_the_default_model() {
     assert_eq!(reply["stop_reason"], "stop_sequence", "{reply}");
     assert_eq!(reply["stop_sequence"], format!(" {word}"));
 }
+
+/// The official `anthropic` and `openai` packages, unchanged, against the
+/// front and the default model (`tests/e2e/sdk_clients.py`).
+#[test]
+fn anthropic_and_openai_sdks() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let front = http_front(&cluster);
+    crate::harness::openai_script(
+        "sdk_clients.py",
+        &[&format!("http://{}", front.addr), "smol"],
+        "sdk checks passed",
+    );
+}
