@@ -152,16 +152,16 @@ fn tool_and_json_schemas_are_strict_and_a_cut_call_does_not_leak() {
     }
 }
 
-#[path = "../../crates/http/tests/messages_grammar/mod.rs"]
-mod messages_grammar;
+#[path = "../../crates/http/tests/event_grammars/mod.rs"]
+mod event_grammars;
 
 /// The SSE events of a streamed `POST path`, checked against Anthropic's
 /// grammar: the blocks and the `message_delta`.
 fn messages_stream(addr: &str, body: &Value) -> (Vec<(String, String)>, Value) {
     let (status, text) = http_post(addr, "/v1/messages", &body.to_string());
     assert_eq!(status, 200, "{text}");
-    let events = messages_grammar::named_events(&messages_grammar::dechunk(&text));
-    messages_grammar::check_message_stream(&events)
+    let events = event_grammars::named_events(&event_grammars::dechunk(&text));
+    event_grammars::check_message_stream(&events)
 }
 
 /// Anthropic's Messages API through the default model: text whole and
@@ -175,6 +175,10 @@ fn anthropic_messages_through_the_default_model() {
     let user = json!([{"role": "user", "content": "What is the capital of France?"}]);
     let request = json!({"model": "smol", "max_tokens": 12, "temperature": 0,
         "system": "Answer in one short sentence.", "messages": user});
+    // Warm the prefix cache first: a cold prefill rounds differently.
+    let mut warm = request.clone();
+    warm["max_tokens"] = json!(1);
+    post(addr, "/v1/messages", &warm);
     let whole = post(addr, "/v1/messages", &request);
     assert_eq!(whole["type"], "message", "{whole}");
     let text = whole["content"][0]["text"].as_str().unwrap();
@@ -208,6 +212,9 @@ fn anthropic_messages_through_the_default_model() {
     let forced = json!({"model": "smol", "max_tokens": 60, "temperature": 0, "tools": tools,
         "tool_choice": {"type": "tool", "name": "get_weather"},
         "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let mut warm = forced.clone();
+    warm["max_tokens"] = json!(1);
+    post(addr, "/v1/messages", &warm);
     let whole = post(addr, "/v1/messages", &forced);
     assert_eq!(whole["stop_reason"], "tool_use", "{whole}");
     let call = whole["content"].as_array().unwrap().last().unwrap();
@@ -242,4 +249,53 @@ fn anthropic_and_openai_sdks() {
         &[&format!("http://{}", front.addr), "smol"],
         "sdk checks passed",
     );
+}
+
+/// OpenAI's Responses API through the default model, streamed: text, and
+/// a forced function call, each event sequence checked against the
+/// documented grammar and against the whole response.
+#[test]
+fn openai_responses_stream_through_the_default_model() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let front = http_front(&cluster);
+    let addr = front.addr.as_str();
+    let tools = json!([{"type": "function", "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                       "required": ["city"]}}]);
+    for request in [
+        json!({"model": "smol", "input": "What is the capital of France?", "temperature": 0,
+            "max_output_tokens": 12}),
+        json!({"model": "smol", "input": "Weather in Paris?", "temperature": 0,
+            "max_output_tokens": 60, "tools": tools,
+            "tool_choice": {"type": "function", "name": "get_weather"}}),
+    ] {
+        // Warm the prefix cache first: a cold prefill rounds differently.
+        let mut warm = request.clone();
+        warm["max_output_tokens"] = json!(1);
+        post(addr, "/v1/responses", &warm);
+        let whole = post(addr, "/v1/responses", &request);
+        let mut streamed = request.clone();
+        streamed["stream"] = json!(true);
+        let (status, text) = http_post(addr, "/v1/responses", &streamed.to_string());
+        assert_eq!(status, 200, "{text}");
+        let events = event_grammars::named_events(&event_grammars::dechunk(&text));
+        let (items, response) = event_grammars::check_response_stream(&events);
+        assert_eq!(response["status"], whole["status"], "{response}");
+        for count in ["input_tokens", "output_tokens"] {
+            assert_eq!(
+                response["usage"][count], whole["usage"][count],
+                "{response}"
+            );
+        }
+        let whole_items: Vec<&Value> = whole["output"].as_array().unwrap().iter().collect();
+        assert_eq!(items.len(), whole_items.len(), "{items:?} vs {whole}");
+        for ((kind, joined), item) in items.iter().zip(whole_items) {
+            assert_eq!(item["type"], kind.as_str());
+            match kind.as_str() {
+                "message" => assert_eq!(item["content"][0]["text"], joined.as_str()),
+                "function_call" => assert_eq!(item["arguments"], joined.as_str()),
+                _ => {}
+            }
+        }
+    }
 }

@@ -8,6 +8,7 @@ reason on the first failure; prints one line per check, and a last line
 saying they all passed.
 """
 
+import json
 import sys
 
 import anthropic
@@ -108,5 +109,48 @@ alone = gpt.completions.create(model=model, prompt="Red, green,", max_tokens=3, 
 assert batch.choices[1].text == alone.choices[0].text, (batch, alone)
 print(f"openai: fields accepted, x-request-id {raw.headers['x-request-id']}, models.retrieve, "
       f"two prompts {[c.text for c in batch.choices]}")
+
+# OpenAI Responses: whole and streamed (the same greedy answer), a forced
+# function call and its output sent back, a JSON schema.
+resp = gpt.responses.create(model=model, input=question[0]["content"], instructions=system,
+                            max_output_tokens=16, temperature=0)
+assert resp.status in ("completed", "incomplete") and resp.output_text.strip(), resp
+with gpt.responses.stream(model=model, input=question[0]["content"], instructions=system,
+                          max_output_tokens=16, temperature=0) as stream:
+    deltas = "".join(event.delta for event in stream if event.type == "response.output_text.delta")
+    final = stream.get_final_response()
+assert deltas == final.output_text == resp.output_text, (deltas, final.output_text, resp.output_text)
+assert final.usage.output_tokens == resp.usage.output_tokens, final.usage
+function = {"type": "function", "name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object",
+                           "properties": {"city": {"type": "string", "maxLength": 20}},
+                           "required": ["city"]}}
+called = gpt.responses.create(model=model, input="What is the weather in Paris?", tools=[function],
+                              tool_choice={"type": "function", "name": "get_weather"},
+                              max_output_tokens=60, temperature=0)
+calls = [item for item in called.output if item.type == "function_call"]
+assert len(calls) == 1 and calls[0].name == "get_weather", called
+arguments = json.loads(calls[0].arguments)
+assert set(arguments) == {"city"}, arguments
+after = gpt.responses.create(model=model, tools=[function], max_output_tokens=20, temperature=0,
+                             input=[{"role": "user", "content": "What is the weather in Paris?"},
+                                    calls[0],
+                                    {"type": "function_call_output", "call_id": calls[0].call_id,
+                                     "output": "Sunny, 21 C"}])
+assert after.output, after
+shaped = gpt.responses.create(
+    model=model, input="Name a city and its country.", max_output_tokens=60, temperature=0,
+    text={"format": {"type": "json_schema", "name": "place", "schema": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                         "country": {"type": "string", "maxLength": 20}},
+        "required": ["city", "country"]}}})
+assert set(json.loads(shaped.output_text)) == {"city", "country"}, shaped.output_text
+try:
+    gpt.responses.create(model=model, input="x", tools=[{"type": "web_search_preview"}])
+    raise AssertionError("a built-in tool was accepted")
+except openai.BadRequestError as error:
+    assert "web_search_preview" in str(error), error
+print(f"openai responses: {resp.output_text!r}, streamed the same; call {arguments}; "
+      f"json {shaped.output_text}")
 
 print("sdk checks passed")

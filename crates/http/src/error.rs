@@ -33,6 +33,9 @@ pub enum ApiError {
     /// No worker serves the named model.
     #[error("the model {0:?} does not exist; GET /v1/models lists the models served")]
     ModelNotFound(String),
+    /// `GET` or `DELETE /v1/responses/{id}`: nothing is stored.
+    #[error("no response {0:?}: responses are not stored (\"store\" is accepted and ignored)")]
+    ResponseNotFound(String),
     /// No such path.
     #[error("no route for {0}; zinfer serves {routes}", routes = crate::server::ROUTES.join(", "))]
     NoRoute(String),
@@ -89,7 +92,9 @@ impl ApiError {
             | ApiError::UnknownField(_)
             | ApiError::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
             ApiError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::ModelNotFound(_) | ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_) | ApiError::NoRoute(_) | ApiError::ResponseNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Router { code, .. } => match code {
                 ErrorCode::BadRequest | ErrorCode::PromptTooLong => StatusCode::BAD_REQUEST,
@@ -128,6 +133,7 @@ impl ApiError {
                 Some("model_not_found"),
             ),
             ApiError::NoRoute(_) => ("invalid_request_error", None, Some("not_found")),
+            ApiError::ResponseNotFound(_) => ("invalid_request_error", None, Some("not_found")),
             ApiError::BodyTooLarge(_) => ("invalid_request_error", None, Some("request_too_large")),
             ApiError::BodyUnreadable(_) => ("invalid_request_error", None, None),
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),

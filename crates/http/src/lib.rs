@@ -1,7 +1,7 @@
 //! zinfer's OpenAI-compatible HTTP front.
 //!
 //! An axum server that speaks OpenAI's `/v1/completions`,
-//! `/v1/chat/completions` and `/v1/models`, and Anthropic's
+//! `/v1/chat/completions`, `/v1/responses` and `/v1/models`, and Anthropic's
 //! `/v1/messages`, to HTTP clients and the zinfer
 //! client protocol (MessagePack over a ZeroMQ DEALER) to the router, like
 //! any other client. The crate is split so that the request and response
@@ -10,6 +10,7 @@
 //! | module | job |
 //! |---|---|
 //! | [`translate`] | OpenAI request bodies to protocol `generate` requests (pure) |
+//! | [`responses`] | OpenAI Responses bodies to chat requests, replies to response objects and events (pure) |
 //! | [`anthropic`] | Anthropic Messages bodies to chat requests, replies to Messages bodies and events (pure) |
 //! | [`respond`] | protocol replies to OpenAI bodies and SSE events (pure) |
 //! | [`error`] | one error enum, OpenAI-shaped bodies and statuses |
@@ -23,6 +24,7 @@ pub mod backend;
 pub mod embeddings;
 pub mod error;
 pub mod respond;
+pub mod responses;
 pub mod server;
 pub mod text;
 pub mod translate;

@@ -26,6 +26,7 @@ use crate::backend::{Pending, RouterClient};
 use crate::embeddings;
 use crate::error::ApiError;
 use crate::respond::{Collected, Endpoint, Meta, StreamEncoder, add_usage, full_response};
+use crate::responses;
 use crate::text;
 use crate::translate::{self, Context};
 
@@ -75,6 +76,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/responses", post(create_response))
+        .route(
+            "/v1/responses/{id}",
+            get(stored_response).delete(stored_response),
+        )
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/tokenize", post(tokenize))
@@ -96,6 +102,7 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/chat/completions",
     "POST /v1/completions",
     "POST /v1/embeddings",
+    "POST /v1/responses",
     "POST /v1/messages",
     "POST /v1/messages/count_tokens",
     "GET /v1/models",
@@ -170,6 +177,35 @@ fn anthropic_error(error: &ApiError) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
+/// OpenAI's `POST /v1/responses`, whole or streamed.
+async fn create_response(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read(body)?;
+    let translated = responses::request(&body, context(&state, &id))?;
+    let meta = responses::ResponseMeta {
+        id: format!("resp_{}", id.replace('-', "")),
+        created: now_unix(),
+        model: translated.model.clone(),
+    };
+    let whole = meta.clone();
+    one_request(
+        &state,
+        translated,
+        || responses::ResponseStream::new(meta),
+        |out, reason, used| responses::response(&whole, out, reason, used),
+    )
+    .await
+}
+
+/// `GET` and `DELETE /v1/responses/{id}`: nothing is stored, so a 404
+/// that says so.
+async fn stored_response(Path(id): Path<String>) -> ApiError {
+    ApiError::ResponseNotFound(id)
+}
+
 /// Anthropic's `POST /v1/messages`, whole or streamed; errors in
 /// Anthropic's shape.
 async fn messages(
@@ -177,21 +213,68 @@ async fn messages(
     Extension(RequestId(id)): Extension<RequestId>,
     body: Body,
 ) -> Response {
-    match answer_messages(state, id, body).await {
-        Ok(response) => response,
-        Err(error) => anthropic_error(&error),
-    }
+    let answer = async {
+        let body = read(body)?;
+        let request = anthropic::request(&body, context(&state, &id), false)?;
+        let meta = anthropic::MessageMeta {
+            id: format!("msg_{}", id.replace('-', "")),
+            model: request.translated.model.clone(),
+            stop_sequences: request.stop_sequences,
+        };
+        let whole = meta.clone();
+        one_request(
+            &state,
+            request.translated,
+            || anthropic::MessageStream::new(meta),
+            |out, reason, used| anthropic::message(&whole, out, reason, used),
+        )
+        .await
+    };
+    answer.await.unwrap_or_else(|error| anthropic_error(&error))
 }
 
-async fn answer_messages(state: AppState, id: String, body: Body) -> Result<Response, ApiError> {
-    let body = read(body)?;
-    let ctx = Context {
-        id: &id,
-        alias: state.alias.as_deref(),
-        limits: &state.limits,
+/// Anthropic's `POST /v1/messages/count_tokens`: the prompt the request
+/// would feed the model, counted by the worker (templated, tools shown)
+/// without computing anything.
+async fn count_tokens(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Response {
+    let counted = async {
+        let body = read(body)?;
+        let mut translated = anthropic::request(&body, context(&state, &id), true)?.translated;
+        translated.request.max_tokens = 0;
+        translated.request.logprobs = false;
+        translated.stream = false;
+        let meta = anthropic::MessageMeta {
+            id: String::new(),
+            model: String::new(),
+            stop_sequences: Vec::new(),
+        };
+        one_request(
+            &state,
+            translated,
+            || anthropic::MessageStream::new(meta),
+            |_, _, used| anthropic::count(used),
+        )
+        .await
     };
-    let request = anthropic::request(&body, ctx, false)?;
-    let translated = request.translated;
+    counted
+        .await
+        .unwrap_or_else(|error| anthropic_error(&error))
+}
+
+/// Sends a one-prompt request; answers with an SSE stream through the
+/// encoder `events` makes or, not streamed, with the JSON `whole` makes
+/// of the output. The first reply is awaited first, so a request the
+/// router rejects gets an HTTP error status even when streaming.
+async fn one_request<E: Events>(
+    state: &AppState,
+    translated: translate::Translated,
+    events: impl FnOnce() -> E,
+    whole: impl FnOnce(&Collected, FinishReason, &Usage) -> serde_json::Value,
+) -> Result<Response, ApiError> {
     let model = translated.request.model.clone();
     let timeout = state.reply_timeout;
     let mut pending = state.client.generate(translated.request)?;
@@ -199,18 +282,8 @@ async fn answer_messages(state: AppState, id: String, body: Body) -> Result<Resp
     if let ClientReply::Error { code, message, .. } = first {
         return Err(ApiError::from_router(code, message, model.as_deref()));
     }
-    let meta = anthropic::MessageMeta {
-        id: format!("msg_{}", id.replace('-', "")),
-        model: translated.model,
-        stop_sequences: request.stop_sequences,
-    };
     if translated.stream {
-        return Ok(stream(
-            vec![(pending, first)],
-            anthropic::MessageStream::new(meta),
-            timeout,
-            1,
-        ));
+        return Ok(stream(vec![(pending, first)], events(), timeout, 1));
     }
     let mut outs = [(Collected::default(), FinishReason::Stop)];
     let mut used = Usage::default();
@@ -224,47 +297,7 @@ async fn answer_messages(state: AppState, id: String, body: Body) -> Result<Resp
     )
     .await?;
     let [(out, reason)] = &outs;
-    Ok(axum::Json(anthropic::message(&meta, out, *reason, &used)).into_response())
-}
-
-/// Anthropic's `POST /v1/messages/count_tokens`: the prompt the request
-/// would feed the model, counted by the worker (templated, tools shown)
-/// without computing anything.
-async fn count_tokens(
-    State(state): State<AppState>,
-    Extension(RequestId(id)): Extension<RequestId>,
-    body: Body,
-) -> Response {
-    let counted = async {
-        let body = read(body)?;
-        let ctx = Context {
-            id: &id,
-            alias: state.alias.as_deref(),
-            limits: &state.limits,
-        };
-        let mut request = anthropic::request(&body, ctx, true)?.translated.request;
-        request.max_tokens = 0;
-        request.logprobs = false;
-        let model = request.model.clone();
-        let mut pending = state.client.generate(request)?;
-        let first = pending.next(state.reply_timeout).await?;
-        let mut outs = [(Collected::default(), FinishReason::Stop)];
-        let mut used = Usage::default();
-        collect(
-            &mut pending,
-            first,
-            &mut outs,
-            &mut used,
-            state.reply_timeout,
-            model.as_deref(),
-        )
-        .await?;
-        Ok::<_, ApiError>(axum::Json(anthropic::count(&used)).into_response())
-    };
-    match counted.await {
-        Ok(response) => response,
-        Err(error) => anthropic_error(&error),
-    }
+    Ok(axum::Json(whole(out, *reason, &used)).into_response())
 }
 
 /// Compares without stopping at the first difference.
@@ -382,7 +415,7 @@ async fn tokenize(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read(body)?;
-    let request = text::tokenize(&body, text_context(&state, &id))?;
+    let request = text::tokenize(&body, context(&state, &id))?;
     answer_text(&state, TextRequest::Tokenize(request)).await
 }
 
@@ -394,7 +427,7 @@ async fn embeddings(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read(body)?;
-    let request = embeddings::request(&body, text_context(&state, &id))?;
+    let request = embeddings::request(&body, context(&state, &id))?;
     let mut pending = Vec::with_capacity(request.requests.len());
     for generate in request.requests {
         let model = generate.model.clone();
@@ -449,7 +482,7 @@ async fn detokenize(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read(body)?;
-    let request = text::detokenize(&body, text_context(&state, &id))?;
+    let request = text::detokenize(&body, context(&state, &id))?;
     answer_text(&state, TextRequest::Detokenize(request)).await
 }
 
@@ -460,11 +493,12 @@ async fn apply_template(
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read(body)?;
-    let request = text::apply_template(&body, text_context(&state, &id))?;
+    let request = text::apply_template(&body, context(&state, &id))?;
     answer_text(&state, TextRequest::ApplyTemplate(request)).await
 }
 
-fn text_context<'a>(state: &'a AppState, id: &'a str) -> Context<'a> {
+/// What a translation needs of the state, for request `id`.
+fn context<'a>(state: &'a AppState, id: &'a str) -> Context<'a> {
     Context {
         id,
         alias: state.alias.as_deref(),
@@ -495,11 +529,7 @@ async fn generate(
     endpoint: Endpoint,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let ctx = Context {
-        id: &id,
-        alias: state.alias.as_deref(),
-        limits: &state.limits,
-    };
+    let ctx = context(&state, &id);
     let translated = match endpoint {
         Endpoint::Completions => translate::completion(&body, ctx)?,
         Endpoint::Chat => translate::chat(&body, ctx)?,
@@ -613,6 +643,20 @@ impl Events for StreamEncoder {
 
     fn finished(&self) -> bool {
         StreamEncoder::finished(self)
+    }
+}
+
+impl Events for responses::ResponseStream {
+    fn reply(&mut self, reply: ClientReply) -> Vec<Event> {
+        named(self.on_reply(reply))
+    }
+
+    fn error(&mut self, error: &ApiError) -> Vec<Event> {
+        named(self.on_error(error))
+    }
+
+    fn finished(&self) -> bool {
+        responses::ResponseStream::finished(self)
     }
 }
 

@@ -9,14 +9,14 @@
     unreachable_pub
 )]
 
-mod messages_grammar;
+mod event_grammars;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use messages_grammar::{check_message_stream, dechunk, named_events};
+use event_grammars::{check_message_stream, check_response_stream, dechunk, named_events};
 use serde_json::{Value, json};
 use zinfer_http::{HttpConfig, HttpServer};
 use zinfer_protocol::{
@@ -866,4 +866,99 @@ fn anthropic_history_tools_and_errors() {
     );
     assert_eq!(status, 200, "{text}");
     assert_eq!(json(&text), json!({"input_tokens": 5}));
+}
+
+#[test]
+fn openai_responses_whole_and_streamed() {
+    let (addr, _) = start_front(None);
+    let request = json!({"model": "alias", "input": "Hi", "instructions": "Be brief.",
+        "max_output_tokens": 64, "store": false, "truncation": "disabled",
+        "include": ["reasoning.encrypted_content"]});
+    let (status, body) = call(addr, "POST", "/v1/responses", Some(&request), None);
+    assert_eq!(status, 200, "{body}");
+    let body = json(&body);
+    assert_eq!(body["object"], "response");
+    assert!(body["id"].as_str().unwrap().starts_with("resp_"), "{body}");
+    assert_eq!(
+        body["status"], "incomplete",
+        "the fake router's length ran out"
+    );
+    assert_eq!(body["incomplete_details"]["reason"], "max_output_tokens");
+    let message = &body["output"][0];
+    assert_eq!(message["type"], "message");
+    assert_eq!(
+        message["content"][0],
+        json!({"type": "output_text", "text": "Hello", "annotations": []})
+    );
+    assert_eq!(body["usage"]["input_tokens"], 5);
+    assert_eq!(body["usage"]["input_tokens_details"]["cached_tokens"], 3);
+    assert_eq!(body["usage"]["total_tokens"], 7);
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let (status, body) = call(addr, "POST", "/v1/responses", Some(&streamed), None);
+    assert_eq!(status, 200, "{body}");
+    let (items, response) = check_response_stream(&named_events(&body));
+    assert_eq!(items, [("message".to_string(), "Hello".to_string())]);
+    assert_eq!(response["status"], "incomplete");
+
+    // History with a call and its output; reasoning and a forced function.
+    let tools = json!([{"type": "function", "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let input = json!([
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+        {"type": "function_call", "call_id": "call_0", "name": "get_weather", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "call_0", "output": "sunny"},
+        {"type": "message", "role": "user", "content": "And Paris?"}]);
+    let request = json!({"model": "alias", "input": input, "tools": tools, "stream": true,
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "reasoning": {"effort": "low", "summary": "auto"},
+        "text": {"format": {"type": "text"}}});
+    let (status, body) = call(addr, "POST", "/v1/responses", Some(&request), None);
+    assert_eq!(status, 200, "{body}");
+    let (items, response) = check_response_stream(&named_events(&body));
+    let kinds: Vec<&str> = items.iter().map(|(kind, _)| kind.as_str()).collect();
+    assert_eq!(kinds, ["message", "function_call"], "{items:?}");
+    assert_eq!(json(&items[1].1), json!({"city": "Paris"}));
+    assert_eq!(response["status"], "completed");
+    let call_item = &response["output"][1];
+    assert_eq!(call_item["call_id"], "call_1");
+    assert_eq!(call_item["name"], "get_weather");
+    let mut whole = request.clone();
+    whole["stream"] = json!(false);
+    let (status, body) = call(addr, "POST", "/v1/responses", Some(&whole), None);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        json(&body)["output"][1]["arguments"],
+        "{\"city\":\"Paris\"}"
+    );
+
+    // Refused by name: built-in tools, stored state, images.
+    for (body, param) in [
+        (
+            json!({"input": "x", "tools": [{"type": "web_search_preview"}]}),
+            "tools[0]",
+        ),
+        (
+            json!({"input": "x", "previous_response_id": "resp_1"}),
+            "previous_response_id",
+        ),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+            "input[0].content[0]",
+        ),
+        (json!({"input": "x", "background": true}), "background"),
+    ] {
+        let (status, text) = call(addr, "POST", "/v1/responses", Some(&body), None);
+        assert_eq!(status, 400, "{text}");
+        assert_eq!(json(&text)["error"]["param"], param, "{text}");
+    }
+    let (status, text) = call(addr, "GET", "/v1/responses/resp_1", None, None);
+    assert_eq!(status, 404, "{text}");
+    assert!(
+        json(&text)["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not stored")
+    );
 }

@@ -1,0 +1,839 @@
+//! OpenAI's Responses API (`POST /v1/responses`) on top of the chat
+//! translation. Pure: a Responses body becomes the chat completions body it
+//! means, which [`translate::chat`] turns into a protocol request (the same
+//! template, tool parser and forcing grammar); replies become a response
+//! object or its typed server-sent events.
+//!
+//! Nothing is stored: `previous_response_id`, `background` and item
+//! references are refused, as are built-in tools (web search, file search,
+//! computer use, ...), by name.
+
+use serde_json::{Map, Value, json};
+use zinfer_protocol::{ChunkBody, ClientReply, DoneBody, FinishReason, ToolCall, Usage};
+
+use crate::anthropic::Sse;
+use crate::error::ApiError;
+use crate::respond::Collected;
+use crate::translate::{self, Context, Translated};
+
+/// Fields of `POST /v1/responses`.
+const FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "text",
+    "reasoning",
+    "max_output_tokens",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "stream",
+    "stream_options",
+    "store",
+    "metadata",
+    "user",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "truncation",
+    "include",
+    "previous_response_id",
+    "background",
+];
+
+/// Fields passed to the chat translation as they are.
+const SAME_IN_CHAT: &[&str] = &[
+    "model",
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "stream",
+    "store",
+    "metadata",
+    "user",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// Translates a `/v1/responses` body.
+pub fn request(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
+    let body: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest {
+        message: format!("the body is not valid JSON: {e}"),
+        param: None,
+    })?;
+    let Value::Object(body) = body else {
+        return Err(ApiError::InvalidRequest {
+            message: "the body must be a JSON object".into(),
+            param: None,
+        });
+    };
+    if let Some(unknown) = body.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(ApiError::UnknownField(unknown.clone()));
+    }
+    let set = |name: &str| body.get(name).filter(|v| !v.is_null());
+    if set("previous_response_id").is_some() {
+        return Err(ApiError::unsupported(
+            "previous_response_id",
+            "\"previous_response_id\" is not supported: responses are not stored; send the whole conversation in \"input\"",
+        ));
+    }
+    if set("background").is_some_and(|b| b != &Value::Bool(false)) {
+        return Err(ApiError::unsupported(
+            "background",
+            "\"background\" is not supported: responses are not stored",
+        ));
+    }
+    if let Some(truncation) = set("truncation")
+        && !matches!(truncation.as_str(), Some("disabled" | "auto"))
+    {
+        return Err(ApiError::invalid(
+            "truncation",
+            "\"truncation\" must be \"disabled\" or \"auto\"",
+        ));
+    }
+    if set("include").is_some_and(|i| !i.is_array()) {
+        return Err(ApiError::invalid("include", "\"include\" must be an array"));
+    }
+    let mut chat = Map::new();
+    for name in SAME_IN_CHAT {
+        if let Some(value) = set(name) {
+            chat.insert((*name).into(), value.clone());
+        }
+    }
+    if let Some(limit) = set("max_output_tokens") {
+        chat.insert("max_tokens".into(), limit.clone());
+    }
+    if let Some(options) = set("stream_options") {
+        // Only `include_obfuscation`, which pads nothing here.
+        if options
+            .as_object()
+            .is_none_or(|o| o.keys().any(|k| k != "include_obfuscation"))
+        {
+            return Err(ApiError::invalid(
+                "stream_options",
+                "\"stream_options\" may only hold \"include_obfuscation\"",
+            ));
+        }
+    }
+    let mut turns = Vec::new();
+    if let Some(instructions) = set("instructions") {
+        let Some(text) = instructions.as_str() else {
+            return Err(ApiError::invalid(
+                "instructions",
+                "\"instructions\" must be a string",
+            ));
+        };
+        turns.push(json!({"role": "system", "content": text}));
+    }
+    match set("input") {
+        Some(Value::String(text)) => turns.push(json!({"role": "user", "content": text})),
+        Some(Value::Array(items)) => {
+            for (i, item) in items.iter().enumerate() {
+                input_item(i, item, &mut turns)?;
+            }
+        }
+        _ => {
+            return Err(ApiError::invalid(
+                "input",
+                "\"input\" is required: a string or an array of input items",
+            ));
+        }
+    }
+    chat.insert("messages".into(), Value::Array(turns));
+    if let Some(tools) = set("tools") {
+        chat.insert("tools".into(), function_tools(tools)?);
+    }
+    if let Some(choice) = set("tool_choice") {
+        chat.insert("tool_choice".into(), tool_choice(choice)?);
+    }
+    if let Some(format) = set("text").and_then(|t| t.get("format"))
+        && let Some(format) = response_format(format)?
+    {
+        chat.insert("response_format".into(), format);
+    }
+    if let Some(reasoning) = set("reasoning") {
+        match reasoning.get("effort") {
+            None | Some(Value::Null) => {}
+            Some(effort) => {
+                chat.insert("reasoning_effort".into(), effort.clone());
+            }
+        }
+    }
+    translate::chat(Value::Object(chat).to_string().as_bytes(), ctx)
+}
+
+fn kind(value: &Value) -> Option<&str> {
+    value.get("type").and_then(Value::as_str)
+}
+
+/// One input item as chat turns: messages, function calls (joined to the
+/// assistant turn before them) and their outputs (tool turns); reasoning
+/// items are dropped, the template writes its own.
+fn input_item(i: usize, item: &Value, turns: &mut Vec<Value>) -> Result<(), ApiError> {
+    let param = format!("input[{i}]");
+    match kind(item) {
+        None | Some("message") => {
+            let role = match item.get("role").and_then(Value::as_str) {
+                Some(role @ ("user" | "assistant" | "system" | "developer")) => role,
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!("{param}.role"),
+                        "\"role\" must be user, assistant, system or developer",
+                    ));
+                }
+            };
+            let content = match item.get("content") {
+                Some(Value::String(text)) => json!(text),
+                Some(Value::Array(parts)) => Value::Array(
+                    parts
+                        .iter()
+                        .enumerate()
+                        .map(|(j, part)| content_part(&format!("{param}.content[{j}]"), part))
+                        .collect::<Result<_, _>>()?,
+                ),
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!("{param}.content"),
+                        "\"content\" must be a string or an array of content parts",
+                    ));
+                }
+            };
+            turns.push(json!({"role": role, "content": content}));
+        }
+        Some("function_call") => {
+            let (Some(id), Some(name)) = (
+                item.get("call_id").and_then(Value::as_str),
+                item.get("name").and_then(Value::as_str),
+            ) else {
+                return Err(ApiError::invalid(
+                    param,
+                    "a function_call item needs \"call_id\", \"name\" and \"arguments\"",
+                ));
+            };
+            let arguments = item.get("arguments").cloned().unwrap_or(json!("{}"));
+            let call = json!({"id": id, "type": "function",
+                "function": {"name": name, "arguments": arguments}});
+            match turns.last_mut() {
+                Some(last) if last["role"] == "assistant" => {
+                    if !last["tool_calls"].is_array() {
+                        last["tool_calls"] = json!([]);
+                    }
+                    if let Some(calls) = last["tool_calls"].as_array_mut() {
+                        calls.push(call);
+                    }
+                }
+                _ => {
+                    turns.push(json!({"role": "assistant", "content": null, "tool_calls": [call]}))
+                }
+            }
+        }
+        Some("function_call_output") => {
+            let Some(id) = item.get("call_id").and_then(Value::as_str) else {
+                return Err(ApiError::invalid(
+                    param,
+                    "a function_call_output item needs \"call_id\" and \"output\"",
+                ));
+            };
+            let output = match item.get("output") {
+                Some(Value::String(text)) => json!(text),
+                Some(Value::Array(parts)) => Value::Array(
+                    parts
+                        .iter()
+                        .enumerate()
+                        .map(|(j, part)| content_part(&format!("{param}.output[{j}]"), part))
+                        .collect::<Result<_, _>>()?,
+                ),
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!("{param}.output"),
+                        "\"output\" must be a string or an array of text parts",
+                    ));
+                }
+            };
+            turns.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+        }
+        Some("reasoning") => {}
+        Some(other) => {
+            return Err(ApiError::unsupported(
+                &param,
+                format!("input items of type {other:?} are not supported"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A text part (`input_text`, `output_text`) as chat's; images and files
+/// are refused by name.
+fn content_part(param: &str, part: &Value) -> Result<Value, ApiError> {
+    match (kind(part), part.get("text")) {
+        (Some("input_text" | "output_text" | "text"), Some(Value::String(text))) => {
+            Ok(json!({"type": "text", "text": text}))
+        }
+        (Some(kind @ ("input_image" | "input_file" | "input_audio")), _) => {
+            Err(ApiError::unsupported(
+                param,
+                format!("{kind} parts are not supported: the served models read text only"),
+            ))
+        }
+        _ => Err(ApiError::invalid(
+            param,
+            "content parts are {\"type\": \"input_text\", \"text\": ...}",
+        )),
+    }
+}
+
+/// Function tools in chat's shape; built-in tools are refused by type.
+fn function_tools(tools: &Value) -> Result<Value, ApiError> {
+    let Value::Array(tools) = tools else {
+        return Err(ApiError::invalid("tools", "\"tools\" must be an array"));
+    };
+    let mut functions = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        let param = format!("tools[{i}]");
+        match kind(tool) {
+            Some("function") => {}
+            Some(other) => {
+                return Err(ApiError::unsupported(
+                    &param,
+                    format!(
+                        "built-in tool {other:?} is not supported: only function tools are served"
+                    ),
+                ));
+            }
+            None => return Err(ApiError::invalid(param, "a tool needs a \"type\"")),
+        }
+        let mut function = Map::new();
+        for key in ["name", "description", "parameters", "strict"] {
+            if let Some(value) = tool.get(key).filter(|v| !v.is_null()) {
+                function.insert(key.into(), value.clone());
+            }
+        }
+        functions.push(json!({"type": "function", "function": function}));
+    }
+    Ok(Value::Array(functions))
+}
+
+/// `tool_choice` in chat's shape.
+fn tool_choice(choice: &Value) -> Result<Value, ApiError> {
+    match choice {
+        Value::String(_) => Ok(choice.clone()),
+        _ => match (kind(choice), choice.get("name").and_then(Value::as_str)) {
+            (Some("function"), Some(name)) => {
+                Ok(json!({"type": "function", "function": {"name": name}}))
+            }
+            (Some(other), _) if other != "function" => Err(ApiError::unsupported(
+                "tool_choice",
+                format!("tool_choice of type {other:?} is not supported"),
+            )),
+            _ => Err(ApiError::invalid(
+                "tool_choice",
+                "\"tool_choice\" is \"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": ...}",
+            )),
+        },
+    }
+}
+
+/// `text.format` as chat's `response_format`.
+fn response_format(format: &Value) -> Result<Option<Value>, ApiError> {
+    match kind(format) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(json!({"type": "json_object"}))),
+        Some("json_schema") => {
+            let mut spec = Map::new();
+            for key in ["name", "schema", "strict", "description"] {
+                if let Some(value) = format.get(key).filter(|v| !v.is_null()) {
+                    spec.insert(key.into(), value.clone());
+                }
+            }
+            Ok(Some(json!({"type": "json_schema", "json_schema": spec})))
+        }
+        _ => Err(ApiError::invalid(
+            "text.format",
+            "\"text.format.type\" must be \"text\", \"json_object\" or \"json_schema\"",
+        )),
+    }
+}
+
+/// What a response object repeats.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponseMeta {
+    /// `resp_...`; its items' ids are derived from it.
+    pub id: String,
+    /// Unix seconds when the request arrived.
+    pub created: u64,
+    /// The model name echoed back.
+    pub model: String,
+}
+
+impl ResponseMeta {
+    fn item_id(&self, prefix: &str, index: usize) -> String {
+        let id = self.id.trim_start_matches("resp_");
+        format!("{prefix}_{id}_{index}")
+    }
+
+    /// The response object with `output` and how it ended (`None`: still
+    /// in progress).
+    fn object(&self, output: Vec<Value>, ended: Option<FinishReason>, used: &Usage) -> Value {
+        let (status, incomplete) = match ended {
+            None => ("in_progress", Value::Null),
+            Some(FinishReason::Length | FinishReason::Deadline) => {
+                ("incomplete", json!({"reason": "max_output_tokens"}))
+            }
+            Some(_) => ("completed", Value::Null),
+        };
+        let usage = ended.map(|_| {
+            json!({
+                "input_tokens": used.prompt_tokens,
+                "input_tokens_details": {"cached_tokens": used.cached_tokens},
+                "output_tokens": used.completion_tokens,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": used.prompt_tokens + used.completion_tokens,
+            })
+        });
+        json!({
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": null,
+            "incomplete_details": incomplete,
+            "model": self.model,
+            "output": output,
+            "parallel_tool_calls": true,
+            "tool_choice": "auto",
+            "tools": [],
+            "store": false,
+            "metadata": {},
+            "usage": usage,
+        })
+    }
+}
+
+fn reasoning_item(id: String, text: &str) -> Value {
+    json!({"type": "reasoning", "id": id,
+        "summary": [{"type": "summary_text", "text": text}]})
+}
+
+fn message_item(id: String, text: &str, status: &str) -> Value {
+    json!({"type": "message", "id": id, "status": status, "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": []}]})
+}
+
+fn call_item(id: String, call: &ToolCall, status: &str) -> Value {
+    let arguments = match &call.function.arguments {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    };
+    json!({"type": "function_call", "id": id, "call_id": call.id, "name": call.function.name,
+        "arguments": arguments, "status": status})
+}
+
+/// The whole (non-streaming) response object.
+pub fn response(meta: &ResponseMeta, out: &Collected, reason: FinishReason, used: &Usage) -> Value {
+    let mut output = Vec::new();
+    if !out.reasoning.is_empty() {
+        output.push(reasoning_item(
+            meta.item_id("rs", output.len()),
+            &out.reasoning,
+        ));
+    }
+    if !out.text.is_empty() || out.tool_calls.is_empty() {
+        output.push(message_item(
+            meta.item_id("msg", output.len()),
+            &out.text,
+            "completed",
+        ));
+    }
+    for call in &out.tool_calls {
+        output.push(call_item(
+            meta.item_id("fc", output.len()),
+            call,
+            "completed",
+        ));
+    }
+    meta.object(output, Some(reason), used)
+}
+
+/// The output item a stream has open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Open {
+    Reasoning,
+    Message,
+}
+
+/// Turns one streamed request's replies into Responses events (event
+/// name, JSON data, each with its `sequence_number`): `response.created`
+/// and `response.in_progress`, then per output item
+/// `response.output_item.added`, its parts and deltas
+/// (`response.output_text.delta`, `response.reasoning_summary_text.delta`,
+/// `response.function_call_arguments.delta`) and their `.done`s,
+/// `response.output_item.done`; at the end `response.completed` (or
+/// `response.incomplete` when `max_output_tokens` ran out).
+#[derive(Debug)]
+pub struct ResponseStream {
+    meta: ResponseMeta,
+    sequence: u64,
+    started: bool,
+    finished: bool,
+    /// The open item and its text so far.
+    open: Option<(Open, String)>,
+    /// Items done, in order.
+    output: Vec<Value>,
+}
+
+impl ResponseStream {
+    /// An encoder for one request.
+    pub fn new(meta: ResponseMeta) -> Self {
+        ResponseStream {
+            meta,
+            sequence: 0,
+            started: false,
+            finished: false,
+            open: None,
+            output: Vec::new(),
+        }
+    }
+
+    /// Whether the last event went out.
+    pub fn finished(&self) -> bool {
+        self.finished
+    }
+
+    fn event(&mut self, name: &'static str, mut data: Value, out: &mut Vec<Sse>) {
+        data["type"] = json!(name);
+        data["sequence_number"] = json!(self.sequence);
+        self.sequence += 1;
+        out.push((name, data.to_string()));
+    }
+
+    fn start(&mut self, out: &mut Vec<Sse>) {
+        if self.started {
+            return;
+        }
+        self.started = true;
+        let response = self.meta.object(Vec::new(), None, &Usage::default());
+        self.event("response.created", json!({"response": response}), out);
+        let response = self.meta.object(Vec::new(), None, &Usage::default());
+        self.event("response.in_progress", json!({"response": response}), out);
+    }
+
+    /// Closes the open item: its `.done` events.
+    fn close(&mut self, out: &mut Vec<Sse>) {
+        let Some((open, text)) = self.open.take() else {
+            return;
+        };
+        let index = self.output.len();
+        let item = match open {
+            Open::Reasoning => {
+                let id = self.meta.item_id("rs", index);
+                let part = json!({"type": "summary_text", "text": text});
+                let at = json!({"item_id": id, "output_index": index, "summary_index": 0});
+                let mut done = at.clone();
+                done["text"] = json!(text);
+                self.event("response.reasoning_summary_text.done", done, out);
+                let mut done = at;
+                done["part"] = part;
+                self.event("response.reasoning_summary_part.done", done, out);
+                reasoning_item(id, &text)
+            }
+            Open::Message => {
+                let id = self.meta.item_id("msg", index);
+                let at = json!({"item_id": id, "output_index": index, "content_index": 0});
+                let mut done = at.clone();
+                done["text"] = json!(text);
+                done["logprobs"] = json!([]);
+                self.event("response.output_text.done", done, out);
+                let mut done = at;
+                done["part"] = json!({"type": "output_text", "text": text, "annotations": []});
+                self.event("response.content_part.done", done, out);
+                message_item(id, &text, "completed")
+            }
+        };
+        self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+            out,
+        );
+        self.output.push(item);
+    }
+
+    /// Text of kind `open`, opening its item (and closing another) first.
+    fn delta(&mut self, open: Open, text: &str, out: &mut Vec<Sse>) {
+        if text.is_empty() {
+            return;
+        }
+        if self.open.as_ref().map(|(o, _)| *o) != Some(open) {
+            self.close(out);
+            let index = self.output.len();
+            match open {
+                Open::Reasoning => {
+                    let id = self.meta.item_id("rs", index);
+                    let item = json!({"type": "reasoning", "id": id, "summary": []});
+                    self.event(
+                        "response.output_item.added",
+                        json!({"output_index": index, "item": item}),
+                        out,
+                    );
+                    self.event(
+                        "response.reasoning_summary_part.added",
+                        json!({"item_id": id, "output_index": index, "summary_index": 0,
+                            "part": {"type": "summary_text", "text": ""}}),
+                        out,
+                    );
+                }
+                Open::Message => {
+                    let id = self.meta.item_id("msg", index);
+                    let item = json!({"type": "message", "id": id, "status": "in_progress",
+                        "role": "assistant", "content": []});
+                    self.event(
+                        "response.output_item.added",
+                        json!({"output_index": index, "item": item}),
+                        out,
+                    );
+                    self.event(
+                        "response.content_part.added",
+                        json!({"item_id": id, "output_index": index, "content_index": 0,
+                            "part": {"type": "output_text", "text": "", "annotations": []}}),
+                        out,
+                    );
+                }
+            }
+            self.open = Some((open, String::new()));
+        }
+        let index = self.output.len();
+        if let Some((_, so_far)) = self.open.as_mut() {
+            so_far.push_str(text);
+        }
+        match open {
+            Open::Reasoning => {
+                let id = self.meta.item_id("rs", index);
+                self.event(
+                    "response.reasoning_summary_text.delta",
+                    json!({"item_id": id, "output_index": index, "summary_index": 0, "delta": text}),
+                    out,
+                );
+            }
+            Open::Message => {
+                let id = self.meta.item_id("msg", index);
+                self.event(
+                    "response.output_text.delta",
+                    json!({"item_id": id, "output_index": index, "content_index": 0,
+                        "delta": text, "logprobs": []}),
+                    out,
+                );
+            }
+        }
+    }
+
+    /// A whole call: its item, one arguments delta, and its `.done`s.
+    fn call(&mut self, call: &ToolCall, out: &mut Vec<Sse>) {
+        self.close(out);
+        let index = self.output.len();
+        let id = self.meta.item_id("fc", index);
+        let done = call_item(id.clone(), call, "completed");
+        let mut added = call_item(id.clone(), call, "in_progress");
+        added["arguments"] = json!("");
+        self.event(
+            "response.output_item.added",
+            json!({"output_index": index, "item": added}),
+            out,
+        );
+        let arguments = done["arguments"].clone();
+        self.event(
+            "response.function_call_arguments.delta",
+            json!({"item_id": id, "output_index": index, "delta": arguments}),
+            out,
+        );
+        self.event(
+            "response.function_call_arguments.done",
+            json!({"item_id": id, "output_index": index, "arguments": arguments}),
+            out,
+        );
+        self.event(
+            "response.output_item.done",
+            json!({"output_index": index, "item": done}),
+            out,
+        );
+        self.output.push(done);
+    }
+
+    fn output(&mut self, text: &str, reasoning: &str, calls: &[ToolCall], out: &mut Vec<Sse>) {
+        self.start(out);
+        self.delta(Open::Reasoning, reasoning, out);
+        self.delta(Open::Message, text, out);
+        for call in calls {
+            self.call(call, out);
+        }
+    }
+
+    /// The events for one reply.
+    pub fn on_reply(&mut self, reply: ClientReply) -> Vec<Sse> {
+        let mut out = Vec::new();
+        if self.finished {
+            return out;
+        }
+        match reply {
+            ClientReply::Chunk {
+                body:
+                    ChunkBody {
+                        text,
+                        reasoning,
+                        tool_calls,
+                        ..
+                    },
+                ..
+            } => self.output(&text, &reasoning, &tool_calls, &mut out),
+            ClientReply::Done {
+                body:
+                    DoneBody {
+                        finish_reason,
+                        usage: used,
+                        text,
+                        reasoning,
+                        tool_calls,
+                        ..
+                    },
+                ..
+            } => {
+                let calls = tool_calls.unwrap_or_default();
+                self.output(
+                    &text.unwrap_or_default(),
+                    &reasoning.unwrap_or_default(),
+                    &calls,
+                    &mut out,
+                );
+                if self.output.is_empty() && self.open.is_none() {
+                    // An empty answer is still one (empty) message.
+                    self.open = Some((Open::Message, String::new()));
+                }
+                self.close(&mut out);
+                let output = std::mem::take(&mut self.output);
+                let response = self.meta.object(output, Some(finish_reason), &used);
+                let name = if response["status"] == "incomplete" {
+                    "response.incomplete"
+                } else {
+                    "response.completed"
+                };
+                self.event(name, json!({"response": response}), &mut out);
+                self.finished = true;
+            }
+            ClientReply::Error { code, message, .. } => {
+                return self.on_error(&ApiError::from_router(code, message, None));
+            }
+            ClientReply::Models { .. }
+            | ClientReply::Pong { .. }
+            | ClientReply::Tokenized { .. }
+            | ClientReply::Detokenized { .. }
+            | ClientReply::AppliedTemplate { .. }
+            | ClientReply::Embedding { .. } => {}
+        }
+        out
+    }
+
+    /// The `error` event that ends a stream that failed after it started.
+    pub fn on_error(&mut self, failure: &ApiError) -> Vec<Sse> {
+        if self.finished {
+            return Vec::new();
+        }
+        self.finished = true;
+        let body = failure.body();
+        let mut out = Vec::new();
+        self.event(
+            "error",
+            json!({"code": body["error"]["code"], "message": body["error"]["message"],
+                "param": body["error"]["param"]}),
+            &mut out,
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zinfer_protocol::{FunctionCall, Timings};
+
+    fn meta() -> ResponseMeta {
+        ResponseMeta {
+            id: "resp_h1".into(),
+            created: 1,
+            model: "m".into(),
+        }
+    }
+
+    /// Reasoning becomes a reasoning item with its summary, first, whole
+    /// and streamed; a call its function_call item.
+    #[test]
+    fn reasoning_is_a_summary_item_and_calls_are_function_calls() {
+        let call = ToolCall {
+            id: Some("call_9".into()),
+            kind: Some("function".into()),
+            function: FunctionCall {
+                name: "f".into(),
+                arguments: json!("{}"),
+            },
+        };
+        let out = Collected {
+            text: "ok".into(),
+            reasoning: "thought".into(),
+            tool_calls: vec![call.clone()],
+            ..Collected::default()
+        };
+        let body = response(&meta(), &out, FinishReason::ToolCalls, &Usage::default());
+        let output = body["output"].as_array().unwrap();
+        let kinds: Vec<&str> = output.iter().filter_map(|i| i["type"].as_str()).collect();
+        assert_eq!(kinds, ["reasoning", "message", "function_call"]);
+        assert_eq!(output[0]["summary"][0]["text"], "thought");
+        assert_eq!(output[2]["call_id"], "call_9");
+        assert_eq!(body["status"], "completed");
+
+        let mut stream = ResponseStream::new(meta());
+        let mut events = stream.on_reply(ClientReply::Chunk {
+            id: "h-1".into(),
+            body: ChunkBody {
+                reasoning: "thought".into(),
+                text: "ok".into(),
+                tool_calls: vec![call],
+                ..ChunkBody::default()
+            },
+        });
+        events.extend(stream.on_reply(ClientReply::Done {
+            id: "h-1".into(),
+            body: DoneBody::new(
+                FinishReason::ToolCalls,
+                Usage::default(),
+                Timings::default(),
+            ),
+        }));
+        let names: Vec<&str> = events.iter().map(|(name, _)| *name).collect();
+        assert_eq!(
+            names,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.reasoning_summary_part.added",
+                "response.reasoning_summary_text.delta",
+                "response.reasoning_summary_text.done",
+                "response.reasoning_summary_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.output_item.added",
+                "response.function_call_arguments.delta",
+                "response.function_call_arguments.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        assert!(stream.finished());
+    }
+}
