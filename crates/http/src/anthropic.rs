@@ -10,10 +10,10 @@
 
 use axum::http::StatusCode;
 use serde_json::{Map, Value, json};
-use zinfer_protocol::{ChunkBody, ClientReply, DoneBody, FinishReason, ToolCall, Usage};
+use zinfer_protocol::{FinishReason, ToolCall, Usage};
 
 use crate::error::ApiError;
-use crate::respond::Collected;
+use crate::respond::{Collected, Part, PartEncoder, Sse};
 use crate::translate::{self, Context, Translated};
 
 /// Fields of `POST /v1/messages`.
@@ -46,19 +46,7 @@ pub struct Messages {
 /// Translates a `/v1/messages` body; `count`: for `count_tokens`, where
 /// `max_tokens` is not asked for.
 pub fn request(bytes: &[u8], ctx: Context<'_>, count: bool) -> Result<Messages, ApiError> {
-    let body: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest {
-        message: format!("the body is not valid JSON: {e}"),
-        param: None,
-    })?;
-    let Value::Object(body) = body else {
-        return Err(ApiError::InvalidRequest {
-            message: "the body must be a JSON object".into(),
-            param: None,
-        });
-    };
-    if let Some(unknown) = body.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::UnknownField(unknown.clone()));
-    }
+    let body = translate::json_object(bytes, FIELDS)?;
     let mut chat = Map::new();
     let mut turns = Vec::new();
     match body.get("system") {
@@ -517,9 +505,6 @@ pub struct MessageStream {
     tokens: String,
 }
 
-/// One event: its name and data.
-pub type Sse = (&'static str, String);
-
 impl MessageStream {
     /// An encoder for one request.
     pub fn new(meta: MessageMeta) -> Self {
@@ -532,11 +517,6 @@ impl MessageStream {
             text: String::new(),
             tokens: String::new(),
         }
-    }
-
-    /// Whether `message_stop` (or an error) went out.
-    pub fn finished(&self) -> bool {
-        self.finished
     }
 
     fn start(&mut self, out: &mut Vec<Sse>) {
@@ -635,91 +615,56 @@ impl MessageStream {
         self.text.push_str(text);
         self.tokens.extend(entries.iter().map(|e| e.text.as_str()));
     }
+}
 
-    /// The events for one reply.
-    pub fn on_reply(&mut self, reply: ClientReply) -> Vec<Sse> {
+impl PartEncoder for MessageStream {
+    /// Whether `message_stop` (or an error) went out.
+    fn finished(&self) -> bool {
+        self.finished
+    }
+
+    fn part(&mut self, part: Part) -> Vec<Sse> {
         let mut out = Vec::new();
-        if self.finished {
+        self.output(
+            &part.text,
+            &part.reasoning,
+            &part.calls,
+            &part.entries,
+            &mut out,
+        );
+        let Some((finish_reason, used, stop_logprob)) = part.end else {
             return out;
+        };
+        if self.blocks == 0 {
+            // Every message has a block, even an empty answer.
+            self.open = Some((Block::Text, 0));
+            self.blocks = 1;
+            out.push(event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+            ));
         }
-        match reply {
-            ClientReply::Chunk {
-                body:
-                    ChunkBody {
-                        text,
-                        reasoning,
-                        tool_calls,
-                        logprobs,
-                        ..
-                    },
-                ..
-            } => {
-                let entries = logprobs.unwrap_or_default();
-                self.output(&text, &reasoning, &tool_calls, &entries, &mut out);
-            }
-            ClientReply::Done {
-                body:
-                    DoneBody {
-                        finish_reason,
-                        usage: used,
-                        text,
-                        reasoning,
-                        tool_calls,
-                        logprobs,
-                        stop_logprob,
-                        ..
-                    },
-                ..
-            } => {
-                let entries = logprobs.unwrap_or_default();
-                self.output(
-                    &text.unwrap_or_default(),
-                    &reasoning.unwrap_or_default(),
-                    &tool_calls.unwrap_or_default(),
-                    &entries,
-                    &mut out,
-                );
-                if self.blocks == 0 {
-                    // Every message has a block, even an empty answer.
-                    self.open = Some((Block::Text, 0));
-                    self.blocks = 1;
-                    out.push(event(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": 0,
-                            "content_block": {"type": "text", "text": ""}}),
-                    ));
-                }
-                self.close(&mut out);
-                let tail = self.tokens.get(self.text.len()..).unwrap_or(&self.tokens);
-                let stop = self
-                    .meta
-                    .stop_sequence(finish_reason, stop_logprob.is_some(), tail)
-                    .map(str::to_string);
-                out.push(event(
-                    "message_delta",
-                    json!({"type": "message_delta",
-                        "delta": {"stop_reason": stop_reason(finish_reason, stop.as_deref()),
-                                  "stop_sequence": stop},
-                        "usage": usage(&used)}),
-                ));
-                out.push(event("message_stop", json!({"type": "message_stop"})));
-                self.finished = true;
-            }
-            ClientReply::Error { code, message, .. } => {
-                return self.on_error(&ApiError::from_router(code, message, None));
-            }
-            ClientReply::Models { .. }
-            | ClientReply::Pong { .. }
-            | ClientReply::Tokenized { .. }
-            | ClientReply::Detokenized { .. }
-            | ClientReply::AppliedTemplate { .. }
-            | ClientReply::Embedding { .. } => {}
-        }
+        self.close(&mut out);
+        let tail = self.tokens.get(self.text.len()..).unwrap_or(&self.tokens);
+        let stop = self
+            .meta
+            .stop_sequence(finish_reason, stop_logprob.is_some(), tail)
+            .map(str::to_string);
+        out.push(event(
+            "message_delta",
+            json!({"type": "message_delta",
+                "delta": {"stop_reason": stop_reason(finish_reason, stop.as_deref()),
+                          "stop_sequence": stop},
+                "usage": usage(&used)}),
+        ));
+        out.push(event("message_stop", json!({"type": "message_stop"})));
+        self.finished = true;
         out
     }
 
     /// The `error` event that ends a stream that failed after it started.
-    pub fn on_error(&mut self, failure: &ApiError) -> Vec<Sse> {
+    fn failed(&mut self, failure: &ApiError) -> Vec<Sse> {
         if self.finished {
             return Vec::new();
         }

@@ -119,6 +119,82 @@ impl Collected {
     }
 }
 
+/// A reply to a one-choice streamed request as the Messages and
+/// Responses encoders read it: output (a chunk's, or what a `done`
+/// carries), then on `done` how it ended.
+#[derive(Debug, Default)]
+pub struct Part {
+    /// Answer text.
+    pub text: String,
+    /// Reasoning text.
+    pub reasoning: String,
+    /// Calls completed.
+    pub calls: Vec<ToolCall>,
+    /// The tokens' log probabilities, when asked for.
+    pub entries: Vec<TokenLogprob>,
+    /// On `done`: why it ended, the usage, and the stop token's entry.
+    pub end: Option<(FinishReason, Usage, Option<TokenLogprob>)>,
+}
+
+impl Part {
+    /// The part of `reply`, or the error it stands for; `None` for a
+    /// reply that is not about a request's output.
+    pub fn of(reply: ClientReply) -> Option<Result<Part, ApiError>> {
+        match reply {
+            ClientReply::Chunk { body, .. } => Some(Ok(Part {
+                text: body.text,
+                reasoning: body.reasoning,
+                calls: body.tool_calls,
+                entries: body.logprobs.unwrap_or_default(),
+                end: None,
+            })),
+            ClientReply::Done { body, .. } => Some(Ok(Part {
+                text: body.text.unwrap_or_default(),
+                reasoning: body.reasoning.unwrap_or_default(),
+                calls: body.tool_calls.unwrap_or_default(),
+                entries: body.logprobs.unwrap_or_default(),
+                end: Some((body.finish_reason, body.usage, body.stop_logprob)),
+            })),
+            ClientReply::Error { code, message, .. } => {
+                Some(Err(ApiError::from_router(code, message, None)))
+            }
+            ClientReply::Models { .. }
+            | ClientReply::Pong { .. }
+            | ClientReply::Tokenized { .. }
+            | ClientReply::Detokenized { .. }
+            | ClientReply::AppliedTemplate { .. }
+            | ClientReply::Embedding { .. } => None,
+        }
+    }
+}
+
+/// One named server-sent event: its name and JSON data.
+pub type Sse = (&'static str, String);
+
+/// An encoder of a one-choice stream into named events (Messages,
+/// Responses), fed the [`Part`]s of its replies.
+pub trait PartEncoder {
+    /// Whether its last event went out.
+    fn finished(&self) -> bool;
+    /// The events for one part of the output.
+    fn part(&mut self, part: Part) -> Vec<Sse>;
+    /// The events that end a stream that failed after it started.
+    fn failed(&mut self, error: &ApiError) -> Vec<Sse>;
+
+    /// The events for one reply: none once finished, or for a reply that
+    /// is not about the output.
+    fn on_reply(&mut self, reply: ClientReply) -> Vec<Sse> {
+        if self.finished() {
+            return Vec::new();
+        }
+        match Part::of(reply) {
+            None => Vec::new(),
+            Some(Err(error)) => self.failed(&error),
+            Some(Ok(part)) => self.part(part),
+        }
+    }
+}
+
 /// OpenAI's `usage` object, cached prompt tokens included.
 pub fn usage(usage: &Usage) -> Value {
     json!({

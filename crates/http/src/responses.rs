@@ -9,11 +9,10 @@
 //! computer use, ...), by name.
 
 use serde_json::{Map, Value, json};
-use zinfer_protocol::{ChunkBody, ClientReply, DoneBody, FinishReason, ToolCall, Usage};
+use zinfer_protocol::{FinishReason, ToolCall, Usage};
 
-use crate::anthropic::Sse;
 use crate::error::ApiError;
-use crate::respond::Collected;
+use crate::respond::{Collected, Part, PartEncoder, Sse};
 use crate::translate::{self, Context, Translated};
 
 /// Fields of `POST /v1/responses`.
@@ -60,19 +59,7 @@ const SAME_IN_CHAT: &[&str] = &[
 
 /// Translates a `/v1/responses` body.
 pub fn request(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
-    let body: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest {
-        message: format!("the body is not valid JSON: {e}"),
-        param: None,
-    })?;
-    let Value::Object(body) = body else {
-        return Err(ApiError::InvalidRequest {
-            message: "the body must be a JSON object".into(),
-            param: None,
-        });
-    };
-    if let Some(unknown) = body.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::UnknownField(unknown.clone()));
-    }
+    let body = translate::json_object(bytes, FIELDS)?;
     let set = |name: &str| body.get(name).filter(|v| !v.is_null());
     if set("previous_response_id").is_some() {
         return Err(ApiError::unsupported(
@@ -185,22 +172,7 @@ fn input_item(i: usize, item: &Value, turns: &mut Vec<Value>) -> Result<(), ApiE
                     ));
                 }
             };
-            let content = match item.get("content") {
-                Some(Value::String(text)) => json!(text),
-                Some(Value::Array(parts)) => Value::Array(
-                    parts
-                        .iter()
-                        .enumerate()
-                        .map(|(j, part)| content_part(&format!("{param}.content[{j}]"), part))
-                        .collect::<Result<_, _>>()?,
-                ),
-                _ => {
-                    return Err(ApiError::invalid(
-                        format!("{param}.content"),
-                        "\"content\" must be a string or an array of content parts",
-                    ));
-                }
-            };
+            let content = text_content(item.get("content"), &format!("{param}.content"))?;
             turns.push(json!({"role": role, "content": content}));
         }
         Some("function_call") => {
@@ -237,22 +209,7 @@ fn input_item(i: usize, item: &Value, turns: &mut Vec<Value>) -> Result<(), ApiE
                     "a function_call_output item needs \"call_id\" and \"output\"",
                 ));
             };
-            let output = match item.get("output") {
-                Some(Value::String(text)) => json!(text),
-                Some(Value::Array(parts)) => Value::Array(
-                    parts
-                        .iter()
-                        .enumerate()
-                        .map(|(j, part)| content_part(&format!("{param}.output[{j}]"), part))
-                        .collect::<Result<_, _>>()?,
-                ),
-                _ => {
-                    return Err(ApiError::invalid(
-                        format!("{param}.output"),
-                        "\"output\" must be a string or an array of text parts",
-                    ));
-                }
-            };
+            let output = text_content(item.get("output"), &format!("{param}.output"))?;
             turns.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
         }
         Some("reasoning") => {}
@@ -264,6 +221,23 @@ fn input_item(i: usize, item: &Value, turns: &mut Vec<Value>) -> Result<(), ApiE
         }
     }
     Ok(())
+}
+
+/// A message's content or a call's output: a string, or text parts as
+/// chat's.
+fn text_content(value: Option<&Value>, param: &str) -> Result<Value, ApiError> {
+    match value {
+        Some(Value::String(text)) => Ok(json!(text)),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .enumerate()
+            .map(|(j, part)| content_part(&format!("{param}[{j}]"), part))
+            .collect(),
+        _ => Err(ApiError::invalid(
+            param,
+            format!("{param:?} must be a string or an array of text parts"),
+        )),
+    }
 }
 
 /// A text part (`input_text`, `output_text`) as chat's; images and files
@@ -498,11 +472,6 @@ impl ResponseStream {
         }
     }
 
-    /// Whether the last event went out.
-    pub fn finished(&self) -> bool {
-        self.finished
-    }
-
     fn event(&mut self, name: &'static str, mut data: Value, out: &mut Vec<Sse>) {
         data["type"] = json!(name);
         data["sequence_number"] = json!(self.sequence);
@@ -569,39 +538,33 @@ impl ResponseStream {
         if self.open.as_ref().map(|(o, _)| *o) != Some(open) {
             self.close(out);
             let index = self.output.len();
-            match open {
+            let (item, name, part) = match open {
                 Open::Reasoning => {
                     let id = self.meta.item_id("rs", index);
-                    let item = json!({"type": "reasoning", "id": id, "summary": []});
-                    self.event(
-                        "response.output_item.added",
-                        json!({"output_index": index, "item": item}),
-                        out,
-                    );
-                    self.event(
+                    (
+                        json!({"type": "reasoning", "id": id, "summary": []}),
                         "response.reasoning_summary_part.added",
                         json!({"item_id": id, "output_index": index, "summary_index": 0,
                             "part": {"type": "summary_text", "text": ""}}),
-                        out,
-                    );
+                    )
                 }
                 Open::Message => {
                     let id = self.meta.item_id("msg", index);
-                    let item = json!({"type": "message", "id": id, "status": "in_progress",
-                        "role": "assistant", "content": []});
-                    self.event(
-                        "response.output_item.added",
-                        json!({"output_index": index, "item": item}),
-                        out,
-                    );
-                    self.event(
+                    (
+                        json!({"type": "message", "id": id, "status": "in_progress",
+                            "role": "assistant", "content": []}),
                         "response.content_part.added",
                         json!({"item_id": id, "output_index": index, "content_index": 0,
                             "part": {"type": "output_text", "text": "", "annotations": []}}),
-                        out,
-                    );
+                    )
                 }
-            }
+            };
+            self.event(
+                "response.output_item.added",
+                json!({"output_index": index, "item": item}),
+                out,
+            );
+            self.event(name, part, out);
             self.open = Some((open, String::new()));
         }
         let index = self.output.len();
@@ -669,73 +632,39 @@ impl ResponseStream {
             self.call(call, out);
         }
     }
+}
 
-    /// The events for one reply.
-    pub fn on_reply(&mut self, reply: ClientReply) -> Vec<Sse> {
+impl PartEncoder for ResponseStream {
+    /// Whether the last event went out.
+    fn finished(&self) -> bool {
+        self.finished
+    }
+
+    fn part(&mut self, part: Part) -> Vec<Sse> {
         let mut out = Vec::new();
-        if self.finished {
+        self.output(&part.text, &part.reasoning, &part.calls, &mut out);
+        let Some((finish_reason, used, _)) = part.end else {
             return out;
+        };
+        if self.output.is_empty() && self.open.is_none() {
+            // An empty answer is still one (empty) message.
+            self.open = Some((Open::Message, String::new()));
         }
-        match reply {
-            ClientReply::Chunk {
-                body:
-                    ChunkBody {
-                        text,
-                        reasoning,
-                        tool_calls,
-                        ..
-                    },
-                ..
-            } => self.output(&text, &reasoning, &tool_calls, &mut out),
-            ClientReply::Done {
-                body:
-                    DoneBody {
-                        finish_reason,
-                        usage: used,
-                        text,
-                        reasoning,
-                        tool_calls,
-                        ..
-                    },
-                ..
-            } => {
-                let calls = tool_calls.unwrap_or_default();
-                self.output(
-                    &text.unwrap_or_default(),
-                    &reasoning.unwrap_or_default(),
-                    &calls,
-                    &mut out,
-                );
-                if self.output.is_empty() && self.open.is_none() {
-                    // An empty answer is still one (empty) message.
-                    self.open = Some((Open::Message, String::new()));
-                }
-                self.close(&mut out);
-                let output = std::mem::take(&mut self.output);
-                let response = self.meta.object(output, Some(finish_reason), &used);
-                let name = if response["status"] == "incomplete" {
-                    "response.incomplete"
-                } else {
-                    "response.completed"
-                };
-                self.event(name, json!({"response": response}), &mut out);
-                self.finished = true;
-            }
-            ClientReply::Error { code, message, .. } => {
-                return self.on_error(&ApiError::from_router(code, message, None));
-            }
-            ClientReply::Models { .. }
-            | ClientReply::Pong { .. }
-            | ClientReply::Tokenized { .. }
-            | ClientReply::Detokenized { .. }
-            | ClientReply::AppliedTemplate { .. }
-            | ClientReply::Embedding { .. } => {}
-        }
+        self.close(&mut out);
+        let output = std::mem::take(&mut self.output);
+        let response = self.meta.object(output, Some(finish_reason), &used);
+        let name = if response["status"] == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        self.event(name, json!({"response": response}), &mut out);
+        self.finished = true;
         out
     }
 
     /// The `error` event that ends a stream that failed after it started.
-    pub fn on_error(&mut self, failure: &ApiError) -> Vec<Sse> {
+    fn failed(&mut self, failure: &ApiError) -> Vec<Sse> {
         if self.finished {
             return Vec::new();
         }
@@ -755,7 +684,7 @@ impl ResponseStream {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use zinfer_protocol::{FunctionCall, Timings};
+    use zinfer_protocol::{ChunkBody, ClientReply, DoneBody, FunctionCall, Timings};
 
     fn meta() -> ResponseMeta {
         ResponseMeta {

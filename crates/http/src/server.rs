@@ -25,7 +25,9 @@ use crate::anthropic;
 use crate::backend::{Pending, RouterClient};
 use crate::embeddings;
 use crate::error::ApiError;
-use crate::respond::{Collected, Endpoint, Meta, StreamEncoder, add_usage, full_response};
+use crate::respond::{
+    Collected, Endpoint, Meta, PartEncoder, StreamEncoder, add_usage, full_response,
+};
 use crate::responses;
 use crate::text;
 use crate::translate::{self, Context};
@@ -646,35 +648,21 @@ impl Events for StreamEncoder {
     }
 }
 
-impl Events for responses::ResponseStream {
+impl<T: PartEncoder + Send + 'static> Events for T {
     fn reply(&mut self, reply: ClientReply) -> Vec<Event> {
         named(self.on_reply(reply))
     }
 
     fn error(&mut self, error: &ApiError) -> Vec<Event> {
-        named(self.on_error(error))
+        named(self.failed(error))
     }
 
     fn finished(&self) -> bool {
-        responses::ResponseStream::finished(self)
+        PartEncoder::finished(self)
     }
 }
 
-impl Events for anthropic::MessageStream {
-    fn reply(&mut self, reply: ClientReply) -> Vec<Event> {
-        named(self.on_reply(reply))
-    }
-
-    fn error(&mut self, error: &ApiError) -> Vec<Event> {
-        named(self.on_error(error))
-    }
-
-    fn finished(&self) -> bool {
-        anthropic::MessageStream::finished(self)
-    }
-}
-
-fn named(events: Vec<anthropic::Sse>) -> Vec<Event> {
+fn named(events: Vec<crate::respond::Sse>) -> Vec<Event> {
     events
         .into_iter()
         .map(|(name, data)| Event::default().event(name).data(data))

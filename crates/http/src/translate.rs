@@ -203,22 +203,27 @@ fn set_prompt(request: &mut GenerateRequest, prompt: Prompt) {
 /// The JSON object of a request body.
 struct Body(Map<String, Value>);
 
+/// A request body's JSON object, every key one of `known`.
+pub(crate) fn json_object(bytes: &[u8], known: &[&str]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest {
+        message: format!("the body is not valid JSON: {e}"),
+        param: None,
+    })?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::InvalidRequest {
+            message: "the body must be a JSON object".into(),
+            param: None,
+        });
+    };
+    if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(ApiError::UnknownField(unknown.clone()));
+    }
+    Ok(map)
+}
+
 impl Body {
     fn parse(bytes: &[u8], known: &[&str]) -> Result<Body, ApiError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest {
-            message: format!("the body is not valid JSON: {e}"),
-            param: None,
-        })?;
-        let Value::Object(map) = value else {
-            return Err(ApiError::InvalidRequest {
-                message: "the body must be a JSON object".into(),
-                param: None,
-            });
-        };
-        if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(ApiError::UnknownField(unknown.clone()));
-        }
-        Ok(Body(map))
+        json_object(bytes, known).map(Body)
     }
 
     /// The field `name`, `None` when absent or `null`.
