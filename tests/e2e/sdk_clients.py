@@ -150,6 +150,21 @@ try:
     raise AssertionError("a built-in tool was accepted")
 except openai.BadRequestError as error:
     assert "web_search_preview" in str(error), error
+# Stored responses: continued by id (the worker's prefix cache holds the
+# first turn), fetched, deleted.
+first = gpt.responses.create(model=model, input="Name a color.", max_output_tokens=8, temperature=0)
+second = gpt.responses.create(model=model, previous_response_id=first.id, input="Another one.",
+                              max_output_tokens=8, temperature=0)
+assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens, \
+    (first.usage, second.usage)
+assert second.usage.input_tokens_details.cached_tokens > 0, second.usage
+assert gpt.responses.retrieve(first.id).output_text == first.output_text
+gpt.responses.delete(first.id)
+try:
+    gpt.responses.retrieve(first.id)
+    raise AssertionError("a deleted response was retrieved")
+except openai.NotFoundError:
+    pass
 print(f"openai responses: {resp.output_text!r}, streamed the same; call {arguments}; "
       f"json {shaped.output_text}")
 

@@ -33,8 +33,12 @@ pub enum ApiError {
     /// No worker serves the named model.
     #[error("the model {0:?} does not exist; GET /v1/models lists the models served")]
     ModelNotFound(String),
-    /// `GET` or `DELETE /v1/responses/{id}`: nothing is stored.
-    #[error("no response {0:?}: responses are not stored (\"store\" is accepted and ignored)")]
+    /// No stored response has this id (never stored, expired, evicted or
+    /// deleted).
+    #[error(
+        "no response {0:?} is stored: responses are kept in memory for an hour at most \
+         (fewer when many are stored), and not across restarts"
+    )]
     ResponseNotFound(String),
     /// No such path.
     #[error("no route for {0}; zinfer serves {routes}", routes = crate::server::ROUTES.join(", "))]

@@ -17,6 +17,7 @@
 //! | [`backend`] | the I/O thread owning the DEALER, requests multiplexed by id |
 //! | [`embeddings`] | `/v1/embeddings` bodies to protocol `generate` with `embed`, and the vectors back (pure) |
 //! | [`text`] | llama-server's `/tokenize`, `/detokenize`, `/apply-template` bodies to and from protocol text requests (pure) |
+//! | [`store`] | the bounded in-memory store of `/v1/responses` results |
 //! | [`server`] | routes, API key, handlers |
 
 pub mod anthropic;
@@ -26,6 +27,7 @@ pub mod error;
 pub mod respond;
 pub mod responses;
 pub mod server;
+pub mod store;
 pub mod text;
 pub mod translate;
 
@@ -98,6 +100,9 @@ impl HttpServer {
             api_key: config.api_key,
             reply_timeout: config.reply_timeout,
             limits: Arc::new(zinfer_protocol::Limits::default()),
+            responses: Arc::new(std::sync::Mutex::new(store::ResponseStore::new(
+                store::StoreLimits::default(),
+            ))),
         };
         Ok(HttpServer {
             listener,

@@ -4,9 +4,10 @@
 //! template, tool parser and forcing grammar); replies become a response
 //! object or its typed server-sent events.
 //!
-//! Nothing is stored: `previous_response_id`, `background` and item
-//! references are refused, as are built-in tools (web search, file search,
-//! computer use, ...), by name.
+//! Responses are kept (by the caller, in [`crate::store`]) as the chat
+//! turns they continue, so `previous_response_id` prepends them; `background`
+//! and item references are refused, as are built-in tools (web search,
+//! file search, computer use, ...), by name.
 
 use serde_json::{Map, Value, json};
 use zinfer_protocol::{FinishReason, ToolCall, Usage};
@@ -49,7 +50,6 @@ const SAME_IN_CHAT: &[&str] = &[
     "top_p",
     "parallel_tool_calls",
     "stream",
-    "store",
     "metadata",
     "user",
     "service_tier",
@@ -57,16 +57,45 @@ const SAME_IN_CHAT: &[&str] = &[
     "safety_identifier",
 ];
 
-/// Translates a `/v1/responses` body.
-pub fn request(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
+/// A valid Responses request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResponsesRequest {
+    /// The chat request it means.
+    pub translated: Translated,
+    /// With `store` (the default): the conversation as chat turns, the
+    /// `instructions` left out (a continuation does not inherit them, as
+    /// OpenAI's do not), to store with the output.
+    pub turns: Option<Vec<Value>>,
+    /// Whether to store the response.
+    pub store: bool,
+    /// `previous_response_id`.
+    pub previous: Option<String>,
+}
+
+/// Translates a `/v1/responses` body; `previous` finds the stored
+/// conversation of a `previous_response_id`.
+pub fn request(
+    bytes: &[u8],
+    ctx: Context<'_>,
+    previous: impl FnOnce(&str) -> Option<Vec<Value>>,
+) -> Result<ResponsesRequest, ApiError> {
     let body = translate::json_object(bytes, FIELDS)?;
     let set = |name: &str| body.get(name).filter(|v| !v.is_null());
-    if set("previous_response_id").is_some() {
-        return Err(ApiError::unsupported(
-            "previous_response_id",
-            "\"previous_response_id\" is not supported: responses are not stored; send the whole conversation in \"input\"",
-        ));
-    }
+    let previous_id = match set("previous_response_id") {
+        None => None,
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "previous_response_id",
+                "\"previous_response_id\" must be a string",
+            ));
+        }
+    };
+    let store = match set("store") {
+        None => true,
+        Some(Value::Bool(store)) => *store,
+        Some(_) => return Err(ApiError::invalid("store", "\"store\" must be a boolean")),
+    };
     if set("background").is_some_and(|b| b != &Value::Bool(false)) {
         return Err(ApiError::unsupported(
             "background",
@@ -105,7 +134,7 @@ pub fn request(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
             ));
         }
     }
-    let mut turns = Vec::new();
+    let mut messages = Vec::new();
     if let Some(instructions) = set("instructions") {
         let Some(text) = instructions.as_str() else {
             return Err(ApiError::invalid(
@@ -113,8 +142,12 @@ pub fn request(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
                 "\"instructions\" must be a string",
             ));
         };
-        turns.push(json!({"role": "system", "content": text}));
+        messages.push(json!({"role": "system", "content": text}));
     }
+    let mut turns = match &previous_id {
+        None => Vec::new(),
+        Some(id) => previous(id).ok_or_else(|| ApiError::ResponseNotFound(id.clone()))?,
+    };
     match set("input") {
         Some(Value::String(text)) => turns.push(json!({"role": "user", "content": text})),
         Some(Value::Array(items)) => {
@@ -129,7 +162,8 @@ pub fn request(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
             ));
         }
     }
-    chat.insert("messages".into(), Value::Array(turns));
+    messages.extend(turns.iter().cloned());
+    chat.insert("messages".into(), Value::Array(messages));
     if let Some(tools) = set("tools") {
         chat.insert("tools".into(), function_tools(tools)?);
     }
@@ -149,7 +183,48 @@ pub fn request(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
             }
         }
     }
-    translate::chat(Value::Object(chat).to_string().as_bytes(), ctx)
+    Ok(ResponsesRequest {
+        translated: translate::chat(Value::Object(chat).to_string().as_bytes(), ctx)?,
+        turns: store.then_some(turns),
+        store,
+        previous: previous_id,
+    })
+}
+
+/// The assistant turn a response's output makes, to continue from: its
+/// message text, its calls, its reasoning.
+pub fn assistant_turn(response: &Value) -> Value {
+    let mut text = String::new();
+    let mut reasoning = String::new();
+    let mut calls = Vec::new();
+    for item in response["output"].as_array().into_iter().flatten() {
+        match kind(item) {
+            Some("message") => {
+                for part in item["content"].as_array().into_iter().flatten() {
+                    text.push_str(part["text"].as_str().unwrap_or_default());
+                }
+            }
+            Some("reasoning") => {
+                for part in item["summary"].as_array().into_iter().flatten() {
+                    reasoning.push_str(part["text"].as_str().unwrap_or_default());
+                }
+            }
+            Some("function_call") => calls.push(json!({"id": item["call_id"], "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]}})),
+            _ => {}
+        }
+    }
+    let mut turn = json!({"role": "assistant", "content": text});
+    if !calls.is_empty() {
+        turn["tool_calls"] = Value::Array(calls);
+        if text.is_empty() {
+            turn["content"] = Value::Null;
+        }
+    }
+    if !reasoning.is_empty() {
+        turn["reasoning_content"] = json!(reasoning);
+    }
+    turn
 }
 
 fn kind(value: &Value) -> Option<&str> {
@@ -341,6 +416,10 @@ pub struct ResponseMeta {
     pub created: u64,
     /// The model name echoed back.
     pub model: String,
+    /// Whether it is stored.
+    pub store: bool,
+    /// The response it continues.
+    pub previous: Option<String>,
 }
 
 impl ResponseMeta {
@@ -380,7 +459,8 @@ impl ResponseMeta {
             "parallel_tool_calls": true,
             "tool_choice": "auto",
             "tools": [],
-            "store": false,
+            "store": self.store,
+            "previous_response_id": self.previous,
             "metadata": {},
             "usage": usage,
         })
@@ -439,6 +519,9 @@ enum Open {
     Message,
 }
 
+/// What is done with a finished response object (it is stored).
+type Keep = Box<dyn FnOnce(&Value) + Send>;
+
 /// Turns one streamed request's replies into Responses events (event
 /// name, JSON data, each with its `sequence_number`): `response.created`
 /// and `response.in_progress`, then per output item
@@ -447,9 +530,10 @@ enum Open {
 /// `response.function_call_arguments.delta`) and their `.done`s,
 /// `response.output_item.done`; at the end `response.completed` (or
 /// `response.incomplete` when `max_output_tokens` ran out).
-#[derive(Debug)]
 pub struct ResponseStream {
     meta: ResponseMeta,
+    /// Called with the finished response object (to store it).
+    keep: Option<Keep>,
     sequence: u64,
     started: bool,
     finished: bool,
@@ -459,11 +543,29 @@ pub struct ResponseStream {
     output: Vec<Value>,
 }
 
+impl std::fmt::Debug for ResponseStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResponseStream")
+            .field("id", &self.meta.id)
+            .field("sequence", &self.sequence)
+            .field("finished", &self.finished)
+            .finish_non_exhaustive()
+    }
+}
+
 impl ResponseStream {
+    /// Hands the finished response object to `keep` (to store it).
+    #[must_use]
+    pub fn keeping(mut self, keep: impl FnOnce(&Value) + Send + 'static) -> Self {
+        self.keep = Some(Box::new(keep));
+        self
+    }
+
     /// An encoder for one request.
     pub fn new(meta: ResponseMeta) -> Self {
         ResponseStream {
             meta,
+            keep: None,
             sequence: 0,
             started: false,
             finished: false,
@@ -653,6 +755,9 @@ impl PartEncoder for ResponseStream {
         self.close(&mut out);
         let output = std::mem::take(&mut self.output);
         let response = self.meta.object(output, Some(finish_reason), &used);
+        if let Some(keep) = self.keep.take() {
+            keep(&response);
+        }
         let name = if response["status"] == "incomplete" {
             "response.incomplete"
         } else {
@@ -691,7 +796,70 @@ mod tests {
             id: "resp_h1".into(),
             created: 1,
             model: "m".into(),
+            store: false,
+            previous: None,
         }
+    }
+
+    /// `previous_response_id` puts the stored conversation after the new
+    /// instructions and before the new input; what is stored back leaves
+    /// the instructions out, and ends with the output as an assistant turn.
+    #[test]
+    fn a_continuation_starts_from_the_stored_turns() {
+        let limits = zinfer_protocol::Limits::default();
+        let ctx = Context {
+            id: "h-1",
+            alias: None,
+            limits: &limits,
+        };
+        let stored = vec![
+            json!({"role": "user", "content": "Hi"}),
+            json!({"role": "assistant", "content": "Hello"}),
+        ];
+        let body = json!({"input": [{"type": "function_call_output", "call_id": "c1",
+            "output": "42"}], "instructions": "Be brief.", "previous_response_id": "resp_1"});
+        let request = super::request(body.to_string().as_bytes(), ctx, |id| {
+            (id == "resp_1").then(|| stored.clone())
+        })
+        .unwrap();
+        let roles: Vec<String> = request
+            .translated
+            .request
+            .messages
+            .unwrap()
+            .iter()
+            .map(|m| m.role.clone())
+            .collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+        let turns = request.turns.unwrap();
+        assert_eq!(turns.len(), 3, "no instructions: {turns:?}");
+        assert_eq!(request.previous.as_deref(), Some("resp_1"));
+        let missing = super::request(body.to_string().as_bytes(), ctx, |_| None).unwrap_err();
+        assert_eq!(missing.status(), axum::http::StatusCode::NOT_FOUND);
+        let unstored = json!({"input": "x", "store": false});
+        let request = super::request(unstored.to_string().as_bytes(), ctx, |_| None).unwrap();
+        assert!(request.turns.is_none() && !request.store);
+
+        let out = Collected {
+            text: "ok".into(),
+            reasoning: "r".into(),
+            tool_calls: vec![ToolCall {
+                id: Some("call_2".into()),
+                kind: Some("function".into()),
+                function: FunctionCall {
+                    name: "f".into(),
+                    arguments: json!("{\"a\":1}"),
+                },
+            }],
+            ..Collected::default()
+        };
+        let response = response(&meta(), &out, FinishReason::ToolCalls, &Usage::default());
+        assert_eq!(
+            assistant_turn(&response),
+            json!({"role": "assistant", "content": "ok", "reasoning_content": "r",
+                "tool_calls": [{"id": "call_2", "type": "function",
+                    "function": {"name": "f", "arguments": "{\"a\":1}"}}]})
+        );
     }
 
     /// Reasoning becomes a reasoning item with its summary, first, whole

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -29,6 +29,7 @@ use crate::respond::{
     Collected, Endpoint, Meta, PartEncoder, StreamEncoder, add_usage, full_response,
 };
 use crate::responses;
+use crate::store::ResponseStore;
 use crate::text;
 use crate::translate::{self, Context};
 
@@ -48,6 +49,8 @@ pub struct AppState {
     pub reply_timeout: Duration,
     /// Checked before a request is sent.
     pub limits: Arc<Limits>,
+    /// `/v1/responses` results, for `previous_response_id` and `GET`.
+    pub responses: Arc<std::sync::Mutex<ResponseStore>>,
 }
 
 /// Longest request body read: twice the protocol's frame limit, so every
@@ -81,7 +84,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/responses", post(create_response))
         .route(
             "/v1/responses/{id}",
-            get(stored_response).delete(stored_response),
+            get(stored_response).delete(delete_response),
         )
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
@@ -105,6 +108,8 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/completions",
     "POST /v1/embeddings",
     "POST /v1/responses",
+    "GET /v1/responses/{id}",
+    "DELETE /v1/responses/{id}",
     "POST /v1/messages",
     "POST /v1/messages/count_tokens",
     "GET /v1/models",
@@ -179,33 +184,81 @@ fn anthropic_error(error: &ApiError) -> Response {
     (status, axum::Json(body)).into_response()
 }
 
-/// OpenAI's `POST /v1/responses`, whole or streamed.
+/// OpenAI's `POST /v1/responses`, whole or streamed; stored (unless
+/// `store: false`) for `previous_response_id` and `GET`.
 async fn create_response(
     State(state): State<AppState>,
     Extension(RequestId(id)): Extension<RequestId>,
     body: Body,
 ) -> Result<Response, ApiError> {
     let body = read(body)?;
-    let translated = responses::request(&body, context(&state, &id))?;
+    let store = state.responses.clone();
+    let request = responses::request(&body, context(&state, &id), |previous| {
+        lock(&store).turns(previous, Instant::now())
+    })?;
     let meta = responses::ResponseMeta {
         id: format!("resp_{}", id.replace('-', "")),
         created: now_unix(),
-        model: translated.model.clone(),
+        model: request.translated.model.clone(),
+        store: request.store,
+        previous: request.previous.clone(),
+    };
+    // Called with the finished response object.
+    let keep = {
+        let (id, turns) = (meta.id.clone(), request.turns);
+        move |response: &serde_json::Value| {
+            if let Some(mut turns) = turns {
+                turns.push(responses::assistant_turn(response));
+                lock(&store).put(id, turns, response.clone(), Instant::now());
+            }
+        }
     };
     let whole = meta.clone();
+    let keep_whole = keep.clone();
     one_request(
         &state,
-        translated,
-        || responses::ResponseStream::new(meta),
-        |out, reason, used| responses::response(&whole, out, reason, used),
+        request.translated,
+        || responses::ResponseStream::new(meta).keeping(keep),
+        move |out, reason, used| {
+            let response = responses::response(&whole, out, reason, used);
+            keep_whole(&response);
+            response
+        },
     )
     .await
 }
 
-/// `GET` and `DELETE /v1/responses/{id}`: nothing is stored, so a 404
-/// that says so.
-async fn stored_response(Path(id): Path<String>) -> ApiError {
-    ApiError::ResponseNotFound(id)
+/// The store, even if a thread panicked holding it (its data stays
+/// consistent: every change is made whole before the lock is released).
+fn lock(store: &std::sync::Mutex<ResponseStore>) -> std::sync::MutexGuard<'_, ResponseStore> {
+    store
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// `GET /v1/responses/{id}`: a stored response object.
+async fn stored_response(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    lock(&state.responses)
+        .response(&id, Instant::now())
+        .map(|response| axum::Json(response).into_response())
+        .ok_or(ApiError::ResponseNotFound(id))
+}
+
+/// `DELETE /v1/responses/{id}`.
+async fn delete_response(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    if !lock(&state.responses).remove(&id) {
+        return Err(ApiError::ResponseNotFound(id));
+    }
+    Ok(
+        axum::Json(json!({"id": id, "object": "response.deleted", "deleted": true}))
+            .into_response(),
+    )
 }
 
 /// Anthropic's `POST /v1/messages`, whole or streamed; errors in
