@@ -2,7 +2,7 @@
 # Makes (once) a Python virtual environment for one end-to-end test and
 # prints the path of its python on stdout:
 #
-#   scripts/test-venv.sh openai [DIR]   # the official `openai` package and `jsonschema` (HTTP front tests, README example)
+#   scripts/test-venv.sh openai [DIR]   # the official `openai` and `anthropic` packages and `jsonschema` (HTTP front tests, README example)
 #   scripts/test-venv.sh k8s [DIR]      # `kubernetes-validate` (offline Kubernetes schemas) and PyYAML (deploy test)
 #   scripts/test-venv.sh client [DIR]   # pyzmq and msgpack (clients/python/zinfer_client.py test)
 #   scripts/test-venv.sh jinja2 [DIR]   # Jinja2 (chat templates rendered as transformers does, model crate test)
@@ -13,7 +13,7 @@ set -euo pipefail
 
 name=${1:?usage: scripts/test-venv.sh openai|k8s|client|jinja2 [DIR]}
 case "$name" in
-  openai) spec='openai>=1.40,<3 jsonschema>=4.17,<5' check='import openai, jsonschema' ;;
+  openai) spec='openai>=1.40,<3 anthropic>=0.40,<1 jsonschema>=4.17,<5' check='import openai, anthropic, jsonschema' ;;
   k8s) spec='kubernetes-validate>=1.28,<2' check='import kubernetes_validate, yaml' ;;
   client) spec='pyzmq>=25 msgpack>=1' check='import zmq, msgpack' ;;
   jinja2) spec='jinja2>=3.1,<4' check='import jinja2' ;;

@@ -16,6 +16,7 @@ mod deploy;
 mod harness;
 mod http;
 mod http_abuse;
+mod http_clients;
 mod multihost;
 mod on_demand;
 mod params;

@@ -41,19 +41,7 @@ enum Input {
 
 /// Translates a `/v1/embeddings` body.
 pub fn request(bytes: &[u8], ctx: Context<'_>) -> Result<Embeddings, ApiError> {
-    let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest {
-        message: format!("the body is not valid JSON: {e}"),
-        param: None,
-    })?;
-    let Value::Object(body) = value else {
-        return Err(ApiError::InvalidRequest {
-            message: "the body must be a JSON object".into(),
-            param: None,
-        });
-    };
-    if let Some(unknown) = body.keys().find(|k| !FIELDS.contains(&k.as_str())) {
-        return Err(ApiError::UnknownField(unknown.clone()));
-    }
+    let body = crate::translate::json_object(bytes, FIELDS)?;
     let inputs = inputs(body.get("input"))?;
     if body.get("dimensions").is_some_and(|d| !d.is_null()) {
         return Err(ApiError::unsupported(

@@ -33,11 +33,15 @@ pub enum ApiError {
     /// No worker serves the named model.
     #[error("the model {0:?} does not exist; GET /v1/models lists the models served")]
     ModelNotFound(String),
-    /// No such path.
+    /// No stored response has this id (never stored, expired, evicted or
+    /// deleted).
     #[error(
-        "no route for {0}; the API is under /v1 (completions, chat/completions, models), \
-         plus /tokenize, /detokenize and /apply-template"
+        "no response {0:?} is stored: responses are kept in memory for an hour at most \
+         (fewer when many are stored), and not across restarts"
     )]
+    ResponseNotFound(String),
+    /// No such path.
+    #[error("no route for {0}; zinfer serves {routes}", routes = crate::server::ROUTES.join(", "))]
     NoRoute(String),
     /// `--api-key` is set and the request did not carry it.
     #[error("missing or incorrect API key; send it as \"Authorization: Bearer KEY\"")]
@@ -92,7 +96,9 @@ impl ApiError {
             | ApiError::UnknownField(_)
             | ApiError::BodyUnreadable(_) => StatusCode::BAD_REQUEST,
             ApiError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::ModelNotFound(_) | ApiError::NoRoute(_) => StatusCode::NOT_FOUND,
+            ApiError::ModelNotFound(_) | ApiError::NoRoute(_) | ApiError::ResponseNotFound(_) => {
+                StatusCode::NOT_FOUND
+            }
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Router { code, .. } => match code {
                 ErrorCode::BadRequest | ErrorCode::PromptTooLong => StatusCode::BAD_REQUEST,
@@ -131,6 +137,7 @@ impl ApiError {
                 Some("model_not_found"),
             ),
             ApiError::NoRoute(_) => ("invalid_request_error", None, Some("not_found")),
+            ApiError::ResponseNotFound(_) => ("invalid_request_error", None, Some("not_found")),
             ApiError::BodyTooLarge(_) => ("invalid_request_error", None, Some("request_too_large")),
             ApiError::BodyUnreadable(_) => ("invalid_request_error", None, None),
             ApiError::Unauthorized => ("invalid_request_error", None, Some("invalid_api_key")),

@@ -1,7 +1,8 @@
 //! zinfer's OpenAI-compatible HTTP front.
 //!
 //! An axum server that speaks OpenAI's `/v1/completions`,
-//! `/v1/chat/completions` and `/v1/models` to HTTP clients and the zinfer
+//! `/v1/chat/completions`, `/v1/responses` and `/v1/models`, and Anthropic's
+//! `/v1/messages`, to HTTP clients and the zinfer
 //! client protocol (MessagePack over a ZeroMQ DEALER) to the router, like
 //! any other client. The crate is split so that the request and response
 //! translation is pure and unit-tested, and the sockets sit at the edge:
@@ -9,18 +10,24 @@
 //! | module | job |
 //! |---|---|
 //! | [`translate`] | OpenAI request bodies to protocol `generate` requests (pure) |
+//! | [`responses`] | OpenAI Responses bodies to chat requests, replies to response objects and events (pure) |
+//! | [`anthropic`] | Anthropic Messages bodies to chat requests, replies to Messages bodies and events (pure) |
 //! | [`respond`] | protocol replies to OpenAI bodies and SSE events (pure) |
 //! | [`error`] | one error enum, OpenAI-shaped bodies and statuses |
 //! | [`backend`] | the I/O thread owning the DEALER, requests multiplexed by id |
 //! | [`embeddings`] | `/v1/embeddings` bodies to protocol `generate` with `embed`, and the vectors back (pure) |
 //! | [`text`] | llama-server's `/tokenize`, `/detokenize`, `/apply-template` bodies to and from protocol text requests (pure) |
+//! | [`store`] | the bounded in-memory store of `/v1/responses` results |
 //! | [`server`] | routes, API key, handlers |
 
+pub mod anthropic;
 pub mod backend;
 pub mod embeddings;
 pub mod error;
 pub mod respond;
+pub mod responses;
 pub mod server;
+pub mod store;
 pub mod text;
 pub mod translate;
 
@@ -93,6 +100,9 @@ impl HttpServer {
             api_key: config.api_key,
             reply_timeout: config.reply_timeout,
             limits: Arc::new(zinfer_protocol::Limits::default()),
+            responses: Arc::new(std::sync::Mutex::new(store::ResponseStore::new(
+                store::StoreLimits::default(),
+            ))),
         };
         Ok(HttpServer {
             listener,

@@ -30,10 +30,13 @@ pub struct Meta {
     pub model: String,
     /// Whether the request asked for log probabilities.
     pub logprobs: bool,
-    /// Choices asked for (`n`).
+    /// Choices in all: `n` per prompt.
     pub choices: u32,
-    /// `echo` on completions: the prompt text each choice starts with.
-    pub echo: Option<String>,
+    /// Choices per prompt (`n`): choice `i` answers prompt `i / n`.
+    pub n: u32,
+    /// `echo` on completions: each prompt's text, which its choices start
+    /// with; empty without `echo`.
+    pub echo: Vec<String>,
 }
 
 impl Meta {
@@ -96,6 +99,8 @@ pub struct Collected {
     pub entries: Vec<TokenLogprob>,
     /// The prompt tokens' log probabilities, with `echo` and `logprobs`.
     pub prompt: Vec<PromptLogprob>,
+    /// The entry of the stop token that ended the output, with `logprobs`.
+    pub stop: Option<TokenLogprob>,
 }
 
 impl Collected {
@@ -111,6 +116,82 @@ impl Collected {
         self.reasoning.push_str(reasoning);
         self.tool_calls.extend(tool_calls);
         self.entries.extend(entries.unwrap_or_default());
+    }
+}
+
+/// A reply to a one-choice streamed request as the Messages and
+/// Responses encoders read it: output (a chunk's, or what a `done`
+/// carries), then on `done` how it ended.
+#[derive(Debug, Default)]
+pub struct Part {
+    /// Answer text.
+    pub text: String,
+    /// Reasoning text.
+    pub reasoning: String,
+    /// Calls completed.
+    pub calls: Vec<ToolCall>,
+    /// The tokens' log probabilities, when asked for.
+    pub entries: Vec<TokenLogprob>,
+    /// On `done`: why it ended, the usage, and the stop token's entry.
+    pub end: Option<(FinishReason, Usage, Option<TokenLogprob>)>,
+}
+
+impl Part {
+    /// The part of `reply`, or the error it stands for; `None` for a
+    /// reply that is not about a request's output.
+    pub fn of(reply: ClientReply) -> Option<Result<Part, ApiError>> {
+        match reply {
+            ClientReply::Chunk { body, .. } => Some(Ok(Part {
+                text: body.text,
+                reasoning: body.reasoning,
+                calls: body.tool_calls,
+                entries: body.logprobs.unwrap_or_default(),
+                end: None,
+            })),
+            ClientReply::Done { body, .. } => Some(Ok(Part {
+                text: body.text.unwrap_or_default(),
+                reasoning: body.reasoning.unwrap_or_default(),
+                calls: body.tool_calls.unwrap_or_default(),
+                entries: body.logprobs.unwrap_or_default(),
+                end: Some((body.finish_reason, body.usage, body.stop_logprob)),
+            })),
+            ClientReply::Error { code, message, .. } => {
+                Some(Err(ApiError::from_router(code, message, None)))
+            }
+            ClientReply::Models { .. }
+            | ClientReply::Pong { .. }
+            | ClientReply::Tokenized { .. }
+            | ClientReply::Detokenized { .. }
+            | ClientReply::AppliedTemplate { .. }
+            | ClientReply::Embedding { .. } => None,
+        }
+    }
+}
+
+/// One named server-sent event: its name and JSON data.
+pub type Sse = (&'static str, String);
+
+/// An encoder of a one-choice stream into named events (Messages,
+/// Responses), fed the [`Part`]s of its replies.
+pub trait PartEncoder {
+    /// Whether its last event went out.
+    fn finished(&self) -> bool;
+    /// The events for one part of the output.
+    fn part(&mut self, part: Part) -> Vec<Sse>;
+    /// The events that end a stream that failed after it started.
+    fn failed(&mut self, error: &ApiError) -> Vec<Sse>;
+
+    /// The events for one reply: none once finished, or for a reply that
+    /// is not about the output.
+    fn on_reply(&mut self, reply: ClientReply) -> Vec<Sse> {
+        if self.finished() {
+            return Vec::new();
+        }
+        match Part::of(reply) {
+            None => Vec::new(),
+            Some(Err(error)) => self.failed(&error),
+            Some(Ok(part)) => self.part(part),
+        }
     }
 }
 
@@ -231,10 +312,14 @@ pub fn full_response(meta: &Meta, outs: &[(Collected, FinishReason)], used: &Usa
 fn full_choice(meta: &Meta, index: usize, out: &Collected, reason: FinishReason) -> Value {
     match meta.endpoint {
         Endpoint::Completions => {
-            let echo = meta.echo.as_deref().unwrap_or_default();
+            let prompt = index / meta.n.max(1) as usize;
+            let echo = meta.echo.get(prompt).map_or("", String::as_str);
+            // The stop token (EOS) is shown as vLLM shows it: scorers that
+            // read the last generated token (lm-eval's `[ctxlen:-1]`) need it.
+            let entries: Vec<TokenLogprob> = out.entries.iter().chain(&out.stop).cloned().collect();
             let logprobs = meta
                 .logprobs
-                .then(|| completion_logprobs_echoed(&out.prompt, &out.entries, &mut 0));
+                .then(|| completion_logprobs_echoed(&out.prompt, &entries, &mut 0));
             json!({
                 "index": index, "text": format!("{echo}{}", out.text),
                 "logprobs": logprobs,
@@ -262,12 +347,13 @@ fn full_choice(meta: &Meta, index: usize, out: &Collected, reason: FinishReason)
     }
 }
 
-/// The usage of a request of several choices: the prompt once (as choice
-/// 0's `done` counts it), every choice's output.
-pub fn add_usage(total: &mut Usage, choice: u32, used: &Usage) {
-    if choice == 0 {
-        total.prompt_tokens = used.prompt_tokens;
-        total.cached_tokens = used.cached_tokens;
+/// The usage of a request of several choices: each prompt once (as its
+/// first choice's `done` counts it), every choice's output. `first`: this
+/// `done` is its prompt's first choice's.
+pub fn add_usage(total: &mut Usage, first: bool, used: &Usage) {
+    if first {
+        total.prompt_tokens += used.prompt_tokens;
+        total.cached_tokens += used.cached_tokens;
     }
     total.completion_tokens += used.completion_tokens;
 }
@@ -431,6 +517,7 @@ impl StreamEncoder {
                         reasoning,
                         tool_calls,
                         choice,
+                        stop_logprob,
                         ..
                     },
                 ..
@@ -439,7 +526,10 @@ impl StreamEncoder {
                     return out;
                 };
                 let role = self.meta.endpoint == Endpoint::Chat && !self.sent_role[index];
-                let entries = logprobs.unwrap_or_default();
+                let mut entries = logprobs.unwrap_or_default();
+                if self.meta.endpoint == Endpoint::Completions {
+                    entries.extend(stop_logprob);
+                }
                 let (text, reasoning) = (text.unwrap_or_default(), reasoning.unwrap_or_default());
                 let calls = tool_calls.unwrap_or_default();
                 let delta = Streamed {
@@ -457,7 +547,7 @@ impl StreamEncoder {
                     self.chunk(index, None, false, Some(finish_reason), &[])
                         .to_string(),
                 );
-                add_usage(&mut self.used, choice, &used);
+                add_usage(&mut self.used, choice % self.meta.n.max(1) == 0, &used);
                 self.dones_left = self.dones_left.saturating_sub(1);
                 if self.dones_left > 0 {
                     return out;
@@ -519,7 +609,8 @@ mod tests {
             model: "smol".into(),
             logprobs: false,
             choices: 1,
-            echo: None,
+            n: 1,
+            echo: Vec::new(),
         }
     }
 
@@ -703,8 +794,7 @@ mod tests {
             text: "\n".into(),
             reasoning: "think".into(),
             tool_calls: vec![call("a", "f", "{}")],
-            entries: Vec::new(),
-            prompt: Vec::new(),
+            ..Collected::default()
         };
         let body = full_response(
             &meta(Endpoint::Chat),
@@ -888,6 +978,61 @@ mod tests {
             json!([" green"])
         );
         assert!(events[2]["choices"][0]["logprobs"].is_null());
+    }
+
+    /// The stop token (EOS) ends the completions' logprobs, whole and
+    /// streamed, after an echoed prompt; chat leaves it out, as OpenAI does.
+    #[test]
+    fn completions_show_the_stop_token_chat_does_not() {
+        let eos = entry(2, "<|endoftext|>", -0.5, &[]);
+        let out = Collected {
+            text: " b".into(),
+            entries: vec![entry(9, " b", -1.0, &[])],
+            prompt: vec![PromptLogprob {
+                token: 4,
+                text: "a".into(),
+                logprob: None,
+                top_logprobs: Vec::new(),
+            }],
+            stop: Some(eos.clone()),
+            ..Collected::default()
+        };
+        let echoed = Meta {
+            echo: vec!["a".into()],
+            ..with_logprobs(Endpoint::Completions)
+        };
+        let body = full_response(&echoed, &[(out, FinishReason::Stop)], &Usage::default());
+        let choice = &body["choices"][0];
+        assert_eq!(choice["text"], "a b");
+        assert_eq!(
+            choice["logprobs"]["tokens"],
+            json!(["a", " b", "<|endoftext|>"])
+        );
+        assert_eq!(
+            choice["logprobs"]["token_logprobs"],
+            json!([null, -1.0, -0.5])
+        );
+        let done = |stop: Option<TokenLogprob>| ClientReply::Done {
+            id: "h-1".into(),
+            body: DoneBody {
+                stop_logprob: stop,
+                ..DoneBody::new(FinishReason::Stop, Usage::default(), Timings::default())
+            },
+        };
+        let mut encoder = StreamEncoder::new(with_logprobs(Endpoint::Completions), false);
+        let events = parse(&encoder.on_reply(done(Some(eos.clone()))));
+        assert_eq!(
+            events[0]["choices"][0]["logprobs"]["tokens"],
+            json!(["<|endoftext|>"])
+        );
+        assert_eq!(events[1]["choices"][0]["finish_reason"], "stop");
+        let mut encoder = StreamEncoder::new(with_logprobs(Endpoint::Chat), false);
+        let events = parse(&encoder.on_reply(done(Some(eos))));
+        assert!(
+            events.iter().all(|e| e["choices"][0]["logprobs"].is_null()
+                || e["choices"][0]["logprobs"]["content"] == json!([])),
+            "{events:?}"
+        );
     }
 
     #[test]

@@ -83,6 +83,12 @@ const CHAT_FIELDS: &[&str] = &[
     "priority",
     "speculative",
     "keep_alive",
+    "store",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
+    "verbosity",
+    "modalities",
 ];
 
 /// OpenAI's default `max_tokens` for `/v1/completions`.
@@ -111,29 +117,113 @@ pub struct Translated {
     pub include_usage: bool,
     /// The model name echoed in responses.
     pub model: String,
-    /// `echo` on completions: the prompt text the output starts with.
-    pub echo: Option<String>,
+    /// `echo` on completions: each choice's text starts with its prompt's.
+    pub echo: bool,
+    /// A completions body with a list of prompts: the requests of the
+    /// second prompt on (`request` is the first's); ids `{id}-{index}`.
+    pub more: Vec<GenerateRequest>,
+}
+
+impl Translated {
+    /// Every prompt's request, in order.
+    pub fn requests(&self) -> Vec<GenerateRequest> {
+        std::iter::once(&self.request)
+            .chain(&self.more)
+            .cloned()
+            .collect()
+    }
+}
+
+/// Most prompts in one completions request.
+pub const MAX_PROMPTS: usize = 256;
+
+/// One prompt of a completions body.
+enum Prompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// A completions `prompt`: a string, token ids, or a list of either.
+fn prompts(value: Option<&Value>) -> Result<Vec<Prompt>, ApiError> {
+    let items = match value {
+        None | Some(Value::Null) => {
+            return Err(ApiError::invalid("prompt", "\"prompt\" is required"));
+        }
+        Some(Value::String(text)) => return Ok(vec![Prompt::Text(text.clone())]),
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "prompt",
+                "\"prompt\" must be a string, an array of strings, token ids, or an array of token id arrays",
+            ));
+        }
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid("prompt", "\"prompt\" must not be empty"));
+    }
+    if items.iter().all(Value::is_number) {
+        return Ok(vec![Prompt::Tokens(token_ids(items)?)]);
+    }
+    if items.len() > MAX_PROMPTS {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "at most {MAX_PROMPTS} prompts per request, got {}",
+                items.len()
+            ),
+        ));
+    }
+    items
+        .iter()
+        .map(|item| match item {
+            Value::String(text) => Ok(Prompt::Text(text.clone())),
+            Value::Array(tokens) if !tokens.is_empty() => Ok(Prompt::Tokens(token_ids(tokens)?)),
+            _ => Err(ApiError::invalid(
+                "prompt",
+                "each prompt of a list must be a string or a non-empty array of token ids",
+            )),
+        })
+        .collect()
+}
+
+/// Sets `prompt` as `request`'s input.
+fn set_prompt(request: &mut GenerateRequest, prompt: Prompt) {
+    match prompt {
+        Prompt::Text(text) => {
+            request.prompt = Some(text);
+            request.tokens = None;
+        }
+        Prompt::Tokens(tokens) => {
+            request.prompt = None;
+            request.tokens = Some(tokens);
+        }
+    }
 }
 
 /// The JSON object of a request body.
 struct Body(Map<String, Value>);
 
+/// A request body's JSON object, every key one of `known`.
+pub(crate) fn json_object(bytes: &[u8], known: &[&str]) -> Result<Map<String, Value>, ApiError> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest {
+        message: format!("the body is not valid JSON: {e}"),
+        param: None,
+    })?;
+    let Value::Object(map) = value else {
+        return Err(ApiError::InvalidRequest {
+            message: "the body must be a JSON object".into(),
+            param: None,
+        });
+    };
+    if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(ApiError::UnknownField(unknown.clone()));
+    }
+    Ok(map)
+}
+
 impl Body {
     fn parse(bytes: &[u8], known: &[&str]) -> Result<Body, ApiError> {
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| ApiError::InvalidRequest {
-            message: format!("the body is not valid JSON: {e}"),
-            param: None,
-        })?;
-        let Value::Object(map) = value else {
-            return Err(ApiError::InvalidRequest {
-                message: "the body must be a JSON object".into(),
-                param: None,
-            });
-        };
-        if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(ApiError::UnknownField(unknown.clone()));
-        }
-        Ok(Body(map))
+        json_object(bytes, known).map(Body)
     }
 
     /// The field `name`, `None` when absent or `null`.
@@ -175,36 +265,23 @@ enum OneOrMany {
 struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
+    /// Accepted and ignored: zinfer pads no events, so there is no
+    /// padding to turn off.
+    #[serde(default, rename = "include_obfuscation")]
+    _include_obfuscation: Option<bool>,
 }
 
 /// Translates a `/v1/completions` body.
 pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
     let body = Body::parse(bytes, COMPLETION_FIELDS)?;
+    let mut prompts = prompts(body.0.get("prompt"))?.into_iter();
+    let several = prompts.len() > 1;
     let mut request = GenerateRequest::from_prompt(ctx.id, "");
-    request.prompt = None;
-    match body.0.get("prompt") {
-        None | Some(Value::Null) => {
-            return Err(ApiError::invalid("prompt", "\"prompt\" is required"));
-        }
-        Some(Value::String(text)) => request.prompt = Some(text.clone()),
-        Some(Value::Array(items)) => match items.as_slice() {
-            [Value::String(text)] => request.prompt = Some(text.clone()),
-            [Value::Array(tokens)] => request.tokens = Some(token_ids(tokens)?),
-            [] => return Err(ApiError::invalid("prompt", "\"prompt\" must not be empty")),
-            [Value::Number(_), ..] => request.tokens = Some(token_ids(items)?),
-            _ => {
-                return Err(ApiError::unsupported(
-                    "prompt",
-                    "more than one prompt per request is not supported; send one request per prompt",
-                ));
-            }
-        },
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "prompt",
-                "\"prompt\" must be a string, an array of one string, or an array of token ids",
-            ));
-        }
+    if let Some(first) = prompts.next() {
+        set_prompt(&mut request, first);
+    }
+    if several {
+        request.id = format!("{}-0", ctx.id);
     }
     request.max_tokens = body
         .get::<u32>("max_tokens")?
@@ -227,14 +304,7 @@ pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError
         request.logprobs = true;
         request.top_logprobs = top;
     }
-    let mut echoed = None;
     if echo {
-        let Some(prompt) = request.prompt.clone() else {
-            return Err(ApiError::unsupported(
-                "echo",
-                "\"echo\" needs a text prompt; send the prompt as a string",
-            ));
-        };
         if body.get::<bool>("stream")?.unwrap_or(false) {
             return Err(ApiError::unsupported(
                 "echo",
@@ -245,10 +315,16 @@ pub fn completion(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError
         if request.logprobs {
             request.prompt_logprobs = Some(request.top_logprobs);
         }
-        echoed = Some(prompt);
     }
     let mut translated = finish(body, request, ctx)?;
-    translated.echo = echoed;
+    translated.echo = echo;
+    for (index, prompt) in prompts.enumerate() {
+        let mut request = translated.request.clone();
+        request.id = format!("{}-{}", ctx.id, index + 1);
+        set_prompt(&mut request, prompt);
+        request.validate(ctx.limits).map_err(decode_error)?;
+        translated.more.push(request);
+    }
     Ok(translated)
 }
 
@@ -308,13 +384,61 @@ pub fn chat(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
         }
     }
     request.constraint = response_format(body.get::<Value>("response_format")?)?.map(Box::new);
+    ignored_chat_fields(&body)?;
     finish(body, request, ctx)
+}
+
+/// Fields OpenAI's chat clients send that change nothing here, checked
+/// for their type and values: `store` (nothing is stored),
+/// `service_tier`, `prompt_cache_key` (the prefix cache needs no key),
+/// `safety_identifier` (logged with `user`), `verbosity`, and
+/// `modalities`, which may ask for text only.
+fn ignored_chat_fields(body: &Body) -> Result<(), ApiError> {
+    body.get::<bool>("store")?;
+    body.get::<String>("prompt_cache_key")?;
+    body.get::<String>("safety_identifier")?;
+    one_of(
+        body,
+        "service_tier",
+        &["auto", "default", "flex", "scale", "priority"],
+    )?;
+    one_of(body, "verbosity", &["low", "medium", "high"])?;
+    for modality in body.get::<Vec<String>>("modalities")?.unwrap_or_default() {
+        match modality.as_str() {
+            "text" => {}
+            "audio" => {
+                return Err(ApiError::unsupported(
+                    "modalities",
+                    "audio output is not supported; \"modalities\" may only be [\"text\"]",
+                ));
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    "modalities",
+                    format!("unknown modality {other:?}; only \"text\" is served"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Rejects `name` unless it is absent or one of `values`.
+fn one_of(body: &Body, name: &str, values: &[&str]) -> Result<(), ApiError> {
+    match body.get::<String>(name)? {
+        Some(value) if !values.contains(&value.as_str()) => Err(ApiError::invalid(
+            name,
+            format!("{name:?} must be one of {}", values.join(", ")),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// OpenAI's `response_format` as a protocol `constraint`: `text` is none,
 /// `json_object` any JSON object, `json_schema` its `schema` (any JSON
-/// when left out). The worker enforces every schema whether `strict` is
-/// true or not: being stricter than asked never breaks a client.
+/// when left out). The worker enforces every schema; unless `strict` is
+/// `false`, its objects are closed first, as OpenAI's strict mode and
+/// vLLM read them ([`zinfer_protocol::closed_objects`]).
 fn response_format(format: Option<Value>) -> Result<Option<zinfer_protocol::Constraint>, ApiError> {
     use zinfer_protocol::Constraint;
     let param = "response_format";
@@ -345,7 +469,11 @@ fn response_format(format: Option<Value>) -> Result<Option<zinfer_protocol::Cons
                     Ok(Some(Constraint::json_schema(Value::Object(Map::new()))))
                 }
                 Some(schema @ Value::Object(_)) => {
-                    Ok(Some(Constraint::json_schema(schema.clone())))
+                    let mut schema = schema.clone();
+                    if spec.get("strict") != Some(&Value::Bool(false)) {
+                        zinfer_protocol::closed_objects(&mut schema);
+                    }
+                    Ok(Some(Constraint::json_schema(schema)))
                 }
                 Some(_) => Err(ApiError::invalid(
                     param,
@@ -417,6 +545,7 @@ fn finish(
     request.keep_alive = body.get("keep_alive")?;
     // Accepted and logged, as OpenAI stores them; they change nothing.
     let user = body.get::<String>("user")?;
+    let safety_identifier = body.get::<String>("safety_identifier")?;
     let metadata = body.get::<Map<String, Value>>("metadata")?;
     if let Some(metadata) = &metadata
         && let Some((key, _)) = metadata.iter().find(|(_, v)| !v.is_string())
@@ -426,8 +555,8 @@ fn finish(
             format!("\"metadata\" values must be strings; {key:?} is not"),
         ));
     }
-    if user.is_some() || metadata.is_some() {
-        tracing::info!(id = ctx.id, user, metadata = ?metadata, "request labels");
+    if user.is_some() || safety_identifier.is_some() || metadata.is_some() {
+        tracing::info!(id = ctx.id, user, safety_identifier, metadata = ?metadata, "request labels");
     }
     let stream = body.get::<bool>("stream")?.unwrap_or(false);
     let options = body.get::<StreamOptions>("stream_options")?;
@@ -442,7 +571,8 @@ fn finish(
     request.validate(ctx.limits).map_err(decode_error)?;
     request.check_nesting(ctx.limits).map_err(decode_error)?;
     Ok(Translated {
-        echo: None,
+        echo: false,
+        more: Vec::new(),
         request,
         stream,
         include_usage,
@@ -775,6 +905,23 @@ mod tests {
         chat_ok(serde_json::json!({"messages": user, "tools": shallow}));
     }
 
+    /// What OpenAI's SDKs and agent frameworks send on every call is
+    /// accepted (and changes nothing).
+    #[test]
+    fn standard_fields_real_clients_send_are_accepted() {
+        let user = serde_json::json!([{"role": "user", "content": "x"}]);
+        let plain = chat_ok(serde_json::json!({"messages": user}));
+        let t = chat_ok(serde_json::json!({"messages": user, "store": false,
+            "service_tier": "auto", "prompt_cache_key": "k-1", "safety_identifier": "u-9",
+            "verbosity": "medium", "modalities": ["text"], "stream": true,
+            "stream_options": {"include_usage": true, "include_obfuscation": false}}));
+        assert_eq!(t.request, plain.request);
+        assert!(t.include_usage);
+        let t = chat_ok(serde_json::json!({"messages": user, "store": true,
+            "service_tier": "default", "verbosity": "low"}));
+        assert_eq!(t.request, plain.request);
+    }
+
     #[test]
     fn penalties_bias_priority_and_labels_reach_the_protocol() {
         let user = serde_json::json!([{"role": "user", "content": "x"}]);
@@ -884,6 +1031,8 @@ mod tests {
         let user = serde_json::json!([{"role": "user", "content": "x"}]);
         let schema =
             serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let closed = serde_json::json!({"type": "object", "properties": {"a": {"type": "integer"}},
+            "additionalProperties": false});
         for (format, expected) in [
             (serde_json::json!({"type": "text"}), None),
             (
@@ -893,6 +1042,16 @@ mod tests {
             (
                 serde_json::json!({"type": "json_schema",
                     "json_schema": {"name": "a", "strict": true, "schema": schema}}),
+                Some(Constraint::json_schema(closed.clone())),
+            ),
+            (
+                serde_json::json!({"type": "json_schema",
+                    "json_schema": {"name": "a", "schema": schema}}),
+                Some(Constraint::json_schema(closed.clone())),
+            ),
+            (
+                serde_json::json!({"type": "json_schema",
+                    "json_schema": {"name": "a", "strict": false, "schema": schema}}),
                 Some(Constraint::json_schema(schema.clone())),
             ),
             (
@@ -930,6 +1089,21 @@ mod tests {
             serde_json::json!({"messages": user, "stream_options": {"include_usage": true}}),
         );
         assert_eq!(param(&error).as_deref(), Some("stream_options"));
+        for (field, value) in [
+            ("modalities", serde_json::json!(["text", "audio"])),
+            ("modalities", serde_json::json!(["video"])),
+            ("service_tier", serde_json::json!("fastest")),
+            ("verbosity", serde_json::json!("loud")),
+            ("store", serde_json::json!("yes")),
+            ("prompt_cache_key", serde_json::json!(5)),
+        ] {
+            let mut body = serde_json::json!({"messages": user});
+            body[field] = value;
+            let error = chat_err(body);
+            assert_eq!(param(&error).as_deref(), Some(field), "{error}");
+        }
+        let error = chat_err(serde_json::json!({"messages": user, "modalities": ["audio"]}));
+        assert!(error.to_string().contains("audio"), "{error}");
         let error = chat_err(serde_json::json!({"messages": []}));
         assert_eq!(param(&error).as_deref(), Some("messages"));
         let error = chat_err(serde_json::json!({"model": "m"}));
@@ -1022,8 +1196,27 @@ mod tests {
         assert_eq!(t.request.prompt, None);
         let t = completion_ok(serde_json::json!({"prompt": [[4, 5]]}));
         assert_eq!(t.request.tokens, Some(vec![4, 5]));
+        let t = completion_ok(serde_json::json!({"prompt": ["a", [7, 8], "c"], "n": 2}));
+        let requests = t.requests();
+        assert_eq!(requests.len(), 3);
+        assert_eq!(
+            requests.iter().map(|r| r.id.as_str()).collect::<Vec<_>>(),
+            ["h-1-0", "h-1-1", "h-1-2"]
+        );
+        assert_eq!(requests[0].prompt.as_deref(), Some("a"));
+        assert_eq!(
+            (requests[1].prompt.as_ref(), requests[1].tokens.as_deref()),
+            (None, Some(&[7, 8][..]))
+        );
+        assert_eq!(requests[2].prompt.as_deref(), Some("c"));
+        assert!(requests.iter().all(|r| r.n == 2));
+        let t = completion_ok(serde_json::json!({"prompt": [[1, 2], [3]]}));
+        assert_eq!(t.requests()[1].tokens, Some(vec![3]));
+        let many: Vec<String> = (0..=MAX_PROMPTS).map(|i| i.to_string()).collect();
         for (prompt, field) in [
-            (serde_json::json!(["a", "b"]), "prompt"),
+            (serde_json::json!(many), "prompt"),
+            (serde_json::json!(["a", 5]), "prompt"),
+            (serde_json::json!(["a", []]), "prompt"),
             (serde_json::json!([]), "prompt"),
             (serde_json::json!([-1]), "prompt"),
             (serde_json::json!(5), "prompt"),
@@ -1032,12 +1225,14 @@ mod tests {
             assert_eq!(param(&error).as_deref(), Some(field), "{error}");
         }
         let t = completion_ok(serde_json::json!({"prompt": "x", "echo": true, "logprobs": 2}));
-        assert_eq!(t.echo.as_deref(), Some("x"));
+        assert!(t.echo);
         assert_eq!(t.request.prompt_logprobs, Some(2));
         let t = completion_ok(serde_json::json!({"prompt": "x", "echo": true}));
         assert_eq!(t.request.prompt_logprobs, None);
-        let error = completion_err(serde_json::json!({"prompt": [1, 2], "echo": true}));
-        assert_eq!(param(&error).as_deref(), Some("echo"));
+        let t = completion_ok(serde_json::json!({"prompt": [[1, 2], [3]], "echo": true,
+            "logprobs": 1, "max_tokens": 0}));
+        assert!(t.echo);
+        assert!(t.requests().iter().all(|r| r.prompt_logprobs == Some(1)));
         let error =
             completion_err(serde_json::json!({"prompt": "x", "echo": true, "stream": true}));
         assert_eq!(param(&error).as_deref(), Some("echo"));

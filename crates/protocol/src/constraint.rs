@@ -29,6 +29,65 @@ pub struct Constraint {
     gbnf: Option<serde::de::IgnoredAny>,
 }
 
+/// `schema` with every object schema that lists `properties` and says
+/// nothing of other keys made closed (`additionalProperties: false`), as
+/// strict structured outputs read a schema: otherwise a grammar lets a
+/// small model add keys until it runs out of tokens. An object schema
+/// without `properties` (any map) is left open, and so are the members of
+/// an `allOf`, whose properties are spread over several members (the
+/// schemas inside them are closed).
+pub fn closed_objects(schema: &mut serde_json::Value) {
+    close(schema, true);
+}
+
+fn close(schema: &mut serde_json::Value, this_level: bool) {
+    use serde_json::Value;
+    let Value::Object(map) = schema else {
+        return;
+    };
+    if this_level
+        && map.get("properties").is_some_and(Value::is_object)
+        && !map.contains_key("additionalProperties")
+        && !map.contains_key("unevaluatedProperties")
+        && !map.contains_key("patternProperties")
+    {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for (key, value) in map.iter_mut() {
+        match key.as_str() {
+            "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas" => {
+                if let Value::Object(members) = value {
+                    members.values_mut().for_each(|s| close(s, true));
+                }
+            }
+            "items"
+            | "additionalProperties"
+            | "not"
+            | "if"
+            | "then"
+            | "else"
+            | "contains"
+            | "additionalItems"
+            | "unevaluatedItems"
+            | "unevaluatedProperties" => match value {
+                Value::Array(list) => list.iter_mut().for_each(|s| close(s, true)),
+                other => close(other, true),
+            },
+            "anyOf" | "oneOf" | "prefixItems" => {
+                if let Value::Array(list) = value {
+                    list.iter_mut().for_each(|s| close(s, true));
+                }
+            }
+            "allOf" => {
+                if let Value::Array(list) = value {
+                    list.iter_mut().for_each(|s| close(s, false));
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
 /// What a valid [`Constraint`] asks for.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ConstraintKind<'a> {
@@ -139,6 +198,46 @@ mod tests {
     fn decode(value: serde_json::Value) -> Constraint {
         let bytes = rmp_serde::to_vec_named(&value).expect("encode");
         rmp_serde::from_slice(&bytes).expect("decode")
+    }
+
+    #[test]
+    fn object_schemas_with_properties_are_closed() {
+        use serde_json::json;
+        // A pydantic model with a nested one, a list of them, a union.
+        let mut schema = json!({
+            "type": "object", "title": "User",
+            "properties": {
+                "name": {"type": "string"},
+                "address": {"$ref": "#/$defs/Address"},
+                "tags": {"type": "array", "items": {"type": "object", "properties": {"k": {}}}},
+                "any": {"type": "object"},
+                "either": {"anyOf": [{"properties": {"a": {}}}, {"type": "null"}]},
+                "open": {"properties": {"b": {}}, "additionalProperties": true},
+                "both": {"allOf": [{"properties": {"c": {"properties": {"d": {}}}}}]},
+            },
+            "$defs": {"Address": {"type": "object", "properties": {"city": {"type": "string"}}}},
+        });
+        closed_objects(&mut schema);
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(schema["$defs"]["Address"]["additionalProperties"], false);
+        let p = &schema["properties"];
+        assert_eq!(p["tags"]["items"]["additionalProperties"], false);
+        assert_eq!(p["either"]["anyOf"][0]["additionalProperties"], false);
+        assert!(
+            p["any"].get("additionalProperties").is_none(),
+            "a bare map stays open"
+        );
+        assert_eq!(
+            p["open"]["additionalProperties"], true,
+            "what the schema says stays"
+        );
+        assert!(p["name"].get("additionalProperties").is_none());
+        let member = &p["both"]["allOf"][0];
+        assert!(
+            member.get("additionalProperties").is_none(),
+            "allOf members stay open"
+        );
+        assert_eq!(member["properties"]["c"]["additionalProperties"], false);
     }
 
     #[test]

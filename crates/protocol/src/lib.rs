@@ -35,7 +35,7 @@ mod validate;
 
 pub use chat::{ChatMessage, ContentPart, FunctionCall, MessageContent, ToolCall};
 pub use codec::{DecodeError, EncodeError, WireMessage, decode, encode, recover_id};
-pub use constraint::{Constraint, ConstraintKind};
+pub use constraint::{Constraint, ConstraintKind, closed_objects};
 pub use embed::{EmbedRequest, Pooling};
 pub use ids::{RequestId, RouterRequestId};
 pub use keep_alive::{DEFAULT_KEEP_ALIVE, KeepAlive, ParseKeepAliveError};

@@ -635,6 +635,11 @@ pub struct DoneBody {
     /// Every tool call, when the request was not streamed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCall>>,
+    /// With `logprobs`: the entry of the stop token that ended the output
+    /// (end-of-sequence, a `stop_token_ids` id), which `logprobs` leaves
+    /// out; scorers that read the last token need it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_logprob: Option<TokenLogprob>,
 }
 
 impl DoneBody {
@@ -652,6 +657,7 @@ impl DoneBody {
             embedding: None,
             reasoning: None,
             tool_calls: None,
+            stop_logprob: None,
         }
     }
 }

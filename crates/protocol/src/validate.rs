@@ -498,7 +498,8 @@ impl ChunkBody {
 impl DoneBody {
     /// Every `logprobs` entry within the limits.
     fn check_limits(&self, limits: &Limits) -> Result<(), DecodeError> {
-        logprobs(self.logprobs.as_deref(), None, limits)
+        logprobs(self.logprobs.as_deref(), None, limits)?;
+        logprobs(Some(self.stop_logprob.as_slice()), None, limits)
     }
 }
 

@@ -1,5 +1,6 @@
-//! Feeds arbitrary request bodies to the OpenAI front's translation of
-//! `/v1/completions`, `/v1/chat/completions` and `/v1/embeddings`.
+//! Feeds arbitrary request bodies to the HTTP front's translation of
+//! `/v1/completions`, `/v1/chat/completions`, `/v1/embeddings`,
+//! `/v1/responses` and Anthropic's `/v1/messages`.
 //!
 //! Properties: translation never panics; a refusal is a 4xx; a request it
 //! accepts passes the router's own checks (it encodes, and decodes under
@@ -18,9 +19,20 @@ fuzz_target!(|body: &[u8]| {
         alias: Some("served"),
         limits: &limits,
     };
-    for translated in [translate::completion(body, ctx), translate::chat(body, ctx)] {
+    let messages = zinfer_http::anthropic::request(body, ctx, false).map(|m| m.translated);
+    let responses = zinfer_http::responses::request(body, ctx, |_| None).map(|r| r.translated);
+    for translated in [
+        translate::completion(body, ctx),
+        translate::chat(body, ctx),
+        messages,
+        responses,
+    ] {
         match translated {
-            Ok(translated) => on_the_wire(translated.request, &limits),
+            Ok(translated) => {
+                for request in translated.requests() {
+                    on_the_wire(request, &limits);
+                }
+            }
             Err(error) => assert!(error.status().is_client_error(), "{error:?}"),
         }
     }

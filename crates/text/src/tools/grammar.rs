@@ -44,9 +44,12 @@ impl Repeat {
     }
 }
 
-/// A grammar whose every sentence is one call (or, with `parallel`, one
-/// or more) of the tools `choice` allows, in `format`'s syntax, arguments
-/// valid under each tool's schema. `opener` is the id of the control
+/// A grammar whose every sentence is one call (or, with `parallel` and
+/// `required`, one or more) of the tools `choice` allows, in `format`'s
+/// syntax, arguments valid under each tool's schema: a named choice is
+/// exactly one call, as it names one function. A schema's objects are
+/// closed unless the tool says `strict: false` (see
+/// [`zinfer_protocol::closed_objects`]). `opener` is the id of the control
 /// token that opens the format's calls (Mistral's `[TOOL_CALLS]`, see
 /// [`ToolFormat::opener`]), when the vocabulary has one.
 pub fn forced_call_grammar(
@@ -57,6 +60,7 @@ pub fn forced_call_grammar(
     opener: Option<u32>,
 ) -> Result<String, GrammarError> {
     let allowed = allowed_tools(tools, choice)?;
+    let parallel = parallel && *choice == ToolChoice::Required;
     let syntax = format.syntax();
     let (start, call) = (syntax.forced)(Repeat { parallel }, opener);
     let mut grammar = format!("start: {start}\ncall: {call}\ntool: ");
@@ -95,6 +99,9 @@ fn call_schema(tool: &Tool, arguments_key: &str) -> Map<String, Value> {
         .parameters
         .clone()
         .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+    if tool.function.strict != Some(false) {
+        zinfer_protocol::closed_objects(&mut parameters);
+    }
     let mut schema = Map::new();
     schema.insert("type".into(), json!("object"));
     // References such as `#/$defs/x` are resolved from the document's

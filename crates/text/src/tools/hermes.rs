@@ -105,9 +105,12 @@ impl CallParser for Hermes {
         }
     }
 
-    fn finish(&mut self, out: &mut Parsed) {
+    fn finish(&mut self, out: &mut Parsed, cut: bool) {
         if let Some(body) = self.block.take() {
-            self.end_block(&body, false, out);
+            match parse_call(body.trim(), Shape::Tagged) {
+                None if cut => {}
+                _ => self.end_block(&body, false, out),
+            }
         } else if !(self.called && is_blank(&self.held)) {
             self.emit_held(out);
         }

@@ -62,12 +62,15 @@ impl CallParser for Llama3 {
         }
     }
 
-    fn finish(&mut self, out: &mut Parsed) {
+    /// A cut buffer is dropped only after `<|python_tag|>`: bare JSON may
+    /// be an answer cut short.
+    fn finish(&mut self, out: &mut Parsed, cut: bool) {
         match std::mem::replace(self, Llama3::Stream) {
             Llama3::Stream => {}
             Llama3::Start(held) => out.content.push_str(&held),
             Llama3::Buffer(buffer) => match parse(&buffer) {
                 Some(calls) => out.calls.extend(calls),
+                None if cut && buffer.trim_start().starts_with(PYTHON_TAG) => {}
                 None => out.content.push_str(&buffer),
             },
         }

@@ -78,10 +78,11 @@ impl CallParser for Mistral {
         }
     }
 
-    fn finish(&mut self, out: &mut Parsed) {
+    fn finish(&mut self, out: &mut Parsed, cut: bool) {
         match self.buffer.take() {
             Some(buffer) => match parse(&buffer) {
                 Some(calls) => out.calls.extend(calls),
+                None if cut => {}
                 None => out.content.push_str(&buffer),
             },
             None => out.content.push_str(&self.held),

@@ -37,8 +37,10 @@ pub struct Parsed {
 pub(crate) trait CallParser: std::fmt::Debug + Send {
     /// Takes the next (non-empty) piece of content.
     fn push(&mut self, text: &str, out: &mut Parsed);
-    /// The output ended: whatever is held back.
-    fn finish(&mut self, out: &mut Parsed);
+    /// The output ended: whatever is held back. `cut`: it ended before
+    /// the model was done (`max_tokens`), so a call it was writing is
+    /// unfinished and dropped, not shown as content.
+    fn finish(&mut self, out: &mut Parsed, cut: bool);
 }
 
 /// Splits streamed output text into content, reasoning and tool calls.
@@ -73,12 +75,25 @@ impl OutputParser {
     /// The output ended: whatever is held back.
     #[must_use]
     pub fn finish(&mut self) -> Parsed {
+        self.end(false)
+    }
+
+    /// The output was cut short (`max_tokens`, a deadline): as
+    /// [`OutputParser::finish`], but a call the model was still writing is
+    /// dropped instead of coming out as content, so its markup never
+    /// reaches a client.
+    #[must_use]
+    pub fn finish_cut(&mut self) -> Parsed {
+        self.end(true)
+    }
+
+    fn end(&mut self, cut: bool) -> Parsed {
         let mut out = Parsed::default();
         let mut content = String::new();
         self.reasoning.finish(&mut out.reasoning, &mut content);
         self.push_content(&content, &mut out);
         if let Some(calls) = &mut self.calls {
-            calls.finish(&mut out);
+            calls.finish(&mut out, cut);
         }
         out
     }

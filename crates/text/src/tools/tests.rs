@@ -124,6 +124,42 @@ fn hermes_unclosed_block_is_a_call_when_its_json_is_one() {
     );
 }
 
+/// An output cut by `max_tokens` in the middle of a call: the call is
+/// dropped, never shown as content; what came before it stays.
+#[test]
+fn a_call_cut_short_is_dropped_not_content() {
+    for (format, text, before) in [
+        (
+            HERMES,
+            "Sure.\n<tool_call>\n{\"name\": \"f\", \"argu",
+            "Sure.\n",
+        ),
+        (HERMES, "<tool_call>", ""),
+        (MISTRAL, "[TOOL_CALLS] [{\"name\": \"f\",", ""),
+        (LLAMA3, "<|python_tag|>{\"name\": \"f\", \"para", ""),
+    ] {
+        let mut parser = OutputParser::new(format, Thinking::Off);
+        let mut content = parser.push(text).content;
+        let end = parser.finish_cut();
+        content.push_str(&end.content);
+        assert_eq!(content, before, "{format:?}: {text:?}");
+        assert!(end.calls.is_empty());
+        // Not cut, the same text is content as written.
+        let mut parser = OutputParser::new(format, Thinking::Off);
+        let mut content = parser.push(text).content;
+        content.push_str(&parser.finish().content);
+        assert_eq!(content, text);
+    }
+    // A block whose JSON is whole is still a call when cut before its tag.
+    let mut parser = OutputParser::new(HERMES, Thinking::Off);
+    let _ = parser.push("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n");
+    assert_eq!(parser.finish_cut().calls, vec![call("f", "{}")]);
+    // A bare JSON answer cut short stays content (Llama 3).
+    let mut parser = OutputParser::new(LLAMA3, Thinking::Off);
+    let _ = parser.push("{\"name\": \"Ada\", ");
+    assert_eq!(parser.finish_cut().content, "{\"name\": \"Ada\", ");
+}
+
 #[test]
 fn llama3_calls_with_and_without_python_tag() {
     let text = "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"x\": 1}}; {\"name\": \"g\", \"arguments\": {}}\n";

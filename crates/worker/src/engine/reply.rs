@@ -65,8 +65,10 @@ impl ReplyText {
         self.delta(parsed)
     }
 
-    /// The output's end: `tail` is the text the detokenizer held back.
-    pub(super) fn finish(&mut self, tail: String) -> Delta {
+    /// The output's end: `tail` is the text the detokenizer held back;
+    /// `cut`: it ended at `max_tokens` or a deadline, so an unfinished
+    /// call is dropped, not shown as content.
+    pub(super) fn finish(&mut self, tail: String, cut: bool) -> Delta {
         let Some(parser) = self.parser.as_mut() else {
             return Delta {
                 content: tail,
@@ -74,7 +76,11 @@ impl ReplyText {
             };
         };
         let mut parsed = parser.push(&tail);
-        let more = parser.finish();
+        let more = if cut {
+            parser.finish_cut()
+        } else {
+            parser.finish()
+        };
         merge(&mut parsed, more);
         self.delta(parsed)
     }
@@ -153,7 +159,7 @@ mod tests {
         };
         let mut reply = ReplyText::new(plan, 0);
         assert_eq!(reply.push(7, "a<".into()).content, "a<");
-        assert_eq!(reply.finish("b".into()).content, "b");
+        assert_eq!(reply.finish("b".into(), false).content, "b");
         assert!(!reply.called_tools());
     }
 }

@@ -80,6 +80,8 @@ struct Request {
     /// The prompt tokens' log probabilities so far, position by position,
     /// with the alternatives asked for, when the request wants them.
     prompt_logprobs: Option<(usize, Vec<PromptLogprob>)>,
+    /// With `logprobs`, the entry of the stop token that ended the output.
+    stop_logprob: Option<TokenLogprob>,
     /// `max_tokens` 0 with `prompt_logprobs` or `embed`: the prompt is
     /// computed for its rows, and nothing is generated.
     score_only: bool,
@@ -468,6 +470,7 @@ impl EngineLoop {
             first_token: None,
             last_token: None,
             prompt_logprobs,
+            stop_logprob: None,
             score_only,
             embed,
             constrained: choice.constraint.is_some(),
@@ -971,6 +974,16 @@ impl EngineLoop {
                     return;
                 }
             }
+        } else if request.logprobs
+            && let Some(logprobs) = logprobs
+        {
+            match entry(self.text.as_ref(), token, logprobs) {
+                Ok(entry) => request.stop_logprob = Some(entry),
+                Err(error) => {
+                    self.fail_internal(id, &error);
+                    return;
+                }
+            }
         }
         if let Some(reason) = reason {
             self.finish(id, reason);
@@ -998,7 +1011,8 @@ impl EngineLoop {
                 String::new()
             }
         };
-        let tail = request.reply.finish(tail);
+        let cut = matches!(reason, FinishReason::Length | FinishReason::Deadline);
+        let tail = request.reply.finish(tail, cut);
         if request.stream {
             if !tail.is_empty() || !request.unsent.is_empty() {
                 let event = chunk_event(&mut request, tail);
@@ -1040,6 +1054,7 @@ impl EngineLoop {
                 tool_calls: (whole && !request.tool_calls.is_empty()).then_some(request.tool_calls),
                 choice: request.choice,
                 prompt_logprobs: request.prompt_logprobs.map(|(_, entries)| entries),
+                stop_logprob: request.stop_logprob,
                 embedding: request
                     .embed
                     .and_then(|embed| embed.vector(request.prompt_tokens)),
