@@ -298,6 +298,28 @@ pub enum FormatError {
         /// Where that one's data ends.
         previous_end: u64,
     },
+    /// Unused bytes before a tensor, more than alignment padding.
+    #[error(
+        "tensor `{tensor}` starts at data offset {offset}, {gap} bytes after the data before it: its type or dimensions do not match the bytes written"
+    )]
+    Gap {
+        /// The tensor after the gap.
+        tensor: String,
+        /// Its data offset.
+        offset: u64,
+        /// Unused bytes before it.
+        gap: u64,
+    },
+    /// Unused bytes after the last tensor, more than alignment padding.
+    #[error(
+        "{bytes} bytes follow the last tensor `{tensor}`: a tensor's type or dimensions do not match the bytes written"
+    )]
+    Trailing {
+        /// The last tensor.
+        tensor: String,
+        /// Bytes after it.
+        bytes: u64,
+    },
     /// A typed getter asked for an array, and the key holds a scalar.
     #[error("`{key}` is a single {found}, not an array of {want}")]
     NotArray {
@@ -1027,7 +1049,7 @@ fn parse<R: Read + Seek>(r: &mut Reader<R>) -> Result<GgufHeader, ParseError> {
     for t in &tensors {
         check_extent(t, data_offset, alignment, r.len)?;
     }
-    check_overlaps(&tensors)?;
+    check_layout(&tensors, alignment, r.len.saturating_sub(data_offset))?;
     Ok(GgufHeader {
         version,
         tensor_count,
@@ -1116,25 +1138,51 @@ fn check_extent(
 }
 
 /// No two sized tensors share a byte: a file that points two weights at
-/// the same data (or one into another) is not what its writer meant.
-fn check_overlaps(tensors: &[TensorInfo]) -> Result<(), ParseError> {
+/// the same data (or one into another) is not what its writer meant. And
+/// when every tensor is sized, they tile the data section as GGUF writers
+/// lay them out, each padded to the alignment: a larger gap means a
+/// tensor's type or dimensions were changed to need fewer bytes than were
+/// written for it.
+fn check_layout(tensors: &[TensorInfo], alignment: u64, data_len: u64) -> Result<(), ParseError> {
     let mut extents: Vec<(u64, u64, &str)> = tensors
         .iter()
         .filter_map(|t| Some((t.offset, t.offset.checked_add(t.bytes()?)?, t.name.as_str())))
-        .filter(|&(start, end, _)| end > start)
         .collect();
+    let all_sized = extents.len() == tensors.len();
     extents.sort_unstable();
-    for pair in extents.windows(2) {
-        let ((_, previous_end, previous), (offset, _, tensor)) = (pair[0], pair[1]);
+    let mut previous: Option<(u64, &str)> = None;
+    for &(offset, end, tensor) in &extents {
+        let (previous_end, previous_name) = previous.unwrap_or((0, ""));
         if offset < previous_end {
             return Err(FormatError::Overlap {
                 tensor: tensor.to_string(),
                 offset,
-                previous: previous.to_string(),
+                previous: previous_name.to_string(),
                 previous_end,
             }
             .into());
         }
+        if all_sized && offset - previous_end >= alignment {
+            return Err(FormatError::Gap {
+                tensor: tensor.to_string(),
+                offset,
+                gap: offset - previous_end,
+            }
+            .into());
+        }
+        if end > previous_end {
+            previous = Some((end, tensor));
+        }
+    }
+    if let Some((end, tensor)) = previous
+        && all_sized
+        && data_len - end >= alignment
+    {
+        return Err(FormatError::Trailing {
+            tensor: tensor.to_string(),
+            bytes: data_len - end,
+        }
+        .into());
     }
     Ok(())
 }
@@ -1783,6 +1831,20 @@ mod tests {
             64,
         );
         assert!(read(&apart).is_ok());
+        // A tensor whose type now needs fewer bytes than were written.
+        let shrunk = file(
+            header(&[]),
+            &[tensor("a", &[16], 1, 0), tensor("b", &[8], 0, 64)],
+            96,
+        );
+        let err = refusal(&shrunk);
+        assert!(
+            err.contains("`b` starts at data offset 64, 32 bytes after"),
+            "{err}"
+        );
+        let last_shrunk = file(header(&[]), &[tensor("a", &[16], 1, 0)], 64);
+        let err = refusal(&last_shrunk);
+        assert!(err.contains("32 bytes follow the last tensor `a`"), "{err}");
     }
 
     #[test]
