@@ -15,7 +15,10 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use zinfer_fetch::test_model_path;
 use zinfer_model::synthetic::{Architecture, SynthShape, SynthSpec, generate};
 use zinfer_model::{ChunkOutput, LoadOptions, SeqChunk, check_gguf, load};
-use zinfer_text::ModelTokenizer;
+use zinfer_text::{ModelTokenizer, limits};
+
+#[global_allocator]
+static ALLOC: limits::TemplateAlloc = limits::TemplateAlloc;
 
 /// The most one case may take, load and forward pass included.
 const CASE_TIME: Duration = Duration::from_secs(2);
@@ -571,6 +574,23 @@ fn cases(base: &Gguf) -> Cases {
                 g.poke(name, index, v)
             });
         }
+    }
+    // Templates, last: a render past its memory budget leaves a thread
+    // asleep for good, and the renderer refuses all renders after a few.
+    let templates = [
+        ("nested loops", "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}".to_string()),
+        ("deep recursion", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".into()),
+        ("output flood", "{% for i in range(2000) %}{{ 'x' * 50000 }}{% endfor %}".into()),
+        ("huge", "x".repeat(600 << 10)),
+        ("does not compile", "{% for %}".into()),
+        ("refuses system turns", "{{ raise_exception('no') }}".into()),
+        ("empty", String::new()),
+        ("string doubling", "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}".into()),
+    ];
+    for (name, source) in templates {
+        c.edit("templates", name, base, |g| {
+            g.set("tokenizer.chat_template", &Value::String(source));
+        });
     }
     c
 }
