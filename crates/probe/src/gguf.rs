@@ -847,6 +847,19 @@ pub fn read_header_with(path: &Path, limits: Limits) -> Result<GgufHeader, Heade
     Ok(header)
 }
 
+/// Reads a GGUF header from bytes in memory (a fuzzer's input) as
+/// [`read_header_with`] reads a file's; the header has no path, so its
+/// array getters cannot read.
+pub fn parse_header(bytes: &[u8], limits: Limits) -> Result<GgufHeader, HeaderError> {
+    let mut reader = Reader {
+        inner: std::io::Cursor::new(bytes),
+        len: bytes.len() as u64,
+        left: bytes.len() as u64,
+        limits,
+    };
+    parse(&mut reader).map_err(|e| header_error(Path::new(""), e))
+}
+
 /// A failure while reading, before the file's path is attached.
 #[derive(Debug)]
 enum ParseError {
@@ -1279,15 +1292,9 @@ mod tests {
     }
 
     fn read_with(bytes: &[u8], limits: Limits) -> Result<GgufHeader, FormatError> {
-        let mut r = Reader {
-            inner: std::io::Cursor::new(bytes),
-            len: bytes.len() as u64,
-            left: bytes.len() as u64,
-            limits,
-        };
-        parse(&mut r).map_err(|e| match e {
-            ParseError::Io(e) => panic!("a cursor read failed: {e}"),
-            ParseError::Format(reason) => reason,
+        parse_header(bytes, limits).map_err(|e| match e {
+            HeaderError::Format { reason, .. } => reason,
+            other => panic!("a cursor read failed: {other}"),
         })
     }
 

@@ -20,7 +20,7 @@ pub use architecture::{Architecture, SUPPORTED_ARCHITECTURES, UnknownArchitectur
 pub use device::{Device, DeviceError};
 pub use gguf::{
     FormatError, GgmlType, GgufHeader, HeaderError, Limits, METADATA_LIMIT_ENV, MetaValue,
-    TensorInfo, ValueType, read_header, read_header_with,
+    TensorInfo, ValueType, parse_header, read_header, read_header_with,
 };
 pub use safetensors::{
     SafetensorsError, SafetensorsHeader, SafetensorsTensor, read_safetensors_header,
