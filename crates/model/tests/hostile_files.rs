@@ -524,6 +524,14 @@ fn cases(base: &Gguf) -> Cases {
             &string_array(&vec![String::new(); (1 << 20) + 1]),
         );
     });
+    // At the limit: taken by the reader, then refused for not matching
+    // the embedding, within the memory bound.
+    c.edit("tokenizer", "2^20 empty tokens", base, |g| {
+        g.set(
+            "tokenizer.ggml.tokens",
+            &string_array(&vec![String::new(); 1 << 20]),
+        );
+    });
     c.edit("tokenizer", "no tokens", base, |g| {
         g.remove("tokenizer.ggml.tokens")
     });
