@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use candle_core::quantized::gguf_file::{Content, Value};
+use candle_core::quantized::gguf_file::{self, Content, Value};
 use zinfer_fetch::test_model_path;
-use zinfer_model::synthetic::{Architecture, SynthShape, SynthSpec, generate};
+use zinfer_model::synthetic::{SynthShape, SynthSpec, generate};
 use zinfer_model::{ChunkOutput, LoadOptions, SeqChunk, check_gguf, load};
 use zinfer_text::{ModelTokenizer, limits};
 
@@ -51,53 +51,28 @@ struct Gguf {
     alignment: usize,
 }
 
-fn type_code(v: &Value) -> u32 {
-    match v {
-        Value::U8(_) => 0,
-        Value::I8(_) => 1,
-        Value::U16(_) => 2,
-        Value::I16(_) => 3,
-        Value::U32(_) => 4,
-        Value::I32(_) => 5,
-        Value::F32(_) => 6,
-        Value::Bool(_) => 7,
-        Value::String(_) => 8,
-        Value::Array(_) => 9,
-        Value::U64(_) => 10,
-        Value::I64(_) => 11,
-        Value::F64(_) => 12,
-    }
-}
-
 fn string_bytes(s: &[u8]) -> Vec<u8> {
     let mut out = (s.len() as u64).to_le_bytes().to_vec();
     out.extend(s);
     out
 }
 
-fn value_bytes(v: &Value) -> Vec<u8> {
-    match v {
-        Value::U8(x) => vec![*x],
-        Value::I8(x) => x.to_le_bytes().to_vec(),
-        Value::U16(x) => x.to_le_bytes().to_vec(),
-        Value::I16(x) => x.to_le_bytes().to_vec(),
-        Value::U32(x) => x.to_le_bytes().to_vec(),
-        Value::I32(x) => x.to_le_bytes().to_vec(),
-        Value::F32(x) => x.to_le_bytes().to_vec(),
-        Value::Bool(x) => vec![u8::from(*x)],
-        Value::String(s) => string_bytes(s.as_bytes()),
-        Value::U64(x) => x.to_le_bytes().to_vec(),
-        Value::I64(x) => x.to_le_bytes().to_vec(),
-        Value::F64(x) => x.to_le_bytes().to_vec(),
-        Value::Array(items) => {
-            let elem = items.first().map_or(4, type_code);
-            let mut out = elem.to_le_bytes().to_vec();
-            out.extend((items.len() as u64).to_le_bytes());
-            for item in items {
-                out.extend(value_bytes(item));
-            }
-            out
-        }
+/// A metadata entry as candle's GGUF writer writes it: the entry is
+/// written before a known last one, and cut out of the bytes.
+fn entry(key: &str, v: &Value) -> Kv {
+    const END: u8 = 0x5A;
+    // Key "~" (8 + 1 bytes), type (4), a u8 END (1).
+    const END_ENTRY: usize = 14;
+    let mut out = std::io::Cursor::new(Vec::new());
+    gguf_file::write(&mut out, &[(key, v), ("~", &Value::U8(END))], &[]).unwrap();
+    let bytes = out.into_inner();
+    let last = bytes.iter().rposition(|&b| b == END).unwrap();
+    let written = &bytes[24..last + 1 - END_ENTRY];
+    let at = 8 + key.len();
+    Kv {
+        key: key.to_string(),
+        ty: u32::from_le_bytes(written[at..at + 4].try_into().unwrap()),
+        bytes: written[at + 4..].to_vec(),
     }
 }
 
@@ -108,11 +83,7 @@ impl Gguf {
         let mut kvs: Vec<Kv> = content
             .metadata
             .iter()
-            .map(|(key, v)| Kv {
-                key: key.clone(),
-                ty: type_code(v),
-                bytes: value_bytes(v),
-            })
+            .map(|(key, v)| entry(key, v))
             .collect();
         kvs.sort_by(|a, b| a.key.cmp(&b.key));
         let mut tensors: Vec<Tensor> = content
@@ -163,7 +134,8 @@ impl Gguf {
     }
 
     fn set(&mut self, key: &str, v: &Value) -> &mut Self {
-        self.set_raw(key, type_code(v), value_bytes(v))
+        let Kv { ty, bytes, .. } = entry(key, v);
+        self.set_raw(key, ty, bytes)
     }
 
     fn set_raw(&mut self, key: &str, ty: u32, bytes: Vec<u8>) -> &mut Self {
@@ -219,30 +191,12 @@ fn string_array(items: &[String]) -> Value {
 fn base(dir: &Path) -> Gguf {
     let mut f = std::fs::File::open(test_model_path().unwrap()).unwrap();
     let source = Content::read(&mut f).unwrap().metadata;
-    let shape = SynthShape {
-        name: "hostile".into(),
-        arch: Architecture::Llama,
-        n_layers: 2,
-        hidden: 64,
-        n_heads: 4,
-        n_kv_heads: 2,
-        head_dim: 16,
-        ffn: 128,
-        vocab: 512,
-        vocab_from_tokenizer: false,
-        vocab_file: None,
-        context: 256,
-        rope_theta: 10_000.0,
-        rope_theta_swa: None,
-        rms_eps: 1e-5,
-        tied_embeddings: true,
-        rope_scaling: None,
-        rope_original_context: None,
-        long_rope: None,
-        sliding_window: None,
-        attn_softcap: None,
-        final_softcap: None,
-    };
+    let mut shape = SynthShape::preset("llama-swa-tiny").unwrap();
+    shape.name = "hostile".into();
+    (shape.hidden, shape.head_dim, shape.ffn) = (64, 16, 128);
+    (shape.vocab, shape.vocab_from_tokenizer) = (512, false);
+    (shape.context, shape.sliding_window) = (256, None);
+    shape.tied_embeddings = true;
     let path = dir.join("base.gguf");
     let spec = SynthSpec {
         shape,
