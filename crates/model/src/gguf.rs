@@ -28,6 +28,7 @@ use super::{LoadOptions, ModelError, validate};
 /// Reads the model from one GGUF file.
 pub(crate) fn load(path: &Path, options: &LoadOptions) -> Result<CpuModel, ModelError> {
     let mut file = open(path)?;
+    validate::memory(&file.tensors, &file.spec)?;
     let spec = file.spec.clone();
     let weights: CpuWeights = weights::read(&mut CpuSource(&mut file), &spec, Naming::Gguf)?;
     CpuModel::new(spec, weights, options)

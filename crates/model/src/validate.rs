@@ -13,7 +13,7 @@
 use std::path::Path;
 
 use candle_core::quantized::GgmlDType;
-use zinfer_probe::{GgmlType, TensorInfo};
+use zinfer_probe::{GgmlType, GgufHeader, TensorInfo};
 
 use super::ModelError;
 use super::gguf::{self, Tensors, candle_layout, missing_tensor};
@@ -45,7 +45,9 @@ pub const MEMORY_LIMIT_ENV: &str = "ZINFER_MODEL_MEMORY_LIMIT";
 /// runs first, this is what `zinfer model inspect` calls loadable. Returns
 /// the model's spec.
 pub fn check_gguf(path: &Path) -> Result<ModelSpec, ModelError> {
-    Ok(gguf::open(path)?.spec)
+    let file = gguf::open(path)?;
+    memory(&file.tensors, &file.spec)?;
+    Ok(file.spec)
 }
 
 /// The integer metadata the spec is built from, range-checked before
@@ -149,8 +151,7 @@ pub(crate) fn spec(spec: &ModelSpec) -> Result<(), ModelError> {
 /// The checks that read the tensor table and a little tensor data: every
 /// weight the load reads is there, of the spec's shape and a type the
 /// backends build; the vocabulary matches the embedding; special tokens
-/// are inside it; the weights fit in memory; the LM head and norms hold
-/// no NaN or infinity.
+/// are inside it; the LM head and norms hold no NaN or infinity.
 pub(crate) fn file(tensors: &mut Tensors, spec: &ModelSpec) -> Result<(), ModelError> {
     let tied = !tensors
         .header()
@@ -159,7 +160,6 @@ pub(crate) fn file(tensors: &mut Tensors, spec: &ModelSpec) -> Result<(), ModelE
         .any(|t| t.name == "output.weight");
     weights::read(&mut DryRun(tensors), spec, Naming::Gguf)?;
     vocabulary(tensors, spec)?;
-    memory(tensors, spec)?;
     finite_weights(tensors, spec, tied)
 }
 
@@ -199,32 +199,46 @@ fn vocabulary(tensors: &Tensors, spec: &ModelSpec) -> Result<(), ModelError> {
     }
 }
 
-/// The memory the weights and RoPE tables will take, against
+/// The host memory a CPU load's weights and RoPE tables will take, against
 /// [`MEMORY_LIMIT_ENV`] or else the host's available memory, before any
-/// weight is read.
-fn memory(tensors: &Tensors, spec: &ModelSpec) -> Result<(), ModelError> {
+/// weight is read. (A GPU load keeps its weights in device memory, which
+/// candle sizes as it allocates.)
+pub(crate) fn memory(tensors: &Tensors, spec: &ModelSpec) -> Result<(), ModelError> {
     let limit = match std::env::var(MEMORY_LIMIT_ENV) {
-        Ok(text) => text.trim().parse::<u64>().ok(),
+        Ok(text) => {
+            let limit = text.trim().parse::<u64>().ok();
+            if limit.is_none() {
+                tracing::warn!(value = %text, "{MEMORY_LIMIT_ENV} is not a number of bytes; not checking the model's memory");
+            }
+            limit
+        }
         Err(_) => zinfer_probe::procfs::available_bytes(),
     };
-    let Some(available) = limit else {
-        return Ok(());
-    };
-    // Float matrices are widened to f32 for the CPU kernels; quantized
-    // ones are kept as stored.
-    let weights = tensors.header().tensors.iter().fold(0u64, |n, t| {
+    let rope_tables = (spec.ropes.len() * spec.max_positions * spec.head_dim * 4) as u64;
+    within(
+        weight_bytes(tensors.header()).saturating_add(rope_tables),
+        limit,
+    )
+}
+
+/// Host bytes a CPU load keeps for the file's tensors: float matrices are
+/// widened to f32 for the kernels, quantized ones kept as stored.
+fn weight_bytes(header: &GgufHeader) -> u64 {
+    header.tensors.iter().fold(0u64, |n, t| {
         let bytes = match t.ggml_type {
             GgmlType::F16 | GgmlType::BF16 => t.elements().saturating_mul(4),
             _ => t.bytes().unwrap_or(0),
         };
         n.saturating_add(bytes)
-    });
-    let rope_tables = (spec.ropes.len() * spec.max_positions * spec.head_dim * 4) as u64;
-    let need = weights.saturating_add(rope_tables);
-    if need > available {
-        return Err(ModelError::Memory { need, available });
+    })
+}
+
+/// Fails when `need` bytes are more than `limit` (no limit: no check).
+fn within(need: u64, limit: Option<u64>) -> Result<(), ModelError> {
+    match limit {
+        Some(available) if need > available => Err(ModelError::Memory { need, available }),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// NaN or infinity in the LM head (sampled rows) or any norm weight makes
@@ -348,5 +362,38 @@ impl TensorSource for DryRun<'_> {
     ) -> Result<((), Option<()>), ModelError> {
         gguf::check_dims(name, self.matrix_dims(name)?, (rows, cols))?;
         Ok(((), tied.then_some(())))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_counts_float_matrices_widened_and_refuses_past_the_limit() {
+        let tensor = |ggml_type, dims: &[u64]| TensorInfo {
+            name: String::new(),
+            dims: dims.to_vec(),
+            ggml_type,
+            offset: 0,
+        };
+        let header = GgufHeader {
+            tensors: vec![
+                tensor(GgmlType::F16, &[4, 8]),
+                tensor(GgmlType::Q4_1, &[32, 2]),
+                tensor(GgmlType(99), &[32]),
+            ],
+            ..GgufHeader::default()
+        };
+        assert_eq!(weight_bytes(&header), 4 * 8 * 4 + 2 * 20);
+        assert!(within(100, None).is_ok());
+        assert!(within(100, Some(100)).is_ok());
+        assert!(matches!(
+            within(101, Some(100)),
+            Err(ModelError::Memory {
+                need: 101,
+                available: 100
+            })
+        ));
     }
 }
