@@ -77,7 +77,7 @@ pub(crate) fn render(
     let runaways = RUNAWAYS.load(Ordering::Acquire);
     if runaways >= MAX_RUNAWAYS {
         return Err(limit_message(&format!(
-            "time or memory limits on {runaways} earlier renders that are still running; restart the worker"
+            "limits on {runaways} earlier renders that are still running: refused until they end (one past its memory limit never does; restart the worker then)"
         )));
     }
     let state = Arc::new(AtomicU8::new(RUNNING));
