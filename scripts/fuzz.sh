@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Runs two cargo-fuzz targets for a bounded time each: the protocol decoder
-# (crates/protocol/fuzz, seeded with the golden frames) and the OpenAI
+# Runs three cargo-fuzz targets for a bounded time each: the protocol decoder
+# (crates/protocol/fuzz, seeded with the golden frames), the OpenAI
 # front's request translation (crates/http/fuzz, seeded with the bodies in
-# its seeds/): `scripts/fuzz.sh [SECONDS]` (default 60, per target). It
+# its seeds/) and the GGUF header reader (crates/probe/fuzz, seeded with the
+# small files its seed.py writes): `scripts/fuzz.sh [SECONDS]` (default 60,
+# per target). It
 # needs a nightly toolchain and cargo-fuzz; cargo-fuzz is
 # installed when missing. Where either cannot be had, it says so loudly and
 # exits 0: CI fuzzes where it can, and the decoder's proptests run anyway.
@@ -48,3 +50,9 @@ done
 cargo +nightly fuzz run --sanitizer none translate "$corpus" -- \
   -max_len=4096 -max_total_time="$seconds" -print_final_stats=1 -dict="$dict"
 rm -f "$dict"
+
+cd "$root/crates/probe/fuzz"
+corpus=corpus/gguf_header
+python3 seed.py "$corpus"
+cargo +nightly fuzz run --sanitizer none gguf_header "$corpus" -- \
+  -max_len=4096 -max_total_time="$seconds" -print_final_stats=1

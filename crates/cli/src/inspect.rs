@@ -103,6 +103,7 @@ pub(crate) fn run(args: &InspectArgs) -> anyhow::Result<()> {
 /// Reads the report for a GGUF file or a Hugging Face directory.
 pub(crate) fn inspect(path: &Path) -> anyhow::Result<Report> {
     let meta = std::fs::metadata(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut load_refusal = None;
     let mut report = if meta.is_dir() {
         hf::inspect_dir(path)?
     } else if path.extension().is_some_and(|e| e == "safetensors") {
@@ -112,13 +113,24 @@ pub(crate) fn inspect(path: &Path) -> anyhow::Result<Report> {
         );
     } else {
         let header = zinfer_probe::read_header(path)?;
+        load_refusal = gguf_load_refusal(path);
         from_gguf(&header)
     };
     report.path = path.display().to_string();
-    let reason = unsupported_reason(report.architecture.as_deref(), report.expert_count);
+    let reason =
+        unsupported_reason(report.architecture.as_deref(), report.expert_count).or(load_refusal);
     report.loadable = reason.is_none();
     report.unsupported_reason = reason;
     Ok(report)
+}
+
+/// Why a worker would refuse the GGUF file, if it would: the tokenizer and
+/// chat template, then the model, checked by the code the load runs.
+fn gguf_load_refusal(path: &Path) -> Option<String> {
+    if let Err(e) = zinfer_text::ModelTokenizer::open(path) {
+        return Some(e.to_string());
+    }
+    zinfer_model::check_gguf(path).err().map(|e| e.to_string())
 }
 
 /// Why this build cannot load a model of `architecture`, if it cannot.

@@ -17,6 +17,10 @@ mod zmq_util;
 
 use clap::{Parser, Subcommand};
 
+/// The system allocator with the memory budget chat templates render under.
+#[global_allocator]
+static ALLOC: zinfer_text::limits::TemplateAlloc = zinfer_text::limits::TemplateAlloc;
+
 /// zinfer: an LLM serving system over ZeroMQ with prefix caching and
 /// continuous batching.
 #[derive(Debug, Parser)]

@@ -30,6 +30,7 @@
 //! argued at each use.
 #![allow(unsafe_code)]
 
+pub mod alloc;
 mod attention;
 mod blocked;
 mod dispatch;

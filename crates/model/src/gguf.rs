@@ -23,11 +23,12 @@ use super::linear::{Embedding, Linear};
 use super::meta::Meta;
 use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec, Yarn};
 use super::weights::{self, Naming, TensorSource};
-use super::{LoadOptions, ModelError};
+use super::{LoadOptions, ModelError, validate};
 
 /// Reads the model from one GGUF file.
 pub(crate) fn load(path: &Path, options: &LoadOptions) -> Result<CpuModel, ModelError> {
     let mut file = open(path)?;
+    validate::memory(&file.tensors, &file.spec)?;
     let spec = file.spec.clone();
     let weights: CpuWeights = weights::read(&mut CpuSource(&mut file), &spec, Naming::Gguf)?;
     CpuModel::new(spec, weights, options)
@@ -89,10 +90,12 @@ impl GgufFile {
     }
 }
 
-/// Reads a GGUF file's header and model spec (not the weights).
+/// Reads a GGUF file's header and model spec (not the weights), and checks
+/// that the weights it names can load and compute.
 pub(crate) fn open(path: &Path) -> Result<GgufFile, ModelError> {
     let mut tensors = Tensors::open(path)?;
     let spec = spec(&mut tensors)?;
+    validate::file(&mut tensors, &spec)?;
     Ok(GgufFile { tensors, spec })
 }
 
@@ -127,6 +130,51 @@ impl Tensors {
         self.index.info(name).is_some()
     }
 
+    /// The header and tensor table.
+    pub(crate) fn header(&self) -> &GgufHeader {
+        &self.index.header
+    }
+
+    /// The table entry of tensor `name`.
+    pub(crate) fn info(&self, name: &str) -> Option<&TensorInfo> {
+        self.index.info(name)
+    }
+
+    /// Rows `rows` of the matrix `name`, as f32 values, read alone (a
+    /// sample of a large head without reading all of it).
+    pub(crate) fn rows(&mut self, name: &str, rows: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let info = self.index.info(name).ok_or_else(|| missing_tensor(name))?;
+        let (dtype, _) = candle_layout(name, info)?;
+        let cols = info.dims.first().copied().unwrap_or(0);
+        let row_bytes = info
+            .ggml_type
+            .bytes_for(cols)
+            .and_then(|b| usize::try_from(b).ok())
+            .ok_or_else(|| unsupported_quant(name, info))?;
+        let start = self.index.header.data_offset + info.offset;
+        let io = |source| ModelError::Io {
+            path: self.index.header.path.clone(),
+            source,
+        };
+        let mut out = Vec::new();
+        let mut raw = vec![0u8; row_bytes];
+        for &row in rows {
+            self.reader
+                .seek(SeekFrom::Start(start + (row * row_bytes) as u64))
+                .map_err(io)?;
+            self.reader.read_exact(&mut raw).map_err(io)?;
+            let values = qtensor_from_ggml(dtype, &raw, vec![cols as usize], &Device::Cpu)
+                .and_then(|q| q.dequantize(&Device::Cpu))
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(|source| ModelError::TensorData {
+                    tensor: name.to_string(),
+                    source,
+                })?;
+            out.extend(values);
+        }
+        Ok(out)
+    }
+
     fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor, ModelError> {
         self.index.qtensor(&mut self.reader, name, device)
     }
@@ -158,20 +206,7 @@ impl Index {
         device: &Device,
     ) -> Result<QTensor, ModelError> {
         let info = self.info(name).ok_or_else(|| missing_tensor(name))?;
-        let unsupported = || ModelError::UnsupportedQuant {
-            tensor: name.to_string(),
-            dtype: info.ggml_type.to_string(),
-        };
-        let dtype = ggml_dtype(info.ggml_type).ok_or_else(unsupported)?;
-        // The probe checked that a tensor of a sized type lies inside the file.
-        let bytes = info.bytes().ok_or_else(unsupported)?;
-        let len = usize::try_from(bytes).map_err(|_| unsupported())?;
-        // candle reads the buffer by its own block sizes without checking
-        // its length: refuse where the probe's table and candle's disagree.
-        let blocks = usize::try_from(info.elements() / dtype.block_size() as u64);
-        if blocks.ok().and_then(|b| b.checked_mul(dtype.type_size())) != Some(len) {
-            return Err(unsupported());
-        }
+        let (dtype, len) = candle_layout(name, info)?;
         let io = |source| ModelError::Io {
             path: self.header.path.clone(),
             source,
@@ -207,6 +242,33 @@ impl Index {
     }
 }
 
+/// A tensor's candle type and byte length, refused where candle cannot
+/// build it or would read another length than the table gives.
+pub(crate) fn candle_layout(
+    name: &str,
+    info: &TensorInfo,
+) -> Result<(GgmlDType, usize), ModelError> {
+    let unsupported = || unsupported_quant(name, info);
+    let dtype = ggml_dtype(info.ggml_type).ok_or_else(unsupported)?;
+    // The probe checked that a tensor of a sized type lies inside the file.
+    let bytes = info.bytes().ok_or_else(unsupported)?;
+    let len = usize::try_from(bytes).map_err(|_| unsupported())?;
+    // candle reads the buffer by its own block sizes without checking
+    // its length: refuse where the probe's table and candle's disagree.
+    let blocks = usize::try_from(info.elements() / dtype.block_size() as u64);
+    if blocks.ok().and_then(|b| b.checked_mul(dtype.type_size())) != Some(len) {
+        return Err(unsupported());
+    }
+    Ok((dtype, len))
+}
+
+fn unsupported_quant(name: &str, info: &TensorInfo) -> ModelError {
+    ModelError::UnsupportedQuant {
+        tensor: name.to_string(),
+        dtype: info.ggml_type.to_string(),
+    }
+}
+
 /// The candle type of a tensor, for the ggml types candle builds.
 fn ggml_dtype(ggml_type: GgmlType) -> Option<GgmlDType> {
     Some(match ggml_type.0 {
@@ -228,7 +290,7 @@ fn ggml_dtype(ggml_type: GgmlType) -> Option<GgmlDType> {
     })
 }
 
-fn missing_tensor(name: &str) -> ModelError {
+pub(crate) fn missing_tensor(name: &str) -> ModelError {
     ModelError::MissingTensor {
         container: "GGUF file",
         tensor: name.to_string(),
@@ -245,6 +307,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         .ok_or_else(|| ModelError::MissingKey("general.architecture".to_string()))?;
     let arch = arch::by_gguf_name(name)?;
     let meta = Meta::new(&index.header, name);
+    validate::metadata(&meta)?;
     let n_heads = meta.usize("attention.head_count")?;
     let hidden = meta.usize("embedding_length")?;
     let head_dim = match meta.opt_usize("attention.key_length")? {
@@ -340,6 +403,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
     };
     (arch.finish)(&mut spec, &meta, &file_rope)?;
     spec.validate()?;
+    validate::spec(&spec)?;
     Ok(spec)
 }
 

@@ -23,6 +23,7 @@ mod safetensors;
 mod spec;
 #[cfg(feature = "synthetic")]
 pub mod synthetic;
+mod validate;
 mod weights;
 
 use std::path::{Path, PathBuf};
@@ -37,6 +38,9 @@ pub use cpu::CpuModel;
 pub use spec::{
     Activation, BlockLayout, Gating, LayerSpec, MAX_POSITIONS, ModelSpec, MoeSpec, RopeScaling,
     RopeSpec, RopeStyle, SpecError, Yarn,
+};
+pub use validate::{
+    MAX_CONTEXT, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS, MAX_WIDTH, MEMORY_LIMIT_ENV, check_gguf,
 };
 pub use zinfer_kernels::ScoreRule;
 
@@ -398,6 +402,59 @@ pub enum ModelError {
     /// A tensor operation failed.
     #[error("tensor op: {0}")]
     Candle(#[from] candle_core::Error),
+    /// A metadata value or spec number out of the range a model can run
+    /// with (a zero or absurd dimension, a NaN epsilon, heads that do not
+    /// divide).
+    #[error("`{what}` is {value}: it {want}")]
+    Invalid {
+        /// The full metadata key, or the spec number's name.
+        what: String,
+        /// The value found.
+        value: String,
+        /// What it must be.
+        want: String,
+    },
+    /// The tokenizer's vocabulary and the embedding's rows disagree.
+    #[error(
+        "the tokenizer has {tokens} tokens but `token_embd.weight` has {rows} rows: ids past the shorter one would be garbage"
+    )]
+    VocabMismatch {
+        /// Entries of `tokenizer.ggml.tokens`.
+        tokens: u64,
+        /// Rows of the embedding.
+        rows: usize,
+    },
+    /// A special token id outside the vocabulary.
+    #[error("`{key}` = {id} is outside the vocabulary of {vocab} tokens")]
+    SpecialToken {
+        /// The full key.
+        key: String,
+        /// The id found.
+        id: i128,
+        /// Tokens in the vocabulary.
+        vocab: usize,
+    },
+    /// The weights would take more memory than the load may use.
+    #[error(
+        "loading needs about {need} bytes, more than the {available} available (set {env} to allow more)",
+        env = validate::MEMORY_LIMIT_ENV
+    )]
+    Memory {
+        /// Estimated bytes of weights and tables.
+        need: u64,
+        /// Bytes the load may use.
+        available: u64,
+    },
+    /// A weight every logit goes through holds NaN or infinity.
+    #[error("`{tensor}` holds {value} at sampled value {index}: the model cannot compute with it")]
+    NonFinite {
+        /// Checkpoint name of the tensor.
+        tensor: String,
+        /// Index among the values read.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
 }
 
 impl From<zinfer_probe::HeaderError> for ModelError {

@@ -19,7 +19,8 @@ impl<'a> Meta<'a> {
         Meta { header, arch }
     }
 
-    fn key(&self, key: &str) -> String {
+    /// The full key of `{arch}.{key}`.
+    pub(crate) fn key(&self, key: &str) -> String {
         format!("{}.{key}", self.arch)
     }
 

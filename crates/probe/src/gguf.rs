@@ -40,6 +40,81 @@ const MIN_KV_BYTES: u64 = 8 + 4 + 1;
 /// type, offset).
 const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 4 + 8;
 
+/// The environment variable that raises [`Limits::metadata_bytes`] (a
+/// number of MiB), for a file with a larger header than any this reader
+/// has met; the other limits scale with it.
+pub const METADATA_LIMIT_ENV: &str = "ZINFER_GGUF_METADATA_MIB";
+
+/// How much of a GGUF header the reader takes: past these a file is
+/// refused before its header is held in memory, so a file of millions of
+/// empty strings or a key of gigabytes cannot push a process past its
+/// memory. The defaults are several times the largest real files' (Gemma
+/// 3's 262,144-token vocabulary, Llama 3's 280,147 merges, templates of
+/// tens of KiB, MoE tables of a few thousand tensors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes from the file's start to the end of the tensor table.
+    pub metadata_bytes: u64,
+    /// Metadata entries.
+    pub entries: u64,
+    /// Tensors in the table.
+    pub tensors: u64,
+    /// Elements of one array.
+    pub array_len: u64,
+    /// Bytes of one string (key, value or array element).
+    pub string_bytes: u64,
+}
+
+impl Limits {
+    /// Default [`Limits::metadata_bytes`]: 64 MiB.
+    pub const METADATA_BYTES: u64 = 64 << 20;
+    /// Default [`Limits::entries`].
+    pub const ENTRIES: u64 = 1 << 16;
+    /// Default [`Limits::tensors`].
+    pub const TENSORS: u64 = 1 << 16;
+    /// Default [`Limits::array_len`].
+    pub const ARRAY_LEN: u64 = 1 << 20;
+    /// Default [`Limits::string_bytes`]: 1 MiB.
+    pub const STRING_BYTES: u64 = 1 << 20;
+
+    /// The defaults, scaled up by `factor` (at least 1).
+    pub fn scaled(factor: u64) -> Self {
+        let f = factor.max(1);
+        Self {
+            metadata_bytes: Self::METADATA_BYTES.saturating_mul(f),
+            entries: Self::ENTRIES.saturating_mul(f),
+            tensors: Self::TENSORS.saturating_mul(f),
+            array_len: Self::ARRAY_LEN.saturating_mul(f),
+            string_bytes: Self::STRING_BYTES.saturating_mul(f),
+        }
+    }
+
+    /// The defaults, or, when [`METADATA_LIMIT_ENV`] names more MiB than
+    /// the default 64, all limits raised in that proportion. A value that
+    /// is not a number is ignored with a warning.
+    pub fn from_env() -> Self {
+        let Ok(text) = std::env::var(METADATA_LIMIT_ENV) else {
+            return Self::default();
+        };
+        match text.trim().parse::<u64>() {
+            Ok(mib) => Self::scaled(mib.div_ceil(Self::METADATA_BYTES >> 20)),
+            Err(_) => {
+                tracing::warn!(
+                    value = %text,
+                    "{METADATA_LIMIT_ENV} is not a number of MiB; using the default GGUF limits"
+                );
+                Self::default()
+            }
+        }
+    }
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self::scaled(1)
+    }
+}
+
 /// Why a header (or one of its arrays) could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum HeaderError {
@@ -190,6 +265,60 @@ pub enum FormatError {
         offset: u64,
         /// The file's size.
         file_len: u64,
+    },
+    /// A count or size past one of the reader's [`Limits`].
+    #[error(
+        "{what} is {value}, past the limit of {limit} (raise the limits with {METADATA_LIMIT_ENV}=<MiB> if the file is genuine)"
+    )]
+    Limit {
+        /// What was measured, naming the key or tensor.
+        what: String,
+        /// Its declared value.
+        value: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A metadata key that appears twice.
+    #[error("metadata key `{0}` appears twice")]
+    DuplicateKey(String),
+    /// A tensor name that appears twice.
+    #[error("tensor `{0}` appears twice in the tensor table")]
+    DuplicateTensor(String),
+    /// Two tensors whose data overlap.
+    #[error(
+        "tensor `{tensor}` (data offset {offset}) overlaps `{previous}`, which ends at data offset {previous_end}"
+    )]
+    Overlap {
+        /// The later tensor.
+        tensor: String,
+        /// Its data offset.
+        offset: u64,
+        /// The tensor it overlaps.
+        previous: String,
+        /// Where that one's data ends.
+        previous_end: u64,
+    },
+    /// Unused bytes before a tensor, more than alignment padding.
+    #[error(
+        "tensor `{tensor}` starts at data offset {offset}, {gap} bytes after the data before it: its type or dimensions do not match the bytes written"
+    )]
+    Gap {
+        /// The tensor after the gap.
+        tensor: String,
+        /// Its data offset.
+        offset: u64,
+        /// Unused bytes before it.
+        gap: u64,
+    },
+    /// Unused bytes after the last tensor, more than alignment padding.
+    #[error(
+        "{bytes} bytes follow the last tensor `{tensor}`: a tensor's type or dimensions do not match the bytes written"
+    )]
+    Trailing {
+        /// The last tensor.
+        tensor: String,
+        /// Bytes after it.
+        bytes: u64,
     },
     /// A typed getter asked for an array, and the key holds a scalar.
     #[error("`{key}` is a single {found}, not an array of {want}")]
@@ -526,7 +655,7 @@ impl GgufHeader {
             key,
             "strings",
             |t| t == ValueType::STRING,
-            |r, _| r.string(),
+            |r, _| r.string(key),
         )
     }
 
@@ -635,6 +764,7 @@ impl GgufHeader {
                 inner: BufReader::new(file),
                 len: file_len,
                 left: file_len.saturating_sub(offset),
+                limits: Limits::scaled(u64::MAX),
             };
             match elem_type.fixed_size() {
                 Some(size) => {
@@ -692,8 +822,15 @@ impl GgufHeader {
     }
 }
 
-/// Reads the header and tensor table of the GGUF file at `path`.
+/// Reads the header and tensor table of the GGUF file at `path`, within
+/// [`Limits::from_env`].
 pub fn read_header(path: &Path) -> Result<GgufHeader, HeaderError> {
+    read_header_with(path, Limits::from_env())
+}
+
+/// Reads the header and tensor table of the GGUF file at `path`, refusing
+/// a file past `limits`.
+pub fn read_header_with(path: &Path, limits: Limits) -> Result<GgufHeader, HeaderError> {
     let read = || -> Result<GgufHeader, ParseError> {
         let file = File::open(path)?;
         let len = file.metadata()?.len();
@@ -701,12 +838,26 @@ pub fn read_header(path: &Path) -> Result<GgufHeader, HeaderError> {
             inner: BufReader::new(file),
             len,
             left: len,
+            limits,
         };
         parse(&mut reader)
     };
     let mut header = read().map_err(|e| header_error(path, e))?;
     header.path = path.to_path_buf();
     Ok(header)
+}
+
+/// Reads a GGUF header from bytes in memory (a fuzzer's input) as
+/// [`read_header_with`] reads a file's; the header has no path, so its
+/// array getters cannot read.
+pub fn parse_header(bytes: &[u8], limits: Limits) -> Result<GgufHeader, HeaderError> {
+    let mut reader = Reader {
+        inner: std::io::Cursor::new(bytes),
+        len: bytes.len() as u64,
+        left: bytes.len() as u64,
+        limits,
+    };
+    parse(&mut reader).map_err(|e| header_error(Path::new(""), e))
 }
 
 /// A failure while reading, before the file's path is attached.
@@ -736,11 +887,13 @@ fn header_error(path: &Path, e: ParseError) -> HeaderError {
     }
 }
 
-/// A reader that knows how many bytes the file has left.
+/// A reader that knows how many bytes the file has left, and how much of
+/// a header it takes.
 struct Reader<R> {
     inner: R,
     len: u64,
     left: u64,
+    limits: Limits,
 }
 
 impl<R: Read + Seek> Reader<R> {
@@ -802,8 +955,43 @@ impl<R: Read + Seek> Reader<R> {
         Ok(())
     }
 
-    fn string(&mut self) -> Result<String, ParseError> {
+    /// Bytes read so far.
+    fn consumed(&self) -> u64 {
+        self.len - self.left
+    }
+
+    /// Fails when `value` is past `limit`, naming `what`.
+    fn limit(value: u64, limit: u64, what: impl FnOnce() -> String) -> Result<(), ParseError> {
+        if value > limit {
+            return Err(FormatError::Limit {
+                what: what(),
+                value,
+                limit,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Fails once the header read so far is past its limit.
+    fn check_consumed(&self) -> Result<(), ParseError> {
+        Self::limit(self.consumed(), self.limits.metadata_bytes, || {
+            "the GGUF header's size in bytes".to_string()
+        })
+    }
+
+    /// A string's length, checked against the limit; `what` names it.
+    fn string_len(&mut self, what: &str) -> Result<u64, ParseError> {
         let n = self.u64()?;
+        Self::limit(n, self.limits.string_bytes, || {
+            format!("the length of a string in {what}")
+        })?;
+        Ok(n)
+    }
+
+    /// A string; `what` names where it is (`metadata key`, `` `general.name` ``).
+    fn string(&mut self, what: &str) -> Result<String, ParseError> {
+        let n = self.string_len(what)?;
         self.reserve(n, "a string")?;
         let mut buf = vec![0u8; n as usize];
         self.inner.read_exact(&mut buf)?;
@@ -833,20 +1021,35 @@ fn parse<R: Read + Seek>(r: &mut Reader<R>) -> Result<GgufHeader, ParseError> {
     }
     let tensor_count = r.u64()?;
     let kv_count = r.u64()?;
+    Reader::<R>::limit(kv_count, r.limits.entries, || {
+        "the count of metadata entries".to_string()
+    })?;
+    Reader::<R>::limit(tensor_count, r.limits.tensors, || {
+        "the count of tensors".to_string()
+    })?;
     r.check_count(kv_count, MIN_KV_BYTES, Counted::MetadataEntries)?;
     let mut metadata = HashMap::new();
     for _ in 0..kv_count {
-        let key = r.string()?;
+        let key = r.string("a metadata key")?;
         let kind = ValueType(r.u32()?);
         let value = value(r, kind, &key)?;
-        metadata.insert(key, value);
+        r.check_consumed()?;
+        if metadata.insert(key.clone(), value).is_some() {
+            return Err(FormatError::DuplicateKey(key).into());
+        }
     }
     r.check_count(tensor_count, MIN_TENSOR_INFO_BYTES, Counted::Tensors)?;
     // Grown as entries are read, not reserved from the count: an entry in
     // memory is larger than its bytes in the file.
     let mut tensors = Vec::new();
+    let mut names = std::collections::HashSet::new();
     for _ in 0..tensor_count {
-        tensors.push(tensor_info(r)?);
+        let t = tensor_info(r)?;
+        r.check_consumed()?;
+        if !names.insert(t.name.clone()) {
+            return Err(FormatError::DuplicateTensor(t.name).into());
+        }
+        tensors.push(t);
     }
     let alignment = match metadata.get("general.alignment") {
         None => DEFAULT_ALIGNMENT,
@@ -859,6 +1062,7 @@ fn parse<R: Read + Seek>(r: &mut Reader<R>) -> Result<GgufHeader, ParseError> {
     for t in &tensors {
         check_extent(t, data_offset, alignment, r.len)?;
     }
+    check_layout(&tensors, alignment, r.len.saturating_sub(data_offset))?;
     Ok(GgufHeader {
         version,
         tensor_count,
@@ -870,7 +1074,7 @@ fn parse<R: Read + Seek>(r: &mut Reader<R>) -> Result<GgufHeader, ParseError> {
 }
 
 fn tensor_info<R: Read + Seek>(r: &mut Reader<R>) -> Result<TensorInfo, ParseError> {
-    let name = r.string()?;
+    let name = r.string("a tensor name")?;
     let n_dims = r.u32()?;
     if n_dims > MAX_DIMS {
         return Err(FormatError::TooManyDims {
@@ -946,6 +1150,56 @@ fn check_extent(
     }
 }
 
+/// No two sized tensors share a byte: a file that points two weights at
+/// the same data (or one into another) is not what its writer meant. And
+/// when every tensor is sized, they tile the data section as GGUF writers
+/// lay them out, each padded to the alignment: a larger gap means a
+/// tensor's type or dimensions were changed to need fewer bytes than were
+/// written for it.
+fn check_layout(tensors: &[TensorInfo], alignment: u64, data_len: u64) -> Result<(), ParseError> {
+    let mut extents: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .filter_map(|t| Some((t.offset, t.offset.checked_add(t.bytes()?)?, t.name.as_str())))
+        .collect();
+    let all_sized = extents.len() == tensors.len();
+    extents.sort_unstable();
+    let mut previous: Option<(u64, &str)> = None;
+    for &(offset, end, tensor) in &extents {
+        let (previous_end, previous_name) = previous.unwrap_or((0, ""));
+        if offset < previous_end {
+            return Err(FormatError::Overlap {
+                tensor: tensor.to_string(),
+                offset,
+                previous: previous_name.to_string(),
+                previous_end,
+            }
+            .into());
+        }
+        if all_sized && offset - previous_end >= alignment {
+            return Err(FormatError::Gap {
+                tensor: tensor.to_string(),
+                offset,
+                gap: offset - previous_end,
+            }
+            .into());
+        }
+        if end > previous_end {
+            previous = Some((end, tensor));
+        }
+    }
+    if let Some((end, tensor)) = previous
+        && all_sized
+        && data_len - end >= alignment
+    {
+        return Err(FormatError::Trailing {
+            tensor: tensor.to_string(),
+            bytes: data_len - end,
+        }
+        .into());
+    }
+    Ok(())
+}
+
 fn value<R: Read + Seek>(
     r: &mut Reader<R>,
     kind: ValueType,
@@ -956,10 +1210,13 @@ fn value<R: Read + Seek>(
         ValueType::F32 => MetaValue::Float(f32::from_le_bytes(r.bytes()?).into()),
         ValueType::F64 => MetaValue::Float(f64::from_le_bytes(r.bytes()?)),
         ValueType::BOOL => MetaValue::Bool(r.bytes::<1>()?[0] != 0),
-        ValueType::STRING => MetaValue::Str(r.string()?),
+        ValueType::STRING => MetaValue::Str(r.string(&format!("`{key}`"))?),
         ValueType(9) => {
             let elem_type = ValueType(r.u32()?);
             let len = r.u64()?;
+            Reader::<R>::limit(len, r.limits.array_len, || {
+                format!("the length of array `{key}`")
+            })?;
             let offset = r.len - r.left;
             match elem_type.fixed_size() {
                 Some(size) => {
@@ -973,8 +1230,9 @@ fn value<R: Read + Seek>(
                 }
                 None if elem_type == ValueType::STRING => {
                     r.check_count(len, 8, Counted::Strings(key.to_string()))?;
+                    let what = format!("array `{key}`");
                     for _ in 0..len {
-                        let n = r.u64()?;
+                        let n = r.string_len(&what)?;
                         r.skip(n, "a string")?;
                     }
                 }
@@ -1030,20 +1288,28 @@ mod tests {
     /// Parses `bytes` as a whole file. Every read is checked against the
     /// bytes left first, so a cursor never fails with an I/O error.
     fn read(bytes: &[u8]) -> Result<GgufHeader, FormatError> {
-        let mut r = Reader {
-            inner: std::io::Cursor::new(bytes),
-            len: bytes.len() as u64,
-            left: bytes.len() as u64,
-        };
-        parse(&mut r).map_err(|e| match e {
-            ParseError::Io(e) => panic!("a cursor read failed: {e}"),
-            ParseError::Format(reason) => reason,
+        read_with(bytes, Limits::default())
+    }
+
+    fn read_with(bytes: &[u8], limits: Limits) -> Result<GgufHeader, FormatError> {
+        parse_header(bytes, limits).map_err(|e| match e {
+            HeaderError::Format { reason, .. } => reason,
+            other => panic!("a cursor read failed: {other}"),
         })
     }
 
     /// Why `bytes` are refused, as the message users see.
     fn refusal(bytes: &[u8]) -> String {
         match read(bytes) {
+            Ok(_) => panic!("{} bytes were taken", bytes.len()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Why `bytes` are refused with no limits: the checks against the
+    /// file's size, which hold whatever the limits.
+    fn unlimited_refusal(bytes: &[u8]) -> String {
+        match read_with(bytes, Limits::scaled(u64::MAX)) {
             Ok(_) => panic!("{} bytes were taken", bytes.len()),
             Err(e) => e.to_string(),
         }
@@ -1338,13 +1604,13 @@ mod tests {
     fn huge_declared_lengths_are_refused_before_allocating() {
         let mut huge = u64::MAX.to_le_bytes().to_vec();
         huge.extend(b"x");
-        let err = refusal(&header(&[("general.name", 8, huge)]));
+        let err = unlimited_refusal(&header(&[("general.name", 8, huge)]));
         assert!(err.contains("past the end"), "{err}");
         let mut array = 6u32.to_le_bytes().to_vec();
         array.extend(u64::MAX.to_le_bytes());
-        let err = refusal(&header(&[("a", 9, array)]));
+        let err = unlimited_refusal(&header(&[("a", 9, array)]));
         assert!(err.contains("too long"), "{err}");
-        let err = refusal(&header(&[("a", 13, vec![0; 8])]));
+        let err = unlimited_refusal(&header(&[("a", 13, vec![0; 8])]));
         assert!(err.contains("unknown value type 13"), "{err}");
     }
 
@@ -1439,17 +1705,17 @@ mod tests {
     fn absurd_counts_and_shapes_are_refused_before_allocating() {
         let mut many_tensors = header(&[]);
         many_tensors[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-        let err = refusal(&many_tensors);
+        let err = unlimited_refusal(&many_tensors);
         assert!(err.contains("declares") && err.contains("tensors"), "{err}");
 
         let mut many_kvs = header(&[]);
         many_kvs[16..24].copy_from_slice(&(u64::MAX / 2).to_le_bytes());
-        let err = refusal(&many_kvs);
+        let err = unlimited_refusal(&many_kvs);
         assert!(err.contains("metadata entries"), "{err}");
 
         let mut strings = 8u32.to_le_bytes().to_vec();
         strings.extend(u64::MAX.to_le_bytes());
-        let err = refusal(&header(&[("tokenizer.ggml.tokens", 9, strings)]));
+        let err = unlimited_refusal(&header(&[("tokenizer.ggml.tokens", 9, strings)]));
         assert!(
             err.contains("strings in array `tokenizer.ggml.tokens`"),
             "{err}"
@@ -1467,13 +1733,125 @@ mod tests {
             (tensor("x", &[4], 0, u64::MAX - 31), "runs past the end"),
         ];
         for (entry, want) in cases {
-            let err = refusal(&file(header(&[]), &[entry], 64));
+            let err = unlimited_refusal(&file(header(&[]), &[entry], 64));
             assert!(err.contains(want), "want {want:?}: {err}");
         }
         let mut long_name = u64::MAX.to_le_bytes().to_vec();
         long_name.extend([0; 24]);
-        let err = refusal(&file(header(&[]), &[long_name], 0));
+        let err = unlimited_refusal(&file(header(&[]), &[long_name], 0));
         assert!(err.contains("past the end"), "{err}");
+    }
+
+    #[test]
+    fn limits_refuse_large_headers_by_name_and_can_be_raised() {
+        let small = Limits {
+            metadata_bytes: 4096,
+            entries: 4,
+            tensors: 2,
+            array_len: 3,
+            string_bytes: 16,
+        };
+        let refused = |bytes: &[u8]| match read_with(bytes, small) {
+            Ok(_) => panic!("taken"),
+            Err(e) => e.to_string(),
+        };
+        let long = string(&"x".repeat(17));
+        let err = refused(&header(&[("general.name", 8, long.clone())]));
+        assert!(
+            err.contains("string in `general.name`") && err.contains("limit of 16"),
+            "{err}"
+        );
+        let err = refused(&header(&[(
+            "k",
+            9,
+            array(8, 1, std::slice::from_ref(&long)),
+        )]));
+        assert!(err.contains("array `k`"), "{err}");
+        let err = refused(&header(&[("k", 9, array(0, 4, &[vec![0; 4]]))]));
+        assert!(err.contains("length of array `k`"), "{err}");
+        let kv = |k: &'static str| (k, 0u32, vec![0u8]);
+        let err = refused(&header(&[kv("a"), kv("b"), kv("c"), kv("d"), kv("e")]));
+        assert!(err.contains("count of metadata entries is 5"), "{err}");
+        let err = refused(&file(
+            header(&[]),
+            &[
+                tensor("a", &[1], 0, 0),
+                tensor("b", &[1], 0, 32),
+                tensor("c", &[1], 0, 64),
+            ],
+            96,
+        ));
+        assert!(err.contains("count of tensors is 3"), "{err}");
+        let big = array(0, 3, &[vec![0; 3]]);
+        let many: Vec<(&str, u32, Vec<u8>)> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|k| (*k, 9, big.clone()))
+            .collect();
+        let fat = |n: usize| {
+            let s = "y".repeat(n);
+            let mut kvs = many.clone();
+            kvs[0] = ("n", 8, string(&s));
+            header(&kvs)
+        };
+        assert!(read_with(&fat(16), small).is_ok());
+        let tight = Limits {
+            metadata_bytes: 100,
+            ..small
+        };
+        let err = match read_with(&fat(16), tight) {
+            Ok(_) => panic!("taken"),
+            Err(e) => e.to_string(),
+        };
+        assert!(err.contains("header's size"), "{err}");
+        // Scaled limits take what the defaults refuse.
+        let huge = string(&"z".repeat((Limits::STRING_BYTES + 1) as usize));
+        assert!(read(&header(&[("general.name", 8, huge.clone())])).is_err());
+        assert!(read_with(&header(&[("general.name", 8, huge)]), Limits::scaled(2)).is_ok());
+    }
+
+    #[test]
+    fn duplicates_and_overlapping_tensors_are_refused() {
+        let kv = ("general.name", 8, string("a"));
+        let err = refusal(&header(&[kv.clone(), kv]));
+        assert!(err.contains("`general.name` appears twice"), "{err}");
+        let err = refusal(&file(
+            header(&[]),
+            &[tensor("a", &[8], 0, 0), tensor("a", &[8], 0, 32)],
+            64,
+        ));
+        assert!(err.contains("tensor `a` appears twice"), "{err}");
+        let err = refusal(&file(
+            header(&[]),
+            &[tensor("a", &[16], 0, 0), tensor("b", &[8], 0, 32)],
+            64,
+        ));
+        assert!(err.contains("`b` (data offset 32) overlaps `a`"), "{err}");
+        let shared = file(
+            header(&[]),
+            &[tensor("a", &[8], 0, 0), tensor("b", &[8], 0, 0)],
+            64,
+        );
+        assert!(refusal(&shared).contains("overlaps"));
+        let apart = file(
+            header(&[]),
+            &[tensor("a", &[8], 0, 32), tensor("b", &[8], 0, 0)],
+            64,
+        );
+        assert!(read(&apart).is_ok());
+        // A tensor whose type now needs fewer bytes than were written.
+        let shrunk = file(
+            header(&[]),
+            &[tensor("a", &[16], 1, 0), tensor("b", &[8], 0, 64)],
+            96,
+        );
+        let err = refusal(&shrunk);
+        assert!(
+            err.contains("`b` starts at data offset 64, 32 bytes after"),
+            "{err}"
+        );
+        let last_shrunk = file(header(&[]), &[tensor("a", &[16], 1, 0)], 64);
+        let err = refusal(&last_shrunk);
+        assert!(err.contains("32 bytes follow the last tensor `a`"), "{err}");
     }
 
     #[test]

@@ -19,7 +19,8 @@ use std::path::Path;
 pub use architecture::{Architecture, SUPPORTED_ARCHITECTURES, UnknownArchitecture};
 pub use device::{Device, DeviceError};
 pub use gguf::{
-    FormatError, GgmlType, GgufHeader, HeaderError, MetaValue, TensorInfo, ValueType, read_header,
+    FormatError, GgmlType, GgufHeader, HeaderError, Limits, METADATA_LIMIT_ENV, MetaValue,
+    TensorInfo, ValueType, parse_header, read_header, read_header_with,
 };
 pub use safetensors::{
     SafetensorsError, SafetensorsHeader, SafetensorsTensor, read_safetensors_header,

@@ -23,7 +23,7 @@ pub mod tools;
 use std::path::PathBuf;
 
 pub use chat::features::ChatFeatures;
-pub use chat::{ChatTemplate, TemplateInput};
+pub use chat::{ChatTemplate, TemplateInput, limits};
 pub use codec::TextCodec;
 pub use tokenizer::{ModelTokenizer, TokenBytes, TokenizerError};
 pub use tools::ToolFormat;

@@ -23,6 +23,7 @@
 
 mod clock;
 pub(crate) mod features;
+pub mod limits;
 mod python;
 
 use std::borrow::Cow;
@@ -79,10 +80,14 @@ impl<'a> TemplateInput<'a> {
 
 /// A compiled chat template with the special-token strings templates refer to.
 pub struct ChatTemplate {
-    env: Environment<'static>,
+    /// Shared with the threads renders run on (see [`limits`]).
+    env: Arc<Environment<'static>>,
     /// Why the template did not compile; reported on every render, so a
     /// model with a broken template still serves plain completions.
     broken: Option<String>,
+    /// The limit a plain conversation's render ran into, if it did: such
+    /// a template can serve no chat, and the model does not load.
+    over_limit: Option<String>,
     bos_token: String,
     eos_token: String,
     features: features::ChatFeatures,
@@ -104,23 +109,64 @@ impl ChatTemplate {
         let source = source
             .filter(|s| !s.trim().is_empty())
             .unwrap_or_else(|| CHATML.to_string());
-        let env = environment();
+        let mut env = environment();
+        let (broken, over_limit) = if source.len() > limits::TEMPLATE_BYTES {
+            let why = limits::limit_message(&format!(
+                "size limit of {} bytes ({} bytes)",
+                limits::TEMPLATE_BYTES,
+                source.len()
+            ));
+            (Some(why.clone()), Some(why))
+        } else {
+            let broken = env
+                .add_template_owned(NAME, without_generation_tags(&source))
+                .err()
+                .map(|e| {
+                    tracing::warn!(error = %e, "the model's chat template does not compile; chat requests will fail");
+                    e.to_string()
+                });
+            (broken, None)
+        };
+        let features = if over_limit.is_some() {
+            features::ChatFeatures::default()
+        } else {
+            features::detect(&source)
+        };
         let mut template = Self {
-            env,
-            broken: None,
+            env: Arc::new(env),
+            broken,
+            over_limit,
             bos_token,
             eos_token,
-            features: features::detect(&source),
+            features,
         };
-        template.broken = template
-            .env
-            .add_template_owned(NAME, without_generation_tags(&source))
-            .err()
-            .map(|e| {
-                tracing::warn!(error = %e, "the model's chat template does not compile; chat requests will fail");
-                e.to_string()
-            });
+        if template.broken.is_none() {
+            template.over_limit = template.plain_render_limit();
+        }
         template
+    }
+
+    /// The limit a plain system + user conversation runs into, if any: a
+    /// template that cannot render that within the limits is refused at
+    /// load (a template that refuses a system turn is not).
+    fn plain_render_limit(&self) -> Option<String> {
+        let messages = [
+            ChatMessage::new("system", "You are a helpful assistant."),
+            ChatMessage::new("user", "Hello!"),
+        ];
+        match self.render_messages(&messages) {
+            Err(TextError::ChatTemplate(why)) if limits::is_limit(&why) => Some(why),
+            _ => None,
+        }
+    }
+
+    /// Fails when the template cannot render a plain conversation within
+    /// the [`limits`]: the load refuses such a model.
+    pub fn check_limits(&self) -> Result<(), TextError> {
+        match &self.over_limit {
+            Some(why) => Err(TextError::ChatTemplate(why.clone())),
+            None => Ok(()),
+        }
     }
 
     /// Renders `messages` with `add_generation_prompt = true`, no tools,
@@ -175,7 +221,9 @@ impl ChatTemplate {
 
     /// Renders a conversation as transformers' `apply_chat_template` does.
     pub fn render(&self, input: &TemplateInput<'_>) -> Result<String, TextError> {
-        if let Some(why) = &self.broken {
+        // A template past its limits on the plainest conversation is not
+        // run again (each overrun may leave a thread running).
+        if let Some(why) = self.broken.as_ref().or(self.over_limit.as_ref()) {
             return Err(TextError::ChatTemplate(why.clone()));
         }
         let messages: Vec<Value> = input.messages.iter().map(message_value).collect();
@@ -210,16 +258,14 @@ impl ChatTemplate {
         }
         // Later entries win, so extra variables override the defaults.
         let context: Value = vars.into_iter().collect();
-        self.env
-            .get_template(NAME)
-            .and_then(|t| t.render(context))
-            .map_err(|e| TextError::ChatTemplate(describe(&e)))
+        limits::render(&self.env, NAME, context, describe).map_err(TextError::ChatTemplate)
     }
 }
 
 /// The Jinja environment transformers compiles templates in.
 fn environment() -> Environment<'static> {
     let mut env = Environment::new();
+    limits::configure(&mut env);
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_unknown_method_callback(|state, value, method, args| {

@@ -298,6 +298,7 @@ impl ModelTokenizer {
         };
         let template = header.str("tokenizer.chat_template").map(String::from);
         let chat = ChatTemplate::new(template, text(vocab.bos), text(vocab.eos));
+        chat.check_limits()?;
         let eos = vocab.eog.clone();
         Ok(Self {
             backend: Backend::Gguf(Box::new(vocab)),
@@ -360,6 +361,7 @@ impl ModelTokenizer {
             bos.as_ref().map(|(_, t)| t.clone()).unwrap_or_default(),
             eos.map(|(_, t)| t).unwrap_or_default(),
         );
+        chat.check_limits()?;
         Ok(Self {
             backend: Backend::Hf {
                 tokenizer: Box::new(tokenizer),
