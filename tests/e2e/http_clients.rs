@@ -1,8 +1,9 @@
 //! What real OpenAI clients do to the HTTP front, through a real router
 //! and the default model: lm-evaluation-harness's scoring (token-id prompt
 //! lists, `echo`, logprobs ending in the EOS token), instructor-style tool
-//! and JSON schemas without `additionalProperties`, and forced calls cut
-//! short.
+//! and JSON schemas without `additionalProperties`, forced calls cut
+//! short; and the client libraries themselves (the official SDKs,
+//! langchain-openai, instructor, litellm).
 
 use serde_json::{Value, json};
 
@@ -248,6 +249,20 @@ fn anthropic_and_openai_sdks() {
         "sdk_clients.py",
         &[&format!("http://{}", front.addr), "smol"],
         "sdk checks passed",
+    );
+}
+
+/// `langchain-openai`, `instructor` and `litellm`, unchanged, against the
+/// front and the default model (`tests/e2e/agent_clients.py`).
+#[test]
+fn langchain_instructor_and_litellm() {
+    let cluster = Cluster::start("cache_aware", 1);
+    let front = http_front(&cluster);
+    crate::harness::venv_script(
+        "agents",
+        "agent_clients.py",
+        &[&format!("http://{}", front.addr), "smol"],
+        "agent client checks passed",
     );
 }
 
