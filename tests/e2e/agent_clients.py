@@ -24,6 +24,7 @@ from langchain_core.tools import tool  # noqa: E402
 from langchain_openai import ChatOpenAI  # noqa: E402
 from pydantic import BaseModel, Field  # noqa: E402
 
+litellm.suppress_debug_info = True  # it prints a provider list for a model it has no price for
 root, model = sys.argv[1:3]
 base = f"{root}/v1"
 question = "What is the capital of France? Answer in one short sentence."
@@ -106,10 +107,12 @@ whole = litellm.completion(messages=messages, temperature=0, max_tokens=16, **co
 text = whole.choices[0].message.content
 assert text and text.strip(), whole
 assert whole.usage.completion_tokens > 0, whole.usage
-stream = litellm.completion(messages=messages, temperature=0, max_tokens=16, stream=True,
-                            **common)
-streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+chunks = list(litellm.completion(messages=messages, temperature=0, max_tokens=16, stream=True,
+                                stream_options={"include_usage": True}, **common))
+streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
 assert streamed == text, (streamed, text)
+built = litellm.stream_chunk_builder(chunks)
+assert built.usage.completion_tokens == whole.usage.completion_tokens, (built.usage, whole.usage)
 vectors = litellm.embedding(input=["Paris", "Rome"], **common)
 assert len(vectors.data) == 2, vectors
 assert len(vectors.data[0]["embedding"]) > 16, vectors.data[0]
