@@ -239,31 +239,27 @@ fn anthropic_messages_through_the_default_model() {
     assert_eq!(reply["stop_sequence"], format!(" {word}"));
 }
 
+/// Runs `tests/e2e/SCRIPT` from `scripts/test-venv.sh VENV` against a
+/// front on one worker with the default model, served as `smol`.
+fn client_script(venv: &str, script: &str, passed: &str) {
+    let cluster = Cluster::start("cache_aware", 1);
+    let front = http_front(&cluster);
+    let root = format!("http://{}", front.addr);
+    crate::harness::venv_script(venv, script, &[&root, "smol"], passed);
+}
+
 /// The official `anthropic` and `openai` packages, unchanged, against the
 /// front and the default model (`tests/e2e/sdk_clients.py`).
 #[test]
 fn anthropic_and_openai_sdks() {
-    let cluster = Cluster::start("cache_aware", 1);
-    let front = http_front(&cluster);
-    crate::harness::openai_script(
-        "sdk_clients.py",
-        &[&format!("http://{}", front.addr), "smol"],
-        "sdk checks passed",
-    );
+    client_script("openai", "sdk_clients.py", "sdk checks passed");
 }
 
 /// `langchain-openai`, `instructor` and `litellm`, unchanged, against the
 /// front and the default model (`tests/e2e/agent_clients.py`).
 #[test]
 fn langchain_instructor_and_litellm() {
-    let cluster = Cluster::start("cache_aware", 1);
-    let front = http_front(&cluster);
-    crate::harness::venv_script(
-        "agents",
-        "agent_clients.py",
-        &[&format!("http://{}", front.addr), "smol"],
-        "agent client checks passed",
-    );
+    client_script("agents", "agent_clients.py", "agent client checks passed");
 }
 
 /// OpenAI's Responses API through the default model, streamed: text, and
