@@ -612,7 +612,13 @@ pub fn http_front_for(clients: &str, args: &[&str]) -> HttpFront {
 /// Runs `tests/e2e/SCRIPT` with the openai venv's python and `args`, and
 /// asserts it succeeded and printed `passed` (its last line says so).
 pub fn openai_script(script: &str, args: &[&str], passed: &str) {
-    let python = venv_python("openai");
+    venv_script("openai", script, args, passed);
+}
+
+/// Runs `tests/e2e/SCRIPT` with the python of `scripts/test-venv.sh VENV`
+/// and `args`, and asserts it succeeded and printed `passed`.
+pub fn venv_script(venv: &str, script: &str, args: &[&str], passed: &str) {
+    let python = venv_python(venv);
     let path = format!("{}/../../tests/e2e/{script}", env!("CARGO_MANIFEST_DIR"));
     let output = Command::new(&python)
         .arg(&path)

@@ -1,8 +1,9 @@
 //! What real OpenAI clients do to the HTTP front, through a real router
 //! and the default model: lm-evaluation-harness's scoring (token-id prompt
 //! lists, `echo`, logprobs ending in the EOS token), instructor-style tool
-//! and JSON schemas without `additionalProperties`, and forced calls cut
-//! short.
+//! and JSON schemas without `additionalProperties`, forced calls cut
+//! short; and the client libraries themselves (the official SDKs,
+//! langchain-openai, instructor, litellm).
 
 use serde_json::{Value, json};
 
@@ -238,17 +239,27 @@ fn anthropic_messages_through_the_default_model() {
     assert_eq!(reply["stop_sequence"], format!(" {word}"));
 }
 
+/// Runs `tests/e2e/SCRIPT` from `scripts/test-venv.sh VENV` against a
+/// front on one worker with the default model, served as `smol`.
+fn client_script(venv: &str, script: &str, passed: &str) {
+    let cluster = Cluster::start("cache_aware", 1);
+    let front = http_front(&cluster);
+    let root = format!("http://{}", front.addr);
+    crate::harness::venv_script(venv, script, &[&root, "smol"], passed);
+}
+
 /// The official `anthropic` and `openai` packages, unchanged, against the
 /// front and the default model (`tests/e2e/sdk_clients.py`).
 #[test]
 fn anthropic_and_openai_sdks() {
-    let cluster = Cluster::start("cache_aware", 1);
-    let front = http_front(&cluster);
-    crate::harness::openai_script(
-        "sdk_clients.py",
-        &[&format!("http://{}", front.addr), "smol"],
-        "sdk checks passed",
-    );
+    client_script("openai", "sdk_clients.py", "sdk checks passed");
+}
+
+/// `langchain-openai`, `instructor` and `litellm`, unchanged, against the
+/// front and the default model (`tests/e2e/agent_clients.py`).
+#[test]
+fn langchain_instructor_and_litellm() {
+    client_script("agents", "agent_clients.py", "agent client checks passed");
 }
 
 /// OpenAI's Responses API through the default model, streamed: text, and
