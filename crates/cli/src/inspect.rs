@@ -430,6 +430,7 @@ mod tests {
         assert!(moe.contains("mixture-of-experts (128 experts)"), "{moe}");
         assert_eq!(unsupported_reason(Some("qwen3moe"), Some(128)), None);
         assert_eq!(unsupported_reason(Some("qwen2moe"), Some(60)), None);
+        assert_eq!(unsupported_reason(Some("gpt-oss"), Some(32)), None);
         let none = unsupported_reason(Some("qwen3moe"), None).unwrap_or_default();
         assert!(none.contains("no `qwen3moe.expert_count`"), "{none}");
         let other = unsupported_reason(Some("mamba"), None).unwrap_or_default();

@@ -2,7 +2,7 @@
 //! AVX2, and the code the x86 builds inline under their target features
 //! (the compiler vectorizes the straight loops there).
 
-use crate::attention::{KvElem, RowJob};
+use crate::attention::{KvElem, RowJob, normalizer};
 use crate::blocked::{BK, F32Block, Micro, UnitBuf, UnitJob, unit_impl};
 use crate::fast_exp::exp_nonpositive;
 use crate::format::{ACT_TILE, Q8Acts, QK, QK_K, QKind, RowTile, TileOut};
@@ -337,6 +337,26 @@ pub(super) fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// gpt-oss's clamped SwiGLU (llama.cpp's `swiglu_oai`): the gate capped
+/// at `limit` from above, up clamped to `[-limit, limit]`, then
+/// `g sigmoid(alpha g) (u + 1)`.
+#[inline(always)]
+pub(super) fn swiglu_oai_mul(gate: &mut [f32], up: &[f32]) {
+    use crate::attention::{SWIGLU_OAI_ALPHA as ALPHA, SWIGLU_OAI_LIMIT as LIMIT};
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        let a = ALPHA * x;
+        let e = exp_nonpositive(-a.abs());
+        let sigmoid = if a >= 0.0 {
+            1.0 / (1.0 + e)
+        } else {
+            e / (1.0 + e)
+        };
+        *g = x * sigmoid * (y + 1.0);
+    }
+}
+
 /// One query row against its keys; inlined into each SIMD build.
 #[inline(always)]
 pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, out: &mut [f32]) {
@@ -347,15 +367,18 @@ pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, 
         keys,
         shape,
         rule,
+        sinks,
     } = *job;
     let d = shape.head_dim;
     let kv_dim = shape.n_kv_heads * d;
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = rule.scale;
     let n = keys.len();
-    // Scores, then one row of room to convert an f16 K or V row into.
-    scores.resize(group * n + d, 0.0);
-    let (scores, row_buf) = scores.split_at_mut(group * n);
+    // Scores, each head's normalizer, then one row of room to convert an
+    // f16 K or V row into.
+    scores.resize(group * n + group + d, 0.0);
+    let (scores, rest) = scores.split_at_mut(group * n);
+    let (inv_sums, row_buf) = rest.split_at_mut(group);
     // The query heads of one KV head read each K and V row once together.
     for g in 0..shape.n_kv_heads {
         let kv_off = g * d;
@@ -370,13 +393,15 @@ pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, 
         if let Some(cap) = rule.softcap {
             crate::attention::softcap(scores, cap);
         }
-        let mut inv_sums = [0f32; MAX_GROUP];
-        for (hh, row) in scores.chunks_exact_mut(n).enumerate() {
+        for ((row, inv), h) in scores
+            .chunks_exact_mut(n)
+            .zip(inv_sums.iter_mut())
+            .zip(heads.clone())
+        {
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
             row.iter_mut().for_each(|v| *v = exp_nonpositive(*v - max));
-            if let Some(inv) = inv_sums.get_mut(hh) {
-                *inv = 1.0 / sum(row);
-            }
+            let sink = sinks.and_then(|s| s.get(h).copied());
+            *inv = normalizer(sum(row), max, sink);
         }
         for h in heads.clone() {
             out[h * d..(h + 1) * d].fill(0.0);
@@ -388,11 +413,7 @@ pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, 
                 axpy(scores[hh * n + j], v_row, &mut out[h * d..(h + 1) * d]);
             }
         }
-        for (hh, h) in heads.enumerate() {
-            let inv = inv_sums
-                .get(hh)
-                .copied()
-                .unwrap_or_else(|| 1.0 / sum(&scores[hh * n..(hh + 1) * n]));
+        for (&inv, h) in inv_sums.iter().zip(heads) {
             out[h * d..(h + 1) * d].iter_mut().for_each(|x| *x *= inv);
         }
     }
@@ -409,9 +430,6 @@ fn as_f32_row<'a, T: KvElem>(row: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
         }
     }
 }
-
-/// Query heads per KV head whose softmax sums are kept on the stack.
-const MAX_GROUP: usize = 16;
 
 /// Sum with eight independent accumulators so it vectorizes.
 #[inline(always)]
@@ -555,6 +573,25 @@ mod tests {
             assert!(
                 (f64::from(o) - want).abs() <= 1e-6 * (1.0 + want.abs()),
                 "silu({x}) * {y}: {o} vs {want}"
+            );
+        }
+    }
+
+    /// llama.cpp's `swiglu_oai` (ggml-cpu ops.cpp) in f64: gate capped at
+    /// 7, up clamped to [-7, 7], `x / (1 + e^(-1.702 x)) * (y + 1)`; gates
+    /// and ups run past both clamps.
+    #[test]
+    fn swiglu_oai_matches_llama_cpps_definition() {
+        let g: Vec<f32> = (-2000..2000).map(|i| i as f32 * 0.01).collect();
+        let u: Vec<f32> = random(g.len(), 7, 1.0).iter().map(|v| v * 12.0).collect();
+        let mut out = g.clone();
+        crate::dispatch::swiglu_oai_mul(&mut out, &u);
+        for ((&x, &y), &o) in g.iter().zip(&u).zip(&out) {
+            let (x64, y64) = (f64::from(x).min(7.0), f64::from(y).clamp(-7.0, 7.0));
+            let want = x64 / (1.0 + (-1.702 * x64).exp()) * (y64 + 1.0);
+            assert!(
+                (f64::from(o) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "swiglu_oai({x}, {y}): {o} vs {want}"
             );
         }
     }

@@ -272,11 +272,12 @@ fn every_row_of_a_chunk_matches_one_position_per_step_across_windows() {
 /// A mixture of experts routes and weights rows the same way on both
 /// backends (the CPU kernels gather each expert's rows into one matmul, the
 /// candle backend selects and adds them back with tensor ops), with and
-/// without a shared expert, and a Q8_0 copy, whose experts are split from
-/// quantized stacked tensors, stays near the F32 file.
+/// without a shared expert, with gpt-oss's biases, sinks and clamped
+/// SwiGLU, and a Q8_0 copy, whose experts are split from quantized stacked
+/// tensors, stays near the F32 file.
 #[test]
 fn experts_agree_across_backends_and_weight_types() {
-    for preset in ["qwen3moe-tiny", "qwen2moe-tiny"] {
+    for preset in ["qwen3moe-tiny", "qwen2moe-tiny", "gpt-oss-tiny"] {
         let path = f32_file(preset);
         let [(_, mut cpu), (_, mut candle)] = both_backends(&path);
         let mut q8 = load(&preset_file(preset, "q8_0"), &options()).unwrap();

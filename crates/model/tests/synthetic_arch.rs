@@ -90,7 +90,7 @@ impl CandleModel {
                 quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Gemma3)
             }
             Architecture::Gemma2 => panic!("candle-transformers has no quantized gemma2"),
-            Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
+            Architecture::Qwen3Moe | Architecture::Qwen2Moe | Architecture::GptOss => {
                 panic!("candle-transformers has no CPU quantized MoE")
             }
         };
@@ -127,13 +127,15 @@ fn assert_sane(logits: &[f32], vocab: usize, what: &str) {
 
 /// Each tiny preset in F32 and Q8_0: candle's model for its architecture
 /// loads it and runs a 20-token prompt (past the 16-token windows) and one
-/// decode step (not gemma2, which it lacks, nor qwen3moe, whose experts it
-/// runs on CUDA only).
+/// decode step (not gemma2, which it lacks, nor the MoE presets, whose
+/// experts it runs on CUDA only).
 #[test]
 fn tiny_presets_run_in_candle_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| 300 + 37 * i).collect();
-    for name in tiny_presets().filter(|&n| n != "gemma2-tiny" && !n.contains("moe")) {
+    // candle-transformers has no CPU quantized MoE.
+    let dense = |n: &&str| SynthShape::preset(n).unwrap().moe.is_none();
+    for name in tiny_presets().filter(|n| *n != "gemma2-tiny" && dense(n)) {
         let shape = SynthShape::preset(name).unwrap();
         for quant in ["f32", "q8_0"] {
             let what = format!("{name} {quant}");
@@ -169,7 +171,14 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
         };
         put("attn_norm.weight", &[h]);
         put("attn_output.weight", &[h, q]);
-        put("ffn_norm.weight", &[h]);
+        if s.arch == Architecture::GptOss {
+            // gpt-oss names its MLP norm `post_attention_norm`.
+            put("post_attention_norm.weight", &[h]);
+            put("attn_sinks.weight", &[s.n_heads]);
+            put("attn_output.bias", &[h]);
+        } else {
+            put("ffn_norm.weight", &[h]);
+        }
         if s.arch == Architecture::Phi3 {
             put("attn_qkv.weight", &[q + 2 * kv, h]);
             put("ffn_up.weight", &[2 * f, h]);
@@ -184,6 +193,12 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
             put("ffn_gate_exps.weight", &[e, ef, h]);
             put("ffn_up_exps.weight", &[e, ef, h]);
             put("ffn_down_exps.weight", &[e, h, ef]);
+            if s.arch == Architecture::GptOss {
+                put("ffn_gate_inp.bias", &[e]);
+                put("ffn_gate_exps.bias", &[e, ef]);
+                put("ffn_up_exps.bias", &[e, ef]);
+                put("ffn_down_exps.bias", &[e, h]);
+            }
             if let Some(sf) = m.shared_ffn {
                 put("ffn_gate_inp_shexp.weight", &[h]);
                 put("ffn_gate_shexp.weight", &[sf, h]);
@@ -197,7 +212,10 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
                 put("ffn_up.weight", &[f, h]);
             }
         }
-        if matches!(s.arch, Architecture::Qwen2 | Architecture::Qwen2Moe) {
+        if matches!(
+            s.arch,
+            Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::GptOss
+        ) {
             put("attn_q.bias", &[q]);
             put("attn_k.bias", &[kv]);
             put("attn_v.bias", &[kv]);
@@ -238,7 +256,11 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         assert_eq!(got, expected_tensors(&shape), "{name}");
         for (t, info) in &ct.tensor_infos {
             // llama.cpp's quantizer leaves MoE routers in f32.
-            let want = if info.shape.rank() == 1 || t.ends_with("ffn_gate_inp.weight") {
+            // Biases stay f32 too, stacked expert ones included.
+            let want = if info.shape.rank() == 1
+                || t.ends_with("ffn_gate_inp.weight")
+                || t.ends_with(".bias")
+            {
                 GgmlDType::F32
             } else {
                 GgmlDType::Q8_0
@@ -340,6 +362,7 @@ fn tiny_presets_slide_as_their_architectures_do() {
     assert_eq!(sliding(&p("llama-swa-tiny")), [true, true]);
     assert_eq!(sliding(&p("qwen2-tiny")), [false, false]);
     assert_eq!(sliding(&p("phi3-tiny")), [false, false]);
+    assert_eq!(sliding(&p("gpt-oss-tiny")), [true, false]);
     assert_eq!(
         sliding(&p("gemma-3-1b")).iter().filter(|&&s| !s).count(),
         4,

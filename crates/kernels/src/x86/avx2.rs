@@ -255,6 +255,11 @@ pub(crate) unsafe fn gelu_mul(gate: &mut [f32], up: &[f32]) {
 }
 
 #[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn swiglu_oai_mul(gate: &mut [f32], up: &[f32]) {
+    scalar::swiglu_oai_mul(gate, up);
+}
+
+#[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn attend_row<T: KvElem>(
     job: &RowJob<'_, T>,
     scores: &mut Vec<f32>,

@@ -1,5 +1,5 @@
 //! Synthetic checkpoints: GGUF files with the shapes of real models (llama,
-//! Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3), seeded random weights and any
+//! Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, gpt-oss), seeded random weights and any
 //! quantization.
 //!
 //! Only one small real model can be downloaded here, yet how the engine
@@ -58,6 +58,7 @@ pub const PRESETS: &[&str] = &[
     "phi3-tiny",
     "gemma2-tiny",
     "gemma3-tiny",
+    "gpt-oss-tiny",
 ];
 
 /// The tiny presets, one per architecture (with 16-token sliding windows
@@ -228,6 +229,7 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
             | Architecture::Qwen3Moe
             | Architecture::Gemma2
             | Architecture::Gemma3
+            | Architecture::GptOss
     ) || shape.q_dim() != shape.hidden
     {
         kv("attention.key_length", u(shape.head_dim));

@@ -345,6 +345,25 @@ impl SynthShape {
                     Some("qwen2"),
                 )
             },
+            // gpt-oss's features at test size: biases everywhere, sinks,
+            // every other layer sliding (16 tokens here, 128 in the real
+            // ones), YaRN (factor 32 over 4,096 there), 8 experts of which
+            // 4 run (32 and 4 in gpt-oss-20b).
+            "gpt-oss-tiny" => Self {
+                rope_theta: 150_000.0,
+                hidden: 64,
+                sliding_window: Some(16),
+                rope_original_context: Some(128),
+                yarn_factor: Some(4.0),
+                moe: Some(SynthMoe {
+                    experts: 8,
+                    used: 4,
+                    expert_ffn: 64,
+                    shared_ffn: None,
+                }),
+                tied_embeddings: false,
+                ..tiny(Architecture::GptOss, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
+            },
             "phi3-tiny" => Self {
                 rope_theta: 10_000.0,
                 tied_embeddings: false,
@@ -387,7 +406,7 @@ impl SynthShape {
     pub fn is_sliding(&self, layer: usize) -> bool {
         self.sliding_window.is_some()
             && match self.arch {
-                Architecture::Gemma2 => layer.is_multiple_of(2),
+                Architecture::Gemma2 | Architecture::GptOss => layer.is_multiple_of(2),
                 Architecture::Gemma3 => layer % 6 < 5,
                 Architecture::Phi3 => false,
                 Architecture::Llama
@@ -461,11 +480,12 @@ impl SynthShape {
         )?;
         only(
             self.yarn_factor.is_some(),
-            "YaRN here (its tests cover Qwen)",
+            "YaRN here (its tests cover Qwen and gpt-oss)",
             &[
                 Architecture::Qwen2,
                 Architecture::Qwen3,
                 Architecture::Qwen3Moe,
+                Architecture::GptOss,
             ],
         )?;
         if self.yarn_factor.is_some_and(|f| f.is_nan() || f <= 0.0)
@@ -510,6 +530,11 @@ impl SynthShape {
         }
         if self.arch == Architecture::Qwen2Moe && self.tied_embeddings {
             return bad("qwen2moe: llama.cpp needs output.weight; untie the embeddings".into());
+        }
+        if self.arch == Architecture::GptOss
+            && (self.tied_embeddings || self.sliding_window.is_none())
+        {
+            return bad("gpt-oss: llama.cpp needs output.weight and a sliding window".into());
         }
         if self.arch == Architecture::Gemma2 && !self.tied_embeddings {
             return bad("gemma2: llama.cpp reads no output.weight; tie the embeddings".into());
@@ -815,13 +840,50 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             out.push(norm("attn_k_norm.weight", hd));
         }
         out.push(m("attn_output.weight", h, q_dim, Role::OtherMatrix));
+        if layout.attn_output_bias {
+            out.push(bias("attn_output.bias", h));
+        }
+        if layout.attn_sinks {
+            // Sinks of a few nats, as trained ones are, so they matter.
+            let sinks = (0..shape.n_heads).map(|h| 0.8 * h as f32 - 0.5).collect();
+            out.push(vector(
+                format!("blk.{i}.attn_sinks.weight"),
+                shape.n_heads,
+                Init::Values(sinks),
+                l,
+            ));
+        }
         if layout.post_norms {
             out.push(norm("post_attention_norm.weight", h));
         }
-        out.push(norm("ffn_norm.weight", h));
+        if layout.ffn_norm_after_attention {
+            out.push(norm("post_attention_norm.weight", h));
+        } else {
+            out.push(norm("ffn_norm.weight", h));
+        }
         if let Some(moe) = shape.moe {
             let (e, f) = (moe.experts, moe.expert_ffn);
             out.push(m("ffn_gate_inp.weight", e, h, Role::Router));
+            let rules = crate::arch::rules(shape.arch).moe;
+            if rules.is_some_and(|r| r.router_bias) {
+                out.push(bias("ffn_gate_inp.bias", e));
+            }
+            if rules.is_some_and(|r| r.expert_bias) {
+                // `[experts, width]`, as llama.cpp's loader checks them.
+                let stacked_bias = |suffix: &str, width| {
+                    spec(
+                        format!("blk.{i}.{suffix}"),
+                        e,
+                        width,
+                        Role::Vector,
+                        Init::Random,
+                        l,
+                    )
+                };
+                out.push(stacked_bias("ffn_gate_exps.bias", f));
+                out.push(stacked_bias("ffn_up_exps.bias", f));
+                out.push(stacked_bias("ffn_down_exps.bias", h));
+            }
             let stacked = |t: TensorSpec| TensorSpec {
                 rows: t.rows * e,
                 experts: e,
