@@ -5,7 +5,7 @@
 use crate::attention::{KvElem, RowJob, normalizer};
 use crate::blocked::{BK, F32Block, Micro, UnitBuf, UnitJob, unit_impl};
 use crate::fast_exp::exp_nonpositive;
-use crate::format::{ACT_TILE, Q8Acts, QK, QK_K, QKind, RowTile, TileOut};
+use crate::format::{ACT_TILE, MXFP4_VALUES, Q8Acts, QK, QK_K, QKind, RowTile, TileOut, e8m0_half};
 
 /// Per 32-value block: `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
 #[inline(always)]
@@ -87,6 +87,10 @@ pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
         dequantize_row_k(kind, row, out);
         return;
     }
+    if kind == QKind::Mxfp4 {
+        dequantize_mxfp4(row, out);
+        return;
+    }
     let bb = kind.block_bytes();
     for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
         let d = f16_at(blk, 0);
@@ -109,7 +113,20 @@ pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
                     o[j] = d * f32::from(q) + mn;
                 }
             }
-            QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
+            QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 => {
+                unreachable!("returned above")
+            }
+        }
+    }
+}
+
+/// MXFP4 blocks as f32, as ggml's `dequantize_row_mxfp4`.
+pub(super) fn dequantize_mxfp4(row: &[u8], out: &mut [f32]) {
+    for (blk, o) in row.chunks_exact(17).zip(out.chunks_exact_mut(QK)) {
+        let d = e8m0_half(blk[0]);
+        for (j, &q) in blk[1..].iter().enumerate() {
+            o[j] = d * f32::from(MXFP4_VALUES[usize::from(q & 15)]);
+            o[j + 16] = d * f32::from(MXFP4_VALUES[usize::from(q >> 4)]);
         }
     }
 }
@@ -139,6 +156,10 @@ pub(super) fn tile(
 ) {
     if kind.block_values() == QK_K {
         tile_k(kind, w, acts, i0, mt, vals);
+        return;
+    }
+    if kind == QKind::Mxfp4 {
+        tile_mxfp4(w, acts, i0, mt, vals);
         return;
     }
     let nb = acts.blocks;
@@ -176,8 +197,31 @@ pub(super) fn tile(
                         .sum();
                     sum += d * acts.d[i * nb + b] * dot as f32;
                 }
-                QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
+                QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 => {
+                    unreachable!("returned above")
+                }
             }
+        }
+        *v = sum;
+    }
+}
+
+/// [`tile`] for MXFP4, as ggml's `ggml_vec_dot_mxfp4_q8_0`: integer dots
+/// of the doubled E2M1 values with the int8 activations, scaled by the
+/// halved E8M0 scale and the activations' step.
+fn tile_mxfp4(w: &[u8], acts: &Q8Acts, i0: usize, mt: usize, vals: &mut [f32; ACT_TILE]) {
+    let nb = acts.blocks;
+    for (j, v) in vals.iter_mut().take(mt).enumerate() {
+        let i = i0 + j;
+        let mut sum = 0f32;
+        for (b, blk) in w.chunks_exact(17).enumerate() {
+            let a = &acts.q[(i * nb + b) * QK..(i * nb + b + 1) * QK];
+            let mut dot = 0i32;
+            for (t, &q) in blk[1..].iter().enumerate() {
+                dot += i32::from(MXFP4_VALUES[usize::from(q & 15)]) * i32::from(a[t])
+                    + i32::from(MXFP4_VALUES[usize::from(q >> 4)]) * i32::from(a[t + 16]);
+            }
+            sum += e8m0_half(blk[0]) * acts.d[i * nb + b] * dot as f32;
         }
         *v = sum;
     }
@@ -214,7 +258,7 @@ pub(super) fn k_scales(kind: QKind, blk: &[u8]) -> ([f32; 16], [f32; 8]) {
                 *s = d * f32::from(sc as i8);
             }
         }
-        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
     }
     (scale, min)
 }
@@ -258,7 +302,7 @@ pub(super) fn k_quants(kind: QKind, blk: &[u8], j: usize) -> [i8; 32] {
                 *v = (((l >> shift) & 0xF) | (((h >> (2 * t)) & 3) << 4)) as i8 - 32;
             }
         }
-        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
     }
     q
 }

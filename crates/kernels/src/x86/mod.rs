@@ -86,7 +86,7 @@ unsafe fn tile<D: Dot, const RT: usize, const MT: usize>(
                             acc[r][j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * da[j]), acc[r][j]);
                         }
                     }
-                    QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K => {
+                    QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 => {
                         unreachable!("see tile_any")
                     }
                 }
@@ -485,9 +485,10 @@ pub(super) unsafe fn tile_any<D: Dot>(job: &RowTile<'_>, vals: &mut TileOut) {
             (QKind::Q4K, ..) => by_shape!(rt, mt, tile_k::<D, Q4KBlock>(w, rb, acts, i0, vals)),
             (QKind::Q5K, ..) => by_shape!(rt, mt, tile_k::<D, Q5KBlock>(w, rb, acts, i0, vals)),
             (QKind::Q6K, ..) => by_shape!(rt, mt, tile_k::<D, Q6KBlock>(w, rb, acts, i0, vals)),
-            (QKind::Q5_1, ..) => {
+            (QKind::Q5_1 | QKind::Mxfp4, ..) => {
                 // Only rows that do not fill 8-row tiles are kept as Q5_1
-                // blocks: the portable build serves them.
+                // blocks: the portable build serves them, and MXFP4 (no
+                // SIMD build of it yet).
                 super::scalar::tile_rows(job, vals);
             }
             (QKind::Q4_1 | QKind::Q8_0, ..) => {

@@ -26,7 +26,6 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
 
-use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::Value;
 
 pub use shape::{
@@ -69,8 +68,20 @@ pub fn tiny_presets() -> impl Iterator<Item = &'static str> {
 
 /// Names [`Quant`] parses from (`"q4_k_m".parse()`).
 pub const QUANTS: &[&str] = &[
-    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m",
+    "f32",
+    "f16",
+    "bf16",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "q4_k",
+    "q5_k",
+    "q6_k",
+    "q4_k_m",
     "q5_k_m",
+    "mxfp4_experts",
 ];
 
 /// Standard deviation of the random weights: that of a freshly initialised
@@ -124,8 +135,8 @@ pub struct SynthSpec {
 pub struct Progress<'a> {
     /// Checkpoint name of the tensor just written.
     pub tensor: &'a str,
-    /// Its stored type.
-    pub dtype: GgmlDType,
+    /// Its stored type (`"Q4K"`, `"MXFP4"`).
+    pub dtype: String,
     /// Its block, if it belongs to one.
     pub layer: Option<usize>,
     /// Whether it was the last tensor of its block.
@@ -189,7 +200,7 @@ pub fn generate(
     std::fs::rename(&partial, out)?;
     let mut tensor_types = BTreeMap::new();
     for t in &tensors {
-        *tensor_types.entry(format!("{:?}", t.dtype)).or_insert(0) += 1;
+        *tensor_types.entry(t.type_name()).or_insert(0) += 1;
     }
     Ok(Summary {
         file_bytes: std::fs::metadata(out)?.len(),

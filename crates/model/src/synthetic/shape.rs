@@ -597,6 +597,10 @@ pub enum Quant {
     Q4KM,
     /// llama.cpp's Q5_K_M mix: Q5_K, with Q6_K where Q4_K_M has it.
     Q5KM,
+    /// The stacked expert matrices in MXFP4 (ggml type 39, as gpt-oss
+    /// checkpoints ship them), every other tensor F32, so that a copy of an
+    /// F32 file differs from it in the experts alone (`mxfp4_experts`).
+    Mxfp4Experts,
 }
 
 impl FromStr for Quant {
@@ -617,6 +621,7 @@ impl FromStr for Quant {
             "q6_k" => GgmlDType::Q6K,
             "q4_k_m" => return Ok(Self::Q4KM),
             "q5_k_m" => return Ok(Self::Q5KM),
+            "mxfp4_experts" => return Ok(Self::Mxfp4Experts),
             _ => return Err(SynthError::UnknownQuant(s.to_string())),
         };
         Ok(Self::Pure(t))
@@ -630,6 +635,8 @@ impl Quant {
         match self {
             Self::Q4KM => 15,
             Self::Q5KM => 17,
+            // LLAMA_FTYPE_MOSTLY_MXFP4_MOE.
+            Self::Mxfp4Experts => 38,
             Self::Pure(t) => match t {
                 GgmlDType::F16 => 1,
                 GgmlDType::Q4_0 => 2,
@@ -650,6 +657,7 @@ impl Quant {
     fn matrix_type(self, role: Role, layer: usize, n_layers: usize) -> GgmlDType {
         match self {
             Self::Pure(t) => t,
+            Self::Mxfp4Experts => GgmlDType::F32,
             Self::Q4KM | Self::Q5KM => match role {
                 Role::Output => GgmlDType::Q6K,
                 Role::AttnV | Role::FfnDown if use_more_bits(layer, n_layers) => GgmlDType::Q6K,
@@ -730,6 +738,8 @@ pub(super) struct TensorSpec {
     /// Experts stacked in `rows`; 1 for a matrix or vector.
     pub(super) experts: usize,
     pub(super) dtype: GgmlDType,
+    /// Stored as MXFP4 instead of `dtype` (which candle does not know).
+    pub(super) mxfp4: bool,
     pub(super) init: Init,
     pub(super) layer: Option<usize>,
 }
@@ -741,7 +751,19 @@ impl TensorSpec {
 
     pub(super) fn bytes(&self) -> u64 {
         let elems = (self.rows * self.cols) as u64;
+        if self.mxfp4 {
+            return elems / 32 * 17;
+        }
         elems / self.dtype.block_size() as u64 * self.dtype.type_size() as u64
+    }
+
+    /// The stored type's name, for reports (`"Q4K"`, `"MXFP4"`).
+    pub(super) fn type_name(&self) -> String {
+        if self.mxfp4 {
+            "MXFP4".to_string()
+        } else {
+            format!("{:?}", self.dtype)
+        }
     }
 }
 
@@ -764,6 +786,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             cols,
             experts: 1,
             dtype,
+            mxfp4: false,
             init,
             layer,
         }
@@ -887,6 +910,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             let stacked = |t: TensorSpec| TensorSpec {
                 rows: t.rows * e,
                 experts: e,
+                mxfp4: quant == Quant::Mxfp4Experts,
                 ..t
             };
             out.push(stacked(m("ffn_gate_exps.weight", f, h, Role::OtherMatrix)));
