@@ -172,9 +172,8 @@ pub(super) fn quantize_k(
 
 /// One ggml-layout weight row as f32, built for `lvl` (at most [`level`]).
 pub(super) fn dequantize_row(lvl: Level, kind: QKind, row: &[u8], out: &mut [f32]) {
-    // MXFP4 has only the portable build so far, at every level.
     #[cfg(target_arch = "x86_64")]
-    if lvl != Level::Scalar && level() != Level::Scalar && kind != QKind::Mxfp4 {
+    if lvl != Level::Scalar && level() != Level::Scalar {
         // SAFETY: AVX2/FMA/F16C were detected at run time.
         unsafe { avx2::dequantize_row(kind, row, out) };
         return;
