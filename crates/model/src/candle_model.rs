@@ -408,8 +408,18 @@ fn ffn(
         gate = gate.broadcast_add(bg)?;
         up = up.broadcast_add(bu)?;
     }
-    let gated = match act {
-        Activation::Silu => (candle_nn::ops::silu(&gate)? * up)?,
+    let gated = activate(act, &gate, &up)?;
+    let mut out = f.down.forward(&gated)?;
+    if let Some([_, _, bd]) = &bias {
+        out = out.broadcast_add(bd)?;
+    }
+    Ok(out)
+}
+
+/// `act(gate) * up`, elementwise.
+fn activate(act: Activation, gate: &Tensor, up: &Tensor) -> Result<Tensor, ModelError> {
+    Ok(match act {
+        Activation::Silu => (candle_nn::ops::silu(gate)? * up)?,
         Activation::GeluTanh => (gate.gelu()? * up)?,
         Activation::SwigluOai => {
             let (alpha, limit) = (
@@ -421,12 +431,7 @@ fn ffn(
             let sig = candle_nn::ops::sigmoid(&(&x * alpha)?)?;
             ((x * sig)? * y)?
         }
-    };
-    let mut out = f.down.forward(&gated)?;
-    if let Some([_, _, bd]) = &bias {
-        out = out.broadcast_add(bd)?;
-    }
-    Ok(out)
+    })
 }
 
 /// Each row's experts' outputs, weighted and summed: the router's logits
@@ -705,6 +710,24 @@ impl ForwardModel for CandleModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// gpt-oss's clamped SwiGLU on the candle backend is the CPU kernel's,
+    /// past both clamps (gates and ups from -12 to 12).
+    #[test]
+    fn swiglu_oai_matches_the_cpu_kernel() {
+        let g: Vec<f32> = (0..400).map(|i| i as f32 * 0.06 - 12.0).collect();
+        let u: Vec<f32> = g.iter().rev().copied().collect();
+        let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
+        let got = activate(Activation::SwigluOai, &t(&g), &t(&u))
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let mut want = g.clone();
+        zinfer_kernels::swiglu_oai_mul(&mut want, &u);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+    }
 
     /// softmax and the two batched products that attention is built from,
     /// against plain loops, for every key count around SIMD widths.
