@@ -9,6 +9,7 @@
 //! whose top-k logits are soft-maxed among themselves, and whose experts
 //! have biases and the clamped SwiGLU.
 
+use super::qwen2::QWEN2;
 use super::{Arch, Architecture, MoeRule, RopeTensors};
 use crate::ModelError;
 use crate::meta::Meta;
@@ -17,15 +18,12 @@ use crate::spec::{Activation, BlockLayout, Gating, ModelSpec, RopeSpec, RopeStyl
 pub(super) const GPT_OSS: Arch = Arch {
     architecture: Architecture::GptOss,
     hf_model_types: &["gpt_oss"],
+    // Qwen2's separate Q/K/V with biases, and gpt-oss's own parts.
     layout: BlockLayout {
-        fused_qkv: false,
-        qkv_bias: true,
-        qk_norm: false,
-        post_norms: false,
-        fused_gate_up: false,
         attn_output_bias: true,
         attn_sinks: true,
         ffn_norm_after_attention: true,
+        ..QWEN2.layout
     },
     rope_style: RopeStyle::Neox,
     activation: Activation::SwigluOai,
