@@ -229,9 +229,9 @@ fn kv_bytes(shape: &KvShape) -> Option<KvBytes> {
     })
 }
 
-/// llama.cpp's `llama_ftype` names (4 to 6 are retired formats).
+/// llama.cpp's `llama_ftype` names (4 to 6 and 33 to 35 are retired formats).
 fn file_type_name(id: usize) -> Option<&'static str> {
-    const NAMES: [&str; 33] = [
+    const NAMES: [&str; 39] = [
         "ALL_F32",
         "MOSTLY_F16",
         "MOSTLY_Q4_0",
@@ -265,6 +265,12 @@ fn file_type_name(id: usize) -> Option<&'static str> {
         "MOSTLY_IQ4_XS",
         "MOSTLY_IQ1_M",
         "MOSTLY_BF16",
+        "",
+        "",
+        "",
+        "MOSTLY_TQ1_0",
+        "MOSTLY_TQ2_0",
+        "MOSTLY_MXFP4_MOE",
     ];
     NAMES.get(id).copied().filter(|name| !name.is_empty())
 }
@@ -420,6 +426,16 @@ mod tests {
         assert_eq!(count(999), "999");
         assert_eq!(count(134_515_008), "134.5M");
         assert_eq!(count(7_241_732_096), "7.24B");
+    }
+
+    /// llama.cpp's `llama_ftype` numbers, gpt-oss's MXFP4 files included.
+    #[test]
+    fn file_types_have_llama_cpps_names() {
+        assert_eq!(file_type_name(15), Some("MOSTLY_Q4_K_M"));
+        assert_eq!(file_type_name(32), Some("MOSTLY_BF16"));
+        assert_eq!(file_type_name(34), None, "retired");
+        assert_eq!(file_type_name(38), Some("MOSTLY_MXFP4_MOE"));
+        assert_eq!(file_type_name(39), None);
     }
 
     #[test]
