@@ -511,10 +511,26 @@ fn shapes_an_architecture_cannot_read_are_refused() {
             rope_original_context: None,
             ..p("qwen3-yarn-tiny")
         },
+        // llama.cpp needs gpt-oss's output.weight and its window.
+        SynthShape {
+            sliding_window: None,
+            ..p("gpt-oss-tiny")
+        },
     ];
     for s in bad {
         assert!(s.validate().is_err(), "{s:?}");
     }
+    // MXFP4 experts need experts.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        shape: p("qwen3-tiny"),
+        quant: "mxfp4_experts".parse().unwrap(),
+        seed: 1,
+        threads: 1,
+    };
+    let out = dir.path().join("x.gguf");
+    let err = generate(&out, &spec, &tokenizer_source(&spec.shape), |_| {}).unwrap_err();
+    assert!(err.to_string().contains("mxfp4_experts"), "{err}");
     assert!("gemma9".parse::<Architecture>().is_err());
     assert_eq!(
         "qwen3".parse::<Architecture>().unwrap(),

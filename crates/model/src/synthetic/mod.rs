@@ -172,6 +172,12 @@ pub fn generate(
 ) -> Result<Summary, SynthError> {
     let shape = spec.shape.fitted_to(tokenizer_src)?;
     shape.validate()?;
+    if spec.quant == Quant::Mxfp4Experts && shape.moe.is_none() {
+        return Err(SynthError::InvalidShape(format!(
+            "{}: mxfp4_experts stores experts, and this shape has none",
+            shape.name
+        )));
+    }
     let tensors = shape::plan(&shape, spec.quant);
     let mut metadata = model_metadata(&shape, spec.quant);
     metadata.extend(tokenizer_metadata(tokenizer_src, shape.vocab)?);
