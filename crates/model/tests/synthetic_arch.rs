@@ -413,6 +413,18 @@ fn real_presets_have_the_public_configs_numbers() {
     let moe = s.moe.unwrap();
     assert_eq!((moe.experts, moe.used, moe.expert_ffn), (128, 8, 768));
     assert!(!s.tied_embeddings);
+    let s = p("gpt-oss-20b");
+    assert_eq!(s.arch, Architecture::GptOss);
+    assert_eq!(dims(&s), (24, 2880, 64, 8, 64, 2880, 201_088));
+    assert_eq!(
+        (s.rope_theta, s.rms_eps, s.context),
+        (150_000.0, 1e-5, 131_072)
+    );
+    let moe = s.moe.unwrap();
+    assert_eq!((moe.experts, moe.used, moe.expert_ffn), (32, 4, 2880));
+    assert_eq!((s.sliding_window, s.yarn_factor), (Some(128), Some(32.0)));
+    assert_eq!(s.rope_original_context, Some(4096));
+    assert!(!s.tied_embeddings && s.is_sliding(0) && !s.is_sliding(1));
     let s = p("phi-3-mini");
     assert_eq!(s.arch, Architecture::Phi3);
     assert_eq!(dims(&s), (32, 3072, 32, 32, 96, 8192, 32_064));

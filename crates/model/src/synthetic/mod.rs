@@ -44,6 +44,7 @@ pub const PRESETS: &[&str] = &[
     "qwen2.5-1.5b",
     "qwen3-1.7b",
     "qwen3-30b-a3b",
+    "gpt-oss-20b",
     "phi-3-mini",
     "phi-3-mini-128k",
     "gemma-2-2b",

@@ -253,6 +253,26 @@ impl SynthShape {
                 }),
                 ..base(48, 2048, 32, 4, 6144, QWEN_VOCAB)
             },
+            // openai/gpt-oss-20b's config.json; its o200k vocabulary has no
+            // llama.cpp test file (and zinfer no `gpt-4o` pre-tokenizer yet),
+            // so the default model's tokens are padded to its 201,088 rows.
+            "gpt-oss-20b" => Self {
+                arch: Architecture::GptOss,
+                head_dim: 64,
+                context: 131_072,
+                rope_theta: 150_000.0,
+                tied_embeddings: false,
+                sliding_window: Some(128),
+                rope_original_context: Some(4096),
+                yarn_factor: Some(32.0),
+                moe: Some(SynthMoe {
+                    experts: 32,
+                    used: 4,
+                    expert_ffn: 2880,
+                    shared_ffn: None,
+                }),
+                ..base(24, 2880, 64, 8, 2880, 201_088)
+            },
             "phi-3-mini" => phi3(4096),
             "phi-3-mini-128k" => Self {
                 long_rope: Some(LongRope::stand_in(96, 131_072.0 / 4096.0)),
