@@ -241,9 +241,9 @@ fn kv_bytes(shape: &KvShape) -> Option<KvBytes> {
     })
 }
 
-/// llama.cpp's `llama_ftype` names (4 to 6 are retired formats).
+/// llama.cpp's `llama_ftype` names (4 to 6 and 33 to 35 are retired formats).
 fn file_type_name(id: usize) -> Option<&'static str> {
-    const NAMES: [&str; 33] = [
+    const NAMES: [&str; 39] = [
         "ALL_F32",
         "MOSTLY_F16",
         "MOSTLY_Q4_0",
@@ -277,6 +277,12 @@ fn file_type_name(id: usize) -> Option<&'static str> {
         "MOSTLY_IQ4_XS",
         "MOSTLY_IQ1_M",
         "MOSTLY_BF16",
+        "",
+        "",
+        "",
+        "MOSTLY_TQ1_0",
+        "MOSTLY_TQ2_0",
+        "MOSTLY_MXFP4_MOE",
     ];
     NAMES.get(id).copied().filter(|name| !name.is_empty())
 }
@@ -434,6 +440,16 @@ mod tests {
         assert_eq!(count(7_241_732_096), "7.24B");
     }
 
+    /// llama.cpp's `llama_ftype` numbers, gpt-oss's MXFP4 files included.
+    #[test]
+    fn file_types_have_llama_cpps_names() {
+        assert_eq!(file_type_name(15), Some("MOSTLY_Q4_K_M"));
+        assert_eq!(file_type_name(32), Some("MOSTLY_BF16"));
+        assert_eq!(file_type_name(34), None, "retired");
+        assert_eq!(file_type_name(38), Some("MOSTLY_MXFP4_MOE"));
+        assert_eq!(file_type_name(39), None);
+    }
+
     #[test]
     fn support_names_the_reason() {
         assert_eq!(unsupported_reason(Some("qwen3"), Some(0)), None);
@@ -442,6 +458,7 @@ mod tests {
         assert!(moe.contains("mixture-of-experts (128 experts)"), "{moe}");
         assert_eq!(unsupported_reason(Some("qwen3moe"), Some(128)), None);
         assert_eq!(unsupported_reason(Some("qwen2moe"), Some(60)), None);
+        assert_eq!(unsupported_reason(Some("gpt-oss"), Some(32)), None);
         let none = unsupported_reason(Some("qwen3moe"), None).unwrap_or_default();
         assert!(none.contains("no `qwen3moe.expert_count`"), "{none}");
         let other = unsupported_reason(Some("mamba"), None).unwrap_or_default();

@@ -38,6 +38,11 @@ impl KvElem for f16 {
     }
 }
 
+/// The sigmoid's slope in gpt-oss's clamped SwiGLU ([`crate::swiglu_oai_mul`]).
+pub const SWIGLU_OAI_ALPHA: f32 = 1.702;
+/// The clamp of gpt-oss's SwiGLU inputs.
+pub const SWIGLU_OAI_LIMIT: f32 = 7.0;
+
 /// Head layout of the attention.
 #[derive(Clone, Copy, Debug)]
 pub struct HeadShape {
@@ -99,4 +104,23 @@ pub struct RowJob<'a, T> {
     pub shape: HeadShape,
     /// How scores are made.
     pub rule: ScoreRule,
+    /// Per query head, a learned logit that joins the softmax's
+    /// denominator but weighs no value (gpt-oss's attention sinks).
+    pub sinks: Option<&'a [f32]>,
+}
+
+/// What a head's output `sum_j e^(s_j - max) v_j` is multiplied by:
+/// `1 / sum` without a sink, `1 / (sum + e^(sink - max))` with one (the
+/// sink as one more score in the softmax), computed without overflow when
+/// the sink is far above every score.
+#[inline]
+pub(crate) fn normalizer(sum: f32, max: f32, sink: Option<f32>) -> f32 {
+    match sink {
+        None => 1.0 / sum,
+        Some(s) if s <= max => 1.0 / (sum + (s - max).exp()),
+        Some(s) => {
+            let shift = (max - s).exp();
+            shift / (sum * shift + 1.0)
+        }
+    }
 }

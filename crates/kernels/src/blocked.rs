@@ -4,7 +4,7 @@
 //! loops ([`Micro`]): plain Rust in [`super::scalar`], AVX2 and AVX-512 in
 //! `x86`, and bf16 dot products (f32 sums) in `x86::avx512bf16`.
 
-use crate::attention::{HeadShape, ScoreRule, softcap};
+use crate::attention::{HeadShape, ScoreRule, normalizer, softcap};
 use crate::fast_exp::exp_nonpositive;
 
 /// Keys per block.
@@ -34,6 +34,9 @@ pub struct UnitJob<'a> {
     pub window: Option<usize>,
     /// How scores are made.
     pub rule: ScoreRule,
+    /// Per query head (all heads, not only this KV head's), a learned
+    /// logit that joins the softmax's denominator (gpt-oss's sinks).
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// The packed keys and values of one KV head, in blocks of [`BK`] keys;
@@ -319,8 +322,18 @@ pub(crate) unsafe fn unit_impl<'a, M: Micro, const R: usize>(job: &UnitJob<'a>, 
             i += take;
         }
     }
-    for (o, &l) in buf.out.chunks_exact_mut(d).zip(&buf.l) {
-        let inv = 1.0 / l;
+    for (i, ((o, &l), &m)) in buf
+        .out
+        .chunks_exact_mut(d)
+        .zip(&buf.l)
+        .zip(&buf.m)
+        .enumerate()
+    {
+        // Vector i is head `i % group` of the KV head's group.
+        let sink = job
+            .sinks
+            .and_then(|s| s.get(job.kv_head * group + i % group).copied());
+        let inv = normalizer(l, m, sink);
         o.iter_mut().for_each(|x| *x *= inv);
     }
 }

@@ -49,6 +49,17 @@ pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     scalar::gelu_mul(gate, up);
 }
 
+/// `gate[i] = swiglu_oai(gate[i], up[i])`, gpt-oss's clamped SwiGLU.
+pub fn swiglu_oai_mul(gate: &mut [f32], up: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if level() != Level::Scalar {
+        // SAFETY: AVX2/FMA were detected at run time.
+        unsafe { avx2::swiglu_oai_mul(gate, up) };
+        return;
+    }
+    scalar::swiglu_oai_mul(gate, up);
+}
+
 /// The blocked attention unit ([`super::blocked::unit_impl`]) in f32,
 /// built for the widest vector unit available.
 pub fn flash_unit() -> FlashUnit {

@@ -33,13 +33,62 @@ pub enum QKind {
     /// `{ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16}` per 256
     /// values: 6-bit quants less 32, an 8-bit scale per 16 values.
     Q6K,
+    /// `{e: u8, qs: [u8; 16]}` (ggml type 39, gpt-oss's experts): E2M1
+    /// values (ggml's doubled table, [`MXFP4_VALUES`]) times an E8M0 scale
+    /// halved, `2^(e - 128)`; low nibbles are values 0-15, high ones 16-31.
+    Mxfp4,
+}
+
+/// ggml's `kvalues_mxfp4`: each 4-bit E2M1 code's value, doubled so that
+/// all are integers (0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives).
+pub(crate) const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// `x` (a multiple of 32 values) as MXFP4 blocks, as ggml's
+/// `quantize_row_mxfp4_ref`: per block the scale `floor(log2(max|x|)) - 2`
+/// (E8M0, 0 for an all-zero block), then each value's nearest table entry,
+/// the first among equals.
+pub fn quantize_mxfp4(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / QK * 17);
+    for blk in x.chunks_exact(QK) {
+        let amax = blk.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let e = if amax > 0.0 {
+            (amax.log2().floor() - 2.0 + 127.0).clamp(0.0, 255.0) as u8
+        } else {
+            0
+        };
+        let d = e8m0_half(e);
+        let nearest = |v: f32| {
+            let mut best = 0;
+            for (i, &k) in MXFP4_VALUES.iter().enumerate() {
+                if (f32::from(k) * d - v).abs() < (f32::from(MXFP4_VALUES[best]) * d - v).abs() {
+                    best = i;
+                }
+            }
+            best as u8
+        };
+        out.push(e);
+        out.extend((0..QK / 2).map(|j| nearest(blk[j]) | (nearest(blk[j + QK / 2]) << 4)));
+    }
+    out
+}
+
+/// An E8M0 scale byte as f32, halved to match [`MXFP4_VALUES`]:
+/// `2^(e - 128)`, as ggml's `ggml_e8m0_to_fp32_half` (the two smallest
+/// as subnormals; 255, E8M0's NaN, as 2^127).
+#[inline(always)]
+pub(crate) fn e8m0_half(e: u8) -> f32 {
+    if e < 2 {
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits(u32::from(e - 1) << 23)
+    }
 }
 
 impl QKind {
     /// Values per block.
     pub(crate) fn block_values(self) -> usize {
         match self {
-            Self::Q4_1 | Self::Q5_1 | Self::Q8_0 => QK,
+            Self::Q4_1 | Self::Q5_1 | Self::Q8_0 | Self::Mxfp4 => QK,
             Self::Q4K | Self::Q5K | Self::Q6K => QK_K,
         }
     }
@@ -49,6 +98,7 @@ impl QKind {
             Self::Q4_1 => 20,
             Self::Q5_1 => 24,
             Self::Q8_0 => 34,
+            Self::Mxfp4 => 17,
             Self::Q4K => 144,
             Self::Q5K => 176,
             Self::Q6K => 210,

@@ -45,15 +45,15 @@ mod tiled;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use attention::{HeadShape, KvElem, RowJob, ScoreRule};
+pub use attention::{HeadShape, KvElem, RowJob, SWIGLU_OAI_ALPHA, SWIGLU_OAI_LIMIT, ScoreRule};
 pub use blocked::{
     BK, FlashUnit, Packed, Packing, UnitBuf, UnitFn, UnitJob, Values, first_packed_key,
 };
 pub use dispatch::{
     attend_row, flash_unit, flash_unit_bf16, flash_units, gelu_mul, pack_keys_bf16,
-    pack_values_bf16, silu_mul,
+    pack_values_bf16, silu_mul, swiglu_oai_mul,
 };
-pub use format::{Q8Acts, QKind};
+pub use format::{Q8Acts, QKind, quantize_mxfp4};
 pub use matrix::{Layout, LayoutError, QMatrix, matmul_dense, q5_0_as_q5_1, run_units};
 /// The portable build of the blocked attention unit, to check the SIMD
 /// builds against.

@@ -148,7 +148,9 @@ impl QMatrix {
         // The widest tile layout this CPU's kernels read for this kind (the
         // AVX2 one also serves K-quants on AVX-512 CPUs); only the int8
         // kernels read tiles.
+        // MXFP4 has no tiles yet: its row-major blocks run on every level.
         let candidates: &[Tiling] = match layout {
+            _ if kind == QKind::Mxfp4 => &[],
             Layout::Widest => &[Tiling::Vnni16, Tiling::Avx2x8],
             Layout::Avx2Tiles => &[Tiling::Avx2x8],
             Layout::RowMajor => &[],
@@ -186,9 +188,12 @@ impl QMatrix {
         self.data.len()
     }
 
-    /// Whether the int8 kernel beats dequantize + f32 GEMM at every batch size.
+    /// Whether the int8 kernel beats dequantize + f32 GEMM at every batch
+    /// size; MXFP4 always takes it, with int8 activations as llama.cpp's
+    /// MXFP4 dot products (Q8_0) do, so a row's result does not depend on
+    /// how many rows share its step.
     pub fn int8_always(&self) -> bool {
-        self.tiling.is_some()
+        self.tiling.is_some() || self.kind == QKind::Mxfp4
     }
 
     /// Output rows.

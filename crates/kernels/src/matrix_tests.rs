@@ -29,6 +29,16 @@ fn q8_0_blocks(rows: usize, cols: usize) -> Vec<u8> {
     data
 }
 
+/// Raw MXFP4 blocks: E8M0 scales around 2^-6 and every nibble.
+fn mxfp4_blocks(rows: usize, cols: usize) -> Vec<u8> {
+    let mut data = Vec::new();
+    for (b, chunk) in random(rows * cols / 2, 5, 1.0).chunks(16).enumerate() {
+        data.push(118 + (b % 7) as u8);
+        data.extend(chunk.iter().map(|v| ((v + 1.0) * 127.9) as u8));
+    }
+    data
+}
+
 /// Every layout and kernel this machine has: tiled (with AVX2 or AVX-512
 /// VNNI) and row-major, the latter over 42 rows so 16-row units split
 /// into 4-, 2- and 1-row tiles.
@@ -38,6 +48,7 @@ fn matrices() -> Vec<QMatrix> {
     for (kind, data) in [
         (QKind::Q4_1, q4_1_blocks(rows, cols)),
         (QKind::Q8_0, q8_0_blocks(rows, cols)),
+        (QKind::Mxfp4, mxfp4_blocks(rows, cols)),
     ] {
         let row_bytes = cols / QK * kind.block_bytes();
         out.push(QMatrix {
@@ -108,6 +119,7 @@ fn ggml_dtype(kind: QKind) -> GgmlDType {
         QKind::Q4K => GgmlDType::Q4K,
         QKind::Q5K => GgmlDType::Q5K,
         QKind::Q6K => GgmlDType::Q6K,
+        QKind::Mxfp4 => unreachable!("candle has no MXFP4"),
     }
 }
 
@@ -450,5 +462,36 @@ fn activations_must_be_quantized_for_the_kernel() {
             w.matmul_q8(&acts, 1, &mut out, false)
         }));
         assert!(refused.is_err(), "{:?}", w.tiling);
+    }
+}
+
+/// MXFP4 blocks from llama.cpp's own quantizer, and its dequantization of
+/// them (scripts/llamacpp-reference/mxfp4.cpp, built against the reference
+/// tree, printed both): ours gives its values to the bit, on the row-major
+/// layout every level runs it on. Three blocks, three E8M0 scales.
+#[test]
+fn mxfp4_dequantizes_like_ggml() {
+    const BLOCKS: &str = "77a215447577674662511caeceedfeffce7feaca9103325456463441400a9dacdbed70bddbebca9113436566464451400b9dbc";
+    // As the program printed them (%.9g).
+    #[rustfmt::skip]
+    #[allow(clippy::excessive_precision)]
+    const GGML: [f32; 96] = [0.00390625, 0.01171875, 0.0078125, 0.01171875, 0.0234375, 0.0234375, 0.015625, 0.00390625, 0.001953125, -0.0078125, -0.015625, -0.015625, -0.01171875, -0.015625, -0.0234375, -0.015625, -0.00390625, 0.001953125, 0.0078125, 0.0234375, 0.0234375, 0.015625, 0.0078125, 0.015625, 0.01171875, 0.001953125, -0.00390625, -0.0078125, -0.015625, -0.0234375, -0.0234375, -0.0078125, -1.0, -1.0, 0.5, 1.5, 1.0, 2.0, 4.0, 4.0, 2.0, 0.5, 0.0, -1.0, -3.0, -2.0, -1.5, -3.0, -4.0, -2.0, -0.5, 0.0, 1.5, 3.0, 3.0, 2.0, 1.5, 2.0, 2.0, 0.0, -0.5, -1.0, -3.0, -4.0, -9.15527344e-5, -4.57763672e-5, -4.57763672e-5, -3.05175781e-5, 1.52587891e-5, 4.57763672e-5, 4.57763672e-5, 9.15527344e-5, 0.000122070312, 0.000122070312, 6.10351562e-5, 1.52587891e-5, 0.0, -4.57763672e-5, -9.15527344e-5, -6.10351562e-5, -4.57763672e-5, -9.15527344e-5, -0.000122070312, -6.10351562e-5, -1.52587891e-5, 1.52587891e-5, 6.10351562e-5, 0.000122070312, 0.000122070312, 6.10351562e-5, 6.10351562e-5, 9.15527344e-5, 6.10351562e-5, 0.0, -1.52587891e-5, -4.57763672e-5];
+    let bytes: Vec<u8> = (0..BLOCKS.len() / 2)
+        .map(|i| u8::from_str_radix(&BLOCKS[2 * i..2 * i + 2], 16).unwrap())
+        .collect();
+    assert_eq!(bytes.len(), 3 * QKind::Mxfp4.block_bytes());
+    let w = QMatrix::new(QKind::Mxfp4, 1, 96, bytes).unwrap();
+    let mut out = vec![0f32; 96];
+    w.dequantize_row(0, &mut out);
+    assert_eq!(out, GGML);
+    w.dequantize_row_fast(0, &mut out);
+    assert_eq!(out, GGML);
+    // Our quantizer (the synthetic files') writes ggml's blocks back from
+    // its values, and zeros as code 0 with scale byte 0.
+    assert_eq!(crate::format::quantize_mxfp4(&GGML), w.data);
+    assert_eq!(crate::format::quantize_mxfp4(&[0.0; 32]), [0; 17]);
+    // E8M0 as ggml reads it: 2^(e - 128), the two smallest as subnormals.
+    for (e, want) in [(0u8, -128), (1, -127), (2, -126), (128, 0), (255, 127)] {
+        assert_eq!(crate::format::e8m0_half(e), 2f32.powi(want), "e8m0 {e}");
     }
 }

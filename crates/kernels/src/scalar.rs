@@ -2,10 +2,10 @@
 //! AVX2, and the code the x86 builds inline under their target features
 //! (the compiler vectorizes the straight loops there).
 
-use crate::attention::{KvElem, RowJob};
+use crate::attention::{KvElem, RowJob, normalizer};
 use crate::blocked::{BK, F32Block, Micro, UnitBuf, UnitJob, unit_impl};
 use crate::fast_exp::exp_nonpositive;
-use crate::format::{ACT_TILE, Q8Acts, QK, QK_K, QKind, RowTile, TileOut};
+use crate::format::{ACT_TILE, MXFP4_VALUES, Q8Acts, QK, QK_K, QKind, RowTile, TileOut, e8m0_half};
 
 /// Per 32-value block: `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
 #[inline(always)]
@@ -87,6 +87,10 @@ pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
         dequantize_row_k(kind, row, out);
         return;
     }
+    if kind == QKind::Mxfp4 {
+        dequantize_mxfp4(row, out);
+        return;
+    }
     let bb = kind.block_bytes();
     for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
         let d = f16_at(blk, 0);
@@ -109,7 +113,20 @@ pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
                     o[j] = d * f32::from(q) + mn;
                 }
             }
-            QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
+            QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 => {
+                unreachable!("returned above")
+            }
+        }
+    }
+}
+
+/// MXFP4 blocks as f32, as ggml's `dequantize_row_mxfp4`.
+pub(super) fn dequantize_mxfp4(row: &[u8], out: &mut [f32]) {
+    for (blk, o) in row.chunks_exact(17).zip(out.chunks_exact_mut(QK)) {
+        let d = e8m0_half(blk[0]);
+        for (j, &q) in blk[1..].iter().enumerate() {
+            o[j] = d * f32::from(MXFP4_VALUES[usize::from(q & 15)]);
+            o[j + 16] = d * f32::from(MXFP4_VALUES[usize::from(q >> 4)]);
         }
     }
 }
@@ -139,6 +156,10 @@ pub(super) fn tile(
 ) {
     if kind.block_values() == QK_K {
         tile_k(kind, w, acts, i0, mt, vals);
+        return;
+    }
+    if kind == QKind::Mxfp4 {
+        tile_mxfp4(w, acts, i0, mt, vals);
         return;
     }
     let nb = acts.blocks;
@@ -176,8 +197,31 @@ pub(super) fn tile(
                         .sum();
                     sum += d * acts.d[i * nb + b] * dot as f32;
                 }
-                QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("K-quants returned above"),
+                QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 => {
+                    unreachable!("returned above")
+                }
             }
+        }
+        *v = sum;
+    }
+}
+
+/// [`tile`] for MXFP4, as ggml's `ggml_vec_dot_mxfp4_q8_0`: integer dots
+/// of the doubled E2M1 values with the int8 activations, scaled by the
+/// halved E8M0 scale and the activations' step.
+fn tile_mxfp4(w: &[u8], acts: &Q8Acts, i0: usize, mt: usize, vals: &mut [f32; ACT_TILE]) {
+    let nb = acts.blocks;
+    for (j, v) in vals.iter_mut().take(mt).enumerate() {
+        let i = i0 + j;
+        let mut sum = 0f32;
+        for (b, blk) in w.chunks_exact(17).enumerate() {
+            let a = &acts.q[(i * nb + b) * QK..(i * nb + b + 1) * QK];
+            let mut dot = 0i32;
+            for (t, &q) in blk[1..].iter().enumerate() {
+                dot += i32::from(MXFP4_VALUES[usize::from(q & 15)]) * i32::from(a[t])
+                    + i32::from(MXFP4_VALUES[usize::from(q >> 4)]) * i32::from(a[t + 16]);
+            }
+            sum += e8m0_half(blk[0]) * acts.d[i * nb + b] * dot as f32;
         }
         *v = sum;
     }
@@ -214,7 +258,7 @@ pub(super) fn k_scales(kind: QKind, blk: &[u8]) -> ([f32; 16], [f32; 8]) {
                 *s = d * f32::from(sc as i8);
             }
         }
-        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
     }
     (scale, min)
 }
@@ -258,7 +302,7 @@ pub(super) fn k_quants(kind: QKind, blk: &[u8], j: usize) -> [i8; 32] {
                 *v = (((l >> shift) & 0xF) | (((h >> (2 * t)) & 3) << 4)) as i8 - 32;
             }
         }
-        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
     }
     q
 }
@@ -337,6 +381,26 @@ pub(super) fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// gpt-oss's clamped SwiGLU (llama.cpp's `swiglu_oai`): the gate capped
+/// at `limit` from above, up clamped to `[-limit, limit]`, then
+/// `g sigmoid(alpha g) (u + 1)`.
+#[inline(always)]
+pub(super) fn swiglu_oai_mul(gate: &mut [f32], up: &[f32]) {
+    use crate::attention::{SWIGLU_OAI_ALPHA as ALPHA, SWIGLU_OAI_LIMIT as LIMIT};
+    for (g, u) in gate.iter_mut().zip(up) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        let a = ALPHA * x;
+        let e = exp_nonpositive(-a.abs());
+        let sigmoid = if a >= 0.0 {
+            1.0 / (1.0 + e)
+        } else {
+            e / (1.0 + e)
+        };
+        *g = x * sigmoid * (y + 1.0);
+    }
+}
+
 /// One query row against its keys; inlined into each SIMD build.
 #[inline(always)]
 pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, out: &mut [f32]) {
@@ -347,15 +411,18 @@ pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, 
         keys,
         shape,
         rule,
+        sinks,
     } = *job;
     let d = shape.head_dim;
     let kv_dim = shape.n_kv_heads * d;
     let group = shape.n_heads / shape.n_kv_heads;
     let scale = rule.scale;
     let n = keys.len();
-    // Scores, then one row of room to convert an f16 K or V row into.
-    scores.resize(group * n + d, 0.0);
-    let (scores, row_buf) = scores.split_at_mut(group * n);
+    // Scores, each head's normalizer, then one row of room to convert an
+    // f16 K or V row into.
+    scores.resize(group * n + group + d, 0.0);
+    let (scores, rest) = scores.split_at_mut(group * n);
+    let (inv_sums, row_buf) = rest.split_at_mut(group);
     // The query heads of one KV head read each K and V row once together.
     for g in 0..shape.n_kv_heads {
         let kv_off = g * d;
@@ -370,13 +437,15 @@ pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, 
         if let Some(cap) = rule.softcap {
             crate::attention::softcap(scores, cap);
         }
-        let mut inv_sums = [0f32; MAX_GROUP];
-        for (hh, row) in scores.chunks_exact_mut(n).enumerate() {
+        for ((row, inv), h) in scores
+            .chunks_exact_mut(n)
+            .zip(inv_sums.iter_mut())
+            .zip(heads.clone())
+        {
             let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
             row.iter_mut().for_each(|v| *v = exp_nonpositive(*v - max));
-            if let Some(inv) = inv_sums.get_mut(hh) {
-                *inv = 1.0 / sum(row);
-            }
+            let sink = sinks.and_then(|s| s.get(h).copied());
+            *inv = normalizer(sum(row), max, sink);
         }
         for h in heads.clone() {
             out[h * d..(h + 1) * d].fill(0.0);
@@ -388,11 +457,7 @@ pub(super) fn attend_row<T: KvElem>(job: &RowJob<'_, T>, scores: &mut Vec<f32>, 
                 axpy(scores[hh * n + j], v_row, &mut out[h * d..(h + 1) * d]);
             }
         }
-        for (hh, h) in heads.enumerate() {
-            let inv = inv_sums
-                .get(hh)
-                .copied()
-                .unwrap_or_else(|| 1.0 / sum(&scores[hh * n..(hh + 1) * n]));
+        for (&inv, h) in inv_sums.iter().zip(heads) {
             out[h * d..(h + 1) * d].iter_mut().for_each(|x| *x *= inv);
         }
     }
@@ -409,9 +474,6 @@ fn as_f32_row<'a, T: KvElem>(row: &'a [T], buf: &'a mut [f32]) -> &'a [f32] {
         }
     }
 }
-
-/// Query heads per KV head whose softmax sums are kept on the stack.
-const MAX_GROUP: usize = 16;
 
 /// Sum with eight independent accumulators so it vectorizes.
 #[inline(always)]
@@ -555,6 +617,25 @@ mod tests {
             assert!(
                 (f64::from(o) - want).abs() <= 1e-6 * (1.0 + want.abs()),
                 "silu({x}) * {y}: {o} vs {want}"
+            );
+        }
+    }
+
+    /// llama.cpp's `swiglu_oai` (ggml-cpu ops.cpp) in f64: gate capped at
+    /// 7, up clamped to [-7, 7], `x / (1 + e^(-1.702 x)) * (y + 1)`; gates
+    /// and ups run past both clamps.
+    #[test]
+    fn swiglu_oai_matches_llama_cpps_definition() {
+        let g: Vec<f32> = (-2000..2000).map(|i| i as f32 * 0.01).collect();
+        let u: Vec<f32> = random(g.len(), 7, 1.0).iter().map(|v| v * 12.0).collect();
+        let mut out = g.clone();
+        crate::dispatch::swiglu_oai_mul(&mut out, &u);
+        for ((&x, &y), &o) in g.iter().zip(&u).zip(&out) {
+            let (x64, y64) = (f64::from(x).min(7.0), f64::from(y).clamp(-7.0, 7.0));
+            let want = x64 / (1.0 + (-1.702 * x64).exp()) * (y64 + 1.0);
+            assert!(
+                (f64::from(o) - want).abs() <= 1e-5 * (1.0 + want.abs()),
+                "swiglu_oai({x}, {y}): {o} vs {want}"
             );
         }
     }

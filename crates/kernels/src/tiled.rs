@@ -93,6 +93,7 @@ impl Tiling {
             QKind::Q4K | QKind::Q5K | QKind::Q6K => {
                 self.k_header(kind) + 8 * self.k_sub_bytes(kind)
             }
+            QKind::Mxfp4 => unreachable!("MXFP4 is never tiled"),
         }
     }
 
@@ -156,6 +157,7 @@ impl Tiling {
                             }
                         }
                         QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("repacked above"),
+                        QKind::Mxfp4 => unreachable!("MXFP4 is never tiled"),
                     }
                 }
             }
@@ -214,6 +216,7 @@ impl Tiling {
                     }
                 }
                 QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("dequantized above"),
+                QKind::Mxfp4 => unreachable!("MXFP4 is never tiled"),
             }
         }
     }
@@ -228,7 +231,7 @@ impl Tiling {
             QKind::Q4K | QKind::Q5K => 20 * rows,
             // d (f16), 16 scales (bytes).
             QKind::Q6K => 18 * rows,
-            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
         }
     }
 
@@ -239,7 +242,7 @@ impl Tiling {
             QKind::Q4K => 16 * rows,
             QKind::Q5K => 20 * rows,
             QKind::Q6K => 24 * rows,
-            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
         }
     }
 
@@ -273,7 +276,7 @@ impl Tiling {
                     dst[2 * rows + h * rows + rr] = blk[192 + h];
                 }
             }
-            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
         }
         let group = 4 * rows;
         for j in 0..8 {
@@ -350,7 +353,9 @@ impl Tiling {
                         *y = scale * f32::from(q(k) as i8 - 32);
                     }
                 }
-                QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => unreachable!("not a K-quant"),
+                QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => {
+                    unreachable!("not a K-quant")
+                }
             }
         }
     }

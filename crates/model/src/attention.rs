@@ -12,7 +12,8 @@ pub(crate) use zinfer_kernels::HeadShape;
 use zinfer_kernels::{self as kernels, KvElem, RowJob, ScoreRule};
 
 /// Computes `out[r] = softmax(score(q[r], K)) V` for every row `r`, where
-/// K and V are the pool rows at `keys[r]` (the slots row `r` may attend to).
+/// K and V are the pool rows at `keys[r]` (the slots row `r` may attend to),
+/// with each head's sink logit in the softmax's denominator when given.
 /// Rows with no keys are left alone (the blocked kernel in [`super::flash`]
 /// computes them).
 ///
@@ -26,6 +27,7 @@ pub(crate) fn attend<T: KvElem>(
     keys: &[&[u32]],
     shape: HeadShape,
     rule: ScoreRule,
+    sinks: Option<&[f32]>,
     out: &mut [f32],
     parallel: bool,
 ) {
@@ -47,6 +49,7 @@ pub(crate) fn attend<T: KvElem>(
                 keys: keys[r],
                 shape,
                 rule,
+                sinks,
             };
             kernels::attend_row(&job, &mut scores, &mut o);
         }
@@ -59,9 +62,16 @@ mod tests {
     use zinfer_kernels::test_data::random;
 
     /// Grouped heads, scattered slots and causal prefixes against a plain
-    /// f64 softmax attention.
+    /// f64 softmax attention, without and with sinks (one far above the
+    /// scores).
     #[test]
     fn matches_naive_attention() {
+        for sinks in [None, Some([-1.0, 0.0, 0.7, 2.0, 90.0, -30.0])] {
+            check_naive(sinks.as_ref().map(|s| &s[..]));
+        }
+    }
+
+    fn check_naive(sinks: Option<&[f32]>) {
         let shape = HeadShape {
             n_heads: 6,
             n_kv_heads: 2,
@@ -75,7 +85,17 @@ mod tests {
         let keys: Vec<&[u32]> = (0..rows).map(|r| &slots[..=r]).collect();
         let mut out = vec![0f32; rows * qd];
         let rule = ScoreRule::standard(16);
-        attend(&q, &k[..], &v[..], &keys, shape, rule, &mut out, true);
+        attend(
+            &q,
+            &k[..],
+            &v[..],
+            &keys,
+            shape,
+            rule,
+            sinks,
+            &mut out,
+            true,
+        );
         for r in 0..rows {
             for h in 0..6 {
                 let g = h / 3;
@@ -91,8 +111,9 @@ mod tests {
                             / 4.0
                     })
                     .collect();
-                let m = s.iter().copied().fold(f64::MIN, f64::max);
-                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                let sink = sinks.map(|s| f64::from(s[h]));
+                let m = s.iter().copied().chain(sink).fold(f64::MIN, f64::max);
+                let z: f64 = s.iter().chain(&sink).map(|x| (x - m).exp()).sum();
                 for c in 0..16 {
                     let want: f64 = keys[r]
                         .iter()

@@ -303,6 +303,7 @@ impl CandleModel {
         q: &Tensor,
         groups: &[AttnGroup],
         order: Option<&Tensor>,
+        sinks: Option<&Tensor>,
     ) -> Result<Tensor, ModelError> {
         let (h, kvh, d) = (self.spec.n_heads, self.spec.n_kv_heads, self.spec.head_dim);
         let g = h / kvh;
@@ -335,7 +336,20 @@ impl CandleModel {
             let scores = scores
                 .reshape((b, kvh, g, t, l))?
                 .broadcast_add(&grp.masks[mask_at].unsqueeze(1)?)?;
-            let probs = candle_nn::ops::softmax_last_dim(&scores)?.reshape((b, kvh, g * t, l))?;
+            let probs = match sinks {
+                // The sink as one more score per head, dropped after the softmax.
+                Some(sinks) => {
+                    let col = sinks
+                        .reshape((1, kvh, g, 1, 1))?
+                        .broadcast_as((b, kvh, g, t, 1))?;
+                    let with = Tensor::cat(&[&scores, &col.contiguous()?], 4)?;
+                    candle_nn::ops::softmax_last_dim(&with)?
+                        .narrow(4, 0, l)?
+                        .contiguous()?
+                }
+                None => candle_nn::ops::softmax_last_dim(&scores)?,
+            };
+            let probs = probs.reshape((b, kvh, g * t, l))?;
             let out = probs
                 .matmul(&v)?
                 .reshape((b, kvh, g, t, d))?
@@ -374,9 +388,15 @@ fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor, ModelError> {
     Ok(candle_nn::ops::rms_norm(x, w, eps)?)
 }
 
-/// `down(act(gate(x)) * up(x))`.
-fn ffn(f: &Ffn<QMatMul>, act: Activation, x: &Tensor) -> Result<Tensor, ModelError> {
-    let (gate, up) = match &f.gate_up {
+/// `down(act(gate(x) + bg) * (up(x) + bu)) + bd`, the biases (one
+/// expert's gate, up and down) only when given.
+fn ffn(
+    f: &Ffn<QMatMul>,
+    bias: Option<[Tensor; 3]>,
+    act: Activation,
+    x: &Tensor,
+) -> Result<Tensor, ModelError> {
+    let (mut gate, mut up) = match &f.gate_up {
         GateUp::Separate { gate, up } => (gate.forward(x)?, up.forward(x)?),
         GateUp::Fused(w) => {
             let gu = w.forward(x)?;
@@ -384,11 +404,34 @@ fn ffn(f: &Ffn<QMatMul>, act: Activation, x: &Tensor) -> Result<Tensor, ModelErr
             (gu.narrow(1, 0, width)?, gu.narrow(1, width, width)?)
         }
     };
-    let gate = match act {
-        Activation::Silu => candle_nn::ops::silu(&gate)?,
-        Activation::GeluTanh => gate.gelu()?,
-    };
-    Ok(f.down.forward(&(gate * up)?)?)
+    if let Some([bg, bu, _]) = &bias {
+        gate = gate.broadcast_add(bg)?;
+        up = up.broadcast_add(bu)?;
+    }
+    let gated = activate(act, &gate, &up)?;
+    let mut out = f.down.forward(&gated)?;
+    if let Some([_, _, bd]) = &bias {
+        out = out.broadcast_add(bd)?;
+    }
+    Ok(out)
+}
+
+/// `act(gate) * up`, elementwise.
+fn activate(act: Activation, gate: &Tensor, up: &Tensor) -> Result<Tensor, ModelError> {
+    Ok(match act {
+        Activation::Silu => (candle_nn::ops::silu(gate)? * up)?,
+        Activation::GeluTanh => (gate.gelu()? * up)?,
+        Activation::SwigluOai => {
+            let (alpha, limit) = (
+                f64::from(zinfer_kernels::SWIGLU_OAI_ALPHA),
+                f64::from(zinfer_kernels::SWIGLU_OAI_LIMIT),
+            );
+            let x = gate.minimum(limit)?;
+            let y = (up.clamp(-limit, limit)? + 1.0)?;
+            let sig = candle_nn::ops::sigmoid(&(&x * alpha)?)?;
+            ((x * sig)? * y)?
+        }
+    })
 }
 
 /// Each row's experts' outputs, weighted and summed: the router's logits
@@ -409,19 +452,30 @@ fn moe_forward(
     }
     let host = logits.flatten_all()?.to_vec1::<f32>()?;
     let mut out = x.zeros_like()?;
-    for (expert, rows) in m.experts.iter().zip(moe::route(&m.spec, &host)) {
+    for (e, (expert, rows)) in m.experts.iter().zip(moe::route(&m.spec, &host)).enumerate() {
         if rows.is_empty() {
             continue;
         }
         let (ids, weights): (Vec<u32>, Vec<f32>) = rows.iter().map(|&(r, w)| (r as u32, w)).unzip();
         let ids = Tensor::new(ids.as_slice(), dev)?;
         let weights = Tensor::new(weights.as_slice(), dev)?.reshape((rows.len(), 1))?;
-        let ys = ffn(expert, act, &x.index_select(&ids, 0)?)?.broadcast_mul(&weights)?;
+        let bias = match &m.biases {
+            Some(b) => {
+                let (f, h) = (m.spec.expert_ffn, x.dim(1)?);
+                Some([
+                    b.gate.narrow(0, e * f, f)?,
+                    b.up.narrow(0, e * f, f)?,
+                    b.down.narrow(0, e * h, h)?,
+                ])
+            }
+            None => None,
+        };
+        let ys = ffn(expert, bias, act, &x.index_select(&ids, 0)?)?.broadcast_mul(&weights)?;
         out = out.index_add(&ids, &ys, 0)?;
     }
     if let Some((shared, gate)) = &m.shared {
         let g = candle_nn::ops::sigmoid(&x.matmul(&gate.unsqueeze(1)?)?)?;
-        out = (out + ffn(shared, act, x)?.broadcast_mul(&g)?)?;
+        out = (out + ffn(shared, None, act, x)?.broadcast_mul(&g)?)?;
     }
     Ok(out)
 }
@@ -509,8 +563,11 @@ impl ForwardModel for CandleModel {
                 .reshape((n, kv_dim))?;
             self.k_pool[layer].scatter_set(&new_slots, &k, 0)?;
             self.v_pool[layer].scatter_set(&new_slots, &v, 0)?;
-            let attn = self.attend(layer, &q, &groups, order.as_ref())?;
+            let attn = self.attend(layer, &q, &groups, order.as_ref(), b.sinks.as_ref())?;
             let mut out = b.attn_output.forward(&attn)?;
+            if let Some(bias) = &b.attn_output_bias {
+                out = out.broadcast_add(bias)?;
+            }
             if let Some(w) = &b.post_attn_norm {
                 out = rms_norm(&out, w, eps)?;
             }
@@ -518,7 +575,7 @@ impl ForwardModel for CandleModel {
 
             let hs = rms_norm(&x, &b.ffn_norm, eps)?;
             let mut out = match &b.mlp {
-                Mlp::Dense(f) => ffn(f, spec.activation, &hs)?,
+                Mlp::Dense(f) => ffn(f, None, spec.activation, &hs)?,
                 Mlp::Moe(experts) => moe_forward(experts, spec.activation, &hs)?,
             };
             if let Some(w) = &b.post_ffn_norm {
@@ -653,6 +710,24 @@ impl ForwardModel for CandleModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// gpt-oss's clamped SwiGLU on the candle backend is the CPU kernel's,
+    /// past both clamps (gates and ups from -12 to 12).
+    #[test]
+    fn swiglu_oai_matches_the_cpu_kernel() {
+        let g: Vec<f32> = (0..400).map(|i| i as f32 * 0.06 - 12.0).collect();
+        let u: Vec<f32> = g.iter().rev().copied().collect();
+        let t = |v: &[f32]| Tensor::new(v, &Device::Cpu).unwrap();
+        let got = activate(Activation::SwigluOai, &t(&g), &t(&u))
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let mut want = g.clone();
+        zinfer_kernels::swiglu_oai_mul(&mut want, &u);
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{a} vs {b}");
+        }
+    }
 
     /// softmax and the two batched products that attention is built from,
     /// against plain loops, for every key count around SIMD widths.

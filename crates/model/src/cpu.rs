@@ -335,6 +335,7 @@ impl ForwardModel for CpuModel {
                 shape,
                 window: ls.window,
                 rule: spec.attn,
+                sinks: b.sinks.as_deref(),
                 unit: self.unit,
             };
             match self.kv.layer(layer) {
@@ -346,6 +347,9 @@ impl ForwardModel for CpuModel {
                 }
             }
             b.attn_output.forward(attn, n, tmp, ws)?;
+            if let Some(bias) = &b.attn_output_bias {
+                add_bias(tmp, bias);
+            }
             if let Some(w) = &b.post_attn_norm {
                 rms_norm_in_place(tmp, w, eps);
             }
@@ -354,7 +358,7 @@ impl ForwardModel for CpuModel {
             rms_norm(x, &b.ffn_norm, eps, h);
             let mut mlp = MlpScratch { gate, up, fused };
             match &b.mlp {
-                Mlp::Dense(f) => mlp.run(f, spec.activation, h, n, tmp, ws)?,
+                Mlp::Dense(f) => mlp.run(f, None, spec.activation, h, n, tmp, ws)?,
                 Mlp::Moe(experts) => {
                     let scratch = MoeScratch {
                         router,
@@ -514,10 +518,12 @@ fn shape(spec: &ModelSpec) -> HeadShape {
 /// What one layer's attention computes: its heads, how far back rows see,
 /// how scores are made.
 #[derive(Clone, Copy)]
-struct Attention {
+struct Attention<'a> {
     shape: HeadShape,
     window: Option<usize>,
     rule: ScoreRule,
+    /// Per query head, a logit in the softmax's denominator (gpt-oss).
+    sinks: Option<&'a [f32]>,
     /// The blocked unit's build.
     unit: kernels::FlashUnit,
 }
@@ -531,7 +537,7 @@ fn attention<T: KvElem>(
     k_pool: &[T],
     v_pool: &[T],
     plan: &StepPlan<'_>,
-    how: Attention,
+    how: Attention<'_>,
     out: &mut [f32],
     scratch: &mut FlashScratch,
     ws: &Workspace,
@@ -540,10 +546,15 @@ fn attention<T: KvElem>(
         shape,
         window,
         rule,
+        sinks,
         unit,
     } = how;
     let unit = flash::unit_for(unit, shape);
-    let keys = flash::Keys { window, rule };
+    let keys = flash::Keys {
+        window,
+        rule,
+        sinks,
+    };
     if !plan.blocked_rows.is_empty() {
         let rows = &plan.blocked_rows;
         flash::attend_rows(q, k_pool, v_pool, rows, shape, keys, out, ws.parallel, unit);
@@ -575,7 +586,17 @@ fn attention<T: KvElem>(
             }
             None => &plan.keys,
         };
-        attend(q, k_pool, v_pool, row_keys, shape, rule, out, ws.parallel);
+        attend(
+            q,
+            k_pool,
+            v_pool,
+            row_keys,
+            shape,
+            rule,
+            sinks,
+            out,
+            ws.parallel,
+        );
     }
 }
 
@@ -645,10 +666,13 @@ struct MlpScratch<'a> {
 }
 
 impl MlpScratch<'_> {
-    /// `out = down(act(gate(x)) * up(x))` for `n` rows of `x`.
+    /// `out = down(act(gate(x)) * up(x))` for `n` rows of `x`, with the
+    /// gate, up and down biases added after their matmuls when given.
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &mut self,
         f: &Ffn<Linear>,
+        bias: Option<FfnBias<'_>>,
         act: Activation,
         x: &[f32],
         n: usize,
@@ -665,9 +689,25 @@ impl MlpScratch<'_> {
                 fused_forward(w, x, n, self.fused, &mut [&mut gate[..], &mut up[..]], ws)?
             }
         }
+        if let Some(b) = bias {
+            add_bias(gate, b.gate);
+            add_bias(up, b.up);
+        }
         activation_mul(act, gate, up, ws);
-        f.down.forward(gate, n, out, ws)
+        f.down.forward(gate, n, &mut out[..n * f.down.rows()], ws)?;
+        if let Some(b) = bias {
+            add_bias(&mut out[..n * f.down.rows()], b.down);
+        }
+        Ok(())
     }
+}
+
+/// One expert's gate, up and down biases.
+#[derive(Clone, Copy)]
+struct FfnBias<'a> {
+    gate: &'a [f32],
+    up: &'a [f32],
+    down: &'a [f32],
 }
 
 /// The buffers a mixture of experts adds: router logits, and one expert's
@@ -703,17 +743,23 @@ fn moe_forward(
     }
     let routes = moe::route(&m.spec, logits);
     out[..n * hidden].fill(0.0);
-    for (expert, rows) in m.experts.iter().zip(&routes) {
+    let f = m.spec.expert_ffn;
+    for (e, (expert, rows)) in m.experts.iter().zip(&routes).enumerate() {
         if rows.is_empty() {
             continue;
         }
+        let bias = m.biases.as_ref().map(|b| FfnBias {
+            gate: &b.gate[e * f..(e + 1) * f],
+            up: &b.up[e * f..(e + 1) * f],
+            down: &b.down[e * hidden..(e + 1) * hidden],
+        });
         let k = rows.len();
         let xs = &mut s.rows_in[..k * hidden];
         for (dst, &(r, _)) in xs.chunks_exact_mut(hidden).zip(rows) {
             dst.copy_from_slice(&x[r * hidden..(r + 1) * hidden]);
         }
         let ys = &mut s.rows_out[..k * hidden];
-        mlp.run(expert, act, xs, k, ys, ws)?;
+        mlp.run(expert, bias, act, xs, k, ys, ws)?;
         for (y, &(r, w)) in ys.chunks_exact(hidden).zip(rows) {
             for (o, &v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(y) {
                 *o += w * v;
@@ -722,7 +768,7 @@ fn moe_forward(
     }
     if let Some((shared, gate)) = &m.shared {
         let ys = &mut s.rows_out[..n * hidden];
-        mlp.run(shared, act, x, n, ys, ws)?;
+        mlp.run(shared, None, act, x, n, ys, ws)?;
         for ((o, y), xr) in out
             .chunks_exact_mut(hidden)
             .zip(ys.chunks_exact(hidden))
@@ -778,6 +824,7 @@ fn activation_mul(act: Activation, gate: &mut [f32], up: &[f32], ws: &Workspace)
     let f = match act {
         Activation::Silu => kernels::silu_mul,
         Activation::GeluTanh => kernels::gelu_mul,
+        Activation::SwigluOai => kernels::swiglu_oai_mul,
     };
     let values = gate.len();
     let parts: Vec<Mutex<(&mut [f32], &[f32])>> = gate

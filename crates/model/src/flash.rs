@@ -51,9 +51,11 @@ pub(crate) fn supports(shape: HeadShape) -> bool {
 /// Which keys a row sees and how its scores are made: every key up to its
 /// own position, or with a sliding window only the last `window`.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Keys {
+pub(crate) struct Keys<'a> {
     pub(crate) window: Option<usize>,
     pub(crate) rule: ScoreRule,
+    /// Per query head, a logit that joins the softmax's denominator (gpt-oss).
+    pub(crate) sinks: Option<&'a [f32]>,
 }
 
 /// Packed keys and values of one chunk, reused between layers.
@@ -94,7 +96,7 @@ pub(crate) fn attend_chunk<T: KvElem>(
     v_pool: &[T],
     chunk: ChunkRows<'_>,
     shape: HeadShape,
-    keys: Keys,
+    keys: Keys<'_>,
     out: &mut [f32],
     scratch: &mut FlashScratch,
     parallel: bool,
@@ -222,6 +224,7 @@ pub(crate) fn attend_chunk<T: KvElem>(
                 first_key,
                 window: keys.window,
                 rule: keys.rule,
+                sinks: keys.sinks,
             };
             (unit.run)(&job, &mut buf);
             let group = shape.n_heads / n_kv;
@@ -249,7 +252,7 @@ pub(crate) fn attend_rows<T: KvElem>(
     v_pool: &[T],
     chunks: &[ChunkRows<'_>],
     shape: HeadShape,
-    keys: Keys,
+    keys: Keys<'_>,
     out: &mut [f32],
     parallel: bool,
     unit: FlashUnit,
@@ -327,6 +330,7 @@ pub(crate) fn attend_rows<T: KvElem>(
                     first_key,
                     window: keys.window,
                     rule: keys.rule,
+                    sinks: keys.sinks,
                 };
                 (unit.run)(&job, &mut p.buf);
                 // Each part is handed to exactly one unit: the lock is uncontended.
@@ -505,10 +509,11 @@ mod tests {
     use zinfer_kernels::test_data::random;
 
     /// Every key, `1 / sqrt(d)`, no cap.
-    fn all_keys(shape: HeadShape) -> Keys {
+    fn all_keys(shape: HeadShape) -> Keys<'static> {
         Keys {
             window: None,
             rule: ScoreRule::standard(shape.head_dim),
+            sinks: None,
         }
     }
 
@@ -521,7 +526,7 @@ mod tests {
         v: &[f32],
         slots: &[u32],
         shape: HeadShape,
-        keys: Keys,
+        keys: Keys<'_>,
         r: usize,
         pos: usize,
     ) -> Vec<f64> {
@@ -549,8 +554,9 @@ mod tests {
                     }
                 })
                 .collect();
-            let m = s.iter().copied().fold(f64::MIN, f64::max);
-            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            let sink = keys.sinks.map(|s| f64::from(s[h]));
+            let m = s.iter().copied().chain(sink).fold(f64::MIN, f64::max);
+            let z: f64 = s.iter().chain(&sink).map(|x| (x - m).exp()).sum();
             for c in 0..d {
                 out[h * d + c] = seen
                     .iter()
@@ -571,7 +577,13 @@ mod tests {
         check_keys(shape, all_keys(shape), start, len, parallel)
     }
 
-    fn check_keys(shape: HeadShape, keys: Keys, start: usize, len: usize, parallel: bool) -> f64 {
+    fn check_keys(
+        shape: HeadShape,
+        keys: Keys<'_>,
+        start: usize,
+        len: usize,
+        parallel: bool,
+    ) -> f64 {
         let d = shape.head_dim;
         let (qd, kvd) = (shape.n_heads * d, shape.n_kv_heads * d);
         let n_keys = start + len;
@@ -836,12 +848,47 @@ mod tests {
                         scale: 0.3,
                         softcap,
                     },
+                    sinks: None,
                 };
                 for (start, len) in [(0, 40), (0, 150), (70, 1), (130, 60), (200, 1)] {
                     let _ = check_keys(shape, keys, start, len, start > 100);
                 }
             }
         }
+    }
+
+    /// Attention sinks (gpt-oss): one logit per query head in the softmax's
+    /// denominator, below, near and far above the scores (the last would
+    /// overflow `e^(sink - max)` taken naively), with and without a window;
+    /// and a decode row still gets a long chunk's bits.
+    #[test]
+    fn sinks_match_reference_attention() {
+        let shape = HeadShape {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 32,
+        };
+        let sinks = [-3.0, 0.5, 2.0, 120.0];
+        for window in [None, Some(5), Some(100)] {
+            let keys = Keys {
+                window,
+                rule: ScoreRule::standard(32),
+                sinks: Some(&sinks),
+            };
+            for (start, len) in [(0, 40), (70, 1), (130, 60)] {
+                let _ = check_keys(shape, keys, start, len, start > 100);
+            }
+        }
+        let keys = Keys {
+            window: Some(70),
+            rule: ScoreRule::standard(32),
+            sinks: Some(&sinks),
+        };
+        let n = 150;
+        let (k, v) = (random(n * 64, 8, 2.0), random(n * 64, 9, 2.0));
+        let q = random(n * 128, 7, 2.0);
+        let slots: Vec<u32> = (0..n as u32).collect();
+        decode_rows_match_whole_chunk(&q, &k, &v, &slots, shape, keys, &[0, 69, 149], false);
     }
 
     /// With a window, a row still gets the same bits however its sequence
@@ -857,6 +904,7 @@ mod tests {
         let keys = Keys {
             window: Some(70),
             rule: ScoreRule::standard(32),
+            sinks: None,
         };
         let (qd, kvd) = (64, 32);
         let n = 200;
@@ -907,7 +955,7 @@ mod tests {
         v: &[T],
         slots: &[u32],
         shape: HeadShape,
-        keys: Keys,
+        keys: Keys<'_>,
         positions: &[usize],
         parallel: bool,
     ) {

@@ -182,7 +182,17 @@ impl Tensors {
     fn opt_vector(&mut self, name: &str) -> Result<Option<Vec<f32>>, ModelError> {
         self.index.opt_vector(&mut self.reader, name)
     }
+
+    fn mxfp4(&mut self, name: &str) -> Result<Option<RawTensor>, ModelError> {
+        self.index.mxfp4(&mut self.reader, name)
+    }
 }
+
+/// A tensor's dimensions (outermost first) and its stored bytes.
+type RawTensor = (Vec<usize>, Vec<u8>);
+
+/// ggml's MXFP4 (gpt-oss's experts): read by zinfer's CPU kernels, not candle.
+pub(crate) const MXFP4: GgmlType = GgmlType(39);
 
 /// The header and its tensors by name: apart from the open file, so the
 /// metadata can be read while tensors are.
@@ -207,6 +217,22 @@ impl Index {
     ) -> Result<QTensor, ModelError> {
         let info = self.info(name).ok_or_else(|| missing_tensor(name))?;
         let (dtype, len) = candle_layout(name, info)?;
+        let raw = self.read_bytes(reader, info, len)?;
+        // ggml lists dimensions innermost first; candle outermost first.
+        let dims = info.dims.iter().rev().map(|&d| d as usize).collect();
+        qtensor_from_ggml(dtype, &raw, dims, device).map_err(|source| ModelError::TensorData {
+            tensor: name.to_string(),
+            source,
+        })
+    }
+
+    /// The `len` bytes of `info`'s data.
+    fn read_bytes(
+        &self,
+        reader: &mut BufReader<File>,
+        info: &TensorInfo,
+        len: usize,
+    ) -> Result<Vec<u8>, ModelError> {
         let io = |source| ModelError::Io {
             path: self.header.path.clone(),
             source,
@@ -216,12 +242,26 @@ impl Index {
             .seek(SeekFrom::Start(self.header.data_offset + info.offset))
             .map_err(io)?;
         reader.read_exact(&mut raw).map_err(io)?;
-        // ggml lists dimensions innermost first; candle outermost first.
-        let dims = info.dims.iter().rev().map(|&d| d as usize).collect();
-        qtensor_from_ggml(dtype, &raw, dims, device).map_err(|source| ModelError::TensorData {
+        Ok(raw)
+    }
+
+    /// The dimensions (outermost first) and blocks of `name` when it is an
+    /// MXFP4 tensor, which candle does not read; `None` for other types.
+    fn mxfp4(
+        &self,
+        reader: &mut BufReader<File>,
+        name: &str,
+    ) -> Result<Option<RawTensor>, ModelError> {
+        let Some(info) = self.info(name).filter(|i| i.ggml_type == MXFP4) else {
+            return Ok(None);
+        };
+        let len = info.bytes().and_then(|b| usize::try_from(b).ok());
+        let len = len.ok_or_else(|| ModelError::UnsupportedQuant {
             tensor: name.to_string(),
-            source,
-        })
+            dtype: info.ggml_type.to_string(),
+        })?;
+        let dims = info.dims.iter().rev().map(|&d| d as usize).collect();
+        Ok(Some((dims, self.read_bytes(reader, info, len)?)))
     }
 
     /// The tensor `name` as f32 values on the host, if the file has it.
@@ -420,6 +460,14 @@ impl TensorSource for CpuSource<'_> {
     }
 
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
+        if let Some((dims, bytes)) = self.0.tensors.mxfp4(name)? {
+            check_dims(
+                name,
+                (dims_at(&dims, 2, 0), dims_at(&dims, 2, 1)),
+                (rows, cols),
+            )?;
+            return Linear::mxfp4(name, rows, cols, bytes);
+        }
         let lin = Linear::from_qtensor(name, self.0.qtensor(name, &Device::Cpu)?)?;
         check_dims(name, (lin.rows(), lin.cols()), (rows, cols))?;
         Ok(lin)
@@ -445,6 +493,19 @@ impl TensorSource for CpuSource<'_> {
         rows: usize,
         cols: usize,
     ) -> Result<Vec<Linear>, ModelError> {
+        if let Some((dims, bytes)) = self.0.tensors.mxfp4(name)? {
+            if dims != [experts, rows, cols] {
+                return Err(ModelError::TensorLayout {
+                    tensor: name.to_string(),
+                    reason: "is not [experts, rows, cols] as the metadata says",
+                });
+            }
+            let per = bytes.len() / experts.max(1);
+            return bytes
+                .chunks_exact(per.max(1))
+                .map(|b| Linear::mxfp4(name, rows, cols, b.to_vec()))
+                .collect();
+        }
         let parts = self
             .0
             .expert_qtensors(name, experts, (rows, cols), &Device::Cpu)?;
@@ -470,6 +531,11 @@ impl TensorSource for CpuSource<'_> {
             Ok((Embedding::from_qtensor(name, qt)?, None))
         }
     }
+}
+
+/// Dimension `i` of a rank-`rank` shape (outermost first), 0 for another rank.
+fn dims_at(dims: &[usize], rank: usize, i: usize) -> usize {
+    if dims.len() == rank { dims[i] } else { 0 }
 }
 
 /// Fails unless a matrix is `want` (rows, cols).

@@ -105,6 +105,23 @@ impl Linear {
         })
     }
 
+    /// Wraps MXFP4 blocks (ggml type 39, which candle does not know) for
+    /// the CPU kernels.
+    pub(crate) fn mxfp4(
+        name: &str,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Self, ModelError> {
+        let m = QMatrix::new(QKind::Mxfp4, rows, cols, data).map_err(|source| {
+            ModelError::QuantLayout {
+                tensor: name.to_string(),
+                source,
+            }
+        })?;
+        Ok(Self::Quant(Arc::new(m)))
+    }
+
     /// Wraps a dense `[rows, cols]` matrix.
     pub(crate) fn dense(w: &Tensor) -> Result<Self, ModelError> {
         let (rows, cols) = w.dims2()?;

@@ -87,6 +87,7 @@ mod tests {
             expert_ffn: 8,
             gating,
             router_bias: false,
+            expert_bias: false,
             weights_scale: 1.0,
             shared_ffn: None,
         }

@@ -212,6 +212,9 @@ pub enum Activation {
     Silu,
     /// `gelu_tanh(gate) * up` (Gemma).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU, `g sigmoid(1.702 g) (u + 1)` with the gate
+    /// capped at 7 and up clamped to `[-7, 7]` (llama.cpp's `swiglu_oai`).
+    SwigluOai,
 }
 
 /// How a router's logits become each token's experts and their weights,
@@ -244,6 +247,9 @@ pub struct MoeSpec {
     pub gating: Gating,
     /// The router has a bias (`ffn_gate_inp.bias`).
     pub router_bias: bool,
+    /// Each expert's gate, up and down projections have biases
+    /// (`ffn_{gate,up,down}_exps.bias`, `[experts, width]`: gpt-oss).
+    pub expert_bias: bool,
     /// The chosen weights are multiplied by this (1 for none).
     pub weights_scale: f32,
     /// Inner width of a shared expert every token runs beside its routed
@@ -266,6 +272,14 @@ pub struct BlockLayout {
     pub post_norms: bool,
     /// One `ffn_up` matrix holding the gate rows then the up rows (Phi-3).
     pub fused_gate_up: bool,
+    /// A bias on the attention output projection (`attn_output.bias`: gpt-oss).
+    pub attn_output_bias: bool,
+    /// A learned logit per query head that joins every softmax's
+    /// denominator (`attn_sinks.weight`: gpt-oss).
+    pub attn_sinks: bool,
+    /// The MLP's input norm is named `post_attention_norm` (gpt-oss), not
+    /// `ffn_norm`; it is the same norm, before the MLP.
+    pub ffn_norm_after_attention: bool,
 }
 
 /// A model's shape and hyper-parameters.

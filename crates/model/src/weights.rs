@@ -68,6 +68,17 @@ pub(crate) struct Experts<M, V> {
     pub(crate) experts: Vec<Ffn<M>>,
     /// The shared expert every row runs, and its gate's `[hidden]` weights.
     pub(crate) shared: Option<(Ffn<M>, V)>,
+    /// The experts' biases, stacked as in the checkpoint.
+    pub(crate) biases: Option<ExpertBiases<V>>,
+}
+
+/// Every expert's gate, up and down biases, expert after expert:
+/// `[experts * expert_ffn]`, `[experts * expert_ffn]`, `[experts * hidden]`.
+#[derive(Debug)]
+pub(crate) struct ExpertBiases<V> {
+    pub(crate) gate: V,
+    pub(crate) up: V,
+    pub(crate) down: V,
 }
 
 /// One transformer block. `M` is a matrix, `V` a vector, in the backend's types.
@@ -80,6 +91,10 @@ pub(crate) struct Block<M, V> {
     /// Per-head RMSNorm weights of Q and K (`head_dim` each).
     pub(crate) qk_norm: Option<(V, V)>,
     pub(crate) attn_output: M,
+    /// Bias of the attention output projection (`hidden`).
+    pub(crate) attn_output_bias: Option<V>,
+    /// Per query head, a logit in every softmax's denominator (`n_heads`).
+    pub(crate) sinks: Option<V>,
     /// RMSNorm of the attention output before the residual add.
     pub(crate) post_attn_norm: Option<V>,
     pub(crate) ffn_norm: V,
@@ -115,6 +130,8 @@ pub(crate) enum Part {
     QNorm,
     KNorm,
     AttnOutput,
+    AttnOutputBias,
+    AttnSinks,
     PostAttnNorm,
     FfnNorm,
     Gate,
@@ -127,6 +144,9 @@ pub(crate) enum Part {
     GateExps,
     UpExps,
     DownExps,
+    GateExpsBias,
+    UpExpsBias,
+    DownExpsBias,
     SharedGateInp,
     SharedGate,
     SharedUp,
@@ -163,6 +183,8 @@ impl Naming {
             QNorm => ("attn_q_norm.weight", "self_attn.q_norm.weight"),
             KNorm => ("attn_k_norm.weight", "self_attn.k_norm.weight"),
             AttnOutput => ("attn_output.weight", "self_attn.o_proj.weight"),
+            AttnOutputBias => ("attn_output.bias", "self_attn.o_proj.bias"),
+            AttnSinks => ("attn_sinks.weight", "self_attn.sinks"),
             PostAttnNorm => (
                 "post_attention_norm.weight",
                 "post_attention_layernorm.weight",
@@ -180,6 +202,9 @@ impl Naming {
             GateExps => ("ffn_gate_exps.weight", "mlp.experts.gate_proj.weight"),
             UpExps => ("ffn_up_exps.weight", "mlp.experts.up_proj.weight"),
             DownExps => ("ffn_down_exps.weight", "mlp.experts.down_proj.weight"),
+            GateExpsBias => ("ffn_gate_exps.bias", "mlp.experts.gate_proj.bias"),
+            UpExpsBias => ("ffn_up_exps.bias", "mlp.experts.up_proj.bias"),
+            DownExpsBias => ("ffn_down_exps.bias", "mlp.experts.down_proj.bias"),
             SharedGateInp => ("ffn_gate_inp_shexp.weight", "mlp.shared_expert_gate.weight"),
             SharedGate => (
                 "ffn_gate_shexp.weight",
@@ -348,21 +373,37 @@ pub(crate) fn read<S: TensorSource>(
                     }
                     None => None,
                 };
+                let biases = if moe.expert_bias {
+                    Some(ExpertBiases {
+                        gate: src.vector(&name(Part::GateExpsBias), e * f)?,
+                        up: src.vector(&name(Part::UpExpsBias), e * f)?,
+                        down: src.vector(&name(Part::DownExpsBias), e * h)?,
+                    })
+                } else {
+                    None
+                };
                 Mlp::Moe(Experts {
                     spec: *moe,
                     router,
                     router_bias,
                     experts,
                     shared,
+                    biases,
                 })
             }
         };
-        let post = |src: &mut S, part| -> Result<Option<S::Vector>, ModelError> {
-            if l.post_norms {
-                Ok(Some(src.vector(&name(part), h)?))
+        let optional = |src: &mut S, has, part, len| -> Result<Option<S::Vector>, ModelError> {
+            if has {
+                Ok(Some(src.vector(&name(part), len)?))
             } else {
                 Ok(None)
             }
+        };
+        let post = |src: &mut S, part| optional(src, l.post_norms, part, h);
+        let ffn_norm = if l.ffn_norm_after_attention {
+            Part::PostAttnNorm
+        } else {
+            Part::FfnNorm
         };
         blocks.push(Block {
             attn_norm: src.vector(&name(Part::AttnNorm), h)?,
@@ -370,8 +411,10 @@ pub(crate) fn read<S: TensorSource>(
             qkv_bias,
             qk_norm,
             attn_output: src.matrix(&name(Part::AttnOutput), h, q)?,
+            attn_output_bias: optional(src, l.attn_output_bias, Part::AttnOutputBias, h)?,
+            sinks: optional(src, l.attn_sinks, Part::AttnSinks, spec.n_heads)?,
             post_attn_norm: post(src, Part::PostAttnNorm)?,
-            ffn_norm: src.vector(&name(Part::FfnNorm), h)?,
+            ffn_norm: src.vector(&name(ffn_norm), h)?,
             mlp,
             post_ffn_norm: post(src, Part::PostFfnNorm)?,
         });

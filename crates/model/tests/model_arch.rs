@@ -272,11 +272,12 @@ fn every_row_of_a_chunk_matches_one_position_per_step_across_windows() {
 /// A mixture of experts routes and weights rows the same way on both
 /// backends (the CPU kernels gather each expert's rows into one matmul, the
 /// candle backend selects and adds them back with tensor ops), with and
-/// without a shared expert, and a Q8_0 copy, whose experts are split from
-/// quantized stacked tensors, stays near the F32 file.
+/// without a shared expert, with gpt-oss's biases, sinks and clamped
+/// SwiGLU, and a Q8_0 copy, whose experts are split from quantized stacked
+/// tensors, stays near the F32 file.
 #[test]
 fn experts_agree_across_backends_and_weight_types() {
-    for preset in ["qwen3moe-tiny", "qwen2moe-tiny"] {
+    for preset in ["qwen3moe-tiny", "qwen2moe-tiny", "gpt-oss-tiny"] {
         let path = f32_file(preset);
         let [(_, mut cpu), (_, mut candle)] = both_backends(&path);
         let mut q8 = load(&preset_file(preset, "q8_0"), &options()).unwrap();
@@ -293,6 +294,38 @@ fn experts_agree_across_backends_and_weight_types() {
             );
         }
     }
+}
+
+/// gpt-oss-tiny with its experts in MXFP4 (the rest F32, so only the
+/// experts differ): the CPU kernels run it near the F32 file, the same
+/// every way a prompt is chunked or batched; the candle backend, which has
+/// no MXFP4, refuses it with an error naming the type.
+#[test]
+fn mxfp4_experts_run_on_the_cpu_kernels_and_candle_refuses_them() {
+    let f32_path = f32_file("gpt-oss-tiny");
+    let path = preset_file("gpt-oss-tiny", "mxfp4_experts");
+    let mut dense = load(&f32_path, &options()).unwrap();
+    let mut mx = load(&path, &options()).unwrap();
+    let vocab = mx.model.vocab_size();
+    for n in [1, 7, 40] {
+        let prompt = ids(n, vocab, 31 + n as u64);
+        let want = one_shot(dense.model.as_mut(), &prompt);
+        let diff = max_abs_diff(&want, &one_shot(mx.model.as_mut(), &prompt));
+        // 4-bit experts move logits of about +-1 by a few hundredths.
+        assert!(diff > 0.0 && diff < 0.1, "{n} tokens, MXFP4: {diff}");
+    }
+    check_all_rows_match_stepwise(
+        mx.model.as_mut(),
+        &ids(3 * 16 + 9, vocab, 8),
+        0,
+        SAME_WEIGHTS_TOL,
+        "gpt-oss-tiny mxfp4",
+    );
+    let err = load_candle(&path, &options(), &Device::Cpu)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("MXFP4"), "candle backend: {err}");
 }
 
 /// Runs `tokens` in `slots` from position 0 and discards the logits.

@@ -90,7 +90,7 @@ impl CandleModel {
                 quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Gemma3)
             }
             Architecture::Gemma2 => panic!("candle-transformers has no quantized gemma2"),
-            Architecture::Qwen3Moe | Architecture::Qwen2Moe => {
+            Architecture::Qwen3Moe | Architecture::Qwen2Moe | Architecture::GptOss => {
                 panic!("candle-transformers has no CPU quantized MoE")
             }
         };
@@ -127,13 +127,15 @@ fn assert_sane(logits: &[f32], vocab: usize, what: &str) {
 
 /// Each tiny preset in F32 and Q8_0: candle's model for its architecture
 /// loads it and runs a 20-token prompt (past the 16-token windows) and one
-/// decode step (not gemma2, which it lacks, nor qwen3moe, whose experts it
-/// runs on CUDA only).
+/// decode step (not gemma2, which it lacks, nor the MoE presets, whose
+/// experts it runs on CUDA only).
 #[test]
 fn tiny_presets_run_in_candle_transformers() {
     let dir = tempfile::tempdir().unwrap();
     let prompt: Vec<u32> = (0..20).map(|i| 300 + 37 * i).collect();
-    for name in tiny_presets().filter(|&n| n != "gemma2-tiny" && !n.contains("moe")) {
+    // candle-transformers has no CPU quantized MoE.
+    let dense = |n: &&str| SynthShape::preset(n).unwrap().moe.is_none();
+    for name in tiny_presets().filter(|n| *n != "gemma2-tiny" && dense(n)) {
         let shape = SynthShape::preset(name).unwrap();
         for quant in ["f32", "q8_0"] {
             let what = format!("{name} {quant}");
@@ -169,7 +171,14 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
         };
         put("attn_norm.weight", &[h]);
         put("attn_output.weight", &[h, q]);
-        put("ffn_norm.weight", &[h]);
+        if s.arch == Architecture::GptOss {
+            // gpt-oss names its MLP norm `post_attention_norm`.
+            put("post_attention_norm.weight", &[h]);
+            put("attn_sinks.weight", &[s.n_heads]);
+            put("attn_output.bias", &[h]);
+        } else {
+            put("ffn_norm.weight", &[h]);
+        }
         if s.arch == Architecture::Phi3 {
             put("attn_qkv.weight", &[q + 2 * kv, h]);
             put("ffn_up.weight", &[2 * f, h]);
@@ -184,6 +193,12 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
             put("ffn_gate_exps.weight", &[e, ef, h]);
             put("ffn_up_exps.weight", &[e, ef, h]);
             put("ffn_down_exps.weight", &[e, h, ef]);
+            if s.arch == Architecture::GptOss {
+                put("ffn_gate_inp.bias", &[e]);
+                put("ffn_gate_exps.bias", &[e, ef]);
+                put("ffn_up_exps.bias", &[e, ef]);
+                put("ffn_down_exps.bias", &[e, h]);
+            }
             if let Some(sf) = m.shared_ffn {
                 put("ffn_gate_inp_shexp.weight", &[h]);
                 put("ffn_gate_shexp.weight", &[sf, h]);
@@ -197,7 +212,10 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
                 put("ffn_up.weight", &[f, h]);
             }
         }
-        if matches!(s.arch, Architecture::Qwen2 | Architecture::Qwen2Moe) {
+        if matches!(
+            s.arch,
+            Architecture::Qwen2 | Architecture::Qwen2Moe | Architecture::GptOss
+        ) {
             put("attn_q.bias", &[q]);
             put("attn_k.bias", &[kv]);
             put("attn_v.bias", &[kv]);
@@ -238,7 +256,11 @@ fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
         assert_eq!(got, expected_tensors(&shape), "{name}");
         for (t, info) in &ct.tensor_infos {
             // llama.cpp's quantizer leaves MoE routers in f32.
-            let want = if info.shape.rank() == 1 || t.ends_with("ffn_gate_inp.weight") {
+            // Biases stay f32 too, stacked expert ones included.
+            let want = if info.shape.rank() == 1
+                || t.ends_with("ffn_gate_inp.weight")
+                || t.ends_with(".bias")
+            {
                 GgmlDType::F32
             } else {
                 GgmlDType::Q8_0
@@ -340,6 +362,7 @@ fn tiny_presets_slide_as_their_architectures_do() {
     assert_eq!(sliding(&p("llama-swa-tiny")), [true, true]);
     assert_eq!(sliding(&p("qwen2-tiny")), [false, false]);
     assert_eq!(sliding(&p("phi3-tiny")), [false, false]);
+    assert_eq!(sliding(&p("gpt-oss-tiny")), [true, false]);
     assert_eq!(
         sliding(&p("gemma-3-1b")).iter().filter(|&&s| !s).count(),
         4,
@@ -390,6 +413,18 @@ fn real_presets_have_the_public_configs_numbers() {
     let moe = s.moe.unwrap();
     assert_eq!((moe.experts, moe.used, moe.expert_ffn), (128, 8, 768));
     assert!(!s.tied_embeddings);
+    let s = p("gpt-oss-20b");
+    assert_eq!(s.arch, Architecture::GptOss);
+    assert_eq!(dims(&s), (24, 2880, 64, 8, 64, 2880, 201_088));
+    assert_eq!(
+        (s.rope_theta, s.rms_eps, s.context),
+        (150_000.0, 1e-5, 131_072)
+    );
+    let moe = s.moe.unwrap();
+    assert_eq!((moe.experts, moe.used, moe.expert_ffn), (32, 4, 2880));
+    assert_eq!((s.sliding_window, s.yarn_factor), (Some(128), Some(32.0)));
+    assert_eq!(s.rope_original_context, Some(4096));
+    assert!(!s.tied_embeddings && s.is_sliding(0) && !s.is_sliding(1));
     let s = p("phi-3-mini");
     assert_eq!(s.arch, Architecture::Phi3);
     assert_eq!(dims(&s), (32, 3072, 32, 32, 96, 8192, 32_064));
@@ -488,10 +523,26 @@ fn shapes_an_architecture_cannot_read_are_refused() {
             rope_original_context: None,
             ..p("qwen3-yarn-tiny")
         },
+        // llama.cpp needs gpt-oss's output.weight and its window.
+        SynthShape {
+            sliding_window: None,
+            ..p("gpt-oss-tiny")
+        },
     ];
     for s in bad {
         assert!(s.validate().is_err(), "{s:?}");
     }
+    // MXFP4 experts need experts.
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SynthSpec {
+        shape: p("qwen3-tiny"),
+        quant: "mxfp4_experts".parse().unwrap(),
+        seed: 1,
+        threads: 1,
+    };
+    let out = dir.path().join("x.gguf");
+    let err = generate(&out, &spec, &tokenizer_source(&spec.shape), |_| {}).unwrap_err();
+    assert!(err.to_string().contains("mxfp4_experts"), "{err}");
     assert!("gemma9".parse::<Architecture>().is_err());
     assert_eq!(
         "qwen3".parse::<Architecture>().unwrap(),

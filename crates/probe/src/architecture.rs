@@ -25,11 +25,14 @@ pub enum Architecture {
     /// Gemma 3: Gemma 2 with Q/K norms instead of attention soft-capping,
     /// five sliding-window layers to one global.
     Gemma3,
+    /// gpt-oss: biased attention with learned sinks, every other layer
+    /// sliding-window, and a mixture of biased experts with a clamped SwiGLU.
+    GptOss,
 }
 
 impl Architecture {
     /// Every architecture, in the order `--help` and errors list them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen2Moe,
@@ -38,13 +41,14 @@ impl Architecture {
         Self::Phi3,
         Self::Gemma2,
         Self::Gemma3,
+        Self::GptOss,
     ];
 
     /// Whether the architecture's MLPs are mixtures of experts (its files
     /// must declare `{arch}.expert_count`; a dense architecture's file that
     /// declares experts is refused).
     pub const fn has_experts(self) -> bool {
-        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe)
+        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe | Self::GptOss)
     }
 
     /// GGUF `general.architecture`, and the prefix of the model's metadata
@@ -59,6 +63,7 @@ impl Architecture {
             Self::Phi3 => "phi3",
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
+            Self::GptOss => "gpt-oss",
         }
     }
 }
@@ -109,7 +114,8 @@ mod tests {
         assert_eq!(
             SUPPORTED_ARCHITECTURES,
             [
-                "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3"
+                "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
+                "gpt-oss"
             ]
         );
         for a in Architecture::ALL {

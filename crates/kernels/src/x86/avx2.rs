@@ -37,6 +37,8 @@ pub(crate) unsafe fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
         QKind::Q6K => return unsafe { dequantize_row_k::<Q6KBlock>(row, out) },
         // Only rows that do not fill 8-row tiles are kept as Q5_1 blocks.
         QKind::Q5_1 => return scalar::dequantize_row(kind, row, out),
+        // MXFP4 has only the portable build so far.
+        QKind::Mxfp4 => return scalar::dequantize_row(kind, row, out),
         QKind::Q4_1 | QKind::Q8_0 => {}
     }
     let bb = kind.block_bytes();
@@ -71,7 +73,9 @@ pub(crate) unsafe fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
                     unsafe { _mm256_storeu_ps(op.add(8 * part), _mm256_mul_ps(v, d)) };
                 }
             }
-            QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("returned above"),
+            QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 => {
+                unreachable!("returned above")
+            }
         }
     }
 }
@@ -252,6 +256,11 @@ pub(crate) unsafe fn silu_mul(gate: &mut [f32], up: &[f32]) {
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn gelu_mul(gate: &mut [f32], up: &[f32]) {
     scalar::gelu_mul(gate, up);
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn swiglu_oai_mul(gate: &mut [f32], up: &[f32]) {
+    scalar::swiglu_oai_mul(gate, up);
 }
 
 #[target_feature(enable = "avx2,fma")]

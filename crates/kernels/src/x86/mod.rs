@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::format::{Q8Acts, QK, QKind, RowTile, TileOut};
+use crate::format::{MXFP4_VALUES, Q8Acts, QK, QKind, RowTile, TileOut, e8m0_half};
 
 pub(super) mod avx2;
 pub(super) mod avx512;
@@ -50,6 +50,8 @@ unsafe fn tile<D: Dot, const RT: usize, const MT: usize>(
         let mut acc = [[_mm256_setzero_ps(); MT]; RT];
         let mut mins = [[0f32; MT]; RT];
         let low = _mm_set1_epi8(15);
+        // MXFP4's 16 values, for a byte shuffle to look nibbles up in.
+        let table = _mm_loadu_si128(MXFP4_VALUES.as_ptr() as *const __m128i);
         let wp = w.as_ptr();
         let mut a = [_mm256_setzero_si256(); MT];
         let mut da = [0f32; MT];
@@ -82,6 +84,20 @@ unsafe fn tile<D: Dot, const RT: usize, const MT: usize>(
                         let wabs = _mm256_sign_epi8(wv, wv);
                         for j in 0..MT {
                             // Signed x signed: move the sign of w onto a.
+                            let p = _mm256_cvtepi32_ps(D::dot(wabs, _mm256_sign_epi8(a[j], wv)));
+                            acc[r][j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * da[j]), acc[r][j]);
+                        }
+                    }
+                    QKind::Mxfp4 => {
+                        // Values as signed bytes (nibbles looked up in the
+                        // table), then as Q8_0; the scale is E8M0, not f16.
+                        let d = e8m0_half(*blk);
+                        let qs = _mm_loadu_si128(blk.add(1) as *const __m128i);
+                        let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low));
+                        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), low));
+                        let wv = _mm256_set_m128i(hi, lo);
+                        let wabs = _mm256_sign_epi8(wv, wv);
+                        for j in 0..MT {
                             let p = _mm256_cvtepi32_ps(D::dot(wabs, _mm256_sign_epi8(a[j], wv)));
                             acc[r][j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * da[j]), acc[r][j]);
                         }
@@ -490,7 +506,7 @@ pub(super) unsafe fn tile_any<D: Dot>(job: &RowTile<'_>, vals: &mut TileOut) {
                 // blocks: the portable build serves them.
                 super::scalar::tile_rows(job, vals);
             }
-            (QKind::Q4_1 | QKind::Q8_0, ..) => {
+            (QKind::Q4_1 | QKind::Q8_0 | QKind::Mxfp4, ..) => {
                 by_shape!(rt, mt, tile::<D>(kind, w, rb, acts, i0, vals))
             }
         }

@@ -9,6 +9,7 @@
 
 mod gemma2;
 mod gemma3;
+mod gpt_oss;
 mod llama;
 mod phi3;
 mod qwen2;
@@ -52,6 +53,10 @@ pub(crate) struct MoeRule {
     pub(crate) gating: Gating,
     /// A gated shared expert beside the routed ones (`*_shexp` tensors).
     pub(crate) shared_expert: bool,
+    /// The router has a bias (`ffn_gate_inp.bias`).
+    pub(crate) router_bias: bool,
+    /// The experts' projections have biases (`ffn_*_exps.bias`).
+    pub(crate) expert_bias: bool,
 }
 
 /// The RoPE factor tensors a GGUF file may carry.
@@ -82,6 +87,7 @@ pub(crate) fn rules(architecture: Architecture) -> &'static Arch {
         Architecture::Phi3 => &phi3::PHI3,
         Architecture::Gemma2 => &gemma2::GEMMA2,
         Architecture::Gemma3 => &gemma3::GEMMA3,
+        Architecture::GptOss => &gpt_oss::GPT_OSS,
     }
 }
 
@@ -149,7 +155,8 @@ pub(crate) fn moe_spec(
         used,
         expert_ffn,
         gating: rule.gating,
-        router_bias: false,
+        router_bias: rule.router_bias,
+        expert_bias: rule.expert_bias,
         weights_scale: 1.0,
         shared_ffn,
     }))

@@ -17,6 +17,8 @@ pub(super) const QWEN2MOE: Arch = Arch {
     moe: Some(MoeRule {
         gating: Gating::SoftmaxTopK { renormalize: false },
         shared_expert: true,
+        router_bias: false,
+        expert_bias: false,
     }),
     finish: no_extras,
 };

@@ -17,6 +17,8 @@ pub(super) const QWEN3MOE: Arch = Arch {
     moe: Some(MoeRule {
         gating: Gating::SoftmaxTopK { renormalize: true },
         shared_expert: false,
+        router_bias: false,
+        expert_bias: false,
     }),
     finish: no_extras,
 };

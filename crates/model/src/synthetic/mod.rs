@@ -1,5 +1,5 @@
 //! Synthetic checkpoints: GGUF files with the shapes of real models (llama,
-//! Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3), seeded random weights and any
+//! Qwen2, Qwen2-MoE, Qwen3, Qwen3-MoE, Phi-3, Gemma 2, Gemma 3, gpt-oss), seeded random weights and any
 //! quantization.
 //!
 //! Only one small real model can be downloaded here, yet how the engine
@@ -26,7 +26,6 @@ use std::fs::File;
 use std::io::BufWriter;
 use std::path::Path;
 
-use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::Value;
 
 pub use shape::{
@@ -45,6 +44,7 @@ pub const PRESETS: &[&str] = &[
     "qwen2.5-1.5b",
     "qwen3-1.7b",
     "qwen3-30b-a3b",
+    "gpt-oss-20b",
     "phi-3-mini",
     "phi-3-mini-128k",
     "gemma-2-2b",
@@ -58,6 +58,7 @@ pub const PRESETS: &[&str] = &[
     "phi3-tiny",
     "gemma2-tiny",
     "gemma3-tiny",
+    "gpt-oss-tiny",
 ];
 
 /// The tiny presets, one per architecture (with 16-token sliding windows
@@ -68,8 +69,20 @@ pub fn tiny_presets() -> impl Iterator<Item = &'static str> {
 
 /// Names [`Quant`] parses from (`"q4_k_m".parse()`).
 pub const QUANTS: &[&str] = &[
-    "f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k", "q4_k_m",
+    "f32",
+    "f16",
+    "bf16",
+    "q8_0",
+    "q4_0",
+    "q4_1",
+    "q5_0",
+    "q5_1",
+    "q4_k",
+    "q5_k",
+    "q6_k",
+    "q4_k_m",
     "q5_k_m",
+    "mxfp4_experts",
 ];
 
 /// Standard deviation of the random weights: that of a freshly initialised
@@ -123,8 +136,8 @@ pub struct SynthSpec {
 pub struct Progress<'a> {
     /// Checkpoint name of the tensor just written.
     pub tensor: &'a str,
-    /// Its stored type.
-    pub dtype: GgmlDType,
+    /// Its stored type (`"Q4K"`, `"MXFP4"`).
+    pub dtype: String,
     /// Its block, if it belongs to one.
     pub layer: Option<usize>,
     /// Whether it was the last tensor of its block.
@@ -160,6 +173,12 @@ pub fn generate(
 ) -> Result<Summary, SynthError> {
     let shape = spec.shape.fitted_to(tokenizer_src)?;
     shape.validate()?;
+    if spec.quant == Quant::Mxfp4Experts && shape.moe.is_none() {
+        return Err(SynthError::InvalidShape(format!(
+            "{}: mxfp4_experts stores experts, and this shape has none",
+            shape.name
+        )));
+    }
     let tensors = shape::plan(&shape, spec.quant);
     let mut metadata = model_metadata(&shape, spec.quant);
     metadata.extend(tokenizer_metadata(tokenizer_src, shape.vocab)?);
@@ -188,7 +207,7 @@ pub fn generate(
     std::fs::rename(&partial, out)?;
     let mut tensor_types = BTreeMap::new();
     for t in &tensors {
-        *tensor_types.entry(format!("{:?}", t.dtype)).or_insert(0) += 1;
+        *tensor_types.entry(t.type_name()).or_insert(0) += 1;
     }
     Ok(Summary {
         file_bytes: std::fs::metadata(out)?.len(),
@@ -228,6 +247,7 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
             | Architecture::Qwen3Moe
             | Architecture::Gemma2
             | Architecture::Gemma3
+            | Architecture::GptOss
     ) || shape.q_dim() != shape.hidden
     {
         kv("attention.key_length", u(shape.head_dim));

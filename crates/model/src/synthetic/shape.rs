@@ -253,6 +253,26 @@ impl SynthShape {
                 }),
                 ..base(48, 2048, 32, 4, 6144, QWEN_VOCAB)
             },
+            // openai/gpt-oss-20b's config.json; its o200k vocabulary has no
+            // llama.cpp test file (and zinfer no `gpt-4o` pre-tokenizer yet),
+            // so the default model's tokens are padded to its 201,088 rows.
+            "gpt-oss-20b" => Self {
+                arch: Architecture::GptOss,
+                head_dim: 64,
+                context: 131_072,
+                rope_theta: 150_000.0,
+                tied_embeddings: false,
+                sliding_window: Some(128),
+                rope_original_context: Some(4096),
+                yarn_factor: Some(32.0),
+                moe: Some(SynthMoe {
+                    experts: 32,
+                    used: 4,
+                    expert_ffn: 2880,
+                    shared_ffn: None,
+                }),
+                ..base(24, 2880, 64, 8, 2880, 201_088)
+            },
             "phi-3-mini" => phi3(4096),
             "phi-3-mini-128k" => Self {
                 long_rope: Some(LongRope::stand_in(96, 131_072.0 / 4096.0)),
@@ -345,6 +365,25 @@ impl SynthShape {
                     Some("qwen2"),
                 )
             },
+            // gpt-oss's features at test size: biases everywhere, sinks,
+            // every other layer sliding (16 tokens here, 128 in the real
+            // ones), YaRN (factor 32 over 4,096 there), 8 experts of which
+            // 4 run (32 and 4 in gpt-oss-20b).
+            "gpt-oss-tiny" => Self {
+                rope_theta: 150_000.0,
+                hidden: 64,
+                sliding_window: Some(16),
+                rope_original_context: Some(128),
+                yarn_factor: Some(4.0),
+                moe: Some(SynthMoe {
+                    experts: 8,
+                    used: 4,
+                    expert_ffn: 64,
+                    shared_ffn: None,
+                }),
+                tied_embeddings: false,
+                ..tiny(Architecture::GptOss, 2, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
+            },
             "phi3-tiny" => Self {
                 rope_theta: 10_000.0,
                 tied_embeddings: false,
@@ -387,7 +426,7 @@ impl SynthShape {
     pub fn is_sliding(&self, layer: usize) -> bool {
         self.sliding_window.is_some()
             && match self.arch {
-                Architecture::Gemma2 => layer.is_multiple_of(2),
+                Architecture::Gemma2 | Architecture::GptOss => layer.is_multiple_of(2),
                 Architecture::Gemma3 => layer % 6 < 5,
                 Architecture::Phi3 => false,
                 Architecture::Llama
@@ -461,11 +500,12 @@ impl SynthShape {
         )?;
         only(
             self.yarn_factor.is_some(),
-            "YaRN here (its tests cover Qwen)",
+            "YaRN here (its tests cover Qwen and gpt-oss)",
             &[
                 Architecture::Qwen2,
                 Architecture::Qwen3,
                 Architecture::Qwen3Moe,
+                Architecture::GptOss,
             ],
         )?;
         if self.yarn_factor.is_some_and(|f| f.is_nan() || f <= 0.0)
@@ -510,6 +550,11 @@ impl SynthShape {
         }
         if self.arch == Architecture::Qwen2Moe && self.tied_embeddings {
             return bad("qwen2moe: llama.cpp needs output.weight; untie the embeddings".into());
+        }
+        if self.arch == Architecture::GptOss
+            && (self.tied_embeddings || self.sliding_window.is_none())
+        {
+            return bad("gpt-oss: llama.cpp needs output.weight and a sliding window".into());
         }
         if self.arch == Architecture::Gemma2 && !self.tied_embeddings {
             return bad("gemma2: llama.cpp reads no output.weight; tie the embeddings".into());
@@ -572,6 +617,10 @@ pub enum Quant {
     Q4KM,
     /// llama.cpp's Q5_K_M mix: Q5_K, with Q6_K where Q4_K_M has it.
     Q5KM,
+    /// The stacked expert matrices in MXFP4 (ggml type 39, as gpt-oss
+    /// checkpoints ship them), every other tensor F32, so that a copy of an
+    /// F32 file differs from it in the experts alone (`mxfp4_experts`).
+    Mxfp4Experts,
 }
 
 impl FromStr for Quant {
@@ -592,6 +641,7 @@ impl FromStr for Quant {
             "q6_k" => GgmlDType::Q6K,
             "q4_k_m" => return Ok(Self::Q4KM),
             "q5_k_m" => return Ok(Self::Q5KM),
+            "mxfp4_experts" => return Ok(Self::Mxfp4Experts),
             _ => return Err(SynthError::UnknownQuant(s.to_string())),
         };
         Ok(Self::Pure(t))
@@ -605,6 +655,8 @@ impl Quant {
         match self {
             Self::Q4KM => 15,
             Self::Q5KM => 17,
+            // LLAMA_FTYPE_MOSTLY_MXFP4_MOE.
+            Self::Mxfp4Experts => 38,
             Self::Pure(t) => match t {
                 GgmlDType::F16 => 1,
                 GgmlDType::Q4_0 => 2,
@@ -625,6 +677,7 @@ impl Quant {
     fn matrix_type(self, role: Role, layer: usize, n_layers: usize) -> GgmlDType {
         match self {
             Self::Pure(t) => t,
+            Self::Mxfp4Experts => GgmlDType::F32,
             Self::Q4KM | Self::Q5KM => match role {
                 Role::Output => GgmlDType::Q6K,
                 Role::AttnV | Role::FfnDown if use_more_bits(layer, n_layers) => GgmlDType::Q6K,
@@ -705,6 +758,8 @@ pub(super) struct TensorSpec {
     /// Experts stacked in `rows`; 1 for a matrix or vector.
     pub(super) experts: usize,
     pub(super) dtype: GgmlDType,
+    /// Stored as MXFP4 instead of `dtype` (which candle does not know).
+    pub(super) mxfp4: bool,
     pub(super) init: Init,
     pub(super) layer: Option<usize>,
 }
@@ -716,7 +771,19 @@ impl TensorSpec {
 
     pub(super) fn bytes(&self) -> u64 {
         let elems = (self.rows * self.cols) as u64;
+        if self.mxfp4 {
+            return elems / 32 * 17;
+        }
         elems / self.dtype.block_size() as u64 * self.dtype.type_size() as u64
+    }
+
+    /// The stored type's name, for reports (`"Q4K"`, `"MXFP4"`).
+    pub(super) fn type_name(&self) -> String {
+        if self.mxfp4 {
+            "MXFP4".to_string()
+        } else {
+            format!("{:?}", self.dtype)
+        }
     }
 }
 
@@ -739,6 +806,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             cols,
             experts: 1,
             dtype,
+            mxfp4: false,
             init,
             layer,
         }
@@ -815,16 +883,54 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             out.push(norm("attn_k_norm.weight", hd));
         }
         out.push(m("attn_output.weight", h, q_dim, Role::OtherMatrix));
+        if layout.attn_output_bias {
+            out.push(bias("attn_output.bias", h));
+        }
+        if layout.attn_sinks {
+            // Sinks of a few nats, as trained ones are, so they matter.
+            let sinks = (0..shape.n_heads).map(|h| 0.8 * h as f32 - 0.5).collect();
+            out.push(vector(
+                format!("blk.{i}.attn_sinks.weight"),
+                shape.n_heads,
+                Init::Values(sinks),
+                l,
+            ));
+        }
         if layout.post_norms {
             out.push(norm("post_attention_norm.weight", h));
         }
-        out.push(norm("ffn_norm.weight", h));
+        if layout.ffn_norm_after_attention {
+            out.push(norm("post_attention_norm.weight", h));
+        } else {
+            out.push(norm("ffn_norm.weight", h));
+        }
         if let Some(moe) = shape.moe {
             let (e, f) = (moe.experts, moe.expert_ffn);
             out.push(m("ffn_gate_inp.weight", e, h, Role::Router));
+            let rules = crate::arch::rules(shape.arch).moe;
+            if rules.is_some_and(|r| r.router_bias) {
+                out.push(bias("ffn_gate_inp.bias", e));
+            }
+            if rules.is_some_and(|r| r.expert_bias) {
+                // `[experts, width]`, as llama.cpp's loader checks them.
+                let stacked_bias = |suffix: &str, width| {
+                    spec(
+                        format!("blk.{i}.{suffix}"),
+                        e,
+                        width,
+                        Role::Vector,
+                        Init::Random,
+                        l,
+                    )
+                };
+                out.push(stacked_bias("ffn_gate_exps.bias", f));
+                out.push(stacked_bias("ffn_up_exps.bias", f));
+                out.push(stacked_bias("ffn_down_exps.bias", h));
+            }
             let stacked = |t: TensorSpec| TensorSpec {
                 rows: t.rows * e,
                 experts: e,
+                mxfp4: quant == Quant::Mxfp4Experts,
                 ..t
             };
             out.push(stacked(m("ffn_gate_exps.weight", f, h, Role::OtherMatrix)));

@@ -54,7 +54,8 @@ pub(super) fn write_gguf<W: Write>(
             header.extend((t.cols as u64).to_le_bytes());
             header.extend((t.rows as u64).to_le_bytes());
         }
-        header.extend(ggml_type_id(t.dtype)?.to_le_bytes());
+        let type_id = if t.mxfp4 { 39 } else { ggml_type_id(t.dtype)? };
+        header.extend(type_id.to_le_bytes());
         header.extend(offset.to_le_bytes());
         offset += padded(t.bytes());
     }
@@ -77,7 +78,7 @@ pub(super) fn write_gguf<W: Write>(
         bytes_done += written + pad;
         progress(&Progress {
             tensor: &t.name,
-            dtype: t.dtype,
+            dtype: t.type_name(),
             layer: t.layer,
             end_of_layer: t.layer.is_some()
                 && tensors.get(i + 1).is_none_or(|next| next.layer != t.layer),
@@ -160,6 +161,9 @@ fn chunk_bytes(t: &TensorSpec, rows: usize, seed: u64) -> Result<Vec<u8>, SynthE
             t.name,
             values.len()
         )));
+    }
+    if t.mxfp4 {
+        return Ok(zinfer_kernels::quantize_mxfp4(&values));
     }
     let chunk = Tensor::from_vec(values, (rows, t.cols), &Device::Cpu)?;
     Ok(QTensor::quantize(&chunk, t.dtype)?.data()?.into_owned())
