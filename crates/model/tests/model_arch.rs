@@ -41,8 +41,7 @@ fn f32_file(preset: &str) -> PathBuf {
 fn preset_file(preset: &str, quant: &str) -> PathBuf {
     static WRITING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = WRITING.lock().unwrap_or_else(|e| e.into_inner());
-    let dir = std::env::temp_dir().join(format!("zinfer-arch-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = files_dir();
     let path = dir.join(format!("{preset}-{quant}.gguf"));
     if !path.exists() {
         let spec = SynthShape::preset(preset).unwrap();
@@ -55,6 +54,28 @@ fn preset_file(preset: &str, quant: &str) -> PathBuf {
         generate(&path, &spec, &tokenizer_source(), |_| {}).unwrap();
     }
     path
+}
+
+/// This process's directory for preset files, under cargo's temporary
+/// directory; those of earlier runs whose process is gone are removed
+/// first (the files run to hundreds of MB, and statics are never dropped).
+fn files_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+        for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("zinfer-arch-")
+                && !std::path::Path::new("/proc").join(pid).exists()
+            {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+        let dir = root.join(format!("zinfer-arch-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    })
+    .clone()
 }
 
 /// `n` token ids below `vocab`, fixed by `seed`.
