@@ -6,6 +6,7 @@
 #   scripts/llamacpp-reference.sh --synthetic [FILE.gguf...]    # + tiny F32 files of SYNTH_PRESETS
 #   scripts/llamacpp-reference.sh --chunk C --all-logits ...    # every row's logits of a chunk
 #   scripts/llamacpp-reference.sh --embeddings [--chunk C] ...  # final hidden states and pooling
+#   scripts/llamacpp-reference.sh --rerank                      # a synthetic reranker's scores
 #
 # llama.cpp comes from the PyPI source package llama-cpp-python 0.3.36
 # (checked against its sha256), extracted and built under
@@ -39,6 +40,14 @@
 # similarity 0.999 or less, or a logit is 0.05 or more off. Like the logprob
 # tolerance, that is meant for F32 files: on a quantized one int8
 # activations move each engine's states by about as much (use --dequantize).
+#
+# --rerank writes a synthetic Qwen3 reranker (`synth_model --shape
+# qwen3-tiny --layers 2 --quant f32 --rerank`: rank pooling, a two-row
+# `cls.output` of "yes" and "no") and runs the LENGTHS prompts through
+# llama.cpp's rank pooling (dump_embeddings.cpp --rank) and zinfer's
+# classifier head on the last hidden state (examples/dump_embeddings.rs
+# --rank, f32 attention); compare_rerank.py fails when a score differs by
+# 1e-3 or more or the prompts' order by score differs.
 #
 # Environment: THREADS (2) for both sides, LENGTHS (8,64,300), SEED (0),
 # SYNTH_PRESETS (below), CARGO_PROFILE (dev: the workspace builds the model
@@ -77,6 +86,7 @@ synthetic=0
 dequantize=0
 all_logits=0
 embeddings=0
+rerank=0
 chunk=1
 chunk_given=0
 files=()
@@ -86,6 +96,7 @@ while [ $# -gt 0 ]; do
     --dequantize) dequantize=1 ;;
     --all-logits) all_logits=1 ;;
     --embeddings) embeddings=1 ;;
+    --rerank) rerank=1 ;;
     --chunk) [ $# -ge 2 ] || die "--chunk needs a value"; chunk=$2; chunk_given=1; shift ;;
     -h | --help) usage; exit 0 ;;
     -*) die "unknown flag $1 (see --help)" ;;
@@ -93,7 +104,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ "$synthetic" = 1 ] || [ ${#files[@]} -gt 0 ] || { usage >&2; die "give GGUF files, --synthetic, or both"; }
+[ "$synthetic" = 1 ] || [ "$rerank" = 1 ] || [ ${#files[@]} -gt 0 ] || { usage >&2; die "give GGUF files, --synthetic, or both"; }
 [ "$all_logits" = 0 ] || [ "$embeddings" = 0 ] || die "--all-logits and --embeddings are separate runs"
 
 command -v g++ >/dev/null || die "g++ is missing (Debian/Ubuntu: apt-get install g++)"
@@ -141,6 +152,24 @@ zinfer_embd=$(executable dump_embeddings)
 synth=$(executable synth_model)
 [ -x "$zinfer" ] && [ -x "$zinfer_embd" ] && [ -x "$synth" ] ||
   die "cargo build made no dump_logits, dump_embeddings or synth_model executable"
+
+if [ "$rerank" = 1 ]; then
+  file="$out/synthetic/qwen3-reranker-tiny-2l-f32-seed$seed.gguf"
+  run="$out/runs/rerank"
+  mkdir -p "$out/synthetic" "$run"
+  "$synth" --shape qwen3-tiny --layers 2 --quant f32 --seed "$seed" --threads "$threads" --rerank \
+    --out "$file" >"$file.log" 2>&1 || die "synth_model failed for the reranker; see $file.log"
+  python3 "$here/prompts.py" "$file" "$run/prompts.txt" --lengths "$lengths,3,17,33,5" --seed "$seed" >/dev/null ||
+    die "could not make prompts for $file"
+  "$out/dump_embeddings" "$file" "$run/prompts.txt" --rank --threads "$threads" >"$run/llama.jsonl" \
+    2>"$run/llama.log" || die "llama.cpp failed on $file; see $run/llama.log"
+  "$zinfer_embd" "$file" "$run/prompts.txt" --rank --threads "$threads" >"$run/zinfer.jsonl" \
+    2>"$run/zinfer.log" || die "zinfer failed on $file; see $run/zinfer.log"
+  echo "llama.cpp $pkg_version rank pooling vs zinfer's classifier head, $file:"
+  python3 "$here/compare_rerank.py" --reference "$run/llama.jsonl" --zinfer "$run/zinfer.jsonl" && status=0 || status=$?
+  if [ "$status" = 0 ]; then say "all rows pass"; else say "some rows FAIL ($run)"; fi
+  exit "$status"
+fi
 
 if [ "$synthetic" = 1 ]; then
   synth_files=()

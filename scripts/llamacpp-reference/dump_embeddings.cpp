@@ -2,6 +2,7 @@
 // scripts/llamacpp-reference.sh --embeddings.
 //
 //   dump_embeddings MODEL.gguf PROMPTS.txt [--threads N] [--logits OUT.f32] > out.jsonl
+//   dump_embeddings MODEL.gguf PROMPTS.txt --rank [--threads N] > scores.jsonl
 //
 // PROMPTS.txt holds one prompt per line: token ids separated by spaces (no
 // tokenizer is involved). Each prompt runs as ONE batch in three fresh
@@ -20,6 +21,14 @@
 //     pooling of those rows over the sequence (llama_get_embeddings_seq),
 //     unnormalised. One line each:
 //       {"prompt":P,"pooling":"mean"|"last","embedding":[n_embd values]}
+//
+// --rank (a reranker GGUF) runs each prompt, a formatted and tokenized
+// query/document pair, in one context with LLAMA_POOLING_TYPE_RANK instead:
+// llama_get_embeddings_seq gives the classification head's n_cls_out
+// outputs (for Qwen3 after the softmax; llama-server reports output 0 as
+// the score). One line per prompt:
+//   {"prompt":P,"scores":[n_cls_out values]}
+// crates/model/examples/dump_rerank.rs writes the same lines for zinfer.
 //
 // crates/model/examples/dump_embeddings.rs writes the per-position lines
 // (and the logits file) for zinfer; compare_embeddings.py pools zinfer's
@@ -151,14 +160,19 @@ void decode(llama_context * ctx, const std::vector<llama_token> & ids, size_t pr
 
 int main(int argc, char ** argv) {
     if (argc < 3) {
-        die("usage: dump_embeddings MODEL.gguf PROMPTS.txt [--threads N] [--logits OUT.f32]");
+        die("usage: dump_embeddings MODEL.gguf PROMPTS.txt [--rank] [--threads N] [--logits OUT.f32]");
     }
     const char * model_path = argv[1];
     const char * prompts_path = argv[2];
     int threads = 1;
     std::string logits_path;
+    bool rank = false;
     for (int i = 3; i < argc; i++) {
         const std::string flag = argv[i];
+        if (flag == "--rank") {
+            rank = true;
+            continue;
+        }
         if (i + 1 >= argc) {
             die(flag + " needs a value");
         }
@@ -202,12 +216,29 @@ int main(int argc, char ** argv) {
         }
     }
 
+    bool prompts_done = false;
     char desc[256];
     llama_model_desc(model, desc, sizeof desc);
     std::fprintf(stderr, "dump_embeddings: llama.cpp, %s, %d layers, n_embd %d, vocab %d\n  %s\n", desc,
                  llama_model_n_layer(model), n_embd, n_vocab, llama_print_system_info());
 
-    for (size_t p = 0; p < prompts.size(); p++) {
+    if (rank) {
+        const auto n_out = static_cast<int32_t>(llama_model_n_cls_out(model));
+        for (size_t p = 0; p < prompts.size(); p++) {
+            llama_context * ctx = make_context(model, n_ctx, threads, LLAMA_POOLING_TYPE_RANK);
+            decode(ctx, prompts[p], p);
+            const float * scores = llama_get_embeddings_seq(ctx, 0);
+            if (scores == nullptr) {
+                die("no scores for prompt " + std::to_string(p));
+            }
+            std::printf("{\"prompt\":%zu,\"scores\":", p);
+            write_array(scores, n_out, "scores of prompt " + std::to_string(p));
+            std::printf("}\n");
+            llama_free(ctx);
+        }
+        prompts_done = true;
+    }
+    for (size_t p = 0; p < prompts.size() && !prompts_done; p++) {
         const auto & ids = prompts[p];
         const auto n = static_cast<int32_t>(ids.size());
 
