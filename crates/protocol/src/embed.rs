@@ -18,6 +18,12 @@ pub enum Pooling {
     /// The last prompt token's (for models trained to embed that way,
     /// such as Qwen3-Embedding).
     Last,
+    /// A reranker's relevance (llama.cpp's `rank` pooling): the model's
+    /// classification head on the last prompt token's hidden state. The
+    /// vector is the head's outputs, not normalised; the first is the
+    /// score (for Qwen3-Reranker, P(yes)). Only a model whose file has
+    /// rank pooling takes it.
+    Rank,
 }
 
 /// `embed`: one input, text or token ids.
@@ -34,7 +40,7 @@ pub struct EmbedRequest {
     /// Or its token ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<Vec<u32>>,
-    /// Mean (default) or last-token pooling.
+    /// Mean (default), last-token pooling, or a reranker's scores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pooling: Option<Pooling>,
     /// Prefix-cache namespace, as on `generate`.
