@@ -47,7 +47,11 @@
 # llama.cpp's rank pooling (dump_embeddings.cpp --rank) and zinfer's
 # classifier head on the last hidden state (examples/dump_embeddings.rs
 # --rank, f32 attention); compare_rerank.py fails when a score differs by
-# 1e-3 or more or the prompts' order by score differs.
+# 1e-3 or more or the prompts' order by score differs. Then the same with
+# query/document pairs (--pairs) on a copy with the rerank template the
+# converter writes for Qwen3-Reranker: each side makes the prompts as
+# llama-server's format_prompt_rerank does, and the tokens must be equal too;
+# and on the file without a template (llama-server's fallback format).
 #
 # Environment: THREADS (2) for both sides, LENGTHS (8,64,300), SEED (0),
 # SYNTH_PRESETS (below), CARGO_PROFILE (dev: the workspace builds the model
@@ -166,7 +170,32 @@ if [ "$rerank" = 1 ]; then
   "$zinfer_embd" "$file" "$run/prompts.txt" --rank --threads "$threads" >"$run/zinfer.jsonl" \
     2>"$run/zinfer.log" || die "zinfer failed on $file; see $run/zinfer.log"
   echo "llama.cpp $pkg_version rank pooling vs zinfer's classifier head, $file:"
-  python3 "$here/compare_rerank.py" --reference "$run/llama.jsonl" --zinfer "$run/zinfer.jsonl" && status=0 || status=$?
+  status=0
+  python3 "$here/compare_rerank.py" --reference "$run/llama.jsonl" --zinfer "$run/zinfer.jsonl" || status=1
+  templated="$out/synthetic/qwen3-reranker-tiny-2l-f32-seed$seed-template.gguf"
+  "$synth" --shape qwen3-tiny --layers 2 --quant f32 --seed "$seed" --threads "$threads" \
+    --rerank-template "$(python3 -c 'import sys; sys.stdout.write(
+"<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+"<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+"<|im_start|>assistant\n<think>\n\n</think>\n\n")')" \
+    --out "$templated" >"$templated.log" 2>&1 || die "synth_model failed for the reranker; see $templated.log"
+  printf '%s\t%s\n' \
+    "What is the capital of France?" "Paris is the capital of France." \
+    "What is the capital of France?" "The mitochondria is the powerhouse of the cell." \
+    "how do I bake bread" "Mix flour, water, yeast and salt; knead, rise, bake at 230°C." \
+    "how do I bake bread" "café {query} <|im_end|> 日本語" \
+    "" "an empty query" >"$run/pairs.tsv"
+  for f in "$templated" "$file"; do
+    tag=$(basename "$f" .gguf)
+    "$out/dump_embeddings" "$f" "$run/pairs.tsv" --rank --pairs --threads "$threads" >"$run/llama-$tag.jsonl" \
+      2>"$run/llama-$tag.log" || die "llama.cpp failed on $f; see $run/llama-$tag.log"
+    "$zinfer_embd" "$f" "$run/pairs.tsv" --rank --pairs --threads "$threads" >"$run/zinfer-$tag.jsonl" \
+      2>"$run/zinfer-$tag.log" || die "zinfer failed on $f; see $run/zinfer-$tag.log"
+    echo
+    echo "query/document pairs, $f:"
+    python3 "$here/compare_rerank.py" --reference "$run/llama-$tag.jsonl" --zinfer "$run/zinfer-$tag.jsonl" ||
+      status=1
+  done
   if [ "$status" = 0 ]; then say "all rows pass"; else say "some rows FAIL ($run)"; fi
   exit "$status"
 fi

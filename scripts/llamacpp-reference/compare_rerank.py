@@ -3,8 +3,9 @@
 pooling) and zinfer's dump_embeddings example --rank (its classifier head).
 
 Prints one markdown row per prompt and exits 1 when an output differs by
-1e-3 or more, or when ordering the prompts by score (output 0, what
-llama-server reports) gives another order.
+1e-3 or more, when ordering the prompts by score (output 0, what
+llama-server reports) gives another order, or, for query/document pairs
+(--pairs dumps), when the two sides made other tokens of a pair.
 """
 
 import argparse
@@ -19,7 +20,7 @@ def read(path):
     with open(path, encoding="utf-8") as f:
         for line in f:
             o = json.loads(line)
-            rows[o["prompt"]] = o["scores"]
+            rows[o["prompt"]] = (o["scores"], o.get("tokens"))
     return rows
 
 
@@ -36,12 +37,12 @@ def main():
     print("| prompt | llama.cpp score | zinfer score | max abs diff | pass |")
     print("|---|---|---|---|---|")
     for p in sorted(ref):
-        a, b = ref[p], got[p]
+        (a, ref_tokens), (b, got_tokens) = ref[p], got[p]
         diff = max(abs(x - y) for x, y in zip(a, b)) if len(a) == len(b) else float("inf")
-        good = diff < TOLERANCE
+        good = diff < TOLERANCE and ref_tokens == got_tokens
         ok &= good
         print(f"| {p} | {a[0]:.6f} | {b[0]:.6f} | {diff:.2e} | {'yes' if good else 'NO'} |")
-    order = lambda rows: sorted(rows, key=lambda p: -rows[p][0])  # noqa: E731
+    order = lambda rows: sorted(rows, key=lambda p: -rows[p][0][0])  # noqa: E731
     same = order(ref) == order(got)
     print(f"\norder by score: llama.cpp {order(ref)}, zinfer {order(got)}: {'same' if same else 'DIFFERENT'}")
     return 0 if ok and same else 1

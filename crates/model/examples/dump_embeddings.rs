@@ -6,6 +6,7 @@
 //! cargo run -p zinfer-model --example dump_embeddings -- MODEL.gguf PROMPTS.txt \
 //!     [--threads N] [--chunk C] [--logits OUT.f32] > out.jsonl
 //! cargo run -p zinfer-model --example dump_embeddings -- MODEL.gguf PROMPTS.txt --rank > scores.jsonl
+//! cargo run -p zinfer-model --example dump_embeddings -- MODEL.gguf PAIRS.tsv --rank --pairs > scores.jsonl
 //! ```
 //!
 //! PROMPTS.txt holds one prompt per line, token ids separated by spaces (no
@@ -31,7 +32,9 @@
 //! `--rank` (a reranker GGUF, each prompt a formatted query/document pair)
 //! writes instead one line per prompt, the [`Classifier`]'s outputs for the
 //! last position's hidden state, as `dump_embeddings.cpp --rank` does with
-//! llama.cpp's rank pooling: `{"prompt":P,"scores":[outputs]}`.
+//! llama.cpp's rank pooling: `{"prompt":P,"scores":[outputs]}`. With
+//! `--pairs` each line is a query, a tab and a document, made a prompt by
+//! `ModelTokenizer::rerank_prompt`, and the line has `"tokens":[ids]` too.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -52,11 +55,12 @@ struct Args {
     chunk: usize,
     logits: Option<PathBuf>,
     rank: bool,
+    pairs: bool,
 }
 
 fn parse_args() -> Result<Args> {
     let mut positional = Vec::new();
-    let (mut threads, mut chunk, mut logits, mut rank) = (1, 0, None, false);
+    let (mut threads, mut chunk, mut logits, mut rank, mut pairs) = (1, 0, None, false, false);
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let target = match arg.as_str() {
@@ -66,6 +70,10 @@ fn parse_args() -> Result<Args> {
             }
             "--rank" => {
                 rank = true;
+                continue;
+            }
+            "--pairs" => {
+                pairs = true;
                 continue;
             }
             "--threads" => &mut threads,
@@ -96,6 +104,7 @@ fn parse_args() -> Result<Args> {
         chunk,
         logits,
         rank,
+        pairs,
     })
 }
 
@@ -125,6 +134,22 @@ fn read_prompts(path: &std::path::Path) -> Result<Vec<Vec<u32>>> {
     Ok(prompts)
 }
 
+/// Query/document pairs (query TAB document per line), made prompts by
+/// the model's tokenizer as a reranker's.
+fn read_pairs(model: &std::path::Path, path: &std::path::Path) -> Result<Vec<Vec<u32>>> {
+    let tokenizer = zinfer_text::ModelTokenizer::open(model)?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read pairs file {}: {e}", path.display()))?;
+    text.lines()
+        .map(|line| {
+            let (query, document) = line
+                .split_once('\t')
+                .ok_or_else(|| format!("pairs file {}: a line without a tab", path.display()))?;
+            Ok(tokenizer.rerank_prompt(query, document)?)
+        })
+        .collect()
+}
+
 /// One JSON line: a position's hidden state.
 fn hidden_line(prompt: usize, pos: usize, row: &[f32]) -> Result<String> {
     if row.iter().any(|v| !v.is_finite()) {
@@ -139,7 +164,11 @@ fn hidden_line(prompt: usize, pos: usize, row: &[f32]) -> Result<String> {
 
 fn run() -> Result<()> {
     let args = parse_args()?;
-    let prompts = read_prompts(&args.prompts)?;
+    let prompts = if args.pairs {
+        read_pairs(&args.model, &args.prompts)?
+    } else {
+        read_prompts(&args.prompts)?
+    };
     let head = if args.rank {
         Some(
             Classifier::load(&args.model)?
@@ -227,8 +256,14 @@ fn run() -> Result<()> {
                     let last = &states[(rows - 1) * hidden..];
                     let scores: Vec<String> =
                         head.scores(last)?.iter().map(f32::to_string).collect();
+                    let tokens = if args.pairs {
+                        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+                        format!("\"tokens\":[{}],", ids.join(","))
+                    } else {
+                        String::new()
+                    };
                     out.push_str(&format!(
-                        "{{\"prompt\":{p},\"scores\":[{}]}}\n",
+                        "{{\"prompt\":{p},{tokens}\"scores\":[{}]}}\n",
                         scores.join(",")
                     ));
                 }
