@@ -31,7 +31,10 @@ fn reranker(dir: &Path) -> PathBuf {
         seed: 11,
         threads: 1,
     };
-    generate_reranker(&path, &spec, &source, &Rerank::default(), |_| {}).unwrap();
+    let rerank = Rerank {
+        template: Some("<|im_start|>user\nQ: {query}\nD: {document}<|im_end|>\n".into()),
+    };
+    generate_reranker(&path, &spec, &source, &rerank, |_| {}).unwrap();
     path
 }
 
@@ -54,7 +57,15 @@ fn rank(tokens: &[u32]) -> zinfer_protocol::GenerateRequest {
 }
 
 fn scores(handle: &EngineHandle, rid: u64, tokens: &[u32]) -> Vec<f32> {
-    handle.submit(rank(tokens), rid).unwrap();
+    done_vector(handle, rid, rank(tokens))
+}
+
+fn done_vector(
+    handle: &EngineHandle,
+    rid: u64,
+    request: zinfer_protocol::GenerateRequest,
+) -> Vec<f32> {
+    handle.submit(request, rid).unwrap();
     match handle
         .events()
         .recv_timeout(Duration::from_secs(60))
@@ -122,6 +133,49 @@ fn rank_pooling_is_the_head_on_the_last_hidden_state() {
     // score is still its own last row's.
     assert!((firsts[0] - firsts[2]).abs() > 1e-4, "{firsts:?}");
     assert!((firsts[0] - firsts[1]).abs() > 1e-4, "{firsts:?}");
+}
+
+/// A query and a document become the rerank template's prompt, as the
+/// tokenizer makes it (checked against llama.cpp's by
+/// `scripts/llamacpp-reference.sh --rerank`).
+#[test]
+fn a_query_and_document_are_scored_through_the_rerank_template() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = reranker(dir.path());
+    let head = Arc::new(Classifier::load(&path).unwrap().unwrap());
+    let config = EngineConfig {
+        classifier: Some(head.clone()),
+        ..EngineConfig::default()
+    };
+    let tokenizer = ModelTokenizer::open(&path).unwrap();
+    let handle = Engine::start(model(&path), ModelTokenizer::open(&path).unwrap(), config);
+    let mut reference = model(&path);
+    let mut pair = |rid: u64, query: &str, document: &str| {
+        let request = EmbedRequest {
+            pooling: Some(Pooling::Rank),
+            document: Some(document.into()),
+            ..EmbedRequest::text("r", query)
+        };
+        let got = done_vector(&handle, rid, request.to_generate());
+        let tokens = tokenizer.rerank_prompt(query, document).unwrap();
+        let text = tokenizer.decode(&tokens).unwrap();
+        assert!(text.contains("Q: the query\nD: "), "{text:?}");
+        let want = by_hand(&mut reference, &head, &tokens);
+        let diff = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(diff < 1e-5, "{got:?} vs {want:?}");
+        got[0]
+    };
+    let a = pair(1, "the query", "a first document");
+    let b = pair(
+        2,
+        "the query",
+        "another, longer document about something else",
+    );
+    assert!((a - b).abs() > 1e-4, "{a} {b}");
 }
 
 #[test]
