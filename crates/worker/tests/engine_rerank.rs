@@ -98,18 +98,34 @@ fn by_hand(m: &mut LoadedModel, head: &Classifier, tokens: &[u32]) -> Vec<f32> {
         .unwrap()
 }
 
-#[test]
-fn rank_pooling_is_the_head_on_the_last_hidden_state() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = reranker(dir.path());
-    let head = Arc::new(Classifier::load(&path).unwrap().unwrap());
+/// An engine with the file's head, the head, and the model again to run
+/// by hand.
+fn reranking(path: &Path) -> (EngineHandle, Arc<Classifier>, LoadedModel) {
+    let head = Arc::new(Classifier::load(path).unwrap().unwrap());
     let config = EngineConfig {
         classifier: Some(head.clone()),
         ..EngineConfig::default()
     };
-    let tokenizer = ModelTokenizer::open(&path).unwrap();
-    let handle = Engine::start(model(&path), tokenizer, config);
-    let mut reference = model(&path);
+    let tokenizer = ModelTokenizer::open(path).unwrap();
+    (
+        Engine::start(model(path), tokenizer, config),
+        head,
+        model(path),
+    )
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn rank_pooling_is_the_head_on_the_last_hidden_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = reranker(dir.path());
+    let (handle, head, mut reference) = reranking(&path);
     let prompts: [&[u32]; 3] = [
         &[1, 2, 3, 4, 5, 6],
         &[40, 900, 7],
@@ -120,12 +136,10 @@ fn rank_pooling_is_the_head_on_the_last_hidden_state() {
         let got = scores(&handle, rid as u64 + 1, tokens);
         let want = by_hand(&mut reference, &head, tokens);
         assert_eq!(got.len(), 2);
-        let diff = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(diff < 1e-5, "prompt {rid}: {got:?} vs {want:?}");
+        assert!(
+            max_diff(&got, &want) < 1e-5,
+            "prompt {rid}: {got:?} vs {want:?}"
+        );
         assert!((got[0] + got[1] - 1.0).abs() < 1e-5);
         firsts.push(got[0]);
     }
@@ -142,14 +156,8 @@ fn rank_pooling_is_the_head_on_the_last_hidden_state() {
 fn a_query_and_document_are_scored_through_the_rerank_template() {
     let dir = tempfile::tempdir().unwrap();
     let path = reranker(dir.path());
-    let head = Arc::new(Classifier::load(&path).unwrap().unwrap());
-    let config = EngineConfig {
-        classifier: Some(head.clone()),
-        ..EngineConfig::default()
-    };
+    let (handle, head, mut reference) = reranking(&path);
     let tokenizer = ModelTokenizer::open(&path).unwrap();
-    let handle = Engine::start(model(&path), ModelTokenizer::open(&path).unwrap(), config);
-    let mut reference = model(&path);
     let mut pair = |rid: u64, query: &str, document: &str| {
         let request = EmbedRequest {
             pooling: Some(Pooling::Rank),
@@ -161,12 +169,7 @@ fn a_query_and_document_are_scored_through_the_rerank_template() {
         let text = tokenizer.decode(&tokens).unwrap();
         assert!(text.contains("Q: the query\nD: "), "{text:?}");
         let want = by_hand(&mut reference, &head, &tokens);
-        let diff = got
-            .iter()
-            .zip(&want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
-        assert!(diff < 1e-5, "{got:?} vs {want:?}");
+        assert!(max_diff(&got, &want) < 1e-5, "{got:?} vs {want:?}");
         got[0]
     };
     let a = pair(1, "the query", "a first document");
