@@ -6,6 +6,7 @@
 #   scripts/llamacpp-reference.sh --synthetic [FILE.gguf...]    # + tiny F32 files of SYNTH_PRESETS
 #   scripts/llamacpp-reference.sh --chunk C --all-logits ...    # every row's logits of a chunk
 #   scripts/llamacpp-reference.sh --embeddings [--chunk C] ...  # final hidden states and pooling
+#   scripts/llamacpp-reference.sh --rerank                      # a synthetic reranker's scores
 #
 # llama.cpp comes from the PyPI source package llama-cpp-python 0.3.36
 # (checked against its sha256), extracted and built under
@@ -39,6 +40,18 @@
 # similarity 0.999 or less, or a logit is 0.05 or more off. Like the logprob
 # tolerance, that is meant for F32 files: on a quantized one int8
 # activations move each engine's states by about as much (use --dequantize).
+#
+# --rerank writes a synthetic Qwen3 reranker (`synth_model --shape
+# qwen3-tiny --layers 2 --quant f32 --rerank`: rank pooling, a two-row
+# `cls.output` of "yes" and "no") and runs the LENGTHS prompts through
+# llama.cpp's rank pooling (dump_embeddings.cpp --rank) and zinfer's
+# classifier head on the last hidden state (examples/dump_embeddings.rs
+# --rank, f32 attention); compare_rerank.py fails when a score differs by
+# 1e-3 or more or the prompts' order by score differs. Then the same with
+# query/document pairs (--pairs) on a copy with the rerank template the
+# converter writes for Qwen3-Reranker: each side makes the prompts as
+# llama-server's format_prompt_rerank does, and the tokens must be equal too;
+# and on the file without a template (llama-server's fallback format).
 #
 # Environment: THREADS (2) for both sides, LENGTHS (8,64,300), SEED (0),
 # SYNTH_PRESETS (below), CARGO_PROFILE (dev: the workspace builds the model
@@ -77,6 +90,7 @@ synthetic=0
 dequantize=0
 all_logits=0
 embeddings=0
+rerank=0
 chunk=1
 chunk_given=0
 files=()
@@ -86,6 +100,7 @@ while [ $# -gt 0 ]; do
     --dequantize) dequantize=1 ;;
     --all-logits) all_logits=1 ;;
     --embeddings) embeddings=1 ;;
+    --rerank) rerank=1 ;;
     --chunk) [ $# -ge 2 ] || die "--chunk needs a value"; chunk=$2; chunk_given=1; shift ;;
     -h | --help) usage; exit 0 ;;
     -*) die "unknown flag $1 (see --help)" ;;
@@ -93,7 +108,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ "$synthetic" = 1 ] || [ ${#files[@]} -gt 0 ] || { usage >&2; die "give GGUF files, --synthetic, or both"; }
+[ "$synthetic" = 1 ] || [ "$rerank" = 1 ] || [ ${#files[@]} -gt 0 ] || { usage >&2; die "give GGUF files, --synthetic, or both"; }
 [ "$all_logits" = 0 ] || [ "$embeddings" = 0 ] || die "--all-logits and --embeddings are separate runs"
 
 command -v g++ >/dev/null || die "g++ is missing (Debian/Ubuntu: apt-get install g++)"
@@ -141,6 +156,49 @@ zinfer_embd=$(executable dump_embeddings)
 synth=$(executable synth_model)
 [ -x "$zinfer" ] && [ -x "$zinfer_embd" ] && [ -x "$synth" ] ||
   die "cargo build made no dump_logits, dump_embeddings or synth_model executable"
+
+if [ "$rerank" = 1 ]; then
+  file="$out/synthetic/qwen3-reranker-tiny-2l-f32-seed$seed.gguf"
+  run="$out/runs/rerank"
+  mkdir -p "$out/synthetic" "$run"
+  "$synth" --shape qwen3-tiny --layers 2 --quant f32 --seed "$seed" --threads "$threads" --rerank \
+    --out "$file" >"$file.log" 2>&1 || die "synth_model failed for the reranker; see $file.log"
+  python3 "$here/prompts.py" "$file" "$run/prompts.txt" --lengths "$lengths,3,17,33,5" --seed "$seed" >/dev/null ||
+    die "could not make prompts for $file"
+  "$out/dump_embeddings" "$file" "$run/prompts.txt" --rank --threads "$threads" >"$run/llama.jsonl" \
+    2>"$run/llama.log" || die "llama.cpp failed on $file; see $run/llama.log"
+  "$zinfer_embd" "$file" "$run/prompts.txt" --rank --threads "$threads" >"$run/zinfer.jsonl" \
+    2>"$run/zinfer.log" || die "zinfer failed on $file; see $run/zinfer.log"
+  echo "llama.cpp $pkg_version rank pooling vs zinfer's classifier head, $file:"
+  status=0
+  python3 "$here/compare_rerank.py" --reference "$run/llama.jsonl" --zinfer "$run/zinfer.jsonl" || status=1
+  templated="$out/synthetic/qwen3-reranker-tiny-2l-f32-seed$seed-template.gguf"
+  "$synth" --shape qwen3-tiny --layers 2 --quant f32 --seed "$seed" --threads "$threads" \
+    --rerank-template "$(python3 -c 'import sys; sys.stdout.write(
+"<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+"<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+"<|im_start|>assistant\n<think>\n\n</think>\n\n")')" \
+    --out "$templated" >"$templated.log" 2>&1 || die "synth_model failed for the reranker; see $templated.log"
+  printf '%s\t%s\n' \
+    "What is the capital of France?" "Paris is the capital of France." \
+    "What is the capital of France?" "The mitochondria is the powerhouse of the cell." \
+    "how do I bake bread" "Mix flour, water, yeast and salt; knead, rise, bake at 230°C." \
+    "how do I bake bread" "café {query} <|im_end|> 日本語" \
+    "" "an empty query" >"$run/pairs.tsv"
+  for f in "$templated" "$file"; do
+    tag=$(basename "$f" .gguf)
+    "$out/dump_embeddings" "$f" "$run/pairs.tsv" --rank --pairs --threads "$threads" >"$run/llama-$tag.jsonl" \
+      2>"$run/llama-$tag.log" || die "llama.cpp failed on $f; see $run/llama-$tag.log"
+    "$zinfer_embd" "$f" "$run/pairs.tsv" --rank --pairs --threads "$threads" >"$run/zinfer-$tag.jsonl" \
+      2>"$run/zinfer-$tag.log" || die "zinfer failed on $f; see $run/zinfer-$tag.log"
+    echo
+    echo "query/document pairs, $f:"
+    python3 "$here/compare_rerank.py" --reference "$run/llama-$tag.jsonl" --zinfer "$run/zinfer-$tag.jsonl" ||
+      status=1
+  done
+  if [ "$status" = 0 ]; then say "all rows pass"; else say "some rows FAIL ($run)"; fi
+  exit "$status"
+fi
 
 if [ "$synthetic" = 1 ]; then
   synth_files=()

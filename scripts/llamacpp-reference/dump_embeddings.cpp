@@ -2,6 +2,8 @@
 // scripts/llamacpp-reference.sh --embeddings.
 //
 //   dump_embeddings MODEL.gguf PROMPTS.txt [--threads N] [--logits OUT.f32] > out.jsonl
+//   dump_embeddings MODEL.gguf PROMPTS.txt --rank [--threads N] > scores.jsonl
+//   dump_embeddings MODEL.gguf PAIRS.tsv --rank --pairs [--threads N] > scores.jsonl
 //
 // PROMPTS.txt holds one prompt per line: token ids separated by spaces (no
 // tokenizer is involved). Each prompt runs as ONE batch in three fresh
@@ -20,6 +22,20 @@
 //     pooling of those rows over the sequence (llama_get_embeddings_seq),
 //     unnormalised. One line each:
 //       {"prompt":P,"pooling":"mean"|"last","embedding":[n_embd values]}
+//
+// --rank (a reranker GGUF) runs each prompt, a formatted and tokenized
+// query/document pair, in one context with LLAMA_POOLING_TYPE_RANK instead:
+// llama_get_embeddings_seq gives the classification head's n_cls_out
+// outputs (for Qwen3 after the softmax; llama-server reports output 0 as
+// the score). One line per prompt:
+//   {"prompt":P,"scores":[n_cls_out values]}
+// With --pairs each line of the file is a query, a tab and a document,
+// made a prompt as llama-server's format_prompt_rerank does (the GGUF's
+// rerank template with {query} and {document} replaced, tokenized with
+// special tokens parsed and none added; else [BOS] query [EOS] [SEP]
+// document [EOS] as the vocabulary asks), and the line has "tokens":[ids]
+// too.
+// crates/model/examples/dump_rerank.rs writes the same lines for zinfer.
 //
 // crates/model/examples/dump_embeddings.rs writes the per-position lines
 // (and the logits file) for zinfer; compare_embeddings.py pools zinfer's
@@ -81,6 +97,82 @@ std::vector<std::vector<llama_token>> read_prompts(const char * path, int32_t n_
     }
     if (prompts.empty()) {
         die(std::string("no prompts in ") + path);
+    }
+    return prompts;
+}
+
+// llama_tokenize without adding specials.
+std::vector<llama_token> tokenize(const llama_vocab * vocab, const std::string & text, bool parse_special) {
+    const auto len = static_cast<int32_t>(text.size());
+    std::vector<llama_token> ids(text.size() + 2);
+    int32_t n = llama_tokenize(vocab, text.c_str(), len, ids.data(), static_cast<int32_t>(ids.size()), false, parse_special);
+    if (n < 0) {
+        ids.resize(static_cast<size_t>(-n));
+        n = llama_tokenize(vocab, text.c_str(), len, ids.data(), static_cast<int32_t>(ids.size()), false, parse_special);
+    }
+    if (n < 0) {
+        die("llama_tokenize failed");
+    }
+    ids.resize(static_cast<size_t>(n));
+    return ids;
+}
+
+void replace_all(std::string & s, const std::string & from, const std::string & to) {
+    for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size())) {
+        s.replace(at, from.size(), to);
+    }
+}
+
+// Query/document pairs (query TAB document per line) made prompts as
+// llama-server's format_prompt_rerank (tools/server/server-common.cpp) does.
+// rerank_template: llama_model_chat_template(model, "rerank"), or null.
+std::vector<std::vector<llama_token>> read_pairs(const llama_vocab * vocab, const char * rerank_template,
+                                                 const char * path) {
+    std::ifstream in(path);
+    if (!in) {
+        die(std::string("cannot open pairs file ") + path);
+    }
+    std::vector<std::vector<llama_token>> prompts;
+    std::string line;
+    while (std::getline(in, line)) {
+        const size_t tab = line.find('\t');
+        if (tab == std::string::npos) {
+            die(std::string("pairs file ") + path + ": a line without a tab");
+        }
+        const std::string query = line.substr(0, tab);
+        const std::string doc = line.substr(tab + 1);
+        std::vector<llama_token> ids;
+        if (rerank_template != nullptr) {
+            std::string prompt = rerank_template;
+            replace_all(prompt, "{query}", query);
+            replace_all(prompt, "{document}", doc);
+            ids = tokenize(vocab, prompt, true);
+        } else {
+            llama_token eos = llama_vocab_eos(vocab);
+            if (eos == LLAMA_TOKEN_NULL) {
+                eos = llama_vocab_sep(vocab);
+            }
+            if (llama_vocab_get_add_bos(vocab)) {
+                ids.push_back(llama_vocab_bos(vocab));
+            }
+            const auto q = tokenize(vocab, query, false);
+            ids.insert(ids.end(), q.begin(), q.end());
+            if (llama_vocab_get_add_eos(vocab)) {
+                ids.push_back(eos);
+            }
+            if (llama_vocab_get_add_sep(vocab)) {
+                ids.push_back(llama_vocab_sep(vocab));
+            }
+            const auto d = tokenize(vocab, doc, false);
+            ids.insert(ids.end(), d.begin(), d.end());
+            if (llama_vocab_get_add_eos(vocab)) {
+                ids.push_back(eos);
+            }
+        }
+        prompts.push_back(std::move(ids));
+    }
+    if (prompts.empty()) {
+        die(std::string("no pairs in ") + path);
     }
     return prompts;
 }
@@ -151,14 +243,24 @@ void decode(llama_context * ctx, const std::vector<llama_token> & ids, size_t pr
 
 int main(int argc, char ** argv) {
     if (argc < 3) {
-        die("usage: dump_embeddings MODEL.gguf PROMPTS.txt [--threads N] [--logits OUT.f32]");
+        die("usage: dump_embeddings MODEL.gguf PROMPTS.txt [--rank] [--threads N] [--logits OUT.f32]");
     }
     const char * model_path = argv[1];
     const char * prompts_path = argv[2];
     int threads = 1;
     std::string logits_path;
+    bool rank = false;
+    bool pairs = false;
     for (int i = 3; i < argc; i++) {
         const std::string flag = argv[i];
+        if (flag == "--rank") {
+            rank = true;
+            continue;
+        }
+        if (flag == "--pairs") {
+            pairs = true;
+            continue;
+        }
         if (i + 1 >= argc) {
             die(flag + " needs a value");
         }
@@ -187,7 +289,7 @@ int main(int argc, char ** argv) {
     const llama_vocab * vocab = llama_model_get_vocab(model);
     const int32_t n_vocab = llama_vocab_n_tokens(vocab);
     const int32_t n_embd = llama_model_n_embd_out(model);
-    const auto prompts = read_prompts(prompts_path, n_vocab);
+    const auto prompts = pairs ? read_pairs(vocab, llama_model_chat_template(model, "rerank"), prompts_path) : read_prompts(prompts_path, n_vocab);
     size_t longest = 0;
     for (const auto & p : prompts) {
         longest = std::max(longest, p.size());
@@ -202,12 +304,37 @@ int main(int argc, char ** argv) {
         }
     }
 
+    bool prompts_done = false;
     char desc[256];
     llama_model_desc(model, desc, sizeof desc);
     std::fprintf(stderr, "dump_embeddings: llama.cpp, %s, %d layers, n_embd %d, vocab %d\n  %s\n", desc,
                  llama_model_n_layer(model), n_embd, n_vocab, llama_print_system_info());
 
-    for (size_t p = 0; p < prompts.size(); p++) {
+    if (rank) {
+        const auto n_out = static_cast<int32_t>(llama_model_n_cls_out(model));
+        for (size_t p = 0; p < prompts.size(); p++) {
+            llama_context * ctx = make_context(model, n_ctx, threads, LLAMA_POOLING_TYPE_RANK);
+            decode(ctx, prompts[p], p);
+            const float * scores = llama_get_embeddings_seq(ctx, 0);
+            if (scores == nullptr) {
+                die("no scores for prompt " + std::to_string(p));
+            }
+            std::printf("{\"prompt\":%zu,", p);
+            if (pairs) {
+                std::printf("\"tokens\":[");
+                for (size_t i = 0; i < prompts[p].size(); i++) {
+                    std::printf("%s%d", i ? "," : "", prompts[p][i]);
+                }
+                std::printf("],");
+            }
+            std::printf("\"scores\":");
+            write_array(scores, n_out, "scores of prompt " + std::to_string(p));
+            std::printf("}\n");
+            llama_free(ctx);
+        }
+        prompts_done = true;
+    }
+    for (size_t p = 0; p < prompts.size() && !prompts_done; p++) {
         const auto & ids = prompts[p];
         const auto n = static_cast<int32_t>(ids.size());
 

@@ -5,7 +5,7 @@
 use candle_core::quantized::gguf_file::Content;
 use zinfer_model::synthetic::{Architecture, SynthShape, SynthSpec, generate, tiny_presets};
 
-use crate::harness::{exclusive, free_port, http_post, spawn_until};
+use crate::harness::{exclusive, http_post, serve_http};
 
 /// Writes `preset` at Q8_0 with its own vocabulary (llama.cpp's test
 /// file), or the default model's for llama shapes.
@@ -36,33 +36,7 @@ fn every_architecture_answers_a_chat_request_through_serve() {
     let dir = tempfile::tempdir().unwrap();
     for preset in tiny_presets() {
         let model = checkpoint(dir.path(), preset);
-        let port = |_| format!("127.0.0.1:{}", free_port());
-        let [clients, workers, control, metrics, http] = [0, 1, 2, 3, 4].map(port);
-        let worker_metrics = free_port().to_string();
-        let _serve = spawn_until(
-            "zinfer serve: ready",
-            &[
-                "serve",
-                "--threads",
-                "1",
-                "--kv-tokens",
-                "512",
-                "--clients",
-                &format!("tcp://{clients}"),
-                "--workers",
-                &format!("tcp://{workers}"),
-                "--control",
-                &format!("tcp://{control}"),
-                "--metrics",
-                &metrics,
-                "--worker-metrics-port",
-                &worker_metrics,
-                "--model",
-                &model.display().to_string(),
-                "--http",
-                &http,
-            ],
-        );
+        let (_serve, http) = serve_http(&model, 512, &[]);
         let body = serde_json::json!({
             "model": preset,
             "messages": [{"role": "user", "content": "Name three colours."}],

@@ -21,6 +21,7 @@ mod multihost;
 mod on_demand;
 mod params;
 mod reliability;
+mod rerank;
 mod security;
 mod soak;
 mod text;

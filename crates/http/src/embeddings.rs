@@ -59,13 +59,17 @@ pub fn request(bytes: &[u8], ctx: Context<'_>) -> Result<Embeddings, ApiError> {
             ));
         }
     };
-    let pooling =
-        match body.get("pooling") {
-            None | Some(Value::Null) => None,
-            Some(value) => Some(serde_json::from_value::<Pooling>(value.clone()).map_err(
-                |_| ApiError::invalid("pooling", "\"pooling\" must be \"mean\" or \"last\""),
-            )?),
-        };
+    let pooling = match body.get("pooling") {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(
+            serde_json::from_value::<Pooling>(value.clone())
+                .ok()
+                .filter(|p| *p != Pooling::Rank)
+                .ok_or_else(|| {
+                    ApiError::invalid("pooling", "\"pooling\" must be \"mean\" or \"last\"")
+                })?,
+        ),
+    };
     if let Some(user) = body.get("user")
         && !user.is_string()
         && !user.is_null()
@@ -280,6 +284,7 @@ mod tests {
                 "encoding_format",
             ),
             (json!({"input": "a", "pooling": "max"}), "pooling"),
+            (json!({"input": "a", "pooling": "rank"}), "pooling"),
             (json!({"input": "a", "nope": 1}), "nope"),
         ] {
             let error = parse(body.clone()).unwrap_err();

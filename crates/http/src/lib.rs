@@ -16,6 +16,7 @@
 //! | [`error`] | one error enum, OpenAI-shaped bodies and statuses |
 //! | [`backend`] | the I/O thread owning the DEALER, requests multiplexed by id |
 //! | [`embeddings`] | `/v1/embeddings` bodies to protocol `generate` with `embed`, and the vectors back (pure) |
+//! | [`rerank`] | `/v1/rerank` bodies to protocol `generate` with `embed` `rank` per document, and the sorted results back (pure) |
 //! | [`text`] | llama-server's `/tokenize`, `/detokenize`, `/apply-template` bodies to and from protocol text requests (pure) |
 //! | [`store`] | the bounded in-memory store of `/v1/responses` results |
 //! | [`server`] | routes, API key, handlers |
@@ -24,6 +25,7 @@ pub mod anthropic;
 pub mod backend;
 pub mod embeddings;
 pub mod error;
+pub mod rerank;
 pub mod respond;
 pub mod responses;
 pub mod server;

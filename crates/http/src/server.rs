@@ -25,6 +25,7 @@ use crate::anthropic;
 use crate::backend::{Pending, RouterClient};
 use crate::embeddings;
 use crate::error::ApiError;
+use crate::rerank;
 use crate::respond::{
     Collected, Endpoint, Meta, PartEncoder, StreamEncoder, add_usage, full_response,
 };
@@ -81,6 +82,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/rerank", post(rerank))
+        .route("/rerank", post(rerank))
+        .route("/v1/score", post(rerank))
         .route("/v1/responses", post(create_response))
         .route(
             "/v1/responses/{id}",
@@ -107,6 +111,9 @@ pub const ROUTES: &[&str] = &[
     "POST /v1/chat/completions",
     "POST /v1/completions",
     "POST /v1/embeddings",
+    "POST /v1/rerank",
+    "POST /rerank",
+    "POST /v1/score",
     "POST /v1/responses",
     "GET /v1/responses/{id}",
     "DELETE /v1/responses/{id}",
@@ -483,8 +490,38 @@ async fn embeddings(
 ) -> Result<Response, ApiError> {
     let body = read(body)?;
     let request = embeddings::request(&body, context(&state, &id))?;
-    let mut pending = Vec::with_capacity(request.requests.len());
-    for generate in request.requests {
+    let (vectors, used) = vectors(&state, request.requests).await?;
+    let body = embeddings::response(&request.model, &vectors, &used, request.base64);
+    Ok(axum::Json(body).into_response())
+}
+
+/// llama-server's, Jina's and Cohere's rerank: one protocol request per
+/// document, all sent at once so the worker batches them; each one's
+/// score is the first output of the model's classification head.
+async fn rerank(
+    State(state): State<AppState>,
+    Extension(RequestId(id)): Extension<RequestId>,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let body = read(body)?;
+    let mut request = rerank::request(&body, context(&state, &id))?;
+    let (vectors, used) = vectors(&state, std::mem::take(&mut request.requests)).await?;
+    let scores: Vec<f32> = vectors
+        .iter()
+        .map(|v| v.first().copied().unwrap_or(f32::NEG_INFINITY))
+        .collect();
+    let body = rerank::response(&request, &scores, &used);
+    Ok(axum::Json(body).into_response())
+}
+
+/// Sends `requests` (each with `embed`) at once and gathers their vectors
+/// and usage in order.
+async fn vectors(
+    state: &AppState,
+    requests: Vec<zinfer_protocol::GenerateRequest>,
+) -> Result<(Vec<Vec<f32>>, Vec<zinfer_protocol::Usage>), ApiError> {
+    let mut pending = Vec::with_capacity(requests.len());
+    for generate in requests {
         let model = generate.model.clone();
         pending.push((state.client.generate(generate)?, model));
     }
@@ -526,8 +563,7 @@ async fn embeddings(
             }
         }
     }
-    let body = embeddings::response(&request.model, &vectors, &used, request.base64);
-    Ok(axum::Json(body).into_response())
+    Ok((vectors, used))
 }
 
 /// llama-server's `/detokenize`.

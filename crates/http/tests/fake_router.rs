@@ -73,6 +73,38 @@ fn fake_router_at(endpoint: &str) -> (String, mpsc::Receiver<String>) {
                         });
                         continue;
                     }
+                    // Rerank: model "plain" is no reranker; else a
+                    // document's score is its length / 100 and its
+                    // prompt tokens are its length.
+                    if request.embed == Some(zinfer_protocol::Pooling::Rank) {
+                        if request.model.as_deref() == Some("plain") {
+                            send(ClientReply::Error {
+                                id: Some(id),
+                                code: ErrorCode::BadRequest,
+                                message: "the model is not a reranker".into(),
+                                retryable: false,
+                            });
+                            continue;
+                        }
+                        let length = request.document.as_deref().unwrap_or_default().len();
+                        let score = length as f32 / 100.0;
+                        send(ClientReply::Done {
+                            id,
+                            body: DoneBody {
+                                embedding: Some(vec![score, 1.0 - score]),
+                                ..DoneBody::new(
+                                    FinishReason::Stop,
+                                    Usage {
+                                        prompt_tokens: length as u32,
+                                        cached_tokens: 0,
+                                        completion_tokens: 0,
+                                    },
+                                    Timings::default(),
+                                )
+                            },
+                        });
+                        continue;
+                    }
                     assert!(request.stream, "the front always streams from the router");
                     let chunk = |index: u32, text: &str| ClientReply::Chunk {
                         id: id.clone(),
@@ -661,6 +693,48 @@ fn the_404_lists_every_route() {
         assert!(!unrouted, "{route} is listed but not served: {text}");
     }
     assert!(message.contains("/v1/embeddings"));
+}
+
+/// `/v1/rerank`, `/rerank` and `/v1/score`: one rank request per
+/// document with the query; results sorted by score (the fake router's is
+/// the document's length / 100), cut to `top_n`, documents echoed when
+/// asked; a model that is no reranker is a 400 that says so.
+#[test]
+fn rerank_sorts_documents_by_their_scores() {
+    let (addr, _) = start_front(None);
+    let request = json!({
+        "model": "smol",
+        "query": "what is it?",
+        "documents": ["a bb", {"text": "a much longer document"}, "mid length"],
+        "top_n": 2,
+        "return_documents": true
+    });
+    for route in ["/v1/rerank", "/rerank", "/v1/score"] {
+        let (status, body) = call(addr, "POST", route, Some(&request), None);
+        assert_eq!(status, 200, "{route}: {body}");
+        let body = json(&body);
+        let results = body["results"].as_array().unwrap();
+        assert_eq!(results.len(), 2, "{body}");
+        assert_eq!(results[0]["index"], 1);
+        assert_eq!(results[0]["document"]["text"], "a much longer document");
+        assert!((results[0]["relevance_score"].as_f64().unwrap() - 0.22).abs() < 1e-6);
+        assert_eq!(results[1]["index"], 2);
+        assert_eq!(body["usage"]["prompt_tokens"], 4 + 22 + 10);
+        assert_eq!(body["model"], "smol");
+    }
+    let plain = json!({"model": "plain", "query": "q", "documents": ["d"]});
+    let (status, body) = call(addr, "POST", "/v1/rerank", Some(&plain), None);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("not a reranker"), "{body}");
+    let (status, body) = call(
+        addr,
+        "POST",
+        "/v1/rerank",
+        Some(&json!({"query": "q"})),
+        None,
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("documents"), "{body}");
 }
 
 /// lm-eval and batch clients send a list of prompts (text or token ids):

@@ -5,6 +5,8 @@
 //! ```text
 //! cargo run -p zinfer-model --example dump_embeddings -- MODEL.gguf PROMPTS.txt \
 //!     [--threads N] [--chunk C] [--logits OUT.f32] > out.jsonl
+//! cargo run -p zinfer-model --example dump_embeddings -- MODEL.gguf PROMPTS.txt --rank > scores.jsonl
+//! cargo run -p zinfer-model --example dump_embeddings -- MODEL.gguf PAIRS.tsv --rank --pairs > scores.jsonl
 //! ```
 //!
 //! PROMPTS.txt holds one prompt per line, token ids separated by spaces (no
@@ -26,18 +28,24 @@
 //! raw little-endian f32, prompt by prompt, position by position,
 //! `vocab_size()` per position, as the C++ side writes them. The model runs
 //! on the CPU with an f32 K/V pool.
+//!
+//! `--rank` (a reranker GGUF, each prompt a formatted query/document pair)
+//! writes instead one line per prompt, the [`Classifier`]'s outputs for the
+//! last position's hidden state, as `dump_embeddings.cpp --rank` does with
+//! llama.cpp's rank pooling: `{"prompt":P,"scores":[outputs]}`. With
+//! `--pairs` each line is a query, a tab and a document, made a prompt by
+//! `ModelTokenizer::rerank_prompt`, and the line has `"tokens":[ids]` too.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use zinfer_model::{ChunkOutput, LoadOptions, SeqChunk, load};
+use zinfer_model::{AttentionDtype, ChunkOutput, Classifier, LoadOptions, SeqChunk, load};
 
 /// Errors are reported, not handled: a boxed error is enough here.
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
-const USAGE: &str =
-    "usage: dump_embeddings MODEL.gguf PROMPTS.txt [--threads N] [--chunk C] [--logits OUT.f32]";
+const USAGE: &str = "usage: dump_embeddings MODEL.gguf PROMPTS.txt [--rank] [--threads N] [--chunk C] [--logits OUT.f32]";
 
 struct Args {
     model: PathBuf,
@@ -46,17 +54,27 @@ struct Args {
     /// Positions per chunk; 0: the whole prompt.
     chunk: usize,
     logits: Option<PathBuf>,
+    rank: bool,
+    pairs: bool,
 }
 
 fn parse_args() -> Result<Args> {
     let mut positional = Vec::new();
-    let (mut threads, mut chunk, mut logits) = (1, 0, None);
+    let (mut threads, mut chunk, mut logits, mut rank, mut pairs) = (1, 0, None, false, false);
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let target = match arg.as_str() {
             "-h" | "--help" => {
                 println!("{USAGE}");
                 std::process::exit(0);
+            }
+            "--rank" => {
+                rank = true;
+                continue;
+            }
+            "--pairs" => {
+                pairs = true;
+                continue;
             }
             "--threads" => &mut threads,
             "--chunk" => &mut chunk,
@@ -85,6 +103,8 @@ fn parse_args() -> Result<Args> {
         threads,
         chunk,
         logits,
+        rank,
+        pairs,
     })
 }
 
@@ -114,6 +134,22 @@ fn read_prompts(path: &std::path::Path) -> Result<Vec<Vec<u32>>> {
     Ok(prompts)
 }
 
+/// Query/document pairs (query TAB document per line), made prompts by
+/// the model's tokenizer as a reranker's.
+fn read_pairs(model: &std::path::Path, path: &std::path::Path) -> Result<Vec<Vec<u32>>> {
+    let tokenizer = zinfer_text::ModelTokenizer::open(model)?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read pairs file {}: {e}", path.display()))?;
+    text.lines()
+        .map(|line| {
+            let (query, document) = line
+                .split_once('\t')
+                .ok_or_else(|| format!("pairs file {}: a line without a tab", path.display()))?;
+            Ok(tokenizer.rerank_prompt(query, document)?)
+        })
+        .collect()
+}
+
 /// One JSON line: a position's hidden state.
 fn hidden_line(prompt: usize, pos: usize, row: &[f32]) -> Result<String> {
     if row.iter().any(|v| !v.is_finite()) {
@@ -128,7 +164,19 @@ fn hidden_line(prompt: usize, pos: usize, row: &[f32]) -> Result<String> {
 
 fn run() -> Result<()> {
     let args = parse_args()?;
-    let prompts = read_prompts(&args.prompts)?;
+    let prompts = if args.pairs {
+        read_pairs(&args.model, &args.prompts)?
+    } else {
+        read_prompts(&args.prompts)?
+    };
+    let head = if args.rank {
+        Some(
+            Classifier::load(&args.model)?
+                .ok_or_else(|| format!("{} is not a reranker", args.model.display()))?,
+        )
+    } else {
+        None
+    };
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(1);
     let mut loaded = load(
         &args.model,
@@ -136,6 +184,13 @@ fn run() -> Result<()> {
             // A second copy of each prompt for the logits.
             kv_capacity: 2 * longest,
             threads: Some(args.threads),
+            // As llama.cpp's side: bf16 products (the default on an AVX-512
+            // BF16 CPU) move a reranker's scores by more than 1e-3.
+            attention: if args.rank {
+                AttentionDtype::F32
+            } else {
+                AttentionDtype::Auto
+            },
             ..LoadOptions::default()
         },
     )
@@ -195,6 +250,24 @@ fn run() -> Result<()> {
                     states.len()
                 )
                 .into());
+            }
+            if let Some(head) = &head {
+                if end == ids.len() {
+                    let last = &states[(rows - 1) * hidden..];
+                    let scores: Vec<String> =
+                        head.scores(last)?.iter().map(f32::to_string).collect();
+                    let tokens = if args.pairs {
+                        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+                        format!("\"tokens\":[{}],", ids.join(","))
+                    } else {
+                        String::new()
+                    };
+                    out.push_str(&format!(
+                        "{{\"prompt\":{p},{tokens}\"scores\":[{}]}}\n",
+                        scores.join(",")
+                    ));
+                }
+                continue;
             }
             for (pos, row) in (start..end).zip(states.chunks_exact(hidden)) {
                 out.push_str(&hidden_line(p, pos, row)?);

@@ -7,7 +7,13 @@
 //! cargo run --release -p zinfer-model --features synthetic --example synth_model -- \
 //!     --shape tinyllama-1.1b --quant q4_k_m --out /tmp/tinyllama-q4km.gguf \
 //!     [--seed N] [--layers N] [--vocab NAME | --tokenizer-from PATH] [--threads N] [--check]
+//!     [--rerank] [--rerank-template TEMPLATE]
 //! ```
+//!
+//! `--rerank` makes it a reranker as llama.cpp converts Qwen3-Reranker
+//! (`pooling_type` rank, a two-row `cls.output` of "yes" and "no");
+//! `--rerank-template` (implies `--rerank`) adds `tokenizer.chat_template.rerank`,
+//! with `{query}` and `{document}` where they go.
 //!
 //! `--check` then loads the file with the worker's loader and times a
 //! 128-token prefill and 32 decode steps (one sequence), a quick sanity and
@@ -26,7 +32,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use candle_core::quantized::gguf_file;
-use zinfer_model::synthetic::{Architecture, PRESETS, QUANTS, SynthShape, SynthSpec, generate};
+use zinfer_model::synthetic::{
+    Architecture, PRESETS, QUANTS, Rerank, SynthShape, SynthSpec, generate, generate_reranker,
+};
 use zinfer_model::{ChunkOutput, LoadOptions, SeqChunk, load};
 
 /// Errors are reported, not handled: a boxed error is enough here.
@@ -44,11 +52,12 @@ struct Args {
     vocab: Option<String>,
     check: bool,
     threads: usize,
+    rerank: Option<Rerank>,
 }
 
 fn usage() -> String {
     format!(
-        "usage: synth_model --shape NAME --quant TYPE --out FILE [--seed N] [--layers N] [--vocab NAME | --tokenizer-from GGUF] [--threads N] [--check]\n  shapes: {}\n  quants: {}\n  vocab: a llama.cpp test vocabulary (ggml-vocab-NAME.gguf), e.g. qwen2, phi-3, llama-bpe, llama-spm",
+        "usage: synth_model --shape NAME --quant TYPE --out FILE [--seed N] [--layers N] [--vocab NAME | --tokenizer-from GGUF] [--threads N] [--check] [--rerank] [--rerank-template T]\n  shapes: {}\n  quants: {}\n  vocab: a llama.cpp test vocabulary (ggml-vocab-NAME.gguf), e.g. qwen2, phi-3, llama-bpe, llama-spm",
         PRESETS.join(", "),
         QUANTS.join(", ")
     )
@@ -63,6 +72,7 @@ fn parse_args() -> Result<Args> {
     let mut tokenizer_from = None;
     let mut vocab = None;
     let mut check = false;
+    let mut rerank = None;
     let mut threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -72,6 +82,10 @@ fn parse_args() -> Result<Args> {
         }
         if flag == "--check" {
             check = true;
+            continue;
+        }
+        if flag == "--rerank" {
+            rerank.get_or_insert_with(Rerank::default);
             continue;
         }
         let value = it
@@ -86,6 +100,11 @@ fn parse_args() -> Result<Args> {
             "--threads" => threads = value.parse().map_err(|e| format!("--threads: {e}"))?,
             "--tokenizer-from" => tokenizer_from = Some(PathBuf::from(value)),
             "--vocab" => vocab = Some(value),
+            "--rerank-template" => {
+                rerank = Some(Rerank {
+                    template: Some(value),
+                })
+            }
             other => return Err(format!("unknown flag {other}\n{}", usage()).into()),
         }
     }
@@ -107,6 +126,7 @@ fn parse_args() -> Result<Args> {
         vocab,
         check,
         threads,
+        rerank,
     })
 }
 
@@ -163,7 +183,7 @@ fn main() -> Result<()> {
         );
     }
     let start = Instant::now();
-    let summary = generate(&args.out, &spec, &tokenizer, |p| {
+    let progress = |p: &zinfer_model::synthetic::Progress<'_>| {
         if let (Some(layer), true) = (p.layer, p.end_of_layer) {
             println!(
                 "layer {:>3}/{}: {:.1} of {:.1} MiB, {:.1} s",
@@ -174,7 +194,11 @@ fn main() -> Result<()> {
                 start.elapsed().as_secs_f64()
             );
         }
-    })?;
+    };
+    let summary = match &args.rerank {
+        Some(r) => generate_reranker(&args.out, &spec, &tokenizer, r, progress)?,
+        None => generate(&args.out, &spec, &tokenizer, progress)?,
+    };
     let types: Vec<String> = summary
         .tensor_types
         .iter()

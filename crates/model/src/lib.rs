@@ -11,6 +11,7 @@ mod arch;
 mod attention;
 mod batch;
 mod candle_model;
+mod classifier;
 mod cpu;
 pub mod device;
 mod flash;
@@ -34,6 +35,7 @@ pub use zinfer_probe::{AttentionDtype, KvDtype, KvShape, model_name};
 pub use arch::supported as supported_architectures;
 pub use batch::StepBatch;
 pub use candle_model::CandleModel;
+pub use classifier::{Classifier, POOLING_RANK};
 pub use cpu::CpuModel;
 pub use spec::{
     Activation, BlockLayout, Gating, LayerSpec, MAX_POSITIONS, ModelSpec, MoeSpec, RopeScaling,

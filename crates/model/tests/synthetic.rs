@@ -9,13 +9,13 @@ use candle_core::Device;
 use candle_core::quantized::GgmlDType;
 use candle_core::quantized::gguf_file::{Content, Value};
 use zinfer_fetch::test_model_path;
-use zinfer_model::{ChunkOutput, KvShape, LoadOptions, SeqChunk, load};
+use zinfer_model::{ChunkOutput, Classifier, KvShape, LoadOptions, SeqChunk, load};
 use zinfer_text::ModelTokenizer;
 mod support;
 use support::{max_abs_diff, one_shot, reference_logits, top_k};
 use zinfer_model::synthetic::{
-    Architecture, Llama3RopeScaling, Quant, SynthShape, SynthSpec, fallback, generate,
-    tokenizer_metadata, use_more_bits,
+    Architecture, Llama3RopeScaling, Quant, Rerank, SynthShape, SynthSpec, fallback, generate,
+    generate_reranker, tokenizer_metadata, use_more_bits,
 };
 
 fn source_metadata() -> HashMap<String, Value> {
@@ -471,4 +471,74 @@ fn quantized_logits_agree_with_candle_quantized_llama() {
             assert!(shared >= 3, "{quant}: top-5 {a:?} vs {b:?}");
         }
     }
+}
+
+/// A synthetic reranker carries llama.cpp's rank metadata and a two-row
+/// head; [`Classifier`] reads it (none for the same model without it) and
+/// scores a last hidden state as the softmax of the "yes" and "no" rows,
+/// those rows read back here through candle's own GGUF reader.
+#[test]
+fn a_synthetic_reranker_has_a_yes_no_head() {
+    let dir = tempfile::tempdir().unwrap();
+    let md = source_metadata();
+    let mut shape = SynthShape::preset("qwen3-tiny").unwrap();
+    shape.n_layers = 1;
+    let spec = SynthSpec {
+        shape,
+        quant: "f32".parse().unwrap(),
+        seed: 3,
+        threads: 1,
+    };
+    let plain = dir.path().join("plain.gguf");
+    generate(&plain, &spec, &md, |_| {}).unwrap();
+    assert!(Classifier::load(&plain).unwrap().is_none());
+    let path = dir.path().join("rerank.gguf");
+    let rerank = Rerank {
+        template: Some("<q>{query}</q><d>{document}</d>".into()),
+    };
+    generate_reranker(&path, &spec, &md, &rerank, |_| {}).unwrap();
+    let head = Classifier::load(&path).unwrap().unwrap();
+    assert_eq!(head.hidden_size(), 64);
+
+    let mut f = std::fs::File::open(&path).unwrap();
+    let ct = Content::read(&mut f).unwrap();
+    assert_eq!(ct.metadata["qwen3.pooling_type"].to_u32().unwrap(), 4);
+    assert_eq!(
+        ct.metadata["tokenizer.chat_template.rerank"]
+            .to_string()
+            .unwrap(),
+        "<q>{query}</q><d>{document}</d>"
+    );
+    let rows = ct
+        .tensor(&mut f, "cls.output.weight", &Device::Cpu)
+        .unwrap()
+        .dequantize(&Device::Cpu)
+        .unwrap()
+        .to_vec2::<f32>()
+        .unwrap();
+    assert_eq!((rows.len(), rows[0].len()), (2, 64));
+
+    let mut m = load(&path, &LoadOptions::default()).unwrap();
+    let mut scores = Vec::new();
+    for (i, ids) in [[5u32, 9, 200, 31], [7, 7, 1, 2]].iter().enumerate() {
+        let slots: Vec<u32> = (0..4).map(|s| s + 4 * i as u32).collect();
+        let out = m
+            .model
+            .forward(&[SeqChunk {
+                tokens: ids,
+                slots: &slots,
+                start_pos: 0,
+                output: ChunkOutput::AllHidden,
+            }])
+            .unwrap();
+        let last = &out[0][3 * 64..];
+        let dot = |r: &[f32]| r.iter().zip(last).map(|(a, b)| a * b).sum::<f32>();
+        let p_yes = 1.0 / (1.0 + (dot(&rows[1]) - dot(&rows[0])).exp());
+        let s = head.scores(last).unwrap();
+        assert_eq!(s.len(), 2);
+        assert!((s[0] - p_yes).abs() < 1e-5, "{s:?} vs {p_yes}");
+        assert!((s[0] + s[1] - 1.0).abs() < 1e-5);
+        scores.push(head.score(last).unwrap());
+    }
+    assert!((scores[0] - scores[1]).abs() > 1e-4, "{scores:?}");
 }

@@ -18,6 +18,12 @@ pub enum Pooling {
     /// The last prompt token's (for models trained to embed that way,
     /// such as Qwen3-Embedding).
     Last,
+    /// A reranker's relevance (llama.cpp's `rank` pooling): the model's
+    /// classification head on the last prompt token's hidden state. The
+    /// vector is the head's outputs, not normalised; the first is the
+    /// score (for Qwen3-Reranker, P(yes)). Only a model whose file has
+    /// rank pooling takes it.
+    Rank,
 }
 
 /// `embed`: one input, text or token ids.
@@ -34,9 +40,13 @@ pub struct EmbedRequest {
     /// Or its token ids.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tokens: Option<Vec<u32>>,
-    /// Mean (default) or last-token pooling.
+    /// Mean (default), last-token pooling, or a reranker's scores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pooling: Option<Pooling>,
+    /// With `rank` pooling: the document `input` (the query) is scored
+    /// against, the pair made the model's rerank prompt by the worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document: Option<String>,
     /// Prefix-cache namespace, as on `generate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub namespace: Option<String>,
@@ -57,6 +67,7 @@ impl EmbedRequest {
             input: Some(input.into()),
             tokens: None,
             pooling: None,
+            document: None,
             namespace: None,
             priority: None,
             deadline_ms: None,
@@ -77,6 +88,7 @@ impl EmbedRequest {
         request.max_tokens = 0;
         request.stream = false;
         request.embed = Some(self.pooling.unwrap_or_default());
+        request.document = self.document.clone();
         request
     }
 }
@@ -97,5 +109,24 @@ mod tests {
         assert_eq!(generate.priority, 2);
         let pooling: Pooling = serde_json::from_value(serde_json::json!("mean")).unwrap();
         assert_eq!(pooling, Pooling::Mean);
+    }
+
+    #[test]
+    fn a_document_goes_with_rank_pooling_and_a_text_query() {
+        let limits = crate::Limits::default();
+        let mut embed = EmbedRequest::text("r", "a query");
+        embed.document = Some("a document".into());
+        let error = embed.to_generate().validate(&limits).unwrap_err();
+        assert!(error.to_string().contains("document"), "{error}");
+        embed.pooling = Some(Pooling::Rank);
+        let generate = embed.to_generate();
+        assert_eq!(generate.document.as_deref(), Some("a document"));
+        assert_eq!(generate.embed, Some(Pooling::Rank));
+        generate.validate(&limits).unwrap();
+        embed.input = None;
+        embed.tokens = Some(vec![1, 2]);
+        assert!(embed.to_generate().validate(&limits).is_err());
+        let rank: Pooling = serde_json::from_value(serde_json::json!("rank")).unwrap();
+        assert_eq!(rank, Pooling::Rank);
     }
 }

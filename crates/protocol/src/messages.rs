@@ -204,6 +204,11 @@ pub struct GenerateRequest {
     /// `max_tokens` 0. What an `embed` runs as.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embed: Option<crate::Pooling>,
+    /// With `embed` `rank`: the document the `prompt` (the query) is
+    /// scored against; the worker makes the pair the model's rerank prompt
+    /// (its `tokenizer.chat_template.rerank`, as llama-server does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub document: Option<String>,
     /// Report the log probability of every prompt token under the model,
     /// with this many most likely alternatives at each position (0 to 20);
     /// absent: off. They come on the request's first `done`.
@@ -273,6 +278,7 @@ impl GenerateRequest {
             n: 1,
             prompt_logprobs: None,
             embed: None,
+            document: None,
             speculative: None,
             keep_alive: None,
         }

@@ -168,6 +168,17 @@ impl GenerateRequest {
         }
         self.validate_tools(limits)?;
         self.validate_logit_bias()?;
+        if let Some(document) = &self.document {
+            over("document", document.len(), limits.max_prompt_bytes)?;
+            if self.embed != Some(crate::Pooling::Rank) || self.prompt.is_none() {
+                return Err(DecodeError::Invalid {
+                    field: "document",
+                    detail: "a document is scored against a text \"prompt\" (the query) \
+                             with \"embed\": \"rank\""
+                        .into(),
+                });
+            }
+        }
         if self.embed.is_some() && self.max_tokens != 0 {
             return Err(DecodeError::Invalid {
                 field: "embed",

@@ -50,6 +50,12 @@ pub trait TextCodec: TokenDecoder + Send + Sync {
             .into()),
         }
     }
+    /// A reranker's prompt for one query/document pair (see
+    /// [`ModelTokenizer::rerank_prompt`]); a codec without one refuses.
+    fn rerank_prompt(&self, query: &str, document: &str) -> Result<Vec<u32>, TextError> {
+        let _ = (query, document);
+        Err(TokenizerError::Unsupported("this tokenizer has no rerank prompt").into())
+    }
     /// The bytes of one token, special tokens written out.
     fn token_piece(&self, id: u32) -> Result<Vec<u8>, TextError> {
         Ok(self.decode(&[id])?.into_bytes())
@@ -122,6 +128,9 @@ impl TextCodec for ModelTokenizer {
         } else {
             self.tokenize(text, add_special, parse_special)
         }
+    }
+    fn rerank_prompt(&self, query: &str, document: &str) -> Result<Vec<u32>, TextError> {
+        ModelTokenizer::rerank_prompt(self, query, document)
     }
     fn token_piece(&self, id: u32) -> Result<Vec<u8>, TextError> {
         self.token_to_piece(id).ok_or_else(|| {

@@ -169,6 +169,43 @@ pub fn generate(
     out: &Path,
     spec: &SynthSpec,
     tokenizer_src: &HashMap<String, Value>,
+    progress: impl FnMut(&Progress<'_>),
+) -> Result<Summary, SynthError> {
+    generate_with(out, spec, tokenizer_src, None, progress)
+}
+
+/// A reranker's additions to a synthetic checkpoint, as llama.cpp's
+/// converter writes Qwen3-Reranker: `{arch}.pooling_type` = rank,
+/// `{arch}.classifier.output_labels` = yes, no, and a `cls.output.weight`
+/// of two rows.
+#[derive(Clone, Debug, Default)]
+pub struct Rerank {
+    /// `tokenizer.chat_template.rerank`, with `{query}` and `{document}`
+    /// where llama-server puts them; None leaves the file without one.
+    pub template: Option<String>,
+}
+
+/// [`generate`] for a reranker: the same checkpoint plus the head and
+/// metadata of `rerank`. The head's rows are spread wider than the other
+/// weights ([`CLS_STD`]) so that documents' scores differ clearly.
+pub fn generate_reranker(
+    out: &Path,
+    spec: &SynthSpec,
+    tokenizer_src: &HashMap<String, Value>,
+    rerank: &Rerank,
+    progress: impl FnMut(&Progress<'_>),
+) -> Result<Summary, SynthError> {
+    generate_with(out, spec, tokenizer_src, Some(rerank), progress)
+}
+
+/// Standard deviation of a synthetic reranker's `cls.output` rows.
+pub const CLS_STD: f32 = 0.25;
+
+fn generate_with(
+    out: &Path,
+    spec: &SynthSpec,
+    tokenizer_src: &HashMap<String, Value>,
+    rerank: Option<&Rerank>,
     mut progress: impl FnMut(&Progress<'_>),
 ) -> Result<Summary, SynthError> {
     let shape = spec.shape.fitted_to(tokenizer_src)?;
@@ -179,9 +216,27 @@ pub fn generate(
             shape.name
         )));
     }
-    let tensors = shape::plan(&shape, spec.quant);
+    let mut tensors = shape::plan(&shape, spec.quant);
     let mut metadata = model_metadata(&shape, spec.quant);
     metadata.extend(tokenizer_metadata(tokenizer_src, shape.vocab)?);
+    if let Some(r) = rerank {
+        let arch = shape.arch;
+        metadata.push((format!("{arch}.pooling_type"), Value::U32(4)));
+        metadata.push((
+            format!("{arch}.classifier.output_labels"),
+            Value::Array(vec![
+                Value::String("yes".into()),
+                Value::String("no".into()),
+            ]),
+        ));
+        if let Some(t) = &r.template {
+            metadata.push((
+                "tokenizer.chat_template.rerank".into(),
+                Value::String(t.clone()),
+            ));
+        }
+        tensors.push(shape::cls_output(shape.hidden, spec.seed));
+    }
     let mut partial = out.as_os_str().to_owned();
     partial.push(".partial");
     let partial = std::path::PathBuf::from(partial);

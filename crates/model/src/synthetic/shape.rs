@@ -969,3 +969,21 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
     }
     out
 }
+
+/// A synthetic reranker's `cls.output.weight`: the "yes" and "no" rows,
+/// f32, uniform with standard deviation [`super::CLS_STD`] from their own
+/// stream of `seed`.
+pub(super) fn cls_output(hidden: usize, seed: u64) -> TensorSpec {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0x636c_732e_6f75_7470);
+    let a = super::CLS_STD * 3f32.sqrt();
+    TensorSpec {
+        name: "cls.output.weight".into(),
+        rows: 2,
+        cols: hidden,
+        experts: 1,
+        dtype: GgmlDType::F32,
+        init: Init::Values((0..2 * hidden).map(|_| rng.random_range(-a..a)).collect()),
+        layer: None,
+    }
+}

@@ -59,6 +59,7 @@ pub fn full_generate() -> GenerateRequest {
         n: 1,
         prompt_logprobs: None,
         embed: None,
+        document: None,
         speculative: None,
         keep_alive: None,
     }

@@ -7,6 +7,7 @@
 //! vocabularies. A safetensors checkpoint's `tokenizer.json` runs through
 //! Hugging Face `tokenizers`.
 
+mod rerank;
 mod split;
 mod unicode;
 mod unicode_data;
@@ -21,6 +22,7 @@ use zinfer_protocol::ChatMessage;
 use crate::ChatFeatures;
 use crate::TextError;
 use crate::chat::{ChatTemplate, TemplateInput};
+use rerank::RerankFormat;
 use vocab::GgufVocab;
 
 /// Tokens that end a turn in common chat formats; each one present in a
@@ -100,6 +102,7 @@ pub struct ModelTokenizer {
     backend: Backend,
     chat: ChatTemplate,
     eos: Vec<u32>,
+    rerank: RerankFormat,
 }
 
 impl ModelTokenizer {
@@ -147,6 +150,16 @@ impl ModelTokenizer {
                 Ok(enc.get_ids().to_vec())
             }
         }
+    }
+
+    /// The prompt of a reranker for one query/document pair, as
+    /// llama-server builds it: the file's `tokenizer.chat_template.rerank`
+    /// with `{query}` and `{document}` put in, else `[BOS] query [EOS]
+    /// [SEP] document [EOS]` as the model adds those (see `rerank.rs`).
+    pub fn rerank_prompt(&self, query: &str, document: &str) -> Result<Vec<u32>, TextError> {
+        self.rerank.prompt(query, document, |text, parse_special| {
+            self.tokenize(text, false, parse_special)
+        })
     }
 
     /// Text of `ids`, leaving out control tokens. Invalid UTF-8 (a
@@ -300,10 +313,12 @@ impl ModelTokenizer {
         let chat = ChatTemplate::new(template, text(vocab.bos), text(vocab.eos));
         chat.check_limits()?;
         let eos = vocab.eog.clone();
+        let rerank = RerankFormat::from_header(header, vocab.bos, vocab.eos, vocab.add_bos);
         Ok(Self {
             backend: Backend::Gguf(Box::new(vocab)),
             chat,
             eos,
+            rerank,
         })
     }
 
@@ -369,6 +384,9 @@ impl ModelTokenizer {
             },
             chat,
             eos: eos_ids,
+            // A directory has no rerank template or GGUF flags: the
+            // plain-text fallback, which needs a GGUF vocabulary.
+            rerank: RerankFormat::default(),
         })
     }
 }

@@ -117,6 +117,14 @@ impl EngineHandle {
     /// Checks and tokenizes a request against this engine's limits, model
     /// and clock: the one place a request is validated.
     pub fn validate(&self, request: GenerateRequest) -> Result<ValidRequest, EngineError> {
+        if request.embed == Some(zinfer_protocol::Pooling::Rank) && self.config.classifier.is_none()
+        {
+            return Err(EngineError::BadRequest(
+                "the model is not a reranker: its file has no rank pooling \
+                 (`{arch}.pooling_type` 4) and classification head"
+                    .into(),
+            ));
+        }
         let arrival = self.config.clock.now();
         ValidRequest::new(
             request,

@@ -63,6 +63,10 @@ pub struct EngineConfig {
     /// Speculative decoding of requests that do not ask for it themselves
     /// (off by default).
     pub speculative: zinfer_protocol::Speculative,
+    /// The model's classification head when it is a reranker: what
+    /// `rank` pooling applies to a prompt's last hidden state. Without it
+    /// such requests are refused.
+    pub classifier: Option<Arc<zinfer_model::Classifier>>,
 }
 
 impl Default for EngineConfig {
@@ -77,6 +81,7 @@ impl Default for EngineConfig {
             clock: Clock::System,
             seed: None,
             speculative: zinfer_protocol::Speculative::OFF,
+            classifier: None,
         }
     }
 }

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use toktrie::SimpleVob;
 use zinfer_cache::{RadixCache, TokenPool};
-use zinfer_model::{ChunkOutput, ForwardModel, StepBatch};
+use zinfer_model::{ChunkOutput, Classifier, ForwardModel, StepBatch};
 use zinfer_protocol::{
     ChunkBody, DoneBody, ErrorCode, FinishReason, GenerateRequest, Pooling, PromptLogprob,
     Speculative, Timings, TokenLogprob, ToolCall, TopLogprob, Usage,
@@ -115,17 +115,21 @@ impl Embedding {
                     *total += value;
                 }
             }
-            Pooling::Last if last => self.sum = row.to_vec(),
-            Pooling::Last => {}
+            Pooling::Last | Pooling::Rank if last => self.sum = row.to_vec(),
+            Pooling::Last | Pooling::Rank => {}
         }
         self.rows += 1;
     }
 
     /// The pooled, L2-normalised vector once every prompt row is in (the
-    /// mean's division cancels in the normalisation).
-    fn vector(self, prompt_len: usize) -> Option<Vec<f32>> {
+    /// mean's division cancels in the normalisation); for `rank`, the
+    /// head's outputs on the last row.
+    fn vector(self, prompt_len: usize, head: Option<&Classifier>) -> Option<Vec<f32>> {
         if self.rows != prompt_len || self.sum.is_empty() {
             return None;
+        }
+        if self.pooling == Pooling::Rank {
+            return head.and_then(|h| h.scores(&self.sum).ok());
         }
         let mut vector = self.sum;
         let norm = vector
@@ -179,6 +183,8 @@ pub(super) struct EngineLoop {
     batch: StepBatch,
     /// Speculation of requests that do not say.
     speculative: Speculative,
+    /// The reranker head `rank` pooling applies, if the model has one.
+    classifier: Option<Arc<Classifier>>,
     /// Drafts tokens for speculating sequences, when the worker has one.
     draft: Option<DraftModel>,
 }
@@ -232,6 +238,7 @@ impl EngineLoop {
             choices: Choices::default(),
             batch: StepBatch::new(),
             speculative: config.speculative,
+            classifier: config.classifier.clone(),
             draft: draft.map(DraftModel::new),
         }
     }
@@ -1055,9 +1062,9 @@ impl EngineLoop {
                 choice: request.choice,
                 prompt_logprobs: request.prompt_logprobs.map(|(_, entries)| entries),
                 stop_logprob: request.stop_logprob,
-                embedding: request
-                    .embed
-                    .and_then(|embed| embed.vector(request.prompt_tokens)),
+                embedding: request.embed.and_then(|embed| {
+                    embed.vector(request.prompt_tokens, self.classifier.as_deref())
+                }),
                 ..DoneBody::new(reason, usage, timings)
             },
         });

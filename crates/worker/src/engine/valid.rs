@@ -226,6 +226,9 @@ fn tokenize(
         })?;
         output = output_plan(request, text, &rendered);
         text.encode_prompt(&rendered).map_err(tokenizer)?
+    } else if let Some(document) = &request.document {
+        let query = request.prompt.as_deref().unwrap_or_default();
+        text.rerank_prompt(query, document).map_err(tokenizer)?
     } else {
         let prompt = request.prompt.as_deref().unwrap_or_default();
         text.encode_prompt(prompt).map_err(tokenizer)?
