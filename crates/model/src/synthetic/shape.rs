@@ -983,6 +983,7 @@ pub(super) fn cls_output(hidden: usize, seed: u64) -> TensorSpec {
         cols: hidden,
         experts: 1,
         dtype: GgmlDType::F32,
+        mxfp4: false,
         init: Init::Values((0..2 * hidden).map(|_| rng.random_range(-a..a)).collect()),
         layer: None,
     }
