@@ -27,6 +27,11 @@ pub(super) enum Step {
     Qwen2,
     /// Qwen 3.5: Qwen 2 with combining marks in words (`[\p{L}\p{M}]+`).
     Qwen35,
+    /// GPT-4o (o200k): `[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|...)?`,
+    /// the same with `*` and `+` swapped, then
+    /// `\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`; llama.cpp has
+    /// no hand-written matcher for it and runs `std::regex` on the collapsed text.
+    Gpt4o,
     /// `[^\n]+|[\n]+`
     Newlines,
     /// `\p{N}`: each number alone.
@@ -135,7 +140,12 @@ impl Text {
             Step::SpaceLetters => self.is_collapsed_letter(i),
             Step::SpacePunct => self.is_collapsed_punct(i),
             Step::TrailingSpace => self.is_space(i),
-            Step::Gpt2 | Step::Llama3 | Step::Qwen2 | Step::Qwen35 | Step::Newlines => false,
+            Step::Gpt2
+            | Step::Llama3
+            | Step::Qwen2
+            | Step::Qwen35
+            | Step::Gpt4o
+            | Step::Newlines => false,
         }
     }
 
@@ -174,6 +184,7 @@ fn split_chunk(text: &Text, step: Step, chunk: Chunk, out: &mut Vec<Chunk>) {
         Step::Llama3 => llama3_like(text, chunk, Digits::UpToThree, false, out),
         Step::Qwen2 => llama3_like(text, chunk, Digits::One, false, out),
         Step::Qwen35 => llama3_like(text, chunk, Digits::One, true, out),
+        Step::Gpt4o => gpt4o(text, chunk, out),
         Step::Newlines => newlines(text, chunk, out),
         _ => regex_like(text, step, chunk, out),
     }
@@ -397,6 +408,101 @@ fn llama3_like(t: &Text, chunk: Chunk, digits: Digits, marks: bool, out: &mut Ve
     }
 }
 
+/// The GPT-4o regex as `std::regex` matches it on the collapsed text, where
+/// every non-ASCII letter is one byte that is both "upper" (`[^a-z]`) and
+/// "lower" (`[^A-Z]`) and every non-ASCII space is `\v`. The first
+/// alternative that matches wins, each taking what backtracking leaves it.
+fn gpt4o(t: &Text, chunk: Chunk, out: &mut Vec<Chunk>) {
+    let (lo, hi) = chunk;
+    let mut w = Words { out, prev: lo };
+    let c = |i: usize| if i < hi { Some(t.collapsed(i)) } else { None };
+    let letter = |i: usize| matches!(c(i), Some(0xD2 | 0x41..=0x5A | 0x61..=0x7A));
+    let number = |i: usize| matches!(c(i), Some(0xD1 | 0x30..=0x39));
+    let space = |i: usize| i < hi && t.is_space(i);
+    let upper = |i: usize| matches!(c(i), Some(0xD2 | 0x41..=0x5A));
+    let lower = |i: usize| matches!(c(i), Some(0xD2 | 0x61..=0x7A));
+    let newline = |i: usize| matches!(c(i), Some(0x0A | 0x0D));
+    let other = |i: usize| i < hi && !space(i) && !letter(i) && !number(i);
+    let mut pos = lo;
+    while pos < hi {
+        // `[^\r\n\p{L}\p{N}]?`, then upper* lower+ or upper+ lower*.
+        let start = pos + usize::from(!newline(pos) && !letter(pos) && !number(pos));
+        let mut up_end = start;
+        while upper(up_end) {
+            up_end += 1;
+        }
+        let word_end = if lower(up_end) {
+            let mut end = up_end;
+            while lower(end) {
+                end += 1;
+            }
+            Some(end)
+        } else if let Some(k) = (start..up_end).rev().find(|&k| c(k) == Some(0xD2)) {
+            // `upper*` gives back up to its last non-ASCII letter, which
+            // `lower+` then takes.
+            Some(k + 1)
+        } else {
+            (up_end > start).then_some(up_end)
+        };
+        if let Some(end) = word_end {
+            pos = end + contraction_len(t, end, chunk);
+            w.add(pos);
+            continue;
+        }
+        if number(pos) {
+            let mut end = pos;
+            while number(end) && end - pos < 3 {
+                end += 1;
+            }
+            pos = end;
+            w.add(pos);
+            continue;
+        }
+        let start = if t.cp_at(pos, chunk) == Some(' ') && other(pos + 1) {
+            pos + 1
+        } else {
+            pos
+        };
+        if other(start) {
+            pos = start;
+            while other(pos) {
+                pos += 1;
+            }
+            while newline(pos) || c(pos) == Some(u32::from(b'/')) {
+                pos += 1;
+            }
+            w.add(pos);
+            continue;
+        }
+        let mut spaces = 0;
+        let mut last_newline_end = None;
+        while space(pos + spaces) {
+            if newline(pos + spaces) {
+                last_newline_end = Some(pos + spaces + 1);
+            }
+            spaces += 1;
+        }
+        pos = match last_newline_end {
+            Some(end) => end,
+            None => whitespace_or_one_end(t, pos, spaces, chunk),
+        };
+        w.add(pos);
+    }
+}
+
+/// Length of `(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])` at `pos`, or 0.
+fn contraction_len(t: &Text, pos: usize, chunk: Chunk) -> usize {
+    if t.cp_at(pos, chunk) != Some('\'') {
+        return 0;
+    }
+    let next = |i: usize| t.cp_at(pos + i, chunk).map(|c| c.to_ascii_lowercase());
+    match (next(1), next(2)) {
+        (Some(a), _) if is_contraction_letter(a) => 2,
+        (Some(a), Some(b)) if is_two_letter_contraction(a, b) => 3,
+        _ => 0,
+    }
+}
+
 /// `unicode_regex_split_custom_newlines`: runs of `\n`, runs of anything else.
 fn newlines(t: &Text, (lo, hi): Chunk, out: &mut Vec<Chunk>) {
     let mut pos = lo;
@@ -508,6 +614,38 @@ mod tests {
         assert_eq!(words("ab  \n ", &[Step::TrailingSpace]), ["ab", "  \n "]);
         assert_eq!(words("12345", &[Step::ThreeDigits]), ["123", "45"]);
         assert_eq!(words("中文abc", &[Step::Cjk]), ["中文", "abc"]);
+    }
+
+    /// llama.cpp's words for the GPT-4o regex (`unicode_regex_split`),
+    /// recorded by scripts/gpt4o-tokenizer-reference.sh.
+    #[test]
+    fn gpt4o_splits_as_llama_cpp_does() {
+        #[derive(serde::Deserialize)]
+        struct Split {
+            input: String,
+            words: Vec<String>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Reference {
+            splits: Vec<Split>,
+        }
+        let reference: Reference =
+            serde_json::from_str(include_str!("../../tests/data/gpt4o-tokenizer.json")).unwrap();
+        assert!(reference.splits.len() > 60);
+        let failures: Vec<String> = reference
+            .splits
+            .iter()
+            .filter_map(|case| {
+                let got = words(&case.input, &[Step::Gpt4o]);
+                (got != case.words).then(|| {
+                    format!(
+                        "{:?}:\n  llama.cpp {:?}\n  zinfer    {got:?}",
+                        case.input, case.words
+                    )
+                })
+            })
+            .collect();
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
     }
 
     #[test]

@@ -208,6 +208,7 @@ fn pre_tokenizer(name: &str) -> Option<Pre> {
         | "solar-open" | "grok-2" => plain(QWEN2),
         "qwen35" => plain(&[Step::Qwen35]),
         "laguna" => plain(&[Step::Newlines, Step::Qwen2]),
+        "gpt-4o" | "llama4" | "kanana2" | "talkie" => plain(&[Step::Gpt4o]),
         "gemma4" | "granite-embed-multi-311m" => Pre {
             escape_whitespaces: true,
             raw_bytes: true,
