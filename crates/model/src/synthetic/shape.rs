@@ -254,8 +254,8 @@ impl SynthShape {
                 ..base(48, 2048, 32, 4, 6144, QWEN_VOCAB)
             },
             // openai/gpt-oss-20b's config.json; its o200k vocabulary has no
-            // llama.cpp test file (and zinfer no `gpt-4o` pre-tokenizer yet),
-            // so the default model's tokens are padded to its 201,088 rows.
+            // llama.cpp test file, so the default model's tokens are padded
+            // to its 201,088 rows.
             "gpt-oss-20b" => Self {
                 arch: Architecture::GptOss,
                 head_dim: 64,
