@@ -353,37 +353,20 @@ pub fn spawn_until(line: &str, args: &[&str]) -> Proc {
 /// slots, free local ports and `extra` flags; returns the process and the
 /// HTTP address once it is ready.
 pub fn serve_http(model: &std::path::Path, kv_tokens: usize, extra: &[&str]) -> (Proc, String) {
-    let port = |_| format!("127.0.0.1:{}", free_port());
-    let [clients, workers, control, metrics, http] = [0, 1, 2, 3, 4].map(port);
+    let endpoints = RouterEndpoints::fresh();
+    let http = format!("127.0.0.1:{}", free_port());
     let worker_metrics = free_port().to_string();
-    let (kv, clients, workers, control, model) = (
-        kv_tokens.to_string(),
-        format!("tcp://{clients}"),
-        format!("tcp://{workers}"),
-        format!("tcp://{control}"),
-        model.display().to_string(),
-    );
-    let mut args = vec![
-        "serve",
-        "--threads",
-        "1",
-        "--kv-tokens",
-        &kv,
-        "--clients",
-        &clients,
-        "--workers",
-        &workers,
-        "--control",
-        &control,
-        "--metrics",
-        &metrics,
+    let (kv, model) = (kv_tokens.to_string(), model.display().to_string());
+    let mut args = vec!["serve", "--threads", "1", "--kv-tokens", &kv];
+    args.extend_from_slice(&endpoints.args());
+    args.extend_from_slice(&[
         "--worker-metrics-port",
         &worker_metrics,
         "--model",
         &model,
         "--http",
         &http,
-    ];
+    ]);
     args.extend_from_slice(extra);
     (spawn_until("zinfer serve: ready", &args), http)
 }
