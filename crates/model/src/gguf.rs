@@ -750,6 +750,16 @@ mod tests {
                 "{experts}/{used}: {err}"
             );
         }
+        // Refused by the metadata check, before any per-expert table exists.
+        let huge = [
+            ("expert_count", Value::U32(1 << 20)),
+            ("expert_used_count", Value::U32(2)),
+        ];
+        let err = read("qwen3moe", &huge).unwrap_err().to_string();
+        assert!(
+            err.contains("qwen3moe.expert_count") && err.contains("at most 4096"),
+            "{err}"
+        );
         let int_base = [("rope.freq_base", Value::U32(10_000))];
         assert!(matches!(
             read("qwen3", &int_base),
