@@ -68,12 +68,21 @@ fn softmax(x: &[f32], out: &mut [f32]) {
 }
 
 /// The indices of the `k` highest `scores`, highest first (the lower index
-/// first among equals).
+/// first among equals). Runs per row and layer: the `k` are selected in
+/// linear time and only they are sorted (the order is total, so the result
+/// is that of a full sort).
 fn top_k(scores: &[f32], k: usize, order: &mut Vec<usize>) {
+    let higher = |a: &usize, b: &usize| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b));
     order.clear();
+    if k == 0 {
+        return;
+    }
     order.extend(0..scores.len());
-    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
-    order.truncate(k);
+    if k < order.len() {
+        order.select_nth_unstable_by(k - 1, higher);
+        order.truncate(k);
+    }
+    order.sort_unstable_by(higher);
 }
 
 #[cfg(test)]
@@ -111,6 +120,20 @@ mod tests {
         assert!(close(plain[2][0].1, 0.5) && close(plain[1][0].1, 0.25));
         let renorm = route(&spec(Gating::SoftmaxTopK { renormalize: true }, 2), &logits);
         assert!(close(renorm[2][0].1, 4.0 / 6.0) && close(renorm[1][0].1, 2.0 / 6.0));
+    }
+
+    /// The selection picks what a full sort would, ties to the lower index.
+    #[test]
+    fn top_k_agrees_with_a_full_sort() {
+        let scores: Vec<f32> = (0..128u32).map(|i| ((i * 37) % 11) as f32).collect();
+        for k in [0, 1, 2, 8, 127, 128, 130] {
+            let mut full: Vec<usize> = (0..scores.len()).collect();
+            full.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]).then(a.cmp(&b)));
+            full.truncate(k);
+            let mut order = Vec::new();
+            top_k(&scores, k, &mut order);
+            assert_eq!(order, full, "k = {k}");
+        }
     }
 
     /// Top-k of the logits then softmax over those alone: only the chosen
