@@ -287,22 +287,9 @@ fn run_config(config: &WorkerConfig) -> anyhow::Result<()> {
         kv_dtype: settings.kv_dtype,
         attention: settings.attention_dtype,
     };
-    let loaded = model::load(&model_path, &load_options)
+    let mut loaded = model::load(&model_path, &load_options)
         .with_context(|| format!("loading {}", model_path.display()))?;
-    // A reranker GGUF's head, for `rank` pooling; safetensors directories
-    // have none.
-    let classifier = if model_path.is_dir() {
-        None
-    } else {
-        model::Classifier::load(&model_path)
-            .with_context(|| {
-                format!(
-                    "loading the classification head of {}",
-                    model_path.display()
-                )
-            })?
-            .map(Arc::new)
-    };
+    let classifier = loaded.classifier.take().map(Arc::new);
     let engine_config = EngineConfig {
         scheduler: SchedulerConfig {
             max_batch: settings.max_batch,

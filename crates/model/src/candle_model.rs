@@ -24,6 +24,7 @@ use std::sync::Arc;
 use candle_core::quantized::QMatMul;
 use candle_core::{D, DType, Device, Module, Tensor};
 
+use super::classifier::Classifier;
 use super::cpu::{OutputRows, StepPlan, split_outputs};
 use super::gguf::{self, GgufFile, check_dims, check_len};
 use super::moe;
@@ -73,7 +74,7 @@ pub(crate) fn load(
     path: &Path,
     options: &LoadOptions,
     device: &Device,
-) -> Result<CandleModel, ModelError> {
+) -> Result<(CandleModel, Option<Classifier>), ModelError> {
     if device.is_cuda() {
         use_float_activations();
     }
@@ -84,7 +85,9 @@ pub(crate) fn load(
         device,
     };
     let weights = weights::read(&mut src, &spec, Naming::Gguf)?;
-    CandleModel::new(spec, device.clone(), weights, options.kv_capacity)
+    let classifier = Classifier::read(&mut file)?;
+    let model = CandleModel::new(spec, device.clone(), weights, options.kv_capacity)?;
+    Ok((model, classifier))
 }
 
 /// Makes candle's CUDA quantized matmuls dequantize weights and multiply

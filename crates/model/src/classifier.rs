@@ -54,7 +54,11 @@ impl Classifier {
     /// else `None` (the model is not a reranker). Fails on a head whose
     /// shapes do not fit the model's width.
     pub fn load(path: &Path) -> Result<Option<Self>, ModelError> {
-        let mut file = gguf::open(path)?;
+        Self::read(&mut gguf::open(path)?)
+    }
+
+    /// [`Self::load`] of a file the loader has open.
+    pub(crate) fn read(file: &mut GgufFile) -> Result<Option<Self>, ModelError> {
         let arch = file
             .tensors
             .header()
@@ -66,7 +70,7 @@ impl Classifier {
             return Ok(None);
         }
         let hidden = file.spec.hidden;
-        let dense = read_dense(&mut file, "cls", hidden)?;
+        let dense = read_dense(file, "cls", hidden)?;
         if let Some(d) = &dense
             && d.rows != hidden
         {
@@ -76,7 +80,7 @@ impl Classifier {
                 want: (hidden, hidden),
             });
         }
-        let output = read_dense(&mut file, "cls.output", hidden)?;
+        let output = read_dense(file, "cls.output", hidden)?;
         let labels_key = format!("{arch}.classifier.output_labels");
         if let (Some(o), Some(labels)) = (&output, file.tensors.header().strings(&labels_key)?)
             && labels.len() != o.rows

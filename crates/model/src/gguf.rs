@@ -18,6 +18,7 @@ use zinfer_kernels::ScoreRule;
 use zinfer_probe::{GgmlType, GgufHeader, TensorInfo};
 
 use super::arch::{self, RopeTensors};
+use super::classifier::Classifier;
 use super::cpu::{CpuModel, CpuWeights};
 use super::linear::{Embedding, Linear};
 use super::meta::Meta;
@@ -25,13 +26,17 @@ use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec, Yarn};
 use super::weights::{self, Naming, TensorSource};
 use super::{LoadOptions, ModelError, validate};
 
-/// Reads the model from one GGUF file.
-pub(crate) fn load(path: &Path, options: &LoadOptions) -> Result<CpuModel, ModelError> {
+/// Reads the model from one GGUF file, with a reranker's head when it has one.
+pub(crate) fn load(
+    path: &Path,
+    options: &LoadOptions,
+) -> Result<(CpuModel, Option<Classifier>), ModelError> {
     let mut file = open(path)?;
     validate::memory(&file.tensors, &file.spec)?;
     let spec = file.spec.clone();
     let weights: CpuWeights = weights::read(&mut CpuSource(&mut file), &spec, Naming::Gguf)?;
-    CpuModel::new(spec, weights, options)
+    let classifier = Classifier::read(&mut file)?;
+    Ok((CpuModel::new(spec, weights, options)?, classifier))
 }
 
 /// A GGUF file with its metadata read: what both backends start from.

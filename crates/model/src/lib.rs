@@ -216,6 +216,8 @@ pub struct LoadedModel {
     pub name: String,
     /// The forward pass with its KV pool.
     pub model: Box<dyn ForwardModel + Send>,
+    /// A reranker's head (`rank` pooling), read with the weights.
+    pub classifier: Option<Classifier>,
 }
 
 /// Why a model could not be loaded or run.
@@ -481,14 +483,15 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelErro
     match check_device(device)? {
         Device::Cpu | Device::CpuSet(_) | Device::Auto => {
             apply_threads(options.threads);
-            let model = if path.is_dir() {
-                safetensors::load(path, options)?
+            let (model, classifier) = if path.is_dir() {
+                (safetensors::load(path, options)?, None)
             } else {
                 gguf::load(path, options)?
             };
             Ok(LoadedModel {
                 name: model_name(path),
                 model: Box::new(model),
+                classifier,
             })
         }
         gpu => load_candle(path, options, &candle_device(gpu)?),
@@ -506,10 +509,11 @@ pub fn load_candle(
     if path.is_dir() {
         return Err(ModelError::SafetensorsOnGpu(path.to_path_buf()));
     }
-    let model = candle_model::load(path, options, device)?;
+    let (model, classifier) = candle_model::load(path, options, device)?;
     Ok(LoadedModel {
         name: model_name(path),
         model: Box::new(model),
+        classifier,
     })
 }
 

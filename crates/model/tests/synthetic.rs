@@ -499,6 +499,14 @@ fn a_synthetic_reranker_has_a_yes_no_head() {
     generate_reranker(&path, &spec, &md, &rerank, |_| {}).unwrap();
     let head = Classifier::load(&path).unwrap().unwrap();
     assert_eq!(head.hidden_size(), 64);
+    // The load reads the head with the weights (and none for the plain model).
+    let options = LoadOptions::default();
+    assert!(load(&plain, &options).unwrap().classifier.is_none());
+    let loaded = load(&path, &options).unwrap().classifier.unwrap();
+    assert_eq!(
+        loaded.scores(&[0.5; 64]).unwrap(),
+        head.scores(&[0.5; 64]).unwrap()
+    );
 
     let mut f = std::fs::File::open(&path).unwrap();
     let ct = Content::read(&mut f).unwrap();
