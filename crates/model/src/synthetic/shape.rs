@@ -368,6 +368,7 @@ impl SynthShape {
             // qwen3moe-tiny with 256-wide rows (IQ4_XS's and the K-quants'
             // blocks fit every matrix) and Qwen's vocabulary cut to 8,192.
             "qwen3moe-mini" => Self {
+                name: name.to_string(),
                 head_dim: 64,
                 hidden: 256,
                 vocab: 8192,
