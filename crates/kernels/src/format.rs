@@ -277,7 +277,7 @@ pub(crate) struct RowTile<'a> {
 
 /// Activations quantized to i8 per block of 32: `x ≈ d * q`, `s = d * sum(q)`.
 ///
-/// For the K-quant tiles, instead or as well (`Q8Acts::quantize_for`), a
+/// For the K-quant tiles and IQ4_XS, instead or as well (`Q8Acts::quantize_for`), a
 /// quantization with one step per 256 values (ggml's "Q8_K"):
 /// `x ≈ kd * kq`, with integer sums of `kq` per 16 and per 32 values. One
 /// step per super-block lets the tiles multiply the weights' sub-block

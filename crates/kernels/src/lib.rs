@@ -18,7 +18,7 @@
 //!   picks each kernel's build.
 //!
 //! The int8 path follows ggml: activations are quantized per block of 32 to
-//! i8 with an f32 scale (per 256 for K-quant weights, with integer sums per
+//! i8 with an f32 scale (per 256 for K-quant tiles and IQ4_XS, with integer sums per
 //! 16 and 32, so sub-block scales and mins apply in integers), weight
 //! nibbles or bytes are multiplied with `maddubs` (AVX2) or `vpdpbusd`
 //! (AVX-512 VNNI), and each weight tile is reused for up to four (K-quants:
