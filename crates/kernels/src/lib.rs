@@ -18,7 +18,7 @@
 //!   picks each kernel's build.
 //!
 //! The int8 path follows ggml: activations are quantized per block of 32 to
-//! i8 with an f32 scale (per 256 for K-quant weights, with integer sums per
+//! i8 with an f32 scale (per 256 for K-quant tiles and IQ4_XS, with integer sums per
 //! 16 and 32, so sub-block scales and mins apply in integers), weight
 //! nibbles or bytes are multiplied with `maddubs` (AVX2) or `vpdpbusd`
 //! (AVX-512 VNNI), and each weight tile is reused for up to four (K-quants:
@@ -53,7 +53,7 @@ pub use dispatch::{
     attend_row, flash_unit, flash_unit_bf16, flash_units, gelu_mul, pack_keys_bf16,
     pack_values_bf16, silu_mul, swiglu_oai_mul,
 };
-pub use format::{Q8Acts, QKind, quantize_mxfp4};
+pub use format::{Q8Acts, QKind, quantize_iq4_nl, quantize_iq4_xs, quantize_mxfp4};
 pub use matrix::{Layout, LayoutError, QMatrix, matmul_dense, q5_0_as_q5_1, run_units};
 /// The portable build of the blocked attention unit, to check the SIMD
 /// builds against.

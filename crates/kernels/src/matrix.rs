@@ -148,9 +148,10 @@ impl QMatrix {
         // The widest tile layout this CPU's kernels read for this kind (the
         // AVX2 one also serves K-quants on AVX-512 CPUs); only the int8
         // kernels read tiles.
-        // MXFP4 has no tiles yet: its row-major blocks run on every level.
+        // The table-lookup types (MXFP4, IQ4_NL, IQ4_XS) have no tiles yet:
+        // their row-major blocks run on every level.
         let candidates: &[Tiling] = match layout {
-            _ if kind == QKind::Mxfp4 => &[],
+            _ if kind.is_lookup() => &[],
             Layout::Widest => &[Tiling::Vnni16, Tiling::Avx2x8],
             Layout::Avx2Tiles => &[Tiling::Avx2x8],
             Layout::RowMajor => &[],
@@ -189,11 +190,12 @@ impl QMatrix {
     }
 
     /// Whether the int8 kernel beats dequantize + f32 GEMM at every batch
-    /// size; MXFP4 always takes it, with int8 activations as llama.cpp's
-    /// MXFP4 dot products (Q8_0) do, so a row's result does not depend on
-    /// how many rows share its step.
+    /// size; the table-lookup types always take it, with the int8
+    /// activations llama.cpp's dot products for them read (Q8_0; Q8_K for
+    /// IQ4_XS), so a row's result does not depend on how many rows share
+    /// its step.
     pub fn int8_always(&self) -> bool {
-        self.tiling.is_some() || self.kind == QKind::Mxfp4
+        self.tiling.is_some() || self.kind.is_lookup()
     }
 
     /// Output rows.
@@ -225,9 +227,10 @@ impl QMatrix {
     }
 
     /// Whether the int8 kernel reads activations with one step per
-    /// super-block ([`Q8Acts::quantize_for`]) instead of per 32 values.
-    fn reads_k_acts(&self) -> bool {
-        self.tiling.is_some() && self.kind.block_values() == QK_K
+    /// super-block ([`Q8Acts::quantize_for`]) instead of per 32 values:
+    /// the K-quant tiles, and IQ4_XS (as ggml's IQ4_XS x Q8_K dot).
+    pub(crate) fn reads_k_acts(&self) -> bool {
+        (self.tiling.is_some() && self.kind.block_values() == QK_K) || self.kind == QKind::Iq4Xs
     }
 
     /// `out[m, rows] = x[m, cols] @ self^T` with int8 activations, quantized

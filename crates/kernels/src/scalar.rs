@@ -5,7 +5,9 @@
 use crate::attention::{KvElem, RowJob, normalizer};
 use crate::blocked::{BK, F32Block, Micro, UnitBuf, UnitJob, unit_impl};
 use crate::fast_exp::exp_nonpositive;
-use crate::format::{ACT_TILE, MXFP4_VALUES, Q8Acts, QK, QK_K, QKind, RowTile, TileOut, e8m0_half};
+use crate::format::{
+    ACT_TILE, Q8Acts, QK, QK_K, QKind, RowTile, TileOut, e8m0_half, iq4xs_scale, lookup_table,
+};
 
 /// Per 32-value block: `d = max|x| / 127`, `q = round(x / d)`, `s = d * sum(q)`.
 #[inline(always)]
@@ -83,13 +85,11 @@ pub(super) fn f16_at(bytes: &[u8], at: usize) -> f32 {
 }
 
 pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
-    if kind.block_values() == QK_K {
-        dequantize_row_k(kind, row, out);
-        return;
-    }
-    if kind == QKind::Mxfp4 {
-        dequantize_mxfp4(row, out);
-        return;
+    match kind {
+        QKind::Mxfp4 | QKind::Iq4Nl => return dequantize_lookup(kind, row, out),
+        QKind::Iq4Xs => return dequantize_iq4xs(row, out),
+        QKind::Q4K | QKind::Q5K | QKind::Q6K => return dequantize_row_k(kind, row, out),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => {}
     }
     let bb = kind.block_bytes();
     for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
@@ -113,20 +113,48 @@ pub(super) fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
                     o[j] = d * f32::from(q) + mn;
                 }
             }
-            QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 => {
+            QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 | QKind::Iq4Nl | QKind::Iq4Xs => {
                 unreachable!("returned above")
             }
         }
     }
 }
 
-/// MXFP4 blocks as f32, as ggml's `dequantize_row_mxfp4`.
-pub(super) fn dequantize_mxfp4(row: &[u8], out: &mut [f32]) {
-    for (blk, o) in row.chunks_exact(17).zip(out.chunks_exact_mut(QK)) {
-        let d = e8m0_half(blk[0]);
-        for (j, &q) in blk[1..].iter().enumerate() {
-            o[j] = d * f32::from(MXFP4_VALUES[usize::from(q & 15)]);
-            o[j + 16] = d * f32::from(MXFP4_VALUES[usize::from(q >> 4)]);
+/// The scale of a block of 32 table lookups: MXFP4's E8M0 byte or IQ4_NL's f16.
+#[inline(always)]
+pub(super) fn lookup_scale(kind: QKind, blk: &[u8]) -> f32 {
+    if kind == QKind::Mxfp4 {
+        e8m0_half(blk[0])
+    } else {
+        f16_at(blk, 0)
+    }
+}
+
+/// MXFP4 or IQ4_NL blocks as f32, as ggml's `dequantize_row_mxfp4` and
+/// `dequantize_row_iq4_nl`: the scale times the nibble's table value.
+pub(super) fn dequantize_lookup(kind: QKind, row: &[u8], out: &mut [f32]) {
+    let (bb, table) = (kind.block_bytes(), lookup_table(kind));
+    for (blk, o) in row.chunks_exact(bb).zip(out.chunks_exact_mut(QK)) {
+        let d = lookup_scale(kind, blk);
+        for (j, &q) in blk[bb - 16..].iter().enumerate() {
+            o[j] = d * f32::from(table[usize::from(q & 15)]);
+            o[j + 16] = d * f32::from(table[usize::from(q >> 4)]);
+        }
+    }
+}
+
+/// IQ4_XS blocks as f32, as ggml's `dequantize_row_iq4_xs`: per 32 values
+/// `d * (ls - 32)` times the nibble's table value.
+pub(super) fn dequantize_iq4xs(row: &[u8], out: &mut [f32]) {
+    let table = lookup_table(QKind::Iq4Xs);
+    for (blk, o) in row.chunks_exact(136).zip(out.chunks_exact_mut(QK_K)) {
+        let d = f16_at(blk, 0);
+        for (j, o) in o.chunks_exact_mut(QK).enumerate() {
+            let dl = d * iq4xs_scale(blk, j) as f32;
+            for (t, &q) in blk[8 + 16 * j..8 + 16 * (j + 1)].iter().enumerate() {
+                o[t] = dl * f32::from(table[usize::from(q & 15)]);
+                o[t + 16] = dl * f32::from(table[usize::from(q >> 4)]);
+            }
         }
     }
 }
@@ -154,13 +182,11 @@ pub(super) fn tile(
     mt: usize,
     vals: &mut [f32; ACT_TILE],
 ) {
-    if kind.block_values() == QK_K {
-        tile_k(kind, w, acts, i0, mt, vals);
-        return;
-    }
-    if kind == QKind::Mxfp4 {
-        tile_mxfp4(w, acts, i0, mt, vals);
-        return;
+    match kind {
+        QKind::Mxfp4 | QKind::Iq4Nl => return tile_lookup(kind, w, acts, i0, mt, vals),
+        QKind::Iq4Xs => return tile_iq4xs(w, acts, i0, mt, vals),
+        QKind::Q4K | QKind::Q5K | QKind::Q6K => return tile_k(kind, w, acts, i0, mt, vals),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 => {}
     }
     let nb = acts.blocks;
     let bb = kind.block_bytes();
@@ -197,7 +223,12 @@ pub(super) fn tile(
                         .sum();
                     sum += d * acts.d[i * nb + b] * dot as f32;
                 }
-                QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 => {
+                QKind::Q4K
+                | QKind::Q5K
+                | QKind::Q6K
+                | QKind::Mxfp4
+                | QKind::Iq4Nl
+                | QKind::Iq4Xs => {
                     unreachable!("returned above")
                 }
             }
@@ -206,22 +237,60 @@ pub(super) fn tile(
     }
 }
 
-/// [`tile`] for MXFP4, as ggml's `ggml_vec_dot_mxfp4_q8_0`: integer dots
-/// of the doubled E2M1 values with the int8 activations, scaled by the
-/// halved E8M0 scale and the activations' step.
-fn tile_mxfp4(w: &[u8], acts: &Q8Acts, i0: usize, mt: usize, vals: &mut [f32; ACT_TILE]) {
-    let nb = acts.blocks;
+/// The integer dot of 16 bytes of nibbles (values `t` and `t + 16`),
+/// looked up in `table`, with 32 int8 activations.
+#[inline(always)]
+fn lookup_dot(table: &[i8; 16], qs: &[u8], a: &[i8]) -> i32 {
+    let mut dot = 0i32;
+    for (t, &q) in qs.iter().enumerate() {
+        dot += i32::from(table[usize::from(q & 15)]) * i32::from(a[t])
+            + i32::from(table[usize::from(q >> 4)]) * i32::from(a[t + 16]);
+    }
+    dot
+}
+
+/// [`tile`] for MXFP4 and IQ4_NL, as ggml's `ggml_vec_dot_mxfp4_q8_0` and
+/// `ggml_vec_dot_iq4_nl_q8_0`: integer dots of the table values with the
+/// int8 activations, scaled by the block's scale and the activations' step.
+fn tile_lookup(
+    kind: QKind,
+    w: &[u8],
+    acts: &Q8Acts,
+    i0: usize,
+    mt: usize,
+    vals: &mut [f32; ACT_TILE],
+) {
+    let (nb, bb, table) = (acts.blocks, kind.block_bytes(), lookup_table(kind));
     for (j, v) in vals.iter_mut().take(mt).enumerate() {
         let i = i0 + j;
         let mut sum = 0f32;
-        for (b, blk) in w.chunks_exact(17).enumerate() {
+        for (b, blk) in w.chunks_exact(bb).enumerate() {
             let a = &acts.q[(i * nb + b) * QK..(i * nb + b + 1) * QK];
-            let mut dot = 0i32;
-            for (t, &q) in blk[1..].iter().enumerate() {
-                dot += i32::from(MXFP4_VALUES[usize::from(q & 15)]) * i32::from(a[t])
-                    + i32::from(MXFP4_VALUES[usize::from(q >> 4)]) * i32::from(a[t + 16]);
-            }
-            sum += e8m0_half(blk[0]) * acts.d[i * nb + b] * dot as f32;
+            let dot = lookup_dot(table, &blk[bb - 16..], a);
+            sum += lookup_scale(kind, blk) * acts.d[i * nb + b] * dot as f32;
+        }
+        *v = sum;
+    }
+}
+
+/// [`tile`] for IQ4_XS against activations with one step per super-block
+/// (ggml's `ggml_vec_dot_iq4_xs_q8_K`): each sub-block's integer dot times
+/// its integer scale, summed exactly per super-block, then scaled by `d`
+/// and the activations' step.
+fn tile_iq4xs(w: &[u8], acts: &Q8Acts, i0: usize, mt: usize, vals: &mut [f32; ACT_TILE]) {
+    let (sbs, table) = (acts.blocks / 8, lookup_table(QKind::Iq4Xs));
+    for (j, v) in vals.iter_mut().take(mt).enumerate() {
+        let i = i0 + j;
+        let mut sum = 0f32;
+        for (sb, blk) in w.chunks_exact(136).enumerate() {
+            let a = &acts.kq[(i * sbs + sb) * QK_K..(i * sbs + sb + 1) * QK_K];
+            let isum: i32 = (0..8)
+                .map(|k| {
+                    let qs = &blk[8 + 16 * k..8 + 16 * (k + 1)];
+                    iq4xs_scale(blk, k) * lookup_dot(table, qs, &a[QK * k..QK * (k + 1)])
+                })
+                .sum();
+            sum += f16_at(blk, 0) * acts.kd[i * sbs + sb] * isum as f32;
         }
         *v = sum;
     }
@@ -258,7 +327,9 @@ pub(super) fn k_scales(kind: QKind, blk: &[u8]) -> ([f32; 16], [f32; 8]) {
                 *s = d * f32::from(sc as i8);
             }
         }
-        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 | QKind::Iq4Nl | QKind::Iq4Xs => {
+            unreachable!("not a K-quant")
+        }
     }
     (scale, min)
 }
@@ -302,7 +373,9 @@ pub(super) fn k_quants(kind: QKind, blk: &[u8], j: usize) -> [i8; 32] {
                 *v = (((l >> shift) & 0xF) | (((h >> (2 * t)) & 3) << 4)) as i8 - 32;
             }
         }
-        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
+        QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 | QKind::Iq4Nl | QKind::Iq4Xs => {
+            unreachable!("not a K-quant")
+        }
     }
     q
 }

@@ -93,7 +93,9 @@ impl Tiling {
             QKind::Q4K | QKind::Q5K | QKind::Q6K => {
                 self.k_header(kind) + 8 * self.k_sub_bytes(kind)
             }
-            QKind::Mxfp4 => unreachable!("MXFP4 is never tiled"),
+            QKind::Mxfp4 | QKind::Iq4Nl | QKind::Iq4Xs => {
+                unreachable!("lookup types are never tiled")
+            }
         }
     }
 
@@ -157,7 +159,9 @@ impl Tiling {
                             }
                         }
                         QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("repacked above"),
-                        QKind::Mxfp4 => unreachable!("MXFP4 is never tiled"),
+                        QKind::Mxfp4 | QKind::Iq4Nl | QKind::Iq4Xs => {
+                            unreachable!("lookup types are never tiled")
+                        }
                     }
                 }
             }
@@ -216,7 +220,9 @@ impl Tiling {
                     }
                 }
                 QKind::Q4K | QKind::Q5K | QKind::Q6K => unreachable!("dequantized above"),
-                QKind::Mxfp4 => unreachable!("MXFP4 is never tiled"),
+                QKind::Mxfp4 | QKind::Iq4Nl | QKind::Iq4Xs => {
+                    unreachable!("lookup types are never tiled")
+                }
             }
         }
     }
@@ -231,7 +237,7 @@ impl Tiling {
             QKind::Q4K | QKind::Q5K => 20 * rows,
             // d (f16), 16 scales (bytes).
             QKind::Q6K => 18 * rows,
-            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
+            _ => unreachable!("not a K-quant"),
         }
     }
 
@@ -242,7 +248,7 @@ impl Tiling {
             QKind::Q4K => 16 * rows,
             QKind::Q5K => 20 * rows,
             QKind::Q6K => 24 * rows,
-            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
+            _ => unreachable!("not a K-quant"),
         }
     }
 
@@ -276,7 +282,7 @@ impl Tiling {
                     dst[2 * rows + h * rows + rr] = blk[192 + h];
                 }
             }
-            QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => unreachable!("not a K-quant"),
+            _ => unreachable!("not a K-quant"),
         }
         let group = 4 * rows;
         for j in 0..8 {
@@ -353,9 +359,7 @@ impl Tiling {
                         *y = scale * f32::from(q(k) as i8 - 32);
                     }
                 }
-                QKind::Q4_1 | QKind::Q5_1 | QKind::Q8_0 | QKind::Mxfp4 => {
-                    unreachable!("not a K-quant")
-                }
+                _ => unreachable!("not a K-quant"),
             }
         }
     }

@@ -741,7 +741,7 @@ fn moe_forward(
     if let Some(b) = &m.router_bias {
         add_bias(logits, b);
     }
-    let routes = moe::route(&m.spec, logits);
+    let routes = moe::route_parallel(&m.spec, logits, ws.parallel);
     out[..n * hidden].fill(0.0);
     let f = m.spec.expert_ffn;
     for (e, (expert, rows)) in m.experts.iter().zip(&routes).enumerate() {

@@ -14,7 +14,7 @@ use std::path::Path;
 use candle_core::Device;
 use candle_core::quantized::ggml_file::qtensor_from_ggml;
 use candle_core::quantized::{GgmlDType, QTensor};
-use zinfer_kernels::ScoreRule;
+use zinfer_kernels::{QKind, QMatrix, ScoreRule};
 use zinfer_probe::{GgmlType, GgufHeader, TensorInfo};
 
 use super::arch::{self, RopeTensors};
@@ -149,7 +149,11 @@ impl Tensors {
     /// sample of a large head without reading all of it).
     pub(crate) fn rows(&mut self, name: &str, rows: &[usize]) -> Result<Vec<f32>, ModelError> {
         let info = self.index.info(name).ok_or_else(|| missing_tensor(name))?;
-        let (dtype, _) = candle_layout(name, info)?;
+        let kind = kernel_kind(info.ggml_type);
+        let dtype = match kind {
+            Some(_) => GgmlDType::F32,
+            None => candle_layout(name, info)?.0,
+        };
         let cols = info.dims.first().copied().unwrap_or(0);
         let row_bytes = info
             .ggml_type
@@ -168,6 +172,17 @@ impl Tensors {
                 .seek(SeekFrom::Start(start + (row * row_bytes) as u64))
                 .map_err(io)?;
             self.reader.read_exact(&mut raw).map_err(io)?;
+            if let Some(kind) = kind {
+                let mut values = vec![0f32; cols as usize];
+                QMatrix::new(kind, 1, cols as usize, raw.clone())
+                    .map_err(|source| ModelError::QuantLayout {
+                        tensor: name.to_string(),
+                        source,
+                    })?
+                    .dequantize_row(0, &mut values);
+                out.extend(values);
+                continue;
+            }
             let values = qtensor_from_ggml(dtype, &raw, vec![cols as usize], &Device::Cpu)
                 .and_then(|q| q.dequantize(&Device::Cpu))
                 .and_then(|t| t.to_vec1::<f32>())
@@ -188,16 +203,25 @@ impl Tensors {
         self.index.opt_vector(&mut self.reader, name)
     }
 
-    fn mxfp4(&mut self, name: &str) -> Result<Option<RawTensor>, ModelError> {
-        self.index.mxfp4(&mut self.reader, name)
+    fn kernel_only(&mut self, name: &str) -> Result<Option<KernelTensor>, ModelError> {
+        self.index.kernel_only(&mut self.reader, name)
     }
 }
 
-/// A tensor's dimensions (outermost first) and its stored bytes.
-type RawTensor = (Vec<usize>, Vec<u8>);
+/// A tensor of a type only zinfer's kernels read: the kernels' name for
+/// the type, its dimensions (outermost first) and its stored bytes.
+type KernelTensor = (QKind, Vec<usize>, Vec<u8>);
 
-/// ggml's MXFP4 (gpt-oss's experts): read by zinfer's CPU kernels, not candle.
-pub(crate) const MXFP4: GgmlType = GgmlType(39);
+/// The kernels' type for the ggml types that zinfer's CPU kernels read and
+/// candle does not: MXFP4 (gpt-oss's experts), IQ4_NL and IQ4_XS.
+pub(crate) fn kernel_kind(t: GgmlType) -> Option<QKind> {
+    Some(match t.0 {
+        20 => QKind::Iq4Nl,
+        23 => QKind::Iq4Xs,
+        39 => QKind::Mxfp4,
+        _ => return None,
+    })
+}
 
 /// The header and its tensors by name: apart from the open file, so the
 /// metadata can be read while tensors are.
@@ -250,14 +274,17 @@ impl Index {
         Ok(raw)
     }
 
-    /// The dimensions (outermost first) and blocks of `name` when it is an
-    /// MXFP4 tensor, which candle does not read; `None` for other types.
-    fn mxfp4(
+    /// `name` when it is of a type only the kernels read ([`kernel_kind`]);
+    /// `None` for other types.
+    fn kernel_only(
         &self,
         reader: &mut BufReader<File>,
         name: &str,
-    ) -> Result<Option<RawTensor>, ModelError> {
-        let Some(info) = self.info(name).filter(|i| i.ggml_type == MXFP4) else {
+    ) -> Result<Option<KernelTensor>, ModelError> {
+        let Some((info, kind)) = self
+            .info(name)
+            .and_then(|i| Some((i, kernel_kind(i.ggml_type)?)))
+        else {
             return Ok(None);
         };
         let len = info.bytes().and_then(|b| usize::try_from(b).ok());
@@ -266,7 +293,7 @@ impl Index {
             dtype: info.ggml_type.to_string(),
         })?;
         let dims = info.dims.iter().rev().map(|&d| d as usize).collect();
-        Ok(Some((dims, self.read_bytes(reader, info, len)?)))
+        Ok(Some((kind, dims, self.read_bytes(reader, info, len)?)))
     }
 
     /// The tensor `name` as f32 values on the host, if the file has it.
@@ -465,13 +492,13 @@ impl TensorSource for CpuSource<'_> {
     }
 
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {
-        if let Some((dims, bytes)) = self.0.tensors.mxfp4(name)? {
+        if let Some((kind, dims, bytes)) = self.0.tensors.kernel_only(name)? {
             check_dims(
                 name,
                 (dims_at(&dims, 2, 0), dims_at(&dims, 2, 1)),
                 (rows, cols),
             )?;
-            return Linear::mxfp4(name, rows, cols, bytes);
+            return Linear::kernel_only(name, kind, rows, cols, bytes);
         }
         let lin = Linear::from_qtensor(name, self.0.qtensor(name, &Device::Cpu)?)?;
         check_dims(name, (lin.rows(), lin.cols()), (rows, cols))?;
@@ -498,7 +525,7 @@ impl TensorSource for CpuSource<'_> {
         rows: usize,
         cols: usize,
     ) -> Result<Vec<Linear>, ModelError> {
-        if let Some((dims, bytes)) = self.0.tensors.mxfp4(name)? {
+        if let Some((kind, dims, bytes)) = self.0.tensors.kernel_only(name)? {
             if dims != [experts, rows, cols] {
                 return Err(ModelError::TensorLayout {
                     tensor: name.to_string(),
@@ -508,7 +535,7 @@ impl TensorSource for CpuSource<'_> {
             let per = bytes.len() / experts.max(1);
             return bytes
                 .chunks_exact(per.max(1))
-                .map(|b| Linear::mxfp4(name, rows, cols, b.to_vec()))
+                .map(|b| Linear::kernel_only(name, kind, rows, cols, b.to_vec()))
                 .collect();
         }
         let parts = self
@@ -527,6 +554,18 @@ impl TensorSource for CpuSource<'_> {
         cols: usize,
         tied: bool,
     ) -> Result<(Embedding, Option<Linear>), ModelError> {
+        if self
+            .0
+            .tensors
+            .info(name)
+            .is_some_and(|i| kernel_kind(i.ggml_type).is_some())
+        {
+            let head = self.matrix(name, rows, cols)?;
+            return Ok((
+                Embedding::of_kernel_matrix(name, &head)?,
+                tied.then_some(head),
+            ));
+        }
         let qt = self.0.qtensor(name, &Device::Cpu)?;
         check_dims(name, qt.shape().dims2()?, (rows, cols))?;
         if tied {

@@ -380,7 +380,7 @@ pub enum ModelError {
     UnsupportedArchitecture(String),
     /// A tensor is stored in a type the CPU kernels cannot use.
     #[error(
-        "tensor `{tensor}` has unsupported type {dtype}: use a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, K-quant, F16, BF16 or F32 file"
+        "tensor `{tensor}` has unsupported type {dtype}: use a Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, K-quant, F16, BF16 or F32 file (or MXFP4, IQ4_NL, IQ4_XS on the CPU)"
     )]
     UnsupportedQuant {
         /// Checkpoint name of the tensor.

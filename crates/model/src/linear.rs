@@ -105,19 +105,18 @@ impl Linear {
         })
     }
 
-    /// Wraps MXFP4 blocks (ggml type 39, which candle does not know) for
-    /// the CPU kernels.
-    pub(crate) fn mxfp4(
+    /// Wraps blocks of a type candle does not know (MXFP4, IQ4_NL, IQ4_XS)
+    /// for the CPU kernels.
+    pub(crate) fn kernel_only(
         name: &str,
+        kind: QKind,
         rows: usize,
         cols: usize,
         data: Vec<u8>,
     ) -> Result<Self, ModelError> {
-        let m = QMatrix::new(QKind::Mxfp4, rows, cols, data).map_err(|source| {
-            ModelError::QuantLayout {
-                tensor: name.to_string(),
-                source,
-            }
+        let m = QMatrix::new(kind, rows, cols, data).map_err(|source| ModelError::QuantLayout {
+            tensor: name.to_string(),
+            source,
         })?;
         Ok(Self::Quant(Arc::new(m)))
     }
@@ -228,6 +227,17 @@ impl Embedding {
             }
         };
         Ok((table, head))
+    }
+
+    /// The table of a matrix the kernels read ([`Linear::kernel_only`]).
+    pub(crate) fn of_kernel_matrix(name: &str, m: &Linear) -> Result<Self, ModelError> {
+        match m {
+            Linear::Quant(q) => Ok(Self::Quant(q.clone())),
+            _ => Err(ModelError::TensorLayout {
+                tensor: name.to_string(),
+                reason: "could not be used as an embedding table",
+            }),
+        }
     }
 
     /// The table alone (the checkpoint has a separate LM head).

@@ -5,6 +5,8 @@
 //! per step, for all its rows at once, and experts no row picked are not
 //! read at all.
 
+use std::sync::Mutex;
+
 use crate::spec::{Gating, MoeSpec};
 
 /// llama.cpp's floor on the sum a renormalisation divides by (the smallest
@@ -14,13 +16,59 @@ const MIN_WEIGHT_SUM: f32 = 6.103_515_6e-5;
 /// For each expert, the rows routed to it in row order, each with its
 /// weight. `logits` holds one `[experts]` row of router logits per step row.
 pub(crate) fn route(spec: &MoeSpec, logits: &[f32]) -> Vec<Vec<(usize, f32)>> {
+    route_parallel(spec, logits, false)
+}
+
+/// One unit's router logits and the `(expert, weight)` slots of its rows.
+type RowsAndPicks<'a> = (&'a [f32], &'a mut [(usize, f32)]);
+
+/// Step rows per unit of [`route_parallel`]'s work.
+const ROWS_PER_UNIT: usize = 16;
+/// Rough cost of one router logit's gating in multiply-adds (an
+/// exponential), for the pool's threshold.
+const COST_PER_LOGIT: usize = 16;
+
+/// [`route`] with the rows' gating (softmax, top-k, weights) split over the
+/// kernels' pool when `parallel` and the step is worth it. Each row is
+/// picked alone and the rows are grouped in row order after, so the split
+/// changes no bits.
+pub(crate) fn route_parallel(
+    spec: &MoeSpec,
+    logits: &[f32],
+    parallel: bool,
+) -> Vec<Vec<(usize, f32)>> {
+    let e = spec.experts.max(1);
+    let k = spec.used.min(spec.experts);
     let mut by_expert = vec![Vec::new(); spec.experts];
-    let mut weights = vec![0f32; spec.experts];
-    let mut order = Vec::with_capacity(spec.experts);
-    for (row, l) in logits.chunks_exact(spec.experts.max(1)).enumerate() {
-        pick(spec, l, &mut weights, &mut order);
-        for &e in &order {
-            by_expert[e].push((row, weights[e]));
+    if k == 0 {
+        return by_expert;
+    }
+    let mut picks = vec![(0usize, 0f32); logits.len() / e * k];
+    let parts: Vec<Mutex<RowsAndPicks<'_>>> = logits
+        .chunks(ROWS_PER_UNIT * e)
+        .zip(picks.chunks_mut(ROWS_PER_UNIT * k))
+        .map(Mutex::new)
+        .collect();
+    let cost = logits.len() * COST_PER_LOGIT;
+    zinfer_kernels::run_units(parts.len(), cost, parallel, |range| {
+        let mut weights = vec![0f32; spec.experts];
+        let mut order = Vec::with_capacity(spec.experts);
+        for part in &parts[range] {
+            // Each part is handed to exactly one unit: the lock is uncontended.
+            let mut part = part.lock().unwrap_or_else(|e| e.into_inner());
+            let (rows, out) = &mut *part;
+            for (l, o) in rows.chunks_exact(e).zip(out.chunks_exact_mut(k)) {
+                pick(spec, l, &mut weights, &mut order);
+                for (slot, &x) in o.iter_mut().zip(&order) {
+                    *slot = (x, weights[x]);
+                }
+            }
+        }
+    });
+    drop(parts);
+    for (row, p) in picks.chunks_exact(k).enumerate() {
+        for &(x, w) in p {
+            by_expert[x].push((row, w));
         }
     }
     by_expert
@@ -169,5 +217,36 @@ mod tests {
         let rows: Vec<Vec<usize>> = r.iter().map(|e| e.iter().map(|p| p.0).collect()).collect();
         assert_eq!(rows, [vec![0, 2], vec![], vec![1], vec![]]);
         assert!(r.iter().flatten().all(|&(_, w)| close(w, 1.0)));
+    }
+
+    /// The rows' gating split over the pool (300 rows of 64 experts: past
+    /// its threshold) gives, row for row, what each row's gating gives
+    /// alone on one thread, grouped by expert in row order.
+    #[test]
+    fn the_pool_routes_as_one_thread_does() {
+        let (n, e) = (300, 64);
+        let logits = zinfer_kernels::test_data::random(n * e, 61, 4.0);
+        for gating in [
+            Gating::SoftmaxTopK { renormalize: true },
+            Gating::SoftmaxTopK { renormalize: false },
+            Gating::TopKSoftmax,
+        ] {
+            let s = MoeSpec {
+                experts: e,
+                used: 8,
+                ..spec(gating, 8)
+            };
+            let mut want = vec![Vec::new(); e];
+            let (mut weights, mut order) = (vec![0f32; e], Vec::new());
+            for (row, l) in logits.chunks_exact(e).enumerate() {
+                pick(&s, l, &mut weights, &mut order);
+                assert_eq!(order.len(), 8);
+                for &x in &order {
+                    want[x].push((row, weights[x]));
+                }
+            }
+            assert_eq!(route_parallel(&s, &logits, true), want, "{gating:?}");
+            assert_eq!(route(&s, &logits), want, "{gating:?}");
+        }
     }
 }

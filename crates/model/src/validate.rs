@@ -321,9 +321,9 @@ impl DryRun<'_> {
     /// The entry of `name`, of a type both backends build.
     fn entry(&self, name: &str) -> Result<&TensorInfo, ModelError> {
         let info = self.0.info(name).ok_or_else(|| missing_tensor(name))?;
-        // The CPU kernels read MXFP4 themselves (the probe sized its data);
-        // the candle backend refuses it as it loads.
-        if info.ggml_type == gguf::MXFP4 {
+        // The CPU kernels read MXFP4 and IQ4_* themselves (the probe sized
+        // their data); the candle backend refuses them as it loads.
+        if gguf::kernel_kind(info.ggml_type).is_some() {
             return Ok(info);
         }
         let (dtype, _) = candle_layout(name, info)?;

@@ -349,6 +349,80 @@ fn mxfp4_experts_run_on_the_cpu_kernels_and_candle_refuses_them() {
     assert!(err.contains("MXFP4"), "candle backend: {err}");
 }
 
+/// IQ4 weights on the CPU kernels: qwen3moe-mini (256-wide rows) with its
+/// experts in IQ4_XS (the rest F32) and whole in IQ4_XS (its embedding
+/// too), qwen3-tiny whole in IQ4_NL: each near its F32 file and the same
+/// every way a prompt is chunked or batched; the candle backend, which has
+/// no IQ4 types, refuses each file with an error naming the type.
+#[test]
+fn iq4_weights_run_on_the_cpu_kernels_and_candle_refuses_them() {
+    // Chunked against stepwise: the whole-IQ4 files run every matrix on the
+    // int8 kernels, whose rows do not depend on their batch. With F32
+    // attention at 256 wide, the f32 GEMM's ~1e-6 differences between a
+    // chunk and a step flip int8 roundings of the experts' inputs (as in
+    // this shape's Q8_0 file: 6e-3), hence the looser bound there.
+    for (preset, quant, name, near_f32, stepwise) in [
+        ("qwen3moe-mini", "iq4_xs_experts", "IQ4_XS", 0.1, 0.02),
+        ("qwen3moe-mini", "iq4_xs", "IQ4_XS", 0.3, SAME_WEIGHTS_TOL),
+        ("qwen3-tiny", "iq4_nl", "IQ4_NL", 0.3, SAME_WEIGHTS_TOL),
+    ] {
+        let mut dense = load(&f32_file(preset), &options()).unwrap();
+        let path = preset_file(preset, quant);
+        let mut iq4 = load(&path, &options()).unwrap();
+        let vocab = iq4.model.vocab_size();
+        for n in [1, 7, 40] {
+            let prompt = ids(n, vocab, 41 + n as u64);
+            let want = one_shot(dense.model.as_mut(), &prompt);
+            let diff = max_abs_diff(&want, &one_shot(iq4.model.as_mut(), &prompt));
+            assert!(
+                diff > 0.0 && diff < near_f32,
+                "{preset} {quant}, {n} tokens: {diff}"
+            );
+        }
+        check_all_rows_match_stepwise(
+            iq4.model.as_mut(),
+            &ids(3 * 16 + 9, vocab, 8),
+            0,
+            stepwise,
+            &format!("{preset} {quant}"),
+        );
+        let err = load_candle(&path, &options(), &Device::Cpu)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains(name),
+            "{preset} {quant}, candle backend: {err}"
+        );
+    }
+}
+
+/// A type with no kernel here (IQ2_XXS, ggml 16: qwen3-tiny's IQ4_NL file
+/// with one matrix's type code changed) is refused by both backends at
+/// load, naming the tensor and the type.
+#[test]
+fn other_weight_types_are_refused_naming_the_type() {
+    let mut bytes = std::fs::read(preset_file("qwen3-tiny", "iq4_nl")).unwrap();
+    let name = "blk.1.attn_q.weight";
+    let key = [&(name.len() as u64).to_le_bytes()[..], name.as_bytes()].concat();
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap() + key.len();
+    let n_dims = u32::from_le_bytes(bytes[at..at + 4].try_into().unwrap()) as usize;
+    let code = at + 4 + 8 * n_dims;
+    assert_eq!(bytes[code..code + 4], 20u32.to_le_bytes());
+    bytes[code..code + 4].copy_from_slice(&16u32.to_le_bytes());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("iq2_xxs.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    let cpu = load(&path, &options()).err().map(|e| e.to_string());
+    let candle = load_candle(&path, &options(), &Device::Cpu)
+        .err()
+        .map(|e| e.to_string());
+    for err in [cpu, candle] {
+        let err = err.unwrap_or_default();
+        assert!(err.contains("IQ2_XXS") && err.contains(name), "{err}");
+    }
+}
+
 /// Runs `tokens` in `slots` from position 0 and discards the logits.
 fn one_shot_in(m: &mut dyn ForwardModel, tokens: &[u32], slots: &[u32]) {
     m.forward(&[SeqChunk {

@@ -532,17 +532,19 @@ fn shapes_an_architecture_cannot_read_are_refused() {
     for s in bad {
         assert!(s.validate().is_err(), "{s:?}");
     }
-    // MXFP4 experts need experts.
+    // MXFP4 and IQ4 experts need experts.
     let dir = tempfile::tempdir().unwrap();
-    let spec = SynthSpec {
-        shape: p("qwen3-tiny"),
-        quant: "mxfp4_experts".parse().unwrap(),
-        seed: 1,
-        threads: 1,
-    };
-    let out = dir.path().join("x.gguf");
-    let err = generate(&out, &spec, &tokenizer_source(&spec.shape), |_| {}).unwrap_err();
-    assert!(err.to_string().contains("mxfp4_experts"), "{err}");
+    for quant in ["mxfp4_experts", "iq4_xs_experts", "iq4_nl_experts"] {
+        let spec = SynthSpec {
+            shape: p("qwen3-tiny"),
+            quant: quant.parse().unwrap(),
+            seed: 1,
+            threads: 1,
+        };
+        let out = dir.path().join("x.gguf");
+        let err = generate(&out, &spec, &tokenizer_source(&spec.shape), |_| {}).unwrap_err();
+        assert!(err.to_string().contains(quant), "{err}");
+    }
     assert!("gemma9".parse::<Architecture>().is_err());
     assert_eq!(
         "qwen3".parse::<Architecture>().unwrap(),

@@ -521,12 +521,14 @@ impl GgmlType {
             13 => (256, 176),
             14 => (256, 210),
             15 => (256, 292),
+            20 => (32, 18),
+            23 => (256, 136),
             39 => (32, 17),
             _ => return None,
         })
     }
 
-    /// The ggml name (`Q4_K`) of a type this reader sizes.
+    /// The ggml name (`Q4_K`) of a type ggml numbers (sized or not).
     pub fn name(self) -> Option<&'static str> {
         Some(match self.0 {
             0 => "F32",
@@ -542,8 +544,26 @@ impl GgmlType {
             13 => "Q5_K",
             14 => "Q6_K",
             15 => "Q8_K",
+            20 => "IQ4_NL",
+            23 => "IQ4_XS",
             30 => "BF16",
             39 => "MXFP4",
+            // Named, not sized: refused by name.
+            9 => "Q8_1",
+            16 => "IQ2_XXS",
+            17 => "IQ2_XS",
+            18 => "IQ3_XXS",
+            19 => "IQ1_S",
+            21 => "IQ3_S",
+            22 => "IQ2_S",
+            24 => "I8",
+            25 => "I16",
+            26 => "I32",
+            27 => "I64",
+            28 => "F64",
+            29 => "IQ1_M",
+            34 => "TQ1_0",
+            35 => "TQ2_0",
             _ => return None,
         })
     }
@@ -1670,12 +1690,16 @@ mod tests {
     fn an_unknown_tensor_type_is_kept_by_number_not_sized() {
         let bytes = file(
             header(&[]),
-            &[tensor("a", &[32], 8, 0), tensor("b", &[32, 3], 20, 64)],
+            &[tensor("a", &[32], 8, 0), tensor("b", &[32, 3], 99, 64)],
             64 + 100,
         );
         let h = read(&bytes).unwrap();
-        assert_eq!(h.tensors[1].ggml_type, GgmlType(20));
-        assert_eq!(h.tensors[1].ggml_type.to_string(), "unknown type 20");
+        assert_eq!(h.tensors[1].ggml_type, GgmlType(99));
+        assert_eq!(h.tensors[1].ggml_type.to_string(), "unknown type 99");
+        // A type ggml numbers but this reader does not size: named, unsized.
+        assert_eq!(GgmlType(16).to_string(), "IQ2_XXS");
+        assert_eq!(GgmlType(16).bytes_for(256), None);
+        assert_eq!(GgmlType(23).bytes_for(512), Some(2 * 136));
         assert_eq!(h.tensors[1].bytes(), None);
         assert_eq!(h.tensors[0].bytes(), Some(34));
         assert_eq!(h.parameter_count(), 32 + 96);

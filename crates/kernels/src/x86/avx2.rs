@@ -37,8 +37,10 @@ pub(crate) unsafe fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
         QKind::Q6K => return unsafe { dequantize_row_k::<Q6KBlock>(row, out) },
         // Only rows that do not fill 8-row tiles are kept as Q5_1 blocks.
         QKind::Q5_1 => return scalar::dequantize_row(kind, row, out),
-        // MXFP4 has only the portable build so far.
-        QKind::Mxfp4 => return scalar::dequantize_row(kind, row, out),
+        // The lookup types have only the portable build so far.
+        QKind::Mxfp4 | QKind::Iq4Nl | QKind::Iq4Xs => {
+            return scalar::dequantize_row(kind, row, out);
+        }
         QKind::Q4_1 | QKind::Q8_0 => {}
     }
     let bb = kind.block_bytes();
@@ -73,7 +75,13 @@ pub(crate) unsafe fn dequantize_row(kind: QKind, row: &[u8], out: &mut [f32]) {
                     unsafe { _mm256_storeu_ps(op.add(8 * part), _mm256_mul_ps(v, d)) };
                 }
             }
-            QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Mxfp4 => {
+            QKind::Q5_1
+            | QKind::Q4K
+            | QKind::Q5K
+            | QKind::Q6K
+            | QKind::Mxfp4
+            | QKind::Iq4Nl
+            | QKind::Iq4Xs => {
                 unreachable!("returned above")
             }
         }

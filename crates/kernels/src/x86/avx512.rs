@@ -70,7 +70,9 @@ pub(crate) unsafe fn matmul_tiles(job: &TiledMatmul<'_>, tiles: Range<usize>) {
             // SAFETY: forwarded from the caller.
             unsafe {
                 match (job.kind, mt) {
-                    (QKind::Mxfp4, _) => unreachable!("MXFP4 is never tiled"),
+                    (QKind::Mxfp4 | QKind::Iq4Nl | QKind::Iq4Xs, _) => {
+                        unreachable!("lookup types are never tiled")
+                    }
                     (QKind::Q4_1, 1) => tiles::tile_q4_1::<1, false>(job, i0, t),
                     (QKind::Q4_1, 2) => tiles::tile_q4_1::<2, false>(job, i0, t),
                     (QKind::Q4_1, 3) => tiles::tile_q4_1::<3, false>(job, i0, t),

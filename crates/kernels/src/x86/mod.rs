@@ -4,7 +4,9 @@
 
 use std::arch::x86_64::*;
 
-use crate::format::{MXFP4_VALUES, Q8Acts, QK, QKind, RowTile, TileOut, e8m0_half};
+use crate::format::{
+    Q8Acts, QK, QK_K, QKind, RowTile, TileOut, e8m0_half, iq4xs_scale, lookup_table,
+};
 
 pub(super) mod avx2;
 pub(super) mod avx512;
@@ -50,8 +52,8 @@ unsafe fn tile<D: Dot, const RT: usize, const MT: usize>(
         let mut acc = [[_mm256_setzero_ps(); MT]; RT];
         let mut mins = [[0f32; MT]; RT];
         let low = _mm_set1_epi8(15);
-        // MXFP4's 16 values, for a byte shuffle to look nibbles up in.
-        let table = _mm_loadu_si128(MXFP4_VALUES.as_ptr() as *const __m128i);
+        // A lookup type's 16 values, for a byte shuffle to look nibbles up in.
+        let table = _mm_loadu_si128(lookup_table(kind).as_ptr() as *const __m128i);
         let wp = w.as_ptr();
         let mut a = [_mm256_setzero_si256(); MT];
         let mut da = [0f32; MT];
@@ -88,21 +90,22 @@ unsafe fn tile<D: Dot, const RT: usize, const MT: usize>(
                             acc[r][j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * da[j]), acc[r][j]);
                         }
                     }
-                    QKind::Mxfp4 => {
+                    QKind::Mxfp4 | QKind::Iq4Nl => {
                         // Values as signed bytes (nibbles looked up in the
-                        // table), then as Q8_0; the scale is E8M0, not f16.
-                        let d = e8m0_half(*blk);
-                        let qs = _mm_loadu_si128(blk.add(1) as *const __m128i);
-                        let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low));
-                        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), low));
-                        let wv = _mm256_set_m128i(hi, lo);
+                        // table), then as Q8_0; MXFP4's scale is E8M0.
+                        let d = if kind == QKind::Mxfp4 {
+                            e8m0_half(*blk)
+                        } else {
+                            d
+                        };
+                        let wv = lookup_nibbles(table, blk.add(bb - 16));
                         let wabs = _mm256_sign_epi8(wv, wv);
                         for j in 0..MT {
                             let p = _mm256_cvtepi32_ps(D::dot(wabs, _mm256_sign_epi8(a[j], wv)));
                             acc[r][j] = _mm256_fmadd_ps(p, _mm256_set1_ps(d * da[j]), acc[r][j]);
                         }
                     }
-                    QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K => {
+                    QKind::Q5_1 | QKind::Q4K | QKind::Q5K | QKind::Q6K | QKind::Iq4Xs => {
                         unreachable!("see tile_any")
                     }
                 }
@@ -111,6 +114,80 @@ unsafe fn tile<D: Dot, const RT: usize, const MT: usize>(
         for r in 0..RT {
             for j in 0..MT {
                 vals[r][j] = hsum(acc[r][j]) + mins[r][j];
+            }
+        }
+    }
+}
+
+/// The 32 values of 16 bytes of nibbles at `p` (low nibbles first), looked
+/// up in `table` as signed bytes.
+///
+/// # Safety
+/// 16 bytes at `p` must be readable; the CPU must have AVX2.
+#[inline(always)]
+unsafe fn lookup_nibbles(table: __m128i, p: *const u8) -> __m256i {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        let low = _mm_set1_epi8(15);
+        let qs = _mm_loadu_si128(p as *const __m128i);
+        let lo = _mm_shuffle_epi8(table, _mm_and_si128(qs, low));
+        let hi = _mm_shuffle_epi8(table, _mm_and_si128(_mm_srli_epi16(qs, 4), low));
+        _mm256_set_m128i(hi, lo)
+    }
+}
+
+/// [`tile`] for IQ4_XS rows against activations with one step per
+/// super-block: per sub-block the table values' signed dot, times its
+/// integer scale, summed in i32 lanes over the super-block (at most
+/// 8 * 32 * 32 * 127 * 127 in all: no overflow), then scaled once.
+#[inline(always)]
+// Indexes spell out which register each step reads and writes.
+#[allow(clippy::needless_range_loop)]
+unsafe fn tile_iq4xs<D: Dot, const RT: usize, const MT: usize>(
+    w: &[u8],
+    rb: usize,
+    acts: &Q8Acts,
+    i0: usize,
+    vals: &mut TileOut,
+) {
+    let sbs = acts.blocks / 8;
+    // SAFETY: `w` holds RT rows of `sbs` blocks of 136 bytes and activation
+    // rows i0..i0+MT exist in `acts` (matmul_q8 asserts both).
+    unsafe {
+        let table = _mm_loadu_si128(lookup_table(QKind::Iq4Xs).as_ptr() as *const __m128i);
+        let mut acc = [[_mm256_setzero_ps(); MT]; RT];
+        for sb in 0..sbs {
+            let mut da = [0f32; MT];
+            let mut ap = [acts.kq.as_ptr(); MT];
+            for j in 0..MT {
+                let at = (i0 + j) * sbs + sb;
+                da[j] = *acts.kd.get_unchecked(at);
+                ap[j] = acts.kq.as_ptr().add(at * QK_K);
+            }
+            for r in 0..RT {
+                let blk = w.as_ptr().add(r * rb + sb * 136);
+                let head = std::slice::from_raw_parts(blk, 8);
+                let mut isum = [_mm256_setzero_si256(); MT];
+                for k in 0..8 {
+                    let wv = lookup_nibbles(table, blk.add(8 + 16 * k));
+                    let wabs = _mm256_sign_epi8(wv, wv);
+                    let sc = _mm256_set1_epi32(iq4xs_scale(head, k));
+                    for j in 0..MT {
+                        let a = _mm256_loadu_si256(ap[j].add(QK * k) as *const __m256i);
+                        let p = D::dot(wabs, _mm256_sign_epi8(a, wv));
+                        isum[j] = _mm256_add_epi32(isum[j], _mm256_mullo_epi32(p, sc));
+                    }
+                }
+                let d = f16_to_f32(blk);
+                for j in 0..MT {
+                    let s = _mm256_set1_ps(d * da[j]);
+                    acc[r][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[j]), s, acc[r][j]);
+                }
+            }
+        }
+        for r in 0..RT {
+            for j in 0..MT {
+                vals[r][j] = hsum(acc[r][j]);
             }
         }
     }
@@ -506,7 +583,8 @@ pub(super) unsafe fn tile_any<D: Dot>(job: &RowTile<'_>, vals: &mut TileOut) {
                 // blocks: the portable build serves them.
                 super::scalar::tile_rows(job, vals);
             }
-            (QKind::Q4_1 | QKind::Q8_0 | QKind::Mxfp4, ..) => {
+            (QKind::Iq4Xs, ..) => by_shape!(rt, mt, tile_iq4xs::<D>(w, rb, acts, i0, vals)),
+            (QKind::Q4_1 | QKind::Q8_0 | QKind::Mxfp4 | QKind::Iq4Nl, ..) => {
                 by_shape!(rt, mt, tile::<D>(kind, w, rb, acts, i0, vals))
             }
         }

@@ -29,7 +29,7 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::Value;
 
 pub use shape::{
-    Llama3RopeScaling, LongRope, Quant, SynthMoe, SynthShape, fallback, use_more_bits,
+    KernelType, Llama3RopeScaling, LongRope, Quant, SynthMoe, SynthShape, fallback, use_more_bits,
 };
 pub use vocab::tokenizer_metadata;
 use writer::{ALIGNMENT, write_gguf};
@@ -55,6 +55,7 @@ pub const PRESETS: &[&str] = &[
     "qwen3-tiny",
     "qwen3-yarn-tiny",
     "qwen3moe-tiny",
+    "qwen3moe-mini",
     "phi3-tiny",
     "gemma2-tiny",
     "gemma3-tiny",
@@ -83,6 +84,10 @@ pub const QUANTS: &[&str] = &[
     "q4_k_m",
     "q5_k_m",
     "mxfp4_experts",
+    "iq4_nl_experts",
+    "iq4_xs_experts",
+    "iq4_nl",
+    "iq4_xs",
 ];
 
 /// Standard deviation of the random weights: that of a freshly initialised
@@ -210,10 +215,11 @@ fn generate_with(
 ) -> Result<Summary, SynthError> {
     let shape = spec.shape.fitted_to(tokenizer_src)?;
     shape.validate()?;
-    if spec.quant == Quant::Mxfp4Experts && shape.moe.is_none() {
+    if let (Quant::Experts(k), None) = (spec.quant, shape.moe) {
         return Err(SynthError::InvalidShape(format!(
-            "{}: mxfp4_experts stores experts, and this shape has none",
-            shape.name
+            "{}: {}_experts stores experts, and this shape has none",
+            shape.name,
+            k.name().to_ascii_lowercase()
         )));
     }
     let mut tensors = shape::plan(&shape, spec.quant);

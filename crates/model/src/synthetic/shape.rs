@@ -365,6 +365,22 @@ impl SynthShape {
                     Some("qwen2"),
                 )
             },
+            // qwen3moe-tiny with 256-wide rows (IQ4_XS's and the K-quants'
+            // blocks fit every matrix) and Qwen's vocabulary cut to 8,192.
+            "qwen3moe-mini" => Self {
+                name: name.to_string(),
+                head_dim: 64,
+                hidden: 256,
+                vocab: 8192,
+                vocab_from_tokenizer: false,
+                moe: Some(SynthMoe {
+                    experts: 8,
+                    used: 2,
+                    expert_ffn: 256,
+                    shared_ffn: None,
+                }),
+                ..Self::preset("qwen3moe-tiny")?
+            },
             // gpt-oss's features at test size: biases everywhere, sinks,
             // every other layer sliding (16 tokens here, 128 in the real
             // ones), YaRN (factor 32 over 4,096 there), 8 experts of which
@@ -617,10 +633,78 @@ pub enum Quant {
     Q4KM,
     /// llama.cpp's Q5_K_M mix: Q5_K, with Q6_K where Q4_K_M has it.
     Q5KM,
-    /// The stacked expert matrices in MXFP4 (ggml type 39, as gpt-oss
-    /// checkpoints ship them), every other tensor F32, so that a copy of an
-    /// F32 file differs from it in the experts alone (`mxfp4_experts`).
-    Mxfp4Experts,
+    /// The stacked expert matrices in a type only zinfer's kernels write
+    /// (`mxfp4_experts`: MXFP4 as gpt-oss checkpoints ship them;
+    /// `iq4_xs_experts`, `iq4_nl_experts`), every other tensor F32, so that
+    /// a copy of an F32 file differs from it in the experts alone.
+    Experts(KernelType),
+    /// Every matrix but the routers in a type only zinfer's kernels write
+    /// (`iq4_nl`, `iq4_xs`), as `llama-quantize --pure`; where a row does
+    /// not fit its blocks, IQ4_XS falls back to IQ4_NL (as llama.cpp's
+    /// quantizer does), IQ4_NL to F16.
+    Kernel(KernelType),
+}
+
+/// Weight types candle does not write: zinfer's own quantizers
+/// (`zinfer_kernels::quantize_*`) write them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelType {
+    /// ggml type 39: E8M0 scale + 16 bytes of E2M1 nibbles per 32 values.
+    Mxfp4,
+    /// ggml type 20: f16 scale + 16 bytes of non-linear 4-bit indices per 32.
+    Iq4Nl,
+    /// ggml type 23: IQ4_NL's indices with 6-bit scales per 32, per 256.
+    Iq4Xs,
+}
+
+impl KernelType {
+    /// ggml's number for the type.
+    pub(super) fn ggml_id(self) -> u32 {
+        match self {
+            Self::Mxfp4 => 39,
+            Self::Iq4Nl => 20,
+            Self::Iq4Xs => 23,
+        }
+    }
+
+    /// `(values, bytes)` of one block.
+    fn block(self) -> (usize, usize) {
+        match self {
+            Self::Mxfp4 => (32, 17),
+            Self::Iq4Nl => (32, 18),
+            Self::Iq4Xs => (256, 136),
+        }
+    }
+
+    /// ggml's name for the type.
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Self::Mxfp4 => "MXFP4",
+            Self::Iq4Nl => "IQ4_NL",
+            Self::Iq4Xs => "IQ4_XS",
+        }
+    }
+
+    /// `values` (whole rows of whole blocks) in this type.
+    pub(super) fn quantize(self, values: &[f32]) -> Vec<u8> {
+        match self {
+            Self::Mxfp4 => zinfer_kernels::quantize_mxfp4(values),
+            Self::Iq4Nl => zinfer_kernels::quantize_iq4_nl(values),
+            Self::Iq4Xs => zinfer_kernels::quantize_iq4_xs(values),
+        }
+    }
+
+    /// This type, or the one llama.cpp's quantizer falls back to, for rows
+    /// of `cols` values; `None` where neither fits.
+    fn fitting(self, cols: usize) -> Option<Self> {
+        if cols.is_multiple_of(self.block().0) {
+            Some(self)
+        } else if self == Self::Iq4Xs {
+            Self::Iq4Nl.fitting(cols)
+        } else {
+            None
+        }
+    }
 }
 
 impl FromStr for Quant {
@@ -641,7 +725,11 @@ impl FromStr for Quant {
             "q6_k" => GgmlDType::Q6K,
             "q4_k_m" => return Ok(Self::Q4KM),
             "q5_k_m" => return Ok(Self::Q5KM),
-            "mxfp4_experts" => return Ok(Self::Mxfp4Experts),
+            "mxfp4_experts" => return Ok(Self::Experts(KernelType::Mxfp4)),
+            "iq4_nl_experts" => return Ok(Self::Experts(KernelType::Iq4Nl)),
+            "iq4_xs_experts" => return Ok(Self::Experts(KernelType::Iq4Xs)),
+            "iq4_nl" => return Ok(Self::Kernel(KernelType::Iq4Nl)),
+            "iq4_xs" => return Ok(Self::Kernel(KernelType::Iq4Xs)),
             _ => return Err(SynthError::UnknownQuant(s.to_string())),
         };
         Ok(Self::Pure(t))
@@ -655,8 +743,11 @@ impl Quant {
         match self {
             Self::Q4KM => 15,
             Self::Q5KM => 17,
-            // LLAMA_FTYPE_MOSTLY_MXFP4_MOE.
-            Self::Mxfp4Experts => 38,
+            // LLAMA_FTYPE_MOSTLY_MXFP4_MOE, _IQ4_NL and _IQ4_XS.
+            Self::Experts(KernelType::Mxfp4) => 38,
+            Self::Experts(KernelType::Iq4Nl) | Self::Kernel(KernelType::Iq4Nl) => 25,
+            Self::Experts(KernelType::Iq4Xs) | Self::Kernel(KernelType::Iq4Xs) => 30,
+            Self::Kernel(KernelType::Mxfp4) => 38,
             Self::Pure(t) => match t {
                 GgmlDType::F16 => 1,
                 GgmlDType::Q4_0 => 2,
@@ -677,13 +768,34 @@ impl Quant {
     fn matrix_type(self, role: Role, layer: usize, n_layers: usize) -> GgmlDType {
         match self {
             Self::Pure(t) => t,
-            Self::Mxfp4Experts => GgmlDType::F32,
+            Self::Experts(_) => GgmlDType::F32,
+            // Where no kernel type fits the row ([`Quant::kernel_type`]).
+            Self::Kernel(_) => GgmlDType::F16,
             Self::Q4KM | Self::Q5KM => match role {
                 Role::Output => GgmlDType::Q6K,
                 Role::AttnV | Role::FfnDown if use_more_bits(layer, n_layers) => GgmlDType::Q6K,
                 _ if self == Self::Q5KM => GgmlDType::Q5K,
                 _ => GgmlDType::Q4K,
             },
+        }
+    }
+}
+
+impl Quant {
+    /// The kernel-written type of a matrix of `role` with rows of `cols`
+    /// values outside the stacked experts, if any.
+    fn kernel_type(self, role: Role, cols: usize) -> Option<KernelType> {
+        match self {
+            Self::Kernel(k) if !matches!(role, Role::Vector | Role::Router) => k.fitting(cols),
+            _ => None,
+        }
+    }
+
+    /// The kernel-written type of the stacked experts, if any.
+    fn experts_type(self, cols: usize) -> Option<KernelType> {
+        match self {
+            Self::Experts(k) | Self::Kernel(k) => k.fitting(cols),
+            _ => None,
         }
     }
 }
@@ -758,8 +870,8 @@ pub(super) struct TensorSpec {
     /// Experts stacked in `rows`; 1 for a matrix or vector.
     pub(super) experts: usize,
     pub(super) dtype: GgmlDType,
-    /// Stored as MXFP4 instead of `dtype` (which candle does not know).
-    pub(super) mxfp4: bool,
+    /// Stored in this type instead of `dtype` (which candle does not know).
+    pub(super) kernel: Option<KernelType>,
     pub(super) init: Init,
     pub(super) layer: Option<usize>,
 }
@@ -771,18 +883,18 @@ impl TensorSpec {
 
     pub(super) fn bytes(&self) -> u64 {
         let elems = (self.rows * self.cols) as u64;
-        if self.mxfp4 {
-            return elems / 32 * 17;
+        if let Some(k) = self.kernel {
+            let (values, bytes) = k.block();
+            return elems / values as u64 * bytes as u64;
         }
         elems / self.dtype.block_size() as u64 * self.dtype.type_size() as u64
     }
 
     /// The stored type's name, for reports (`"Q4K"`, `"MXFP4"`).
     pub(super) fn type_name(&self) -> String {
-        if self.mxfp4 {
-            "MXFP4".to_string()
-        } else {
-            format!("{:?}", self.dtype)
+        match self.kernel {
+            Some(k) => k.name().to_string(),
+            None => format!("{:?}", self.dtype),
         }
     }
 }
@@ -806,7 +918,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             cols,
             experts: 1,
             dtype,
-            mxfp4: false,
+            kernel: quant.kernel_type(role, cols),
             init,
             layer,
         }
@@ -930,7 +1042,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
             let stacked = |t: TensorSpec| TensorSpec {
                 rows: t.rows * e,
                 experts: e,
-                mxfp4: quant == Quant::Mxfp4Experts,
+                kernel: quant.experts_type(t.cols),
                 ..t
             };
             out.push(stacked(m("ffn_gate_exps.weight", f, h, Role::OtherMatrix)));
@@ -983,7 +1095,7 @@ pub(super) fn cls_output(hidden: usize, seed: u64) -> TensorSpec {
         cols: hidden,
         experts: 1,
         dtype: GgmlDType::F32,
-        mxfp4: false,
+        kernel: None,
         init: Init::Values((0..2 * hidden).map(|_| rng.random_range(-a..a)).collect()),
         layer: None,
     }

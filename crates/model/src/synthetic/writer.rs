@@ -54,7 +54,10 @@ pub(super) fn write_gguf<W: Write>(
             header.extend((t.cols as u64).to_le_bytes());
             header.extend((t.rows as u64).to_le_bytes());
         }
-        let type_id = if t.mxfp4 { 39 } else { ggml_type_id(t.dtype)? };
+        let type_id = match t.kernel {
+            Some(k) => k.ggml_id(),
+            None => ggml_type_id(t.dtype)?,
+        };
         header.extend(type_id.to_le_bytes());
         header.extend(offset.to_le_bytes());
         offset += padded(t.bytes());
@@ -162,8 +165,8 @@ fn chunk_bytes(t: &TensorSpec, rows: usize, seed: u64) -> Result<Vec<u8>, SynthE
             values.len()
         )));
     }
-    if t.mxfp4 {
-        return Ok(zinfer_kernels::quantize_mxfp4(&values));
+    if let Some(k) = t.kernel {
+        return Ok(k.quantize(&values));
     }
     let chunk = Tensor::from_vec(values, (rows, t.cols), &Device::Cpu)?;
     Ok(QTensor::quantize(&chunk, t.dtype)?.data()?.into_owned())
