@@ -9,6 +9,9 @@ use super::Seq;
 pub(super) struct Kv {
     pub(super) pool: TokenPool,
     pub(super) cache: RadixCache<u32>,
+    /// Whether computed prefixes go into the cache. Off for a model that
+    /// keeps a recurrent state per sequence: K/V alone cannot resume it.
+    pub(super) keep_prefixes: bool,
 }
 
 impl Kv {
@@ -54,6 +57,9 @@ impl Kv {
     /// locked under the new node, as SGLang's `cache_unfinished_req` does:
     /// requests arriving later with the same prefix hit at once.
     pub(super) fn cache_prefix(&mut self, seq: &mut Seq) {
+        if !self.keep_prefixes {
+            return;
+        }
         let len = seq.kv_len.min(seq.slots.len());
         let outcome = self
             .cache
@@ -95,7 +101,7 @@ impl Kv {
             return;
         };
         let computed = seq.kv_len.min(seq.slots.len());
-        if keep && computed > 0 {
+        if keep && self.keep_prefixes && computed > 0 {
             let outcome = self.cache.insert(
                 &seq.namespace,
                 &seq.tokens[..computed],

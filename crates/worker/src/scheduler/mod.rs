@@ -348,7 +348,11 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig, pool: TokenPool, cache: RadixCache<u32>) -> Self {
         Scheduler {
             config,
-            kv: Kv { pool, cache },
+            kv: Kv {
+                pool,
+                cache,
+                keep_prefixes: true,
+            },
             seqs: HashMap::new(),
             waiting: BTreeSet::new(),
             running: Vec::new(),
@@ -358,6 +362,15 @@ impl Scheduler {
             cache_query_tokens: 0,
             preemptions: 0,
         }
+    }
+
+    /// Caches no prefix from now on (nothing computed goes into the radix
+    /// cache, so every prompt is computed whole) and holds no request for
+    /// another's prefix: for models with a recurrent state per sequence,
+    /// which a prefix's K/V alone cannot resume.
+    pub fn disable_prefix_cache(&mut self) {
+        self.kv.keep_prefixes = false;
+        self.config.shared_prefix_hold = 0;
     }
 
     /// KV pool capacity in tokens (one slot per token).
