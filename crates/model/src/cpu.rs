@@ -224,19 +224,7 @@ impl CpuModel {
             .iter()
             .map(|r| r.tables(spec.rotary_dims(), spec.max_positions))
             .collect();
-        let kv = KvPool::new(
-            spec.n_layers,
-            options.kv_capacity,
-            spec.kv_dim(),
-            options.kv_dtype,
-        )?;
-        let unit = match options.attention {
-            AttentionDtype::F32 => kernels::flash_unit(),
-            AttentionDtype::Bf16 => {
-                kernels::flash_unit_bf16().ok_or(ModelError::NoBf16Attention)?
-            }
-            AttentionDtype::Auto => kernels::flash_unit_bf16().unwrap_or_else(kernels::flash_unit),
-        };
+        let (kv, unit) = kv_and_unit(&spec, options)?;
         Ok(Self {
             spec,
             w,
@@ -474,6 +462,25 @@ impl Head<'_> {
             hidden,
         ))
     }
+}
+
+/// The KV pool `options` size for `spec`, and the attention unit they ask for.
+pub(crate) fn kv_and_unit(
+    spec: &ModelSpec,
+    options: &LoadOptions,
+) -> Result<(KvPool, kernels::FlashUnit), ModelError> {
+    let kv = KvPool::new(
+        spec.n_layers,
+        options.kv_capacity,
+        spec.kv_dim(),
+        options.kv_dtype,
+    )?;
+    let unit = match options.attention {
+        AttentionDtype::F32 => kernels::flash_unit(),
+        AttentionDtype::Bf16 => kernels::flash_unit_bf16().ok_or(ModelError::NoBf16Attention)?,
+        AttentionDtype::Auto => kernels::flash_unit_bf16().unwrap_or_else(kernels::flash_unit),
+    };
+    Ok((kv, unit))
 }
 
 /// The two kinds of rows a step's outputs come from.

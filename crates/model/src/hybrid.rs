@@ -28,8 +28,8 @@ use crate::flash::{self, FlashScratch};
 use crate::kv::{KvPool, LayerView};
 use crate::linear::{Embedding, Linear, Workspace};
 use crate::spec::{Activation, ModelSpec, RopeStyle};
-use crate::weights::{Ffn, GateUp, Naming, Part, TensorSource};
-use crate::{AttentionDtype, ForwardModel, LoadOptions, ModelError, SeqChunk};
+use crate::weights::{self, Ffn, GateUp, Naming, Part, TensorSource};
+use crate::{ForwardModel, LoadOptions, ModelError, SeqChunk};
 
 /// A full-attention layer with an output gate.
 #[derive(Debug)]
@@ -91,14 +91,7 @@ pub(crate) fn read<S: TensorSource>(
         spec.head_dim,
         spec.ffn,
     );
-    let output_name = naming.name(Part::Output, 0);
-    let tied = !src.has_own_head(&output_name);
-    let (token_embd, tied_head) =
-        src.embedding(&naming.name(Part::TokenEmbd, 0), spec.vocab, h, tied)?;
-    let output = match tied_head {
-        Some(head) => head,
-        None => src.matrix(&output_name, spec.vocab, h)?,
-    };
+    let (token_embd, output) = weights::embedding_and_head(src, spec, naming)?;
     let mut blocks = Vec::with_capacity(spec.n_layers);
     for (i, &recurrent) in hy.recurrent.iter().enumerate() {
         let name = |part| naming.name(part, i);
@@ -184,19 +177,7 @@ impl HybridModel {
             ModelError::UnsupportedArchitecture(format!("{} (not hybrid)", spec.arch))
         })?;
         let rope = spec.ropes[0].tables(spec.rotary_dims(), spec.max_positions);
-        let kv = KvPool::new(
-            spec.n_layers,
-            options.kv_capacity,
-            spec.kv_dim(),
-            options.kv_dtype,
-        )?;
-        let unit = match options.attention {
-            AttentionDtype::F32 => kernels::flash_unit(),
-            AttentionDtype::Bf16 => {
-                kernels::flash_unit_bf16().ok_or(ModelError::NoBf16Attention)?
-            }
-            AttentionDtype::Auto => kernels::flash_unit_bf16().unwrap_or_else(kernels::flash_unit),
-        };
+        let (kv, unit) = cpu::kv_and_unit(&spec, options)?;
         Ok(Self {
             spec,
             hy,

@@ -275,6 +275,25 @@ pub(crate) type SourceWeights<S> = Weights<
     <S as TensorSource>::Vector,
 >;
 
+/// The embedding table and the LM head (the table's storage when the
+/// checkpoint has no head of its own).
+pub(crate) fn embedding_and_head<S: TensorSource>(
+    src: &mut S,
+    spec: &ModelSpec,
+    naming: Naming,
+) -> Result<(S::Embedding, S::Matrix), ModelError> {
+    let h = spec.hidden;
+    let output_name = naming.name(Part::Output, 0);
+    let tied = !src.has_own_head(&output_name);
+    let (token_embd, tied_head) =
+        src.embedding(&naming.name(Part::TokenEmbd, 0), spec.vocab, h, tied)?;
+    let output = match tied_head {
+        Some(head) => head,
+        None => src.matrix(&output_name, spec.vocab, h)?,
+    };
+    Ok((token_embd, output))
+}
+
 /// Reads every weight `spec` calls for from `src`, checking each shape.
 pub(crate) fn read<S: TensorSource>(
     src: &mut S,
@@ -289,14 +308,7 @@ pub(crate) fn read<S: TensorSource>(
         spec.ffn,
     );
     let l = spec.layout;
-    let output_name = naming.name(Part::Output, 0);
-    let tied = !src.has_own_head(&output_name);
-    let (token_embd, tied_head) =
-        src.embedding(&naming.name(Part::TokenEmbd, 0), spec.vocab, h, tied)?;
-    let output = match tied_head {
-        Some(head) => head,
-        None => src.matrix(&output_name, spec.vocab, h)?,
-    };
+    let (token_embd, output) = embedding_and_head(src, spec, naming)?;
     let mut blocks = Vec::with_capacity(spec.n_layers);
     for i in 0..spec.n_layers {
         let name = |part| naming.name(part, i);

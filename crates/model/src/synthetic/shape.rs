@@ -830,6 +830,26 @@ pub(super) struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// A matrix or vector (not stacked experts) stored as `dtype`.
+    pub(super) fn plain(
+        name: String,
+        (rows, cols): (usize, usize),
+        dtype: GgmlDType,
+        init: Init,
+        layer: Option<usize>,
+    ) -> Self {
+        Self {
+            name,
+            rows,
+            cols,
+            experts: 1,
+            dtype,
+            mxfp4: false,
+            init,
+            layer,
+        }
+    }
+
     pub(super) fn is_vector(&self) -> bool {
         self.rows == 1
     }
@@ -865,16 +885,7 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
         } else {
             fallback(quant.matrix_type(role, layer.unwrap_or(0), n), cols)
         };
-        TensorSpec {
-            name,
-            rows,
-            cols,
-            experts: 1,
-            dtype,
-            mxfp4: false,
-            init,
-            layer,
-        }
+        TensorSpec::plain(name, (rows, cols), dtype, init, layer)
     };
     let vector = |name: String, len, init, layer| spec(name, 1, len, Role::Vector, init, layer);
     let embd_role = if shape.tied_embeddings {
@@ -1061,15 +1072,8 @@ fn deltanet_tensors(
     let value_dim = hy.v_heads * hy.head_dim;
     let conv_dim = 2 * key_dim + value_dim;
     let l = Some(i);
-    let t = |suffix: &str, rows: usize, cols: usize, dtype: GgmlDType, init: Init| TensorSpec {
-        name: format!("blk.{i}.{suffix}"),
-        rows,
-        cols,
-        experts: 1,
-        dtype,
-        mxfp4: false,
-        init,
-        layer: l,
+    let t = |suffix: &str, rows: usize, cols: usize, dtype: GgmlDType, init: Init| {
+        TensorSpec::plain(format!("blk.{i}.{suffix}"), (rows, cols), dtype, init, l)
     };
     let matrix = |suffix: &str, rows, cols| {
         let dtype = fallback(
