@@ -391,4 +391,10 @@ impl ForwardModel for HybridModel {
     fn recurrent(&self) -> bool {
         true
     }
+
+    fn release_states(&mut self, first_slots: &[u32]) {
+        for slot in first_slots {
+            self.states.remove(slot);
+        }
+    }
 }

@@ -127,6 +127,14 @@ pub trait ForwardModel {
     fn recurrent(&self) -> bool {
         false
     }
+    /// Drops the recurrent states of the sequences whose first KV slot is
+    /// one of `first_slots`: the engine calls it when it frees such a
+    /// sequence's slots (finished, failed or preempted), before any step
+    /// could give a slot to another sequence. Does nothing for a model
+    /// without recurrent state (the default).
+    fn release_states(&mut self, first_slots: &[u32]) {
+        let _ = first_slots;
+    }
     /// The shape of one slot's K/V, for carrying cached prefixes to another
     /// worker. Two models can exchange K/V only if their shapes are equal
     /// (and they are the same model: the shape cannot tell checkpoints

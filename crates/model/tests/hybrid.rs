@@ -164,6 +164,15 @@ fn a_chunk_that_does_not_continue_its_state_is_refused() {
         let redo = m.forward(&[chunk(&prompt[39..], &slots, 39)]);
         assert!(matches!(redo, Err(ModelError::InvalidBatch(_))), "{preset}");
 
+        // Once released, the first sequence cannot continue either.
+        m.release_states(&[0]);
+        let longer: Vec<u32> = (0..41).collect();
+        let gone = m.forward(&[chunk(&prompt[..1], &longer, 40)]);
+        assert!(
+            matches!(&gone, Err(ModelError::InvalidBatch(e)) if e.contains("missing")),
+            "{preset}: {gone:?}"
+        );
+
         // A sequence that does continue its state gives the one-shot logits.
         let fresh: Vec<u32> = (600..640).collect();
         m.forward(&[chunk(&prompt[..20], &fresh[..20], 0)]).unwrap();

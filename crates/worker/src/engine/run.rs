@@ -283,6 +283,7 @@ impl EngineLoop {
             }
             let started = self.clock.now();
             self.step();
+            self.release_states();
             self.stats.step_s += seconds_since(started, self.clock.now());
             self.export_step();
             self.publish();
@@ -901,9 +902,19 @@ impl EngineLoop {
         masks
     }
 
+    /// Lets the model drop the recurrent states of the sequences the
+    /// scheduler released (a no-op for other models).
+    fn release_states(&mut self) {
+        let released = self.scheduler.take_released();
+        if !released.is_empty() {
+            self.model.release_states(&released);
+        }
+    }
+
     /// Lays out the step's batch (planning) and runs the model on it
     /// (forward).
     fn forward(&mut self, plan: &StepPlan, lap: &mut Lap) -> Result<Vec<Vec<f32>>, InternalError> {
+        self.release_states();
         self.scheduler
             .fill_batch(plan, &mut self.batch)
             .ok_or(InternalError::MissingChunk)?;

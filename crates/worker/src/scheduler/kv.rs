@@ -12,6 +12,10 @@ pub(super) struct Kv {
     /// Whether computed prefixes go into the cache. Off for a model that
     /// keeps a recurrent state per sequence: K/V alone cannot resume it.
     pub(super) keep_prefixes: bool,
+    /// The first slots of sequences released since the engine last took
+    /// them, when prefixes are not kept: the model drops their recurrent
+    /// states.
+    pub(super) released: Vec<u32>,
 }
 
 impl Kv {
@@ -96,6 +100,11 @@ impl Kv {
     /// the cache (unlocked, so evictable); otherwise all its own slots are
     /// freed. Either way its lock is released and it owns nothing after.
     pub(super) fn release(&mut self, seq: &mut Seq, keep: bool) {
+        if !self.keep_prefixes
+            && let Some(&first) = seq.slots.first()
+        {
+            self.released.push(first);
+        }
         let Some(node) = seq.node.take() else {
             seq.slots.clear();
             return;

@@ -352,6 +352,7 @@ impl Scheduler {
                 pool,
                 cache,
                 keep_prefixes: true,
+                released: Vec::new(),
             },
             seqs: HashMap::new(),
             waiting: BTreeSet::new(),
@@ -371,6 +372,13 @@ impl Scheduler {
     pub fn disable_prefix_cache(&mut self) {
         self.kv.keep_prefixes = false;
         self.config.shared_prefix_hold = 0;
+    }
+
+    /// The first slots of the sequences released since the last call, when
+    /// the prefix cache is off ([`Self::disable_prefix_cache`]): the model
+    /// drops their recurrent states before any of those slots is used again.
+    pub fn take_released(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.kv.released)
     }
 
     /// KV pool capacity in tokens (one slot per token).

@@ -280,6 +280,34 @@ fn a_cached_prefix_is_reused_and_only_the_rest_allocated() {
     assert_eq!((stats.cache_hit_tokens, stats.cache_query_tokens), (33, 65));
 }
 
+/// Without the prefix cache (a model with a recurrent state), a repeated
+/// prompt is computed whole, every slot goes back to the pool, and each
+/// released sequence's first slot is reported once for its state to go.
+#[test]
+fn without_the_prefix_cache_prompts_are_computed_whole_and_releases_reported() {
+    let mut h = Harness::new(256, config(64));
+    h.sched.disable_prefix_cache();
+    let prompt: Vec<u32> = (1..=30).collect();
+    h.submit(1, prompt.clone(), 4, 0);
+    let first_slot = {
+        let plan = h.step();
+        h.sched.chunk(&plan.items[0]).unwrap().slots[0]
+    };
+    h.run_until_idle(50);
+    assert_eq!(h.sched.take_released(), [first_slot]);
+    assert!(h.sched.take_released().is_empty());
+    assert_eq!(h.sched.stats().kv_cached, 0);
+    h.submit(2, prompt.clone(), 4, 0);
+    let plan = h.step();
+    assert_eq!(plan.admitted[0].cached_tokens, 0);
+    assert_eq!((plan.items[0].start, plan.items[0].len), (0, 30));
+    h.run_until_idle(50);
+    assert_eq!(h.outputs[&2], h.outputs[&1]);
+    let stats = h.sched.stats();
+    assert_eq!((stats.kv_free, stats.kv_cached), (256, 0));
+    assert_eq!(h.sched.take_released().len(), 1);
+}
+
 #[test]
 fn a_fully_cached_prompt_still_feeds_its_last_token() {
     let mut h = Harness::new(128, config(64));
