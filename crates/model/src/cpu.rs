@@ -747,10 +747,10 @@ pub(crate) struct FfnBias<'a> {
 
 /// The buffers a mixture of experts adds: router logits, and one expert's
 /// gathered rows and their output.
-struct MoeScratch<'a> {
-    router: &'a mut [f32],
-    rows_in: &'a mut [f32],
-    rows_out: &'a mut [f32],
+pub(crate) struct MoeScratch<'a> {
+    pub(crate) router: &'a mut [f32],
+    pub(crate) rows_in: &'a mut [f32],
+    pub(crate) rows_out: &'a mut [f32],
 }
 
 /// `out` = each row's experts' outputs, weighted and summed. The rows are
@@ -760,7 +760,7 @@ struct MoeScratch<'a> {
 /// over its experts in index order, whatever else is in the step; a
 /// shared expert runs on every row and adds its output scaled by its gate.
 #[allow(clippy::too_many_arguments)]
-fn moe_forward(
+pub(crate) fn moe_forward(
     m: &Experts<Linear, Vec<f32>>,
     act: Activation,
     x: &[f32],

@@ -20,15 +20,15 @@ use std::collections::HashMap;
 use zinfer_kernels::{self as kernels, ScoreRule};
 
 use crate::cpu::{
-    self, Attention, Head, MlpScratch, StepPlan, add, attention, rms_norm, rms_norm_in_place,
-    rope_rows,
+    self, Attention, Head, MlpScratch, MoeScratch, StepPlan, add, attention, rms_norm,
+    rms_norm_in_place, rope_rows,
 };
 use crate::deltanet::{self, DeltaNetWeights, HybridSpec, LayerState, RowInputs};
 use crate::flash::{self, FlashScratch};
 use crate::kv::{KvPool, LayerView};
 use crate::linear::{Embedding, Linear, Workspace};
 use crate::spec::{Activation, ModelSpec, RopeStyle};
-use crate::weights::{self, Ffn, GateUp, Naming, Part, TensorSource};
+use crate::weights::{self, Mlp, Naming, Part, TensorSource};
 use crate::{ForwardModel, LoadOptions, ModelError, SeqChunk};
 
 /// A full-attention layer with an output gate.
@@ -57,7 +57,7 @@ pub(crate) struct HybridBlock<M, V> {
     mixer: Mixer<M, V>,
     /// The MLP's input norm (`post_attention_norm`).
     ffn_norm: V,
-    ffn: Ffn<M>,
+    mlp: Mlp<M, V>,
 }
 
 /// Every weight of a hybrid model.
@@ -84,13 +84,7 @@ pub(crate) fn read<S: TensorSource>(
     hy: &HybridSpec,
 ) -> Result<SourceHybridWeights<S>, ModelError> {
     let naming = Naming::Gguf;
-    let (h, q, kv, d, ffn) = (
-        spec.hidden,
-        spec.q_dim(),
-        spec.kv_dim(),
-        spec.head_dim,
-        spec.ffn,
-    );
+    let (h, q, kv, d) = (spec.hidden, spec.q_dim(), spec.kv_dim(), spec.head_dim);
     let (token_embd, output) = weights::embedding_and_head(src, spec, naming)?;
     let mut blocks = Vec::with_capacity(spec.n_layers);
     for (i, &recurrent) in hy.recurrent.iter().enumerate() {
@@ -123,13 +117,7 @@ pub(crate) fn read<S: TensorSource>(
             attn_norm: src.vector(&name(Part::AttnNorm), h)?,
             mixer,
             ffn_norm: src.vector(&name(Part::PostAttnNorm), h)?,
-            ffn: Ffn {
-                gate_up: GateUp::Separate {
-                    gate: src.matrix(&name(Part::Gate), ffn, h)?,
-                    up: src.matrix(&name(Part::Up), ffn, h)?,
-                },
-                down: src.matrix(&name(Part::Down), h, ffn)?,
-            },
+            mlp: weights::read_mlp(src, spec, naming, i)?,
         });
     }
     Ok(HybridWeights {
@@ -248,7 +236,10 @@ impl ForwardModel for HybridModel {
         let (q_dim, kv_dim, d) = (spec.q_dim(), spec.kv_dim(), spec.head_dim);
         let zeros = |w: usize| vec![0f32; n * w];
         let (mut x, mut h, mut tmp) = (zeros(hidden), zeros(hidden), zeros(hidden));
-        let (mut gate, mut up) = (zeros(spec.ffn), zeros(spec.ffn));
+        let (mut gate, mut up) = (zeros(spec.mlp_width()), zeros(spec.mlp_width()));
+        let experts = spec.moe.map_or(0, |m| m.experts);
+        let (mut router, mut rows_in, mut rows_out) =
+            (zeros(experts), zeros(hidden), zeros(hidden));
         let ws = &mut self.ws;
         self.w.token_embd.lookup(&plan.ids, &mut x)?;
         let mut recurrent_layer = 0;
@@ -354,7 +345,18 @@ impl ForwardModel for HybridModel {
                 up: &mut up,
                 fused: &mut fused,
             };
-            mlp.run(&b.ffn, None, Activation::Silu, &h, n, &mut tmp, ws)?;
+            match &b.mlp {
+                Mlp::Dense(f) => mlp.run(f, None, Activation::Silu, &h, n, &mut tmp, ws)?,
+                Mlp::Moe(experts) => {
+                    let scratch = MoeScratch {
+                        router: &mut router,
+                        rows_in: &mut rows_in,
+                        rows_out: &mut rows_out,
+                    };
+                    let act = Activation::Silu;
+                    cpu::moe_forward(experts, act, &h, n, scratch, &mut mlp, &mut tmp, ws)?
+                }
+            }
             add(&mut x, &tmp);
         }
         for ((c, mut state), key) in batch

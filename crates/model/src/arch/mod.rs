@@ -90,6 +90,7 @@ pub(crate) fn rules(architecture: Architecture) -> &'static Arch {
         Architecture::Gemma3 => &gemma3::GEMMA3,
         Architecture::GptOss => &gpt_oss::GPT_OSS,
         Architecture::Qwen35 => &qwen35::QWEN35,
+        Architecture::Qwen35Moe => &qwen35::QWEN35MOE,
     }
 }
 

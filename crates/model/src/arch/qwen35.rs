@@ -13,11 +13,11 @@
 //! refused.
 
 use super::qwen3::QWEN3;
-use super::{Arch, Architecture, RopeTensors};
+use super::{Arch, Architecture, MoeRule, RopeTensors};
 use crate::ModelError;
 use crate::deltanet::HybridSpec;
 use crate::meta::Meta;
-use crate::spec::{BlockLayout, ModelSpec};
+use crate::spec::{BlockLayout, Gating, ModelSpec};
 
 pub(super) const QWEN35: Arch = Arch {
     architecture: Architecture::Qwen35,
@@ -30,6 +30,22 @@ pub(super) const QWEN35: Arch = Arch {
     activation: QWEN3.activation,
     moe: None,
     finish,
+};
+
+/// Qwen3.5-MoE (Qwen3.5-35B-A3B, Qwen3.6-35B-A3B): Qwen3.5's layers with a
+/// mixture of experts in place of every MLP, as llama.cpp's `qwen35moe`
+/// graph: softmax over all experts, the top ones renormalised, and a
+/// shared expert every token runs, scaled by `sigmoid(x . ffn_gate_inp_shexp)`.
+pub(super) const QWEN35MOE: Arch = Arch {
+    architecture: Architecture::Qwen35Moe,
+    hf_model_types: &["qwen3_5_moe", "qwen3_5_moe_text"],
+    moe: Some(MoeRule {
+        gating: Gating::SoftmaxTopK { renormalize: true },
+        shared_expert: true,
+        router_bias: false,
+        expert_bias: false,
+    }),
+    ..QWEN35
 };
 
 /// The hybrid part: which layers recur, their widths, and the partial RoPE.

@@ -60,6 +60,7 @@ pub const PRESETS: &[&str] = &[
     "gemma3-tiny",
     "gpt-oss-tiny",
     "qwen35-tiny",
+    "qwen35moe-tiny",
 ];
 
 /// The tiny presets, one per architecture (with 16-token sliding windows
@@ -74,7 +75,7 @@ pub fn tiny_presets() -> impl Iterator<Item = &'static str> {
 }
 
 /// Tiny presets of hybrid architectures (Gated DeltaNet layers), tested apart.
-const HYBRID_TINY: &[&str] = &["qwen35-tiny"];
+const HYBRID_TINY: &[&str] = &["qwen35-tiny", "qwen35moe-tiny"];
 
 /// The tiny presets of hybrid architectures, for their own tests.
 pub fn hybrid_tiny_presets() -> impl Iterator<Item = &'static str> {
@@ -318,6 +319,7 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
             | Architecture::Gemma3
             | Architecture::GptOss
             | Architecture::Qwen35
+            | Architecture::Qwen35Moe
     ) || shape.q_dim() != shape.hidden
     {
         kv("attention.key_length", u(shape.head_dim));

@@ -454,6 +454,19 @@ impl SynthShape {
                 }),
                 ..tiny(Architecture::Qwen35, 4, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
             },
+            // Qwen3.5-MoE's parts at test size: qwen35-tiny's layers with 8
+            // experts of which 2 run, renormalised, and a gated shared expert.
+            "qwen35moe-tiny" => Self {
+                name: name.to_string(),
+                arch: Architecture::Qwen35Moe,
+                moe: Some(SynthMoe {
+                    experts: 8,
+                    used: 2,
+                    expert_ffn: 64,
+                    shared_ffn: Some(96),
+                }),
+                ..Self::preset("qwen35-tiny")?
+            },
             other => return Err(SynthError::UnknownShape(other.to_string())),
         })
     }
@@ -478,7 +491,7 @@ impl SynthShape {
             && match self.arch {
                 Architecture::Gemma2 | Architecture::GptOss => layer.is_multiple_of(2),
                 Architecture::Gemma3 => layer % 6 < 5,
-                Architecture::Phi3 | Architecture::Qwen35 => false,
+                Architecture::Phi3 | Architecture::Qwen35 | Architecture::Qwen35Moe => false,
                 Architecture::Llama
                 | Architecture::Qwen2
                 | Architecture::Qwen2Moe
@@ -606,7 +619,8 @@ impl SynthShape {
         {
             return bad("gpt-oss: llama.cpp needs output.weight and a sliding window".into());
         }
-        if (self.arch == Architecture::Qwen35) != self.hybrid.is_some() {
+        let hybrid_arch = matches!(self.arch, Architecture::Qwen35 | Architecture::Qwen35Moe);
+        if hybrid_arch != self.hybrid.is_some() {
             return bad(format!(
                 "{}: Gated DeltaNet layers are qwen35's alone, and it needs them",
                 self.arch
