@@ -199,3 +199,49 @@ fn the_candle_backend_refuses_hybrid_models_by_name() {
         );
     }
 }
+
+/// A copy of `src` with metadata `key` set to `value`.
+fn with_key(src: &Path, key: &str, value: Value, dst: &Path) {
+    use candle_core::quantized::{QTensor, gguf_file};
+    let mut f = std::fs::File::open(src).unwrap();
+    let ct = Content::read(&mut f).unwrap();
+    let tensors: Vec<(String, QTensor)> = ct
+        .tensor_infos
+        .keys()
+        .map(|name| {
+            let t = ct.tensor(&mut f, name, &candle_core::Device::Cpu).unwrap();
+            (name.clone(), t)
+        })
+        .collect();
+    let mut metadata = ct.metadata.clone();
+    metadata.insert(key.to_string(), value);
+    let md: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let ts: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    gguf_file::write(&mut std::fs::File::create(dst).unwrap(), &md, &ts).unwrap();
+}
+
+/// Recurrent widths a file declares are bounded before anything is sized
+/// by them (a state of `heads x state_size^2` floats per layer and
+/// sequence), and each refusal names its key; so are RoPE sections that
+/// leave a rotated pair to the fourth (non-text) section.
+#[test]
+fn oversized_recurrent_widths_and_foreign_rope_sections_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "qwen35-tiny");
+    let bad = dir.path().join("bad.gguf");
+    let cases = [
+        ("qwen35.ssm.state_size", Value::U32(1 << 20)),
+        ("qwen35.ssm.time_step_rank", Value::U32(1 << 20)),
+        ("qwen35.ssm.conv_kernel", Value::U32(100_000)),
+        (
+            "qwen35.rope.dimension_sections",
+            Value::Array([2, 2, 2, 2].map(Value::I32).to_vec()),
+        ),
+    ];
+    for (key, value) in cases {
+        with_key(&path, key, value, &bad);
+        let err = load(&bad, &options()).err().unwrap();
+        assert!(err.to_string().contains(key), "{key}: {err}");
+    }
+    assert!(load(&path, &options()).is_ok());
+}

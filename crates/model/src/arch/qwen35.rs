@@ -18,6 +18,7 @@ use crate::ModelError;
 use crate::deltanet::HybridSpec;
 use crate::meta::Meta;
 use crate::spec::{BlockLayout, Gating, ModelSpec};
+use crate::validate::{MAX_HEAD_DIM, MAX_HEADS};
 
 pub(super) const QWEN35: Arch = Arch {
     architecture: Architecture::Qwen35,
@@ -70,6 +71,33 @@ fn finish(spec: &mut ModelSpec, meta: &Meta<'_>, _: &RopeTensors) -> Result<(), 
     };
     let head_dim = meta.usize("ssm.state_size")?;
     let v_heads = meta.usize("ssm.time_step_rank")?;
+    // Bounded before anything is sized by them: a sequence's state is
+    // `v_heads x state_size^2` floats per layer.
+    let bounds = [
+        ("ssm.state_size", head_dim, MAX_HEAD_DIM),
+        ("ssm.time_step_rank", v_heads, MAX_HEADS),
+        ("ssm.group_count", meta.usize("ssm.group_count")?, MAX_HEADS),
+        (
+            "ssm.conv_kernel",
+            meta.usize("ssm.conv_kernel")?,
+            MAX_CONV_KERNEL,
+        ),
+    ];
+    for (key, value, max) in bounds {
+        if value > max {
+            return Err(invalid(meta, key, value, &format!("is at most {max}")));
+        }
+    }
+    if v_heads.saturating_mul(head_dim).saturating_mul(head_dim) > MAX_STATE_FLOATS {
+        return Err(invalid(
+            meta,
+            "ssm.state_size",
+            head_dim,
+            &format!(
+                "makes a state of at most {MAX_STATE_FLOATS} floats per layer with ssm.time_step_rank"
+            ),
+        ));
+    }
     let inner = meta.usize("ssm.inner_size")?;
     if inner != head_dim * v_heads {
         return Err(invalid(
@@ -101,6 +129,13 @@ fn finish(spec: &mut ModelSpec, meta: &Meta<'_>, _: &RopeTensors) -> Result<(), 
     spec.hybrid = Some(hy);
     Ok(())
 }
+
+/// Most taps of the causal convolution a file may declare (Qwen3.5 has 4).
+const MAX_CONV_KERNEL: usize = 64;
+
+/// Most floats of one sequence's state matrices in one layer (Qwen3.5-27B:
+/// 48 heads of 128 x 128, 786,432).
+const MAX_STATE_FLOATS: usize = 1 << 26;
 
 /// Every rotated pair of IMROPE must take the text position (a section of
 /// the first three), as ggml's `ggml_mrope_cache_init` assigns them.
