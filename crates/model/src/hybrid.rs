@@ -394,6 +394,12 @@ impl ForwardModel for HybridModel {
         true
     }
 
+    fn state_slots(&self) -> usize {
+        let layers = self.hy.recurrent.iter().filter(|&&r| r).count();
+        let state_bytes = layers * self.hy.state_floats() * std::mem::size_of::<f32>();
+        state_bytes.div_ceil(self.kv.slot_bytes().max(1))
+    }
+
     fn release_states(&mut self, first_slots: &[u32]) {
         for slot in first_slots {
             self.states.remove(slot);

@@ -127,6 +127,12 @@ pub trait ForwardModel {
     fn recurrent(&self) -> bool {
         false
     }
+    /// The memory of one sequence's recurrent state in KV pool slots
+    /// (rounded up): what the engine holds from the pool for each running
+    /// sequence. 0 for a model without recurrent state (the default).
+    fn state_slots(&self) -> usize {
+        0
+    }
     /// Drops the recurrent states of the sequences whose first KV slot is
     /// one of `first_slots`: the engine calls it when it frees such a
     /// sequence's slots (finished, failed or preempted), before any step

@@ -86,6 +86,9 @@ fn chunks_batches_and_steps_match_one_shot() {
         let mut loaded = load(&path, &options()).unwrap();
         let m = loaded.model.as_mut();
         assert!(m.recurrent(), "{preset}");
+        // 3 recurrent layers x (3 x 128 taps + 4 heads x 16 x 16) floats =
+        // 16,896 bytes, over 2,048 a slot (4 layers x K,V x 64 x 4 bytes).
+        assert_eq!(m.state_slots(), 9, "{preset}");
         let vocab = m.vocab_size();
         let prompt = ids(PROMPT, vocab, 1);
         let slots: Vec<u32> = (0..PROMPT as u32).map(|i| 1500 - 3 * i).collect();

@@ -462,7 +462,9 @@ impl Engine {
         let info = handle::ModelFacts {
             name,
             vocab_size: model.vocab_size(),
-            kv_capacity: model.kv_capacity(),
+            // What a sequence's tokens can have: the pool less the slots
+            // its recurrent state holds (none for most models).
+            kv_capacity: model.kv_capacity().saturating_sub(model.state_slots()),
             max_positions: model.max_positions(),
             kv_shape: model.kv_shape(),
         };

@@ -233,6 +233,7 @@ impl EngineLoop {
         let mut speculative = config.speculative;
         if recurrent {
             scheduler.disable_prefix_cache();
+            scheduler.reserve_state_slots(model.state_slots());
             if speculative.is_on() {
                 tracing::warn!(
                     "speculative decoding is off: this model keeps a recurrent state per sequence"

@@ -100,6 +100,8 @@ impl Kv {
     /// the cache (unlocked, so evictable); otherwise all its own slots are
     /// freed. Either way its lock is released and it owns nothing after.
     pub(super) fn release(&mut self, seq: &mut Seq, keep: bool) {
+        let state = std::mem::take(&mut seq.state);
+        self.free(&state);
         if !self.keep_prefixes
             && let Some(&first) = seq.slots.first()
         {

@@ -308,6 +308,37 @@ fn without_the_prefix_cache_prompts_are_computed_whole_and_releases_reported() {
     assert_eq!(h.sched.take_released().len(), 1);
 }
 
+/// Slots reserved for each running sequence's recurrent state are taken at
+/// admission beside its tokens', weigh in admission (two sequences that
+/// fit without them run one after the other with them), and go back to
+/// the pool at the end; a prompt must fit the pool less them.
+#[test]
+fn state_slots_are_held_while_a_sequence_runs() {
+    let mut h = Harness::new(100, config(64));
+    h.sched.disable_prefix_cache();
+    h.sched.reserve_state_slots(30);
+    let refused = h.sched.submit(one_token_request(vec![1; 70]));
+    assert_eq!(
+        refused,
+        Err(SchedulerError::PromptTooLong {
+            prompt: 70,
+            capacity: 70
+        })
+    );
+    h.submit(1, (1..=20).collect(), 4, 0);
+    h.submit(2, (21..=40).collect(), 4, 0);
+    let plan = h.step();
+    // 20 prompt + 30 state slots each: the second waits for room.
+    assert_eq!(plan.admitted.len(), 1);
+    assert_eq!(h.sched.stats().kv_free, 100 - 20 - 30);
+    h.run_until_idle(50);
+    assert_eq!(
+        h.outputs[&2],
+        reference_output(&(21..=40).collect::<Vec<u32>>(), 4, 50)
+    );
+    assert_eq!(h.sched.stats().kv_free, 100);
+}
+
 #[test]
 fn a_fully_cached_prompt_still_feeds_its_last_token() {
     let mut h = Harness::new(128, config(64));
@@ -441,10 +472,9 @@ fn a_sequence_that_alone_fills_the_pool_ends_and_frees_it() {
     assert!(h.sched.is_empty());
 }
 
-#[test]
-fn prompts_that_cannot_fit_are_refused_at_submit() {
-    let mut h = Harness::new(16, config(64));
-    let new = |prompt: Vec<u32>| NewSequence {
+/// Sequence 9: `prompt`, one new token.
+fn one_token_request(prompt: Vec<u32>) -> NewSequence {
+    NewSequence {
         id: 9,
         namespace: String::new(),
         prompt,
@@ -453,7 +483,13 @@ fn prompts_that_cannot_fit_are_refused_at_submit() {
         deadline: None,
         prompt_output: zinfer_model::ChunkOutput::LastLogits,
         speculation: None,
-    };
+    }
+}
+
+#[test]
+fn prompts_that_cannot_fit_are_refused_at_submit() {
+    let mut h = Harness::new(16, config(64));
+    let new = one_token_request;
     assert_eq!(
         h.sched.submit(new((0..16).collect())),
         Err(SchedulerError::PromptTooLong {
