@@ -80,6 +80,12 @@ pub(crate) fn load(
     }
     let mut file = gguf::open(path)?;
     let spec = file.spec.clone();
+    if spec.hybrid.is_some() {
+        return Err(ModelError::UnsupportedArchitecture(format!(
+            "{} on a GPU or candle device (its Gated DeltaNet layers run on the CPU backend only: use --device cpu)",
+            spec.arch
+        )));
+    }
     let mut src = CandleSource {
         file: &mut file,
         device,

@@ -222,21 +222,9 @@ impl CpuModel {
         let ropes = spec
             .ropes
             .iter()
-            .map(|r| r.tables(spec.head_dim, spec.max_positions))
+            .map(|r| r.tables(spec.rotary_dims(), spec.max_positions))
             .collect();
-        let kv = KvPool::new(
-            spec.n_layers,
-            options.kv_capacity,
-            spec.kv_dim(),
-            options.kv_dtype,
-        )?;
-        let unit = match options.attention {
-            AttentionDtype::F32 => kernels::flash_unit(),
-            AttentionDtype::Bf16 => {
-                kernels::flash_unit_bf16().ok_or(ModelError::NoBf16Attention)?
-            }
-            AttentionDtype::Auto => kernels::flash_unit_bf16().unwrap_or_else(kernels::flash_unit),
-        };
+        let (kv, unit) = kv_and_unit(&spec, options)?;
         Ok(Self {
             spec,
             w,
@@ -269,7 +257,7 @@ impl ForwardModel for CpuModel {
         };
         let plan = StepPlan::build(batch, spec, self.kv.capacity(), blocked_min_rows)?;
         let n = plan.ids.len();
-        let (hidden, eps) = (spec.hidden, spec.norm_eps);
+        let eps = spec.norm_eps;
         let (q_dim, kv_dim) = (spec.q_dim(), spec.kv_dim());
 
         self.bufs.resize(n, spec);
@@ -328,8 +316,9 @@ impl ForwardModel for CpuModel {
             }
             let rope = &spec.ropes[ls.rope];
             let (cos, sin) = &self.ropes[ls.rope];
-            rope_rows(rope.style, spec.head_dim, cos, sin, q, &plan.positions);
-            rope_rows(rope.style, spec.head_dim, cos, sin, k, &plan.positions);
+            let dims = (spec.head_dim, spec.rotary_dims());
+            rope_rows(rope.style, dims, cos, sin, q, &plan.positions);
+            rope_rows(rope.style, dims, cos, sin, k, &plan.positions);
             self.kv.write(layer, &plan.new_slots, k, v);
             let how = Attention {
                 shape,
@@ -373,38 +362,11 @@ impl ForwardModel for CpuModel {
             }
             add(x, tmp);
         }
-        // The rows each chunk asks for go through the final norm: first
-        // those the LM head takes, in batch order, then the hidden ones, so
-        // the head reads one contiguous prefix. A batch of `LastLogits`
-        // chunks selects its last rows and nothing else.
-        let head_rows = OutputRows::Head.count(batch);
-        let hidden_rows = OutputRows::Hidden.count(batch);
-        let mut picked = Vec::with_capacity((head_rows + hidden_rows) * hidden);
-        for which in [OutputRows::Head, OutputRows::Hidden] {
-            for (c, &last) in batch.iter().zip(&plan.last_rows) {
-                if let Some(rows) = which.rows(c, last) {
-                    picked.extend_from_slice(&x[rows.start * hidden..rows.end * hidden]);
-                }
-            }
-        }
-        let mut normed = vec![0f32; picked.len()];
-        rms_norm(&picked, &self.w.output_norm, eps, &mut normed);
-        let vocab = spec.vocab;
-        let mut logits = vec![0f32; head_rows * vocab];
-        if head_rows > 0 {
-            let head_in = &normed[..head_rows * hidden];
-            self.w.output.forward(head_in, head_rows, &mut logits, ws)?;
-        }
-        if let Some(cap) = spec.final_softcap {
-            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
-        }
-        Ok(split_outputs(
-            batch,
-            &logits,
-            &normed[head_rows * hidden..],
-            vocab,
-            hidden,
-        ))
+        let head = Head {
+            norm: &self.w.output_norm,
+            output: &self.w.output,
+        };
+        head.outputs(spec, batch, &plan.last_rows, x, ws)
     }
 
     fn vocab_size(&self) -> usize {
@@ -447,6 +409,78 @@ impl ForwardModel for CpuModel {
         }
         Ok(())
     }
+}
+
+/// The final norm and LM head, run on the rows each chunk asks for.
+pub(crate) struct Head<'a> {
+    pub(crate) norm: &'a [f32],
+    pub(crate) output: &'a Linear,
+}
+
+impl Head<'_> {
+    /// Each chunk's output from the step's residual stream `x`, whose
+    /// chunks end at `last_rows`.
+    pub(crate) fn outputs(
+        &self,
+        spec: &ModelSpec,
+        batch: &[SeqChunk<'_>],
+        last_rows: &[usize],
+        x: &[f32],
+        ws: &mut Workspace,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let (hidden, eps) = (spec.hidden, spec.norm_eps);
+        // The rows each chunk asks for go through the final norm: first
+        // those the LM head takes, in batch order, then the hidden ones, so
+        // the head reads one contiguous prefix. A batch of `LastLogits`
+        // chunks selects its last rows and nothing else.
+        let head_rows = OutputRows::Head.count(batch);
+        let hidden_rows = OutputRows::Hidden.count(batch);
+        let mut picked = Vec::with_capacity((head_rows + hidden_rows) * hidden);
+        for which in [OutputRows::Head, OutputRows::Hidden] {
+            for (c, &last) in batch.iter().zip(last_rows) {
+                if let Some(rows) = which.rows(c, last) {
+                    picked.extend_from_slice(&x[rows.start * hidden..rows.end * hidden]);
+                }
+            }
+        }
+        let mut normed = vec![0f32; picked.len()];
+        rms_norm(&picked, self.norm, eps, &mut normed);
+        let vocab = spec.vocab;
+        let mut logits = vec![0f32; head_rows * vocab];
+        if head_rows > 0 {
+            let head_in = &normed[..head_rows * hidden];
+            self.output.forward(head_in, head_rows, &mut logits, ws)?;
+        }
+        if let Some(cap) = spec.final_softcap {
+            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+        }
+        Ok(split_outputs(
+            batch,
+            &logits,
+            &normed[head_rows * hidden..],
+            vocab,
+            hidden,
+        ))
+    }
+}
+
+/// The KV pool `options` size for `spec`, and the attention unit they ask for.
+pub(crate) fn kv_and_unit(
+    spec: &ModelSpec,
+    options: &LoadOptions,
+) -> Result<(KvPool, kernels::FlashUnit), ModelError> {
+    let kv = KvPool::new(
+        spec.n_layers,
+        options.kv_capacity,
+        spec.kv_dim(),
+        options.kv_dtype,
+    )?;
+    let unit = match options.attention {
+        AttentionDtype::F32 => kernels::flash_unit(),
+        AttentionDtype::Bf16 => kernels::flash_unit_bf16().ok_or(ModelError::NoBf16Attention)?,
+        AttentionDtype::Auto => kernels::flash_unit_bf16().unwrap_or_else(kernels::flash_unit),
+    };
+    Ok((kv, unit))
 }
 
 /// The two kinds of rows a step's outputs come from.
@@ -507,7 +541,7 @@ pub(crate) fn split_outputs(
         .collect()
 }
 
-fn shape(spec: &ModelSpec) -> HeadShape {
+pub(crate) fn shape(spec: &ModelSpec) -> HeadShape {
     HeadShape {
         n_heads: spec.n_heads,
         n_kv_heads: spec.n_kv_heads,
@@ -518,21 +552,21 @@ fn shape(spec: &ModelSpec) -> HeadShape {
 /// What one layer's attention computes: its heads, how far back rows see,
 /// how scores are made.
 #[derive(Clone, Copy)]
-struct Attention<'a> {
-    shape: HeadShape,
-    window: Option<usize>,
-    rule: ScoreRule,
+pub(crate) struct Attention<'a> {
+    pub(crate) shape: HeadShape,
+    pub(crate) window: Option<usize>,
+    pub(crate) rule: ScoreRule,
     /// Per query head, a logit in the softmax's denominator (gpt-oss).
-    sinks: Option<&'a [f32]>,
+    pub(crate) sinks: Option<&'a [f32]>,
     /// The blocked unit's build.
-    unit: kernels::FlashUnit,
+    pub(crate) unit: kernels::FlashUnit,
 }
 
 /// Attention of every row of the step: blocked chunks on [`flash`], the
 /// other rows (short chunks of head widths the blocked kernel does not
 /// take) on the per-row kernel.
 #[allow(clippy::too_many_arguments)]
-fn attention<T: KvElem>(
+pub(crate) fn attention<T: KvElem>(
     q: &[f32],
     k_pool: &[T],
     v_pool: &[T],
@@ -600,16 +634,17 @@ fn attention<T: KvElem>(
     }
 }
 
-/// Rotates each head of each row of `x` by its row's position.
-fn rope_rows(
+/// Rotates the first `rotary` dimensions of each `d`-wide head of each
+/// row of `x` by its row's position.
+pub(crate) fn rope_rows(
     style: RopeStyle,
-    d: usize,
+    (d, rotary): (usize, usize),
     cos: &[f32],
     sin: &[f32],
     x: &mut [f32],
     positions: &[usize],
 ) {
-    let half = d / 2;
+    let half = rotary / 2;
     // Pair i is (stride * i, stride * i + offset).
     let (stride, offset) = match style {
         RopeStyle::Interleaved => (2, 1),
@@ -659,17 +694,17 @@ fn fused_forward(
 
 /// The buffers an MLP pass writes: gate and up outputs, and a fused
 /// gate|up output before it is split.
-struct MlpScratch<'a> {
-    gate: &'a mut [f32],
-    up: &'a mut [f32],
-    fused: &'a mut [f32],
+pub(crate) struct MlpScratch<'a> {
+    pub(crate) gate: &'a mut [f32],
+    pub(crate) up: &'a mut [f32],
+    pub(crate) fused: &'a mut [f32],
 }
 
 impl MlpScratch<'_> {
     /// `out = down(act(gate(x)) * up(x))` for `n` rows of `x`, with the
     /// gate, up and down biases added after their matmuls when given.
     #[allow(clippy::too_many_arguments)]
-    fn run(
+    pub(crate) fn run(
         &mut self,
         f: &Ffn<Linear>,
         bias: Option<FfnBias<'_>>,
@@ -704,7 +739,7 @@ impl MlpScratch<'_> {
 
 /// One expert's gate, up and down biases.
 #[derive(Clone, Copy)]
-struct FfnBias<'a> {
+pub(crate) struct FfnBias<'a> {
     gate: &'a [f32],
     up: &'a [f32],
     down: &'a [f32],
@@ -712,10 +747,10 @@ struct FfnBias<'a> {
 
 /// The buffers a mixture of experts adds: router logits, and one expert's
 /// gathered rows and their output.
-struct MoeScratch<'a> {
-    router: &'a mut [f32],
-    rows_in: &'a mut [f32],
-    rows_out: &'a mut [f32],
+pub(crate) struct MoeScratch<'a> {
+    pub(crate) router: &'a mut [f32],
+    pub(crate) rows_in: &'a mut [f32],
+    pub(crate) rows_out: &'a mut [f32],
 }
 
 /// `out` = each row's experts' outputs, weighted and summed. The rows are
@@ -725,7 +760,7 @@ struct MoeScratch<'a> {
 /// over its experts in index order, whatever else is in the step; a
 /// shared expert runs on every row and adds its output scaled by its gate.
 #[allow(clippy::too_many_arguments)]
-fn moe_forward(
+pub(crate) fn moe_forward(
     m: &Experts<Linear, Vec<f32>>,
     act: Activation,
     x: &[f32],
@@ -783,14 +818,14 @@ fn moe_forward(
 }
 
 /// Adds `bias` to every row of `x`.
-fn add_bias(x: &mut [f32], bias: &[f32]) {
+pub(crate) fn add_bias(x: &mut [f32], bias: &[f32]) {
     for row in x.chunks_exact_mut(bias.len()) {
         add(row, bias);
     }
 }
 
 /// RMSNorm of every `w.len()`-wide piece of `x` (rows, or heads of rows) in place.
-fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
+pub(crate) fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     let d = w.len();
     for xr in x.chunks_exact_mut(d) {
         let mean_sq = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
@@ -801,7 +836,7 @@ fn rms_norm_in_place(x: &mut [f32], w: &[f32], eps: f32) {
     }
 }
 
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let d = w.len();
     for (xr, or) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         let mean_sq = xr.iter().map(|v| v * v).sum::<f32>() / d as f32;
@@ -842,7 +877,7 @@ fn activation_mul(act: Activation, gate: &mut [f32], up: &[f32], ws: &Workspace)
     });
 }
 
-fn add(x: &mut [f32], y: &[f32]) {
+pub(crate) fn add(x: &mut [f32], y: &[f32]) {
     for (a, b) in x.iter_mut().zip(y) {
         *a += b;
     }

@@ -20,23 +20,32 @@ use zinfer_probe::{GgmlType, GgufHeader, TensorInfo};
 use super::arch::{self, RopeTensors};
 use super::classifier::Classifier;
 use super::cpu::{CpuModel, CpuWeights};
+use super::hybrid::{self, HybridModel};
 use super::linear::{Embedding, Linear};
 use super::meta::Meta;
 use super::spec::{MAX_POSITIONS, ModelSpec, RopeSpec, Yarn};
 use super::weights::{self, Naming, TensorSource};
-use super::{LoadOptions, ModelError, validate};
+use super::{ForwardModel, LoadOptions, ModelError, validate};
 
 /// Reads the model from one GGUF file, with a reranker's head when it has one.
 pub(crate) fn load(
     path: &Path,
     options: &LoadOptions,
-) -> Result<(CpuModel, Option<Classifier>), ModelError> {
+) -> Result<(Box<dyn ForwardModel + Send>, Option<Classifier>), ModelError> {
     let mut file = open(path)?;
     validate::memory(&file.tensors, &file.spec)?;
     let spec = file.spec.clone();
+    if let Some(hy) = &spec.hybrid {
+        let weights = hybrid::read(&mut CpuSource(&mut file), &spec, hy)?;
+        let classifier = Classifier::read(&mut file)?;
+        return Ok((
+            Box::new(HybridModel::new(spec, weights, options)?),
+            classifier,
+        ));
+    }
     let weights: CpuWeights = weights::read(&mut CpuSource(&mut file), &spec, Naming::Gguf)?;
     let classifier = Classifier::read(&mut file)?;
-    Ok((CpuModel::new(spec, weights, options)?, classifier))
+    Ok((Box::new(CpuModel::new(spec, weights, options)?), classifier))
 }
 
 /// A GGUF file with its metadata read: what both backends start from.
@@ -393,13 +402,6 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
             "{name} with value heads of {v} and key heads of {head_dim}"
         )));
     }
-    if let Some(rope_dim) = meta.opt_usize("rope.dimension_count")?
-        && rope_dim != head_dim
-    {
-        return Err(ModelError::UnsupportedArchitecture(format!(
-            "{name} with partial RoPE ({rope_dim} of {head_dim} dims)"
-        )));
-    }
     // ggml dimensions are innermost first: the vocabulary is the last.
     let vocab = index
         .info("token_embd.weight")
@@ -465,6 +467,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         final_softcap: None,
         layout: arch.layout,
         moe,
+        hybrid: None,
     };
     if let Some(f) = index.opt_vector(reader, "rope_freqs.weight")? {
         spec.ropes[0].scaling.freq_factors = f;
@@ -474,6 +477,13 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         short: index.opt_vector(reader, "rope_factors_short.weight")?,
     };
     (arch.finish)(&mut spec, &meta, &file_rope)?;
+    if let Some(rope_dim) = meta.opt_usize("rope.dimension_count")?
+        && rope_dim != spec.rotary_dims()
+    {
+        return Err(ModelError::UnsupportedArchitecture(format!(
+            "{name} with partial RoPE ({rope_dim} of {head_dim} dims)"
+        )));
+    }
     spec.validate()?;
     validate::spec(&spec)?;
     Ok(spec)

@@ -76,6 +76,15 @@ impl KvPool {
         self.capacity
     }
 
+    /// Bytes one slot takes over every layer, K and V.
+    pub(crate) fn slot_bytes(&self) -> usize {
+        let elem = match self.layers.first() {
+            Some(LayerKv::F16 { .. }) => 2,
+            _ => 4,
+        };
+        self.layers.len() * 2 * self.kv_dim * elem
+    }
+
     /// Writes rows `k[i]`, `v[i]` (each `kv_dim` wide) to `slots[i]` of `layer`.
     pub(crate) fn write(&mut self, layer: usize, slots: &[u32], k: &[f32], v: &[f32]) {
         let d = self.kv_dim;

@@ -13,9 +13,11 @@ mod batch;
 mod candle_model;
 mod classifier;
 mod cpu;
+mod deltanet;
 pub mod device;
 mod flash;
 mod gguf;
+mod hybrid;
 mod kv;
 mod linear;
 mod meta;
@@ -37,6 +39,8 @@ pub use batch::StepBatch;
 pub use candle_model::CandleModel;
 pub use classifier::{Classifier, POOLING_RANK};
 pub use cpu::CpuModel;
+pub use deltanet::HybridSpec;
+pub use hybrid::HybridModel;
 pub use spec::{
     Activation, BlockLayout, Gating, LayerSpec, MAX_POSITIONS, ModelSpec, MoeSpec, RopeScaling,
     RopeSpec, RopeStyle, SpecError, Yarn,
@@ -115,6 +119,27 @@ pub trait ForwardModel {
     /// length. The engine ends a sequence there instead of failing the batch.
     fn max_positions(&self) -> usize {
         usize::MAX
+    }
+    /// Whether the model keeps a recurrent state per sequence besides its
+    /// K/V (hybrid models): such a sequence resumes only where its state
+    /// stopped, so a prefix found in the KV cache, a rolled-back draft or
+    /// a moved sequence cannot continue it, and the engine must not try.
+    fn recurrent(&self) -> bool {
+        false
+    }
+    /// The memory of one sequence's recurrent state in KV pool slots
+    /// (rounded up): what the engine holds from the pool for each running
+    /// sequence. 0 for a model without recurrent state (the default).
+    fn state_slots(&self) -> usize {
+        0
+    }
+    /// Drops the recurrent states of the sequences whose first KV slot is
+    /// one of `first_slots`: the engine calls it when it frees such a
+    /// sequence's slots (finished, failed or preempted), before any step
+    /// could give a slot to another sequence. Does nothing for a model
+    /// without recurrent state (the default).
+    fn release_states(&mut self, first_slots: &[u32]) {
+        let _ = first_slots;
     }
     /// The shape of one slot's K/V, for carrying cached prefixes to another
     /// worker. Two models can exchange K/V only if their shapes are equal
@@ -483,14 +508,14 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<LoadedModel, ModelErro
     match check_device(device)? {
         Device::Cpu | Device::CpuSet(_) | Device::Auto => {
             apply_threads(options.threads);
-            let (model, classifier) = if path.is_dir() {
-                (safetensors::load(path, options)?, None)
+            let (model, classifier): (Box<dyn ForwardModel + Send>, _) = if path.is_dir() {
+                (Box::new(safetensors::load(path, options)?), None)
             } else {
                 gguf::load(path, options)?
             };
             Ok(LoadedModel {
                 name: model_name(path),
-                model: Box::new(model),
+                model,
                 classifier,
             })
         }

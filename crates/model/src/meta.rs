@@ -60,6 +60,16 @@ impl<'a> Meta<'a> {
         }
     }
 
+    /// `{arch}.{key}` as one flag per array entry, if present.
+    pub(crate) fn opt_bools(&self, key: &str) -> Result<Option<Vec<bool>>, ModelError> {
+        Ok(self.header.bools(&self.key(key))?)
+    }
+
+    /// `{arch}.{key}` as an integer array, if present.
+    pub(crate) fn opt_ints(&self, key: &str) -> Result<Option<Vec<i64>>, ModelError> {
+        Ok(self.header.ints(&self.key(key))?)
+    }
+
     /// Which layers have a sliding window: `attention.sliding_window_pattern`
     /// as one flag per layer, or a period `n` (every layer but the last of
     /// each `n`); `period` when the key is missing.

@@ -151,6 +151,7 @@ pub(crate) fn load(dir: &Path, options: &LoadOptions) -> Result<CpuModel, ModelE
         final_softcap: None,
         layout: arch.layout,
         moe: None,
+        hybrid: None,
     };
     spec.validate()?;
     let mut tensors = SafetensorsSource {

@@ -323,6 +323,9 @@ pub struct ModelSpec {
     /// A mixture of experts in place of every layer's dense MLP; `None`
     /// for dense models.
     pub moe: Option<MoeSpec>,
+    /// Gated DeltaNet layers among the attention ones, with partial RoPE
+    /// and gated attention output (Qwen3.5); `None` for pure transformers.
+    pub hybrid: Option<crate::deltanet::HybridSpec>,
 }
 
 impl ModelSpec {
@@ -350,6 +353,12 @@ impl ModelSpec {
     pub fn mlp_width(&self) -> usize {
         self.moe
             .map_or(self.ffn, |m| m.expert_ffn.max(m.shared_ffn.unwrap_or(0)))
+    }
+
+    /// Leading dimensions of a head that RoPE rotates (all of them but
+    /// with [`Self::hybrid`]'s partial RoPE).
+    pub fn rotary_dims(&self) -> usize {
+        self.hybrid.as_ref().map_or(self.head_dim, |h| h.rope_dims)
     }
 
     /// Every layer with the same window and the first RoPE.

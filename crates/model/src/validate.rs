@@ -174,7 +174,10 @@ pub(crate) fn file(tensors: &mut Tensors, spec: &ModelSpec) -> Result<(), ModelE
         .tensors
         .iter()
         .any(|t| t.name == "output.weight");
-    weights::read(&mut DryRun(tensors), spec, Naming::Gguf)?;
+    match &spec.hybrid {
+        Some(hy) => drop(crate::hybrid::read(&mut DryRun(tensors), spec, hy)?),
+        None => drop(weights::read(&mut DryRun(tensors), spec, Naming::Gguf)?),
+    }
     vocabulary(tensors, spec)?;
     finite_weights(tensors, spec, tied)
 }

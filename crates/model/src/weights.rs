@@ -275,20 +275,14 @@ pub(crate) type SourceWeights<S> = Weights<
     <S as TensorSource>::Vector,
 >;
 
-/// Reads every weight `spec` calls for from `src`, checking each shape.
-pub(crate) fn read<S: TensorSource>(
+/// The embedding table and the LM head (the table's storage when the
+/// checkpoint has no head of its own).
+pub(crate) fn embedding_and_head<S: TensorSource>(
     src: &mut S,
     spec: &ModelSpec,
     naming: Naming,
-) -> Result<SourceWeights<S>, ModelError> {
-    let (h, q, kv, d, ffn) = (
-        spec.hidden,
-        spec.q_dim(),
-        spec.kv_dim(),
-        spec.head_dim,
-        spec.ffn,
-    );
-    let l = spec.layout;
+) -> Result<(S::Embedding, S::Matrix), ModelError> {
+    let h = spec.hidden;
     let output_name = naming.name(Part::Output, 0);
     let tied = !src.has_own_head(&output_name);
     let (token_embd, tied_head) =
@@ -297,6 +291,18 @@ pub(crate) fn read<S: TensorSource>(
         Some(head) => head,
         None => src.matrix(&output_name, spec.vocab, h)?,
     };
+    Ok((token_embd, output))
+}
+
+/// Reads every weight `spec` calls for from `src`, checking each shape.
+pub(crate) fn read<S: TensorSource>(
+    src: &mut S,
+    spec: &ModelSpec,
+    naming: Naming,
+) -> Result<SourceWeights<S>, ModelError> {
+    let (h, q, kv, d) = (spec.hidden, spec.q_dim(), spec.kv_dim(), spec.head_dim);
+    let l = spec.layout;
+    let (token_embd, output) = embedding_and_head(src, spec, naming)?;
     let mut blocks = Vec::with_capacity(spec.n_layers);
     for i in 0..spec.n_layers {
         let name = |part| naming.name(part, i);
@@ -327,71 +333,7 @@ pub(crate) fn read<S: TensorSource>(
         } else {
             None
         };
-        let mlp = match &spec.moe {
-            None => {
-                let gate_up = if l.fused_gate_up {
-                    GateUp::Fused(src.matrix(&name(Part::GateUp), 2 * ffn, h)?)
-                } else {
-                    GateUp::Separate {
-                        gate: src.matrix(&name(Part::Gate), ffn, h)?,
-                        up: src.matrix(&name(Part::Up), ffn, h)?,
-                    }
-                };
-                let down = src.matrix(&name(Part::Down), h, ffn)?;
-                Mlp::Dense(Ffn { gate_up, down })
-            }
-            Some(moe) => {
-                let (e, f) = (moe.experts, moe.expert_ffn);
-                let router = src.matrix(&name(Part::Router), e, h)?;
-                let router_bias = if moe.router_bias {
-                    Some(src.vector(&name(Part::RouterBias), e)?)
-                } else {
-                    None
-                };
-                let gates = src.experts(&name(Part::GateExps), e, f, h)?;
-                let ups = src.experts(&name(Part::UpExps), e, f, h)?;
-                let downs = src.experts(&name(Part::DownExps), e, h, f)?;
-                let experts = gates
-                    .into_iter()
-                    .zip(ups)
-                    .zip(downs)
-                    .map(|((gate, up), down)| Ffn {
-                        gate_up: GateUp::Separate { gate, up },
-                        down,
-                    })
-                    .collect();
-                let shared = match moe.shared_ffn {
-                    Some(sf) => {
-                        let ffn = Ffn {
-                            gate_up: GateUp::Separate {
-                                gate: src.matrix(&name(Part::SharedGate), sf, h)?,
-                                up: src.matrix(&name(Part::SharedUp), sf, h)?,
-                            },
-                            down: src.matrix(&name(Part::SharedDown), h, sf)?,
-                        };
-                        Some((ffn, src.vector(&name(Part::SharedGateInp), h)?))
-                    }
-                    None => None,
-                };
-                let biases = if moe.expert_bias {
-                    Some(ExpertBiases {
-                        gate: src.vector(&name(Part::GateExpsBias), e * f)?,
-                        up: src.vector(&name(Part::UpExpsBias), e * f)?,
-                        down: src.vector(&name(Part::DownExpsBias), e * h)?,
-                    })
-                } else {
-                    None
-                };
-                Mlp::Moe(Experts {
-                    spec: *moe,
-                    router,
-                    router_bias,
-                    experts,
-                    shared,
-                    biases,
-                })
-            }
-        };
+        let mlp = read_mlp(src, spec, naming, i)?;
         let optional = |src: &mut S, has, part, len| -> Result<Option<S::Vector>, ModelError> {
             if has {
                 Ok(Some(src.vector(&name(part), len)?))
@@ -424,6 +366,82 @@ pub(crate) fn read<S: TensorSource>(
         blocks,
         output_norm: src.vector(&naming.name(Part::OutputNorm, 0), h)?,
         output,
+    })
+}
+
+/// Layer `i`'s MLP: the dense one, or the experts `spec.moe` declares.
+pub(crate) fn read_mlp<S: TensorSource>(
+    src: &mut S,
+    spec: &ModelSpec,
+    naming: Naming,
+    i: usize,
+) -> Result<Mlp<S::Matrix, S::Vector>, ModelError> {
+    let (h, ffn, l) = (spec.hidden, spec.ffn, spec.layout);
+    let name = |part| naming.name(part, i);
+    Ok(match &spec.moe {
+        None => {
+            let gate_up = if l.fused_gate_up {
+                GateUp::Fused(src.matrix(&name(Part::GateUp), 2 * ffn, h)?)
+            } else {
+                GateUp::Separate {
+                    gate: src.matrix(&name(Part::Gate), ffn, h)?,
+                    up: src.matrix(&name(Part::Up), ffn, h)?,
+                }
+            };
+            let down = src.matrix(&name(Part::Down), h, ffn)?;
+            Mlp::Dense(Ffn { gate_up, down })
+        }
+        Some(moe) => {
+            let (e, f) = (moe.experts, moe.expert_ffn);
+            let router = src.matrix(&name(Part::Router), e, h)?;
+            let router_bias = if moe.router_bias {
+                Some(src.vector(&name(Part::RouterBias), e)?)
+            } else {
+                None
+            };
+            let gates = src.experts(&name(Part::GateExps), e, f, h)?;
+            let ups = src.experts(&name(Part::UpExps), e, f, h)?;
+            let downs = src.experts(&name(Part::DownExps), e, h, f)?;
+            let experts = gates
+                .into_iter()
+                .zip(ups)
+                .zip(downs)
+                .map(|((gate, up), down)| Ffn {
+                    gate_up: GateUp::Separate { gate, up },
+                    down,
+                })
+                .collect();
+            let shared = match moe.shared_ffn {
+                Some(sf) => {
+                    let ffn = Ffn {
+                        gate_up: GateUp::Separate {
+                            gate: src.matrix(&name(Part::SharedGate), sf, h)?,
+                            up: src.matrix(&name(Part::SharedUp), sf, h)?,
+                        },
+                        down: src.matrix(&name(Part::SharedDown), h, sf)?,
+                    };
+                    Some((ffn, src.vector(&name(Part::SharedGateInp), h)?))
+                }
+                None => None,
+            };
+            let biases = if moe.expert_bias {
+                Some(ExpertBiases {
+                    gate: src.vector(&name(Part::GateExpsBias), e * f)?,
+                    up: src.vector(&name(Part::UpExpsBias), e * f)?,
+                    down: src.vector(&name(Part::DownExpsBias), e * h)?,
+                })
+            } else {
+                None
+            };
+            Mlp::Moe(Experts {
+                spec: *moe,
+                router,
+                router_bias,
+                experts,
+                shared,
+                biases,
+            })
+        }
     })
 }
 

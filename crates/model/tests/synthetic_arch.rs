@@ -90,6 +90,9 @@ impl CandleModel {
                 quantized_gemma3::ModelWeights::from_gguf(ct, &mut f, cpu).map(Self::Gemma3)
             }
             Architecture::Gemma2 => panic!("candle-transformers has no quantized gemma2"),
+            Architecture::Qwen35 | Architecture::Qwen35Moe => {
+                panic!("candle-transformers has no quantized qwen35")
+            }
             Architecture::Qwen3Moe | Architecture::Qwen2Moe | Architecture::GptOss => {
                 panic!("candle-transformers has no CPU quantized MoE")
             }

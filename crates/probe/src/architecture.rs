@@ -28,11 +28,17 @@ pub enum Architecture {
     /// gpt-oss: biased attention with learned sinks, every other layer
     /// sliding-window, and a mixture of biased experts with a clamped SwiGLU.
     GptOss,
+    /// Qwen3.5 (dense): three Gated DeltaNet (linear attention) layers to
+    /// one full-attention layer with an output gate and partial RoPE.
+    Qwen35,
+    /// Qwen3.5-MoE: Qwen3.5's layers with a mixture of experts and a gated
+    /// shared expert for the MLP.
+    Qwen35Moe,
 }
 
 impl Architecture {
     /// Every architecture, in the order `--help` and errors list them.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 11] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen2Moe,
@@ -42,13 +48,18 @@ impl Architecture {
         Self::Gemma2,
         Self::Gemma3,
         Self::GptOss,
+        Self::Qwen35,
+        Self::Qwen35Moe,
     ];
 
     /// Whether the architecture's MLPs are mixtures of experts (its files
     /// must declare `{arch}.expert_count`; a dense architecture's file that
     /// declares experts is refused).
     pub const fn has_experts(self) -> bool {
-        matches!(self, Self::Qwen2Moe | Self::Qwen3Moe | Self::GptOss)
+        matches!(
+            self,
+            Self::Qwen2Moe | Self::Qwen3Moe | Self::GptOss | Self::Qwen35Moe
+        )
     }
 
     /// GGUF `general.architecture`, and the prefix of the model's metadata
@@ -64,6 +75,8 @@ impl Architecture {
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
             Self::GptOss => "gpt-oss",
+            Self::Qwen35 => "qwen35",
+            Self::Qwen35Moe => "qwen35moe",
         }
     }
 }
@@ -114,8 +127,17 @@ mod tests {
         assert_eq!(
             SUPPORTED_ARCHITECTURES,
             [
-                "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
-                "gpt-oss"
+                "llama",
+                "qwen2",
+                "qwen2moe",
+                "qwen3",
+                "qwen3moe",
+                "phi3",
+                "gemma2",
+                "gemma3",
+                "gpt-oss",
+                "qwen35",
+                "qwen35moe"
             ]
         );
         for a in Architecture::ALL {

@@ -15,6 +15,7 @@ mod phi3;
 mod qwen2;
 mod qwen2moe;
 mod qwen3;
+mod qwen35;
 mod qwen3moe;
 
 pub(crate) use zinfer_probe::Architecture;
@@ -88,6 +89,8 @@ pub(crate) fn rules(architecture: Architecture) -> &'static Arch {
         Architecture::Gemma2 => &gemma2::GEMMA2,
         Architecture::Gemma3 => &gemma3::GEMMA3,
         Architecture::GptOss => &gpt_oss::GPT_OSS,
+        Architecture::Qwen35 => &qwen35::QWEN35,
+        Architecture::Qwen35Moe => &qwen35::QWEN35MOE,
     }
 }
 

@@ -29,7 +29,8 @@ use std::path::Path;
 use candle_core::quantized::gguf_file::Value;
 
 pub use shape::{
-    KernelType, Llama3RopeScaling, LongRope, Quant, SynthMoe, SynthShape, fallback, use_more_bits,
+    KernelType, Llama3RopeScaling, LongRope, Quant, SynthHybrid, SynthMoe, SynthShape, fallback,
+    use_more_bits,
 };
 pub use vocab::tokenizer_metadata;
 use writer::{ALIGNMENT, write_gguf};
@@ -60,12 +61,27 @@ pub const PRESETS: &[&str] = &[
     "gemma2-tiny",
     "gemma3-tiny",
     "gpt-oss-tiny",
+    "qwen35-tiny",
+    "qwen35moe-tiny",
 ];
 
 /// The tiny presets, one per architecture (with 16-token sliding windows
-/// where the architecture has them), for tests.
+/// where the architecture has them), for tests; not the hybrid ones
+/// ([`hybrid_tiny_presets`]), which the candle backend and a KV-only cached
+/// prefix cannot run.
 pub fn tiny_presets() -> impl Iterator<Item = &'static str> {
-    PRESETS.iter().copied().filter(|p| p.ends_with("-tiny"))
+    PRESETS
+        .iter()
+        .copied()
+        .filter(|p| p.ends_with("-tiny") && !HYBRID_TINY.contains(p))
+}
+
+/// Tiny presets of hybrid architectures (Gated DeltaNet layers), tested apart.
+const HYBRID_TINY: &[&str] = &["qwen35-tiny", "qwen35moe-tiny"];
+
+/// The tiny presets of hybrid architectures, for their own tests.
+pub fn hybrid_tiny_presets() -> impl Iterator<Item = &'static str> {
+    HYBRID_TINY.iter().copied()
 }
 
 /// Names [`Quant`] parses from (`"q4_k_m".parse()`).
@@ -309,6 +325,8 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
             | Architecture::Gemma2
             | Architecture::Gemma3
             | Architecture::GptOss
+            | Architecture::Qwen35
+            | Architecture::Qwen35Moe
     ) || shape.q_dim() != shape.hidden
     {
         kv("attention.key_length", u(shape.head_dim));
@@ -351,6 +369,17 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
         if let Some(sf) = moe.shared_ffn {
             kv("expert_shared_feed_forward_length", u(sf));
         }
+    }
+    if let Some(hy) = shape.hybrid {
+        kv("rope.dimension_count", u(hy.rope_dims));
+        let sections = hy.sections.iter().map(|&s| Value::I32(s as i32)).collect();
+        kv("rope.dimension_sections", Value::Array(sections));
+        kv("full_attention_interval", u(hy.interval));
+        kv("ssm.conv_kernel", u(hy.conv_kernel));
+        kv("ssm.state_size", u(hy.head_dim));
+        kv("ssm.group_count", u(hy.k_heads));
+        kv("ssm.time_step_rank", u(hy.v_heads));
+        kv("ssm.inner_size", u(hy.v_heads * hy.head_dim));
     }
     if arch == Architecture::Llama {
         kv("vocab_size", u(shape.vocab));

@@ -78,6 +78,34 @@ pub struct SynthMoe {
     pub shared_ffn: Option<usize>,
 }
 
+/// The Gated DeltaNet part of a hybrid shape (qwen35), written as
+/// llama.cpp's converter writes Qwen3.5: `ssm.*` keys, a full-attention
+/// layer every `interval` layers, partial multi-section RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SynthHybrid {
+    /// Every `interval`-th layer is full attention (`full_attention_interval`).
+    pub interval: usize,
+    /// Rotated dimensions of an attention head (`rope.dimension_count`).
+    pub rope_dims: usize,
+    /// `rope.dimension_sections`; they sum to `rope_dims / 2`.
+    pub sections: [usize; 4],
+    /// Taps of the causal convolution (`ssm.conv_kernel`).
+    pub conv_kernel: usize,
+    /// Width of a key and value head (`ssm.state_size`).
+    pub head_dim: usize,
+    /// Key heads (`ssm.group_count`).
+    pub k_heads: usize,
+    /// Value heads (`ssm.time_step_rank`).
+    pub v_heads: usize,
+}
+
+impl SynthHybrid {
+    /// Whether `layer` is a Gated DeltaNet layer.
+    pub fn is_recurrent(&self, layer: usize) -> bool {
+        !(layer + 1).is_multiple_of(self.interval)
+    }
+}
+
 /// The architecture numbers of a checkpoint, as llama.cpp's converter writes
 /// them from the model's Hugging Face `config.json`.
 #[derive(Clone, Debug, PartialEq)]
@@ -140,6 +168,8 @@ pub struct SynthShape {
     /// YaRN RoPE scaling by this factor over [`SynthShape::rope_original_context`]
     /// (`rope.scaling.type = yarn`, as the converter writes Qwen's long-context configs).
     pub yarn_factor: Option<f32>,
+    /// Gated DeltaNet layers and partial RoPE (qwen35 only, which needs them).
+    pub hybrid: Option<SynthHybrid>,
 }
 
 /// Rows of the Qwen2/2.5/3 embedding: 151,665 tokens padded to a multiple of 128.
@@ -175,6 +205,7 @@ impl SynthShape {
             final_softcap: None,
             moe: None,
             yarn_factor: None,
+            hybrid: None,
         };
         let vocab_file = |n: &str| Some(n.to_string());
         // 2-6 layers, hidden 128, GQA, windows of 16 tokens: cheap to run
@@ -420,6 +451,38 @@ impl SynthShape {
                 sliding_window: Some(16),
                 ..tiny(Architecture::Gemma3, 6, 4, 1, 64, 32_000, Some("llama-spm"))
             },
+            // Qwen3.5's parts at test size: three Gated DeltaNet layers to
+            // one attention layer, value heads grouped two to a key head,
+            // RoPE on half of a head in IMROPE sections that reduce to NeoX.
+            "qwen35-tiny" => Self {
+                rope_theta: 10_000_000.0,
+                rms_eps: 1e-6,
+                hidden: 64,
+                tied_embeddings: false,
+                hybrid: Some(SynthHybrid {
+                    interval: 4,
+                    rope_dims: 16,
+                    sections: [3, 3, 2, 0],
+                    conv_kernel: 4,
+                    head_dim: 16,
+                    k_heads: 2,
+                    v_heads: 4,
+                }),
+                ..tiny(Architecture::Qwen35, 4, 4, 2, 32, QWEN_VOCAB, Some("qwen2"))
+            },
+            // Qwen3.5-MoE's parts at test size: qwen35-tiny's layers with 8
+            // experts of which 2 run, renormalised, and a gated shared expert.
+            "qwen35moe-tiny" => Self {
+                name: name.to_string(),
+                arch: Architecture::Qwen35Moe,
+                moe: Some(SynthMoe {
+                    experts: 8,
+                    used: 2,
+                    expert_ffn: 64,
+                    shared_ffn: Some(96),
+                }),
+                ..Self::preset("qwen35-tiny")?
+            },
             other => return Err(SynthError::UnknownShape(other.to_string())),
         })
     }
@@ -444,7 +507,7 @@ impl SynthShape {
             && match self.arch {
                 Architecture::Gemma2 | Architecture::GptOss => layer.is_multiple_of(2),
                 Architecture::Gemma3 => layer % 6 < 5,
-                Architecture::Phi3 => false,
+                Architecture::Phi3 | Architecture::Qwen35 | Architecture::Qwen35Moe => false,
                 Architecture::Llama
                 | Architecture::Qwen2
                 | Architecture::Qwen2Moe
@@ -571,6 +634,22 @@ impl SynthShape {
             && (self.tied_embeddings || self.sliding_window.is_none())
         {
             return bad("gpt-oss: llama.cpp needs output.weight and a sliding window".into());
+        }
+        let hybrid_arch = matches!(self.arch, Architecture::Qwen35 | Architecture::Qwen35Moe);
+        if hybrid_arch != self.hybrid.is_some() {
+            return bad(format!(
+                "{}: Gated DeltaNet layers are qwen35's alone, and it needs them",
+                self.arch
+            ));
+        }
+        if let Some(hy) = self.hybrid
+            && (hy.interval == 0
+                || hy.k_heads == 0
+                || !hy.v_heads.is_multiple_of(hy.k_heads)
+                || hy.rope_dims > self.head_dim
+                || hy.sections.iter().sum::<usize>() * 2 != hy.rope_dims)
+        {
+            return bad(format!("hybrid widths {hy:?} cannot run"));
         }
         if self.arch == Architecture::Gemma2 && !self.tied_embeddings {
             return bad("gemma2: llama.cpp reads no output.weight; tie the embeddings".into());
@@ -877,6 +956,26 @@ pub(super) struct TensorSpec {
 }
 
 impl TensorSpec {
+    /// A matrix or vector (not stacked experts) stored as `dtype`.
+    pub(super) fn plain(
+        name: String,
+        (rows, cols): (usize, usize),
+        dtype: GgmlDType,
+        init: Init,
+        layer: Option<usize>,
+    ) -> Self {
+        Self {
+            name,
+            rows,
+            cols,
+            experts: 1,
+            dtype,
+            kernel: None,
+            init,
+            layer,
+        }
+    }
+
     pub(super) fn is_vector(&self) -> bool {
         self.rows == 1
     }
@@ -973,11 +1072,19 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
         let norm = |suffix: &str, len| vector(format!("blk.{i}.{suffix}"), len, Init::NearOne, l);
         let bias = |suffix: &str, len| vector(format!("blk.{i}.{suffix}"), len, Init::Random, l);
         out.push(norm("attn_norm.weight", h));
-        if layout.fused_qkv {
+        if let Some(hy) = shape.hybrid.filter(|hy| hy.is_recurrent(i)) {
+            out.extend(deltanet_tensors(shape, &hy, i, quant));
+        } else if layout.fused_qkv {
             // Rows: Q, then K, then V; llama.cpp's Q4_K_M counts it as attn_v.
             out.push(m("attn_qkv.weight", q_dim + 2 * kv_dim, h, Role::AttnV));
         } else {
-            out.push(m("attn_q.weight", q_dim, h, Role::OtherMatrix));
+            // Qwen3.5's query rows hold each head's query, then its gate.
+            let q_rows = if shape.hybrid.is_some() {
+                2 * q_dim
+            } else {
+                q_dim
+            };
+            out.push(m("attn_q.weight", q_rows, h, Role::OtherMatrix));
             if layout.qkv_bias {
                 out.push(bias("attn_q.bias", q_dim));
             }
@@ -990,11 +1097,14 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
                 out.push(bias("attn_v.bias", kv_dim));
             }
         }
-        if layout.qk_norm {
+        let attention = !shape.hybrid.is_some_and(|hy| hy.is_recurrent(i));
+        if layout.qk_norm && attention {
             out.push(norm("attn_q_norm.weight", hd));
             out.push(norm("attn_k_norm.weight", hd));
         }
-        out.push(m("attn_output.weight", h, q_dim, Role::OtherMatrix));
+        if attention {
+            out.push(m("attn_output.weight", h, q_dim, Role::OtherMatrix));
+        }
         if layout.attn_output_bias {
             out.push(bias("attn_output.bias", h));
         }
@@ -1080,6 +1190,57 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
         ));
     }
     out
+}
+
+/// A Gated DeltaNet layer's tensors as llama.cpp names them. The decay
+/// rates `ssm_a` are negative (`-exp(A_log)`), from -0.05 to -0.5 so the
+/// state remembers over a long prompt, and the convolution's taps are
+/// spread over [-0.5, 0.5] so it passes its input on at full scale.
+fn deltanet_tensors(
+    shape: &SynthShape,
+    hy: &SynthHybrid,
+    i: usize,
+    quant: Quant,
+) -> Vec<TensorSpec> {
+    let h = shape.hidden;
+    let key_dim = hy.k_heads * hy.head_dim;
+    let value_dim = hy.v_heads * hy.head_dim;
+    let conv_dim = 2 * key_dim + value_dim;
+    let l = Some(i);
+    let t = |suffix: &str, rows: usize, cols: usize, dtype: GgmlDType, init: Init| {
+        TensorSpec::plain(format!("blk.{i}.{suffix}"), (rows, cols), dtype, init, l)
+    };
+    let matrix = |suffix: &str, rows, cols| {
+        let dtype = fallback(
+            quant.matrix_type(Role::OtherMatrix, i, shape.n_layers),
+            cols,
+        );
+        t(suffix, rows, cols, dtype, Init::Random)
+    };
+    let f32 = GgmlDType::F32;
+    let taps = (0..conv_dim * hy.conv_kernel)
+        .map(|k| ((k * 7919 + i * 104_729) % 1000) as f32 / 1000.0 - 0.5)
+        .collect();
+    let decay = (0..hy.v_heads)
+        .map(|v| -0.05 - 0.45 * v as f32 / hy.v_heads.max(2).saturating_sub(1) as f32)
+        .collect();
+    vec![
+        matrix("attn_qkv.weight", conv_dim, h),
+        matrix("attn_gate.weight", value_dim, h),
+        t(
+            "ssm_conv1d.weight",
+            conv_dim,
+            hy.conv_kernel,
+            f32,
+            Init::Values(taps),
+        ),
+        t("ssm_dt.bias", 1, hy.v_heads, f32, Init::Random),
+        t("ssm_a", 1, hy.v_heads, f32, Init::Values(decay)),
+        matrix("ssm_beta.weight", hy.v_heads, h),
+        matrix("ssm_alpha.weight", hy.v_heads, h),
+        t("ssm_norm.weight", 1, hy.head_dim, f32, Init::NearOne),
+        matrix("ssm_out.weight", h, value_dim),
+    ]
 }
 
 /// A synthetic reranker's `cls.output.weight`: the "yes" and "no" rows,

@@ -379,6 +379,16 @@ pub enum DraftModelError {
         /// The draft model.
         draft: String,
     },
+    /// The model keeps a recurrent state per sequence (a hybrid model),
+    /// which rejected draft tokens cannot be rolled back from.
+    #[error(
+        "{model} keeps a recurrent state per sequence (Gated DeltaNet layers): \
+         speculative decoding with a draft model is not supported for it; serve it without --draft-model"
+    )]
+    Recurrent {
+        /// The served model.
+        model: String,
+    },
 }
 
 /// Starts engines.
@@ -405,6 +415,9 @@ impl Engine {
         draft_tokenizer: &ModelTokenizer,
         config: EngineConfig,
     ) -> Result<EngineHandle, DraftModelError> {
+        if loaded.model.recurrent() {
+            return Err(DraftModelError::Recurrent { model: loaded.name });
+        }
         let same = loaded.model.vocab_size() == draft.model.vocab_size()
             && tokenizer.eos_token_ids() == draft_tokenizer.eos_token_ids()
             && tokenizer.token_bytes().ok() == draft_tokenizer.token_bytes().ok();
@@ -449,7 +462,9 @@ impl Engine {
         let info = handle::ModelFacts {
             name,
             vocab_size: model.vocab_size(),
-            kv_capacity: model.kv_capacity(),
+            // What a sequence's tokens can have: the pool less the slots
+            // its recurrent state holds (none for most models).
+            kv_capacity: model.kv_capacity().saturating_sub(model.state_slots()),
             max_positions: model.max_positions(),
             kv_shape: model.kv_shape(),
         };

@@ -33,6 +33,11 @@ use zinfer_text::detokenize::Detokenizer;
 
 /// How long an engine with work it cannot schedule waits before retrying;
 /// only reached if admission is stuck, which is a bug.
+/// Why a request asking for speculation on a recurrent model is refused.
+const RECURRENT_SPECULATION: &str = "speculative decoding is not supported for this model: \
+its Gated DeltaNet layers keep a recurrent state that rejected draft tokens cannot be rolled back from; \
+send the request without `speculative`";
+
 const STUCK_WAIT: Duration = Duration::from_millis(20);
 
 /// How often a send blocked on a full event channel checks the stop flag.
@@ -183,6 +188,9 @@ pub(super) struct EngineLoop {
     batch: StepBatch,
     /// Speculation of requests that do not say.
     speculative: Speculative,
+    /// The model keeps a recurrent state per sequence (hybrid models): no
+    /// prefix cache, no speculation.
+    recurrent: bool,
     /// The reranker head `rank` pooling applies, if the model has one.
     classifier: Option<Arc<Classifier>>,
     /// Drafts tokens for speculating sequences, when the worker has one.
@@ -213,11 +221,26 @@ impl EngineLoop {
         shared: Arc<Shared>,
     ) -> Self {
         let kv_capacity = model.kv_capacity();
-        let scheduler = Scheduler::new(
+        let mut scheduler = Scheduler::new(
             config.scheduler.clone(),
             TokenPool::new(kv_capacity),
             RadixCache::new(config.cache.clone()),
         );
+        // A recurrent state cannot be resumed from cached K/V, nor rolled
+        // back past rejected draft tokens: such a model computes every
+        // prompt whole and never speculates.
+        let recurrent = model.recurrent();
+        let mut speculative = config.speculative;
+        if recurrent {
+            scheduler.disable_prefix_cache();
+            scheduler.reserve_state_slots(model.state_slots());
+            if speculative.is_on() {
+                tracing::warn!(
+                    "speculative decoding is off: this model keeps a recurrent state per sequence"
+                );
+                speculative = Speculative::OFF;
+            }
+        }
         EngineLoop {
             model,
             text,
@@ -237,7 +260,8 @@ impl EngineLoop {
             mask_thread: None,
             choices: Choices::default(),
             batch: StepBatch::new(),
-            speculative: config.speculative,
+            speculative,
+            recurrent,
             classifier: config.classifier.clone(),
             draft: draft.map(DraftModel::new),
         }
@@ -260,6 +284,7 @@ impl EngineLoop {
             }
             let started = self.clock.now();
             self.step();
+            self.release_states();
             self.stats.step_s += seconds_since(started, self.clock.now());
             self.export_step();
             self.publish();
@@ -494,6 +519,10 @@ impl EngineLoop {
             .map(|ms| arrival + Duration::from_millis(ms));
         // A constraint's mask at a drafted position would depend on the
         // draft: constrained requests decode one token at a time.
+        if self.recurrent && request.speculative.is_some_and(|s| s.is_on()) {
+            self.fail(id, ErrorCode::BadRequest, RECURRENT_SPECULATION);
+            return;
+        }
         let speculative = request.speculative.unwrap_or(self.speculative);
         let speculation = (speculative.is_on() && !constrained).then_some(Speculation {
             ngram: speculative.ngram as usize,
@@ -874,9 +903,19 @@ impl EngineLoop {
         masks
     }
 
+    /// Lets the model drop the recurrent states of the sequences the
+    /// scheduler released (a no-op for other models).
+    fn release_states(&mut self) {
+        let released = self.scheduler.take_released();
+        if !released.is_empty() {
+            self.model.release_states(&released);
+        }
+    }
+
     /// Lays out the step's batch (planning) and runs the model on it
     /// (forward).
     fn forward(&mut self, plan: &StepPlan, lap: &mut Lap) -> Result<Vec<Vec<f32>>, InternalError> {
+        self.release_states();
         self.scheduler
             .fill_batch(plan, &mut self.batch)
             .ok_or(InternalError::MissingChunk)?;

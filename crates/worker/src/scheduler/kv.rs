@@ -9,6 +9,13 @@ use super::Seq;
 pub(super) struct Kv {
     pub(super) pool: TokenPool,
     pub(super) cache: RadixCache<u32>,
+    /// Whether computed prefixes go into the cache. Off for a model that
+    /// keeps a recurrent state per sequence: K/V alone cannot resume it.
+    pub(super) keep_prefixes: bool,
+    /// The first slots of sequences released since the engine last took
+    /// them, when prefixes are not kept: the model drops their recurrent
+    /// states.
+    pub(super) released: Vec<u32>,
 }
 
 impl Kv {
@@ -54,6 +61,9 @@ impl Kv {
     /// locked under the new node, as SGLang's `cache_unfinished_req` does:
     /// requests arriving later with the same prefix hit at once.
     pub(super) fn cache_prefix(&mut self, seq: &mut Seq) {
+        if !self.keep_prefixes {
+            return;
+        }
         let len = seq.kv_len.min(seq.slots.len());
         let outcome = self
             .cache
@@ -90,12 +100,19 @@ impl Kv {
     /// the cache (unlocked, so evictable); otherwise all its own slots are
     /// freed. Either way its lock is released and it owns nothing after.
     pub(super) fn release(&mut self, seq: &mut Seq, keep: bool) {
+        let state = std::mem::take(&mut seq.state);
+        self.free(&state);
+        if !self.keep_prefixes
+            && let Some(&first) = seq.slots.first()
+        {
+            self.released.push(first);
+        }
         let Some(node) = seq.node.take() else {
             seq.slots.clear();
             return;
         };
         let computed = seq.kv_len.min(seq.slots.len());
-        if keep && computed > 0 {
+        if keep && self.keep_prefixes && computed > 0 {
             let outcome = self.cache.insert(
                 &seq.namespace,
                 &seq.tokens[..computed],

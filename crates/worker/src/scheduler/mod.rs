@@ -234,7 +234,8 @@ pub struct SchedulerStats {
     pub kv_capacity: usize,
     /// Free slots.
     pub kv_free: usize,
-    /// Slots owned by running sequences (not in the cache).
+    /// Slots owned by running sequences (not in the cache), those held for
+    /// their recurrent states included.
     pub kv_held: usize,
     /// Slots owned by the radix cache (locked or not).
     pub kv_cached: usize,
@@ -252,6 +253,9 @@ pub struct SchedulerStats {
 #[derive(Debug)]
 struct Seq {
     id: u64,
+    /// Pool slots held for the model's recurrent state of the sequence
+    /// while it runs ([`Scheduler::reserve_state_slots`]); never written.
+    state: Vec<u32>,
     namespace: String,
     /// Prompt, then output.
     tokens: Vec<u32>,
@@ -341,6 +345,8 @@ pub struct Scheduler {
     cache_hit_tokens: u64,
     cache_query_tokens: u64,
     preemptions: u64,
+    /// Pool slots each running sequence holds for its recurrent state.
+    state_slots: usize,
 }
 
 impl Scheduler {
@@ -348,7 +354,12 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig, pool: TokenPool, cache: RadixCache<u32>) -> Self {
         Scheduler {
             config,
-            kv: Kv { pool, cache },
+            kv: Kv {
+                pool,
+                cache,
+                keep_prefixes: true,
+                released: Vec::new(),
+            },
             seqs: HashMap::new(),
             waiting: BTreeSet::new(),
             running: Vec::new(),
@@ -357,7 +368,33 @@ impl Scheduler {
             cache_hit_tokens: 0,
             cache_query_tokens: 0,
             preemptions: 0,
+            state_slots: 0,
         }
+    }
+
+    /// Caches no prefix from now on (nothing computed goes into the radix
+    /// cache, so every prompt is computed whole) and holds no request for
+    /// another's prefix: for models with a recurrent state per sequence,
+    /// which a prefix's K/V alone cannot resume.
+    pub fn disable_prefix_cache(&mut self) {
+        self.kv.keep_prefixes = false;
+        self.config.shared_prefix_hold = 0;
+    }
+
+    /// Makes every running sequence hold `per_sequence` pool slots besides
+    /// its tokens', from admission to release: the memory of its recurrent
+    /// state (a hybrid model's), counted in the pool's slots so admission
+    /// and preemption weigh it as they weigh K/V. A prompt must fit the
+    /// pool less those slots.
+    pub fn reserve_state_slots(&mut self, per_sequence: usize) {
+        self.state_slots = per_sequence;
+    }
+
+    /// The first slots of the sequences released since the last call, when
+    /// the prefix cache is off ([`Self::disable_prefix_cache`]): the model
+    /// drops their recurrent states before any of those slots is used again.
+    pub fn take_released(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.kv.released)
     }
 
     /// KV pool capacity in tokens (one slot per token).
@@ -370,10 +407,11 @@ impl Scheduler {
         if new.prompt.is_empty() {
             return Err(SchedulerError::EmptyPrompt);
         }
-        if new.prompt.len() + 1 > self.kv_capacity() {
+        let capacity = self.kv_capacity().saturating_sub(self.state_slots);
+        if new.prompt.len() + 1 > capacity {
             return Err(SchedulerError::PromptTooLong {
                 prompt: new.prompt.len(),
-                capacity: self.kv_capacity(),
+                capacity,
             });
         }
         if self.seqs.contains_key(&new.id) {
@@ -381,6 +419,7 @@ impl Scheduler {
         }
         let seq = Seq {
             id: new.id,
+            state: Vec::new(),
             namespace: new.namespace,
             prompt_len: new.prompt.len(),
             tokens: new.prompt,
@@ -860,18 +899,20 @@ impl Scheduler {
             seq.reserve(self.config.decode_reserve) + running_reserve
         };
         self.kv.cache.lock(matched.node);
-        if self.kv.room() < uncached + reserve {
+        if self.kv.room() < uncached + self.state_slots + reserve {
             self.kv.unlock(matched.node);
             // Alone with the pool to itself and still no room: only a
             // resumed sequence as long as the pool can get here.
             return if alone { Admit::Never } else { Admit::NoRoom };
         }
-        let Some(fresh) = self.kv.alloc(uncached) else {
+        let Some(mut fresh) = self.kv.alloc(uncached + self.state_slots) else {
             self.kv.unlock(matched.node);
             return Admit::NoRoom;
         };
+        let state = fresh.split_off(uncached);
         let Some(seq) = self.seqs.get_mut(&id) else {
             self.kv.free(&fresh);
+            self.kv.free(&state);
             self.kv.unlock(matched.node);
             return Admit::NoRoom;
         };
@@ -881,6 +922,7 @@ impl Scheduler {
             self.cache_hit_tokens += usable as u64;
         }
         seq.admitted_before = true;
+        seq.state = state;
         seq.slots.clear();
         seq.slots.extend_from_slice(&matched.slots[..usable]);
         seq.slots.extend(fresh);
@@ -1069,7 +1111,7 @@ impl Scheduler {
             .running
             .iter()
             .filter_map(|id| self.seqs.get(id))
-            .map(|seq| seq.slots.len().saturating_sub(seq.cache_len))
+            .map(|seq| seq.slots.len().saturating_sub(seq.cache_len) + seq.state.len())
             .sum();
         SchedulerStats {
             running: self.running.len(),

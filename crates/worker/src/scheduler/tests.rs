@@ -280,6 +280,65 @@ fn a_cached_prefix_is_reused_and_only_the_rest_allocated() {
     assert_eq!((stats.cache_hit_tokens, stats.cache_query_tokens), (33, 65));
 }
 
+/// Without the prefix cache (a model with a recurrent state), a repeated
+/// prompt is computed whole, every slot goes back to the pool, and each
+/// released sequence's first slot is reported once for its state to go.
+#[test]
+fn without_the_prefix_cache_prompts_are_computed_whole_and_releases_reported() {
+    let mut h = Harness::new(256, config(64));
+    h.sched.disable_prefix_cache();
+    let prompt: Vec<u32> = (1..=30).collect();
+    h.submit(1, prompt.clone(), 4, 0);
+    let first_slot = {
+        let plan = h.step();
+        h.sched.chunk(&plan.items[0]).unwrap().slots[0]
+    };
+    h.run_until_idle(50);
+    assert_eq!(h.sched.take_released(), [first_slot]);
+    assert!(h.sched.take_released().is_empty());
+    assert_eq!(h.sched.stats().kv_cached, 0);
+    h.submit(2, prompt.clone(), 4, 0);
+    let plan = h.step();
+    assert_eq!(plan.admitted[0].cached_tokens, 0);
+    assert_eq!((plan.items[0].start, plan.items[0].len), (0, 30));
+    h.run_until_idle(50);
+    assert_eq!(h.outputs[&2], h.outputs[&1]);
+    let stats = h.sched.stats();
+    assert_eq!((stats.kv_free, stats.kv_cached), (256, 0));
+    assert_eq!(h.sched.take_released().len(), 1);
+}
+
+/// Slots reserved for each running sequence's recurrent state are taken at
+/// admission beside its tokens', weigh in admission (two sequences that
+/// fit without them run one after the other with them), and go back to
+/// the pool at the end; a prompt must fit the pool less them.
+#[test]
+fn state_slots_are_held_while_a_sequence_runs() {
+    let mut h = Harness::new(100, config(64));
+    h.sched.disable_prefix_cache();
+    h.sched.reserve_state_slots(30);
+    let refused = h.sched.submit(one_token_request(vec![1; 70]));
+    assert_eq!(
+        refused,
+        Err(SchedulerError::PromptTooLong {
+            prompt: 70,
+            capacity: 70
+        })
+    );
+    h.submit(1, (1..=20).collect(), 4, 0);
+    h.submit(2, (21..=40).collect(), 4, 0);
+    let plan = h.step();
+    // 20 prompt + 30 state slots each: the second waits for room.
+    assert_eq!(plan.admitted.len(), 1);
+    assert_eq!(h.sched.stats().kv_free, 100 - 20 - 30);
+    h.run_until_idle(50);
+    assert_eq!(
+        h.outputs[&2],
+        reference_output(&(21..=40).collect::<Vec<u32>>(), 4, 50)
+    );
+    assert_eq!(h.sched.stats().kv_free, 100);
+}
+
 #[test]
 fn a_fully_cached_prompt_still_feeds_its_last_token() {
     let mut h = Harness::new(128, config(64));
@@ -413,10 +472,9 @@ fn a_sequence_that_alone_fills_the_pool_ends_and_frees_it() {
     assert!(h.sched.is_empty());
 }
 
-#[test]
-fn prompts_that_cannot_fit_are_refused_at_submit() {
-    let mut h = Harness::new(16, config(64));
-    let new = |prompt: Vec<u32>| NewSequence {
+/// Sequence 9: `prompt`, one new token.
+fn one_token_request(prompt: Vec<u32>) -> NewSequence {
+    NewSequence {
         id: 9,
         namespace: String::new(),
         prompt,
@@ -425,7 +483,13 @@ fn prompts_that_cannot_fit_are_refused_at_submit() {
         deadline: None,
         prompt_output: zinfer_model::ChunkOutput::LastLogits,
         speculation: None,
-    };
+    }
+}
+
+#[test]
+fn prompts_that_cannot_fit_are_refused_at_submit() {
+    let mut h = Harness::new(16, config(64));
+    let new = one_token_request;
     assert_eq!(
         h.sched.submit(new((0..16).collect())),
         Err(SchedulerError::PromptTooLong {

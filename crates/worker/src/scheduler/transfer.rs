@@ -51,7 +51,7 @@ impl Scheduler {
         fill: impl FnOnce(&[u32]) -> Result<(), E>,
     ) -> Result<usize, ImportError<E>> {
         let (cached, mut slots) = self.kv.cache.cached_prefix(namespace, tokens);
-        if cached < from || from > tokens.len() {
+        if !self.kv.keep_prefixes || cached < from || from > tokens.len() {
             // The caller checked; a mismatch means nothing can be kept.
             return Ok(0);
         }
