@@ -28,7 +28,7 @@ fn features(name: &str) -> ChatFeatures {
 
 #[test]
 fn reference_templates_have_their_features() {
-    use ToolFormat::{Hermes, Llama3Json, Mistral};
+    use ToolFormat::{Harmony, Hermes, Llama3Json, Mistral};
     // (template, tool format, renders tools, thinks)
     let expected = [
         ("Qwen-Qwen2.5-7B-Instruct", Hermes, true, false),
@@ -46,6 +46,8 @@ fn reference_templates_have_their_features() {
         ),
         ("google-gemma-2-2b-it", Hermes, false, false),
         ("microsoft-Phi-3.5-mini-instruct", Hermes, false, false),
+        // Harmony's reasoning is a channel, not a `<think>` block.
+        ("openai-gpt-oss-120b", Harmony, true, false),
     ];
     for (name, tool_format, renders_tools, thinks) in expected {
         assert_eq!(
