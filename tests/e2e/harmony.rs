@@ -99,6 +99,14 @@ fn forced_harmony_tool_call_through_serve() {
     let _guard = exclusive();
     let dir = tempfile::tempdir().unwrap();
     let model = gpt_oss_checkpoint(dir.path());
+    // As llama.cpp's vocabulary sets them: `<|return|>` and `<|call|>` end
+    // generation, `<|end|>` (followed by the next message) does not.
+    let tokenizer = zinfer_text::ModelTokenizer::open(&model).unwrap();
+    let first = tokenizer.vocab_size() - HARMONY_TOKENS.len();
+    for (i, token) in HARMONY_TOKENS.iter().enumerate() {
+        let ends = tokenizer.eos_token_ids().contains(&((first + i) as u32));
+        assert_eq!(ends, ["<|return|>", "<|call|>"].contains(token), "{token}");
+    }
     let (_serve, http) = serve_http(&model, 512, &[]);
 
     let (status, reply) = http_post(
