@@ -75,7 +75,9 @@ fn header(name: &str, controls: &Controls<'_>) -> String {
 /// What a message's body is, from its header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Body {
+    /// The `analysis` channel.
     Reasoning,
+    /// The `final` channel, a preamble, or text that is no harmony.
     Content,
     /// A call of the named function; the body is its arguments.
     Call(String),
@@ -84,6 +86,7 @@ enum Body {
     Dropped,
 }
 
+/// Where the parser is in the run of messages.
 #[derive(Debug)]
 enum State {
     /// Reading a header: held until `<|message|>`.
