@@ -13,6 +13,7 @@ mod clients;
 mod constraint;
 mod control;
 mod deploy;
+mod harmony;
 mod harness;
 mod http;
 mod http_abuse;

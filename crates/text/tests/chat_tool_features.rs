@@ -28,7 +28,7 @@ fn features(name: &str) -> ChatFeatures {
 
 #[test]
 fn reference_templates_have_their_features() {
-    use ToolFormat::{Hermes, Llama3Json, Mistral};
+    use ToolFormat::{Harmony, Hermes, Llama3Json, Mistral};
     // (template, tool format, renders tools, thinks)
     let expected = [
         ("Qwen-Qwen2.5-7B-Instruct", Hermes, true, false),
@@ -46,6 +46,8 @@ fn reference_templates_have_their_features() {
         ),
         ("google-gemma-2-2b-it", Hermes, false, false),
         ("microsoft-Phi-3.5-mini-instruct", Hermes, false, false),
+        // Harmony's reasoning is a channel, not a `<think>` block.
+        ("openai-gpt-oss-120b", Harmony, true, false),
     ];
     for (name, tool_format, renders_tools, thinks) in expected {
         assert_eq!(
@@ -202,4 +204,46 @@ fn thinking_prompts_end_as_the_worker_expects() {
             "{name}: {closed:?}"
         );
     }
+}
+
+/// gpt-oss reads an assistant turn's reasoning from `thinking`: a turn's
+/// `reasoning_content` reaches it there, and the turn's content is left
+/// out when it has calls (the template refuses both), as llama.cpp passes
+/// them, so the analysis before a call is shown again with it.
+#[test]
+fn gpt_oss_sees_the_reasoning_before_its_call() {
+    let messages = vec![
+        ChatMessage::new("user", "Weather in Paris?"),
+        ChatMessage {
+            role: "assistant".into(),
+            reasoning_content: Some("Need the forecast.".into()),
+            tool_calls: Some(vec![ToolCall {
+                id: Some("a".into()),
+                kind: Some("function".into()),
+                function: FunctionCall {
+                    name: "get_weather".into(),
+                    arguments: json!({"city": "Paris"}),
+                },
+            }]),
+            ..ChatMessage::new("assistant", "Let me check.")
+        },
+        ChatMessage {
+            tool_call_id: Some("a".into()),
+            ..ChatMessage::new("tool", "18C")
+        },
+    ];
+    let tools = tools();
+    let prompt = template("openai-gpt-oss-120b")
+        .render_request(&TemplateInput {
+            tools: Some(&tools),
+            ..TemplateInput::new(&messages)
+        })
+        .unwrap();
+    let call = "<|start|>assistant<|channel|>analysis<|message|>Need the forecast.<|end|>\
+                <|start|>assistant to=functions.get_weather<|channel|>commentary json\
+                <|message|>{\"city\": \"Paris\"}<|call|>\
+                <|start|>functions.get_weather to=assistant<|channel|>commentary\
+                <|message|>\"18C\"<|end|><|start|>assistant";
+    assert!(prompt.ends_with(call), "{prompt:?}");
+    assert!(!prompt.contains("Let me check."), "{prompt:?}");
 }

@@ -14,13 +14,39 @@ use zinfer_worker::constraint::Grammars;
 
 const EOS: u32 = 256;
 const TOOL_CALLS: u32 = 257;
+/// Harmony's control tokens, as a gpt-oss vocabulary has them: the ones
+/// llama.cpp renders as text, then `<|call|>`, which ends generation.
+const HARMONY_TEXT: [(u32, &str); 3] = [
+    (258, "<|channel|>"),
+    (259, "<|constrain|>"),
+    (260, "<|message|>"),
+];
+const CALL: u32 = 261;
+/// Every token that ends generation.
+const END: [u32; 2] = [EOS, CALL];
 
-/// One token per byte, then EOS and Mistral's `[TOOL_CALLS]`.
+/// One token per byte, then EOS, Mistral's `[TOOL_CALLS]` and harmony's
+/// control tokens.
 fn vocabulary() -> Vec<TokenBytes> {
     let mut tokens: Vec<TokenBytes> = (0..=255u8).map(|b| TokenBytes::Text(vec![b])).collect();
     tokens.push(TokenBytes::Special("<eos>".into()));
     tokens.push(TokenBytes::Special("[TOOL_CALLS]".into()));
+    for (_, text) in HARMONY_TEXT {
+        tokens.push(TokenBytes::Text(text.as_bytes().to_vec()));
+    }
+    tokens.push(TokenBytes::Special("<|call|>".into()));
     tokens
+}
+
+/// The text a token stands for in the output.
+fn token_text(token: u32) -> Vec<u8> {
+    match token {
+        TOOL_CALLS => b"[TOOL_CALLS]".to_vec(),
+        _ => match HARMONY_TEXT.iter().find(|(id, _)| *id == token) {
+            Some((_, text)) => text.as_bytes().to_vec(),
+            None => vec![u8::try_from(token).unwrap()],
+        },
+    }
 }
 
 fn tools() -> Vec<Tool> {
@@ -60,8 +86,24 @@ fn tools() -> Vec<Tool> {
     ]
 }
 
-/// Every format, choice, `parallel` and Mistral marker.
-fn cases() -> Vec<(ToolFormat, ToolChoice, bool, Option<u32>)> {
+/// The test vocabulary's control tokens, `by_id`, or none (the grammar
+/// writes their text).
+fn ids(by_id: bool) -> impl Fn(&str) -> Option<u32> {
+    move |piece| {
+        let control = match piece {
+            "[TOOL_CALLS]" => Some(TOOL_CALLS),
+            "<|call|>" => Some(CALL),
+            _ => HARMONY_TEXT
+                .iter()
+                .find(|(_, text)| *text == piece)
+                .map(|(id, _)| *id),
+        };
+        control.filter(|_| by_id)
+    }
+}
+
+/// Every format, choice, `parallel` and control tokens by id or as text.
+fn cases() -> Vec<(ToolFormat, ToolChoice, bool, bool)> {
     let choices = [
         ToolChoice::Required,
         ToolChoice::Function("get_weather".into()),
@@ -73,10 +115,11 @@ fn cases() -> Vec<(ToolFormat, ToolChoice, bool, Option<u32>)> {
         ToolFormat::Hermes,
         ToolFormat::Llama3Json,
         ToolFormat::Mistral,
+        ToolFormat::Harmony,
     ] {
         let markers = match format {
-            ToolFormat::Mistral => vec![None, Some(TOOL_CALLS)],
-            _ => vec![None],
+            ToolFormat::Mistral | ToolFormat::Harmony => vec![false, true],
+            _ => vec![false],
         };
         for choice in &choices {
             for parallel in [false, true] {
@@ -125,11 +168,12 @@ fn walk(matcher: &mut Matcher, rng: &mut StdRng, free: usize) -> String {
             }
         };
         matcher.consume_token(token).unwrap();
-        match token {
-            EOS => return String::from_utf8(bytes).unwrap(),
-            TOOL_CALLS => bytes.extend_from_slice(b"[TOOL_CALLS]"),
-            byte => bytes.push(u8::try_from(byte).unwrap()),
+        // A token that ends generation ends the text, as the engine stops
+        // there without decoding it (harmony's `<|call|>` included).
+        if END.contains(&token) {
+            return String::from_utf8(bytes).unwrap();
         }
+        bytes.extend(token_text(token));
     }
     panic!(
         "no end after 4000 steps: {:?}",
@@ -161,16 +205,22 @@ fn check_arguments(name: &str, arguments: &str) {
 fn only_forcing_choices_give_a_grammar() {
     let tools = tools();
     for choice in [ToolChoice::Auto, ToolChoice::None] {
-        let result = forced_call_grammar(ToolFormat::Hermes, &tools, &choice, false, None);
+        let result = forced_call_grammar(ToolFormat::Hermes, &tools, &choice, false, &ids(false));
         assert_eq!(result, Err(GrammarError::NotForced));
     }
     let missing = ToolChoice::Function("nope".into());
     assert_eq!(
-        forced_call_grammar(ToolFormat::Hermes, &tools, &missing, false, None),
+        forced_call_grammar(ToolFormat::Hermes, &tools, &missing, false, &ids(false)),
         Err(GrammarError::UnknownFunction("nope".into()))
     );
     assert_eq!(
-        forced_call_grammar(ToolFormat::Hermes, &[], &ToolChoice::Required, true, None),
+        forced_call_grammar(
+            ToolFormat::Hermes,
+            &[],
+            &ToolChoice::Required,
+            true,
+            &ids(false)
+        ),
         Err(GrammarError::NoTools)
     );
 }
@@ -179,7 +229,8 @@ fn only_forcing_choices_give_a_grammar() {
 fn grammars_have_one_json_rule_per_allowed_tool() {
     let tools = tools();
     let choice = ToolChoice::Function("now".into());
-    let hermes = forced_call_grammar(ToolFormat::Hermes, &tools, &choice, false, None).unwrap();
+    let hermes =
+        forced_call_grammar(ToolFormat::Hermes, &tools, &choice, false, &ids(false)).unwrap();
     assert_eq!(
         hermes,
         "start: call\n\
@@ -191,34 +242,54 @@ fn grammars_have_one_json_rule_per_allowed_tool() {
          \"additionalProperties\":false,\"x-guidance\":{\"whitespace_flexible\":false}}\n"
     );
     let all = ToolChoice::Required;
-    let llama = forced_call_grammar(ToolFormat::Llama3Json, &tools, &all, true, None).unwrap();
+    let llama =
+        forced_call_grammar(ToolFormat::Llama3Json, &tools, &all, true, &ids(false)).unwrap();
     assert!(
         llama.starts_with(
             "start: call (\"; \" call)*\ncall: tool\ntool: tool_0 | tool_1 | tool_2\n"
         )
     );
     assert!(llama.contains("\"required\":[\"name\",\"parameters\"]"));
-    let mistral = forced_call_grammar(ToolFormat::Mistral, &tools, &all, true, Some(7)).unwrap();
+    let mistral = forced_call_grammar(ToolFormat::Mistral, &tools, &all, true, &ids(true)).unwrap();
     assert!(
-        mistral.starts_with("start: <[7]> \"[\" call (\",\" call)* \"]\"\n"),
+        mistral.starts_with("start: <[257]> \"[\" call (\",\" call)* \"]\"\n"),
         "{mistral}"
     );
-    let literal = forced_call_grammar(ToolFormat::Mistral, &tools, &all, false, None).unwrap();
+    let literal =
+        forced_call_grammar(ToolFormat::Mistral, &tools, &all, false, &ids(false)).unwrap();
     assert!(
         literal.starts_with("start: \"[TOOL_CALLS]\" \"[\" call \"]\"\n"),
         "{literal}"
+    );
+    // Harmony: the name in the header, the JSON the arguments alone, one
+    // call (`<|call|>` ends the turn), the control tokens by id.
+    let harmony =
+        forced_call_grammar(ToolFormat::Harmony, &tools, &choice, true, &ids(true)).unwrap();
+    assert_eq!(
+        harmony,
+        "start: call\n\
+         call: tool <[261]>\n\
+         tool: tool_0\n\
+         tool_0: <[258]> \"commentary to=functions.now \" <[259]> \"json\" <[260]> \
+         %json {\"type\":\"object\",\"properties\":{},\"additionalProperties\":false,\
+         \"x-guidance\":{\"whitespace_flexible\":false}}\n"
     );
 }
 
 #[test]
 fn every_grammar_compiles() {
-    let grammars = Grammars::new(Ok(vocabulary()), &[EOS]);
+    let grammars = Grammars::new(Ok(vocabulary()), &END);
     for (format, choice, parallel, marker) in cases() {
-        let grammar = forced_call_grammar(format, &tools(), &choice, parallel, marker).unwrap();
+        let grammar =
+            forced_call_grammar(format, &tools(), &choice, parallel, &ids(marker)).unwrap();
         let mut matcher = compile(&grammars, &grammar);
-        if marker.is_some() {
+        if marker {
             let first = matcher.compute_mask().unwrap().to_list();
-            assert_eq!(first, [TOOL_CALLS], "the control token opens the calls");
+            let opener = match format {
+                ToolFormat::Harmony => HARMONY_TEXT[0].0,
+                _ => TOOL_CALLS,
+            };
+            assert_eq!(first, [opener], "the control token opens the calls");
         }
     }
 }
@@ -248,11 +319,12 @@ fn check_forced(format: ToolFormat, choice: &ToolChoice, text: &str) -> usize {
 
 #[test]
 fn forced_output_parses_back_into_allowed_calls() {
-    let grammars = Grammars::new(Ok(vocabulary()), &[EOS]);
+    let grammars = Grammars::new(Ok(vocabulary()), &END);
     let mut rng = StdRng::seed_from_u64(7);
     let mut several = 0;
     for (format, choice, parallel, marker) in cases() {
-        let grammar = forced_call_grammar(format, &tools(), &choice, parallel, marker).unwrap();
+        let grammar =
+            forced_call_grammar(format, &tools(), &choice, parallel, &ids(marker)).unwrap();
         let matcher = compile(&grammars, &grammar);
         for round in 0..8 {
             let text = walk(&mut matcher.clone(), &mut rng, 20 + round * 40);
@@ -267,9 +339,10 @@ fn forced_output_parses_back_into_allowed_calls() {
 
 #[test]
 fn arguments_must_follow_the_schema() {
-    let grammars = Grammars::new(Ok(vocabulary()), &[EOS]);
+    let grammars = Grammars::new(Ok(vocabulary()), &END);
     let choice = ToolChoice::Function("get_weather".into());
-    let grammar = forced_call_grammar(ToolFormat::Hermes, &tools(), &choice, false, None).unwrap();
+    let grammar =
+        forced_call_grammar(ToolFormat::Hermes, &tools(), &choice, false, &ids(false)).unwrap();
     let accepts = |text: &str| {
         let mut matcher = compile(&grammars, &grammar);
         let tokens: Vec<u32> = text.bytes().map(u32::from).collect();
@@ -294,7 +367,7 @@ fn arguments_must_follow_the_schema() {
 /// its arguments runs to `max_tokens` otherwise).
 #[test]
 fn object_schemas_are_strict_unless_the_tool_says_not() {
-    let grammars = Grammars::new(Ok(vocabulary()), &[EOS]);
+    let grammars = Grammars::new(Ok(vocabulary()), &END);
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"},
         "where": {"type": "object", "properties": {"x": {"type": "integer"}}}}});
     let mut tool = Tool::function("f", schema);
@@ -302,8 +375,14 @@ fn object_schemas_are_strict_unless_the_tool_says_not() {
     let call = |json: &str| format!("<tool_call>\n{json}\n</tool_call>");
     for (strict, extra_allowed) in [(None, false), (Some(true), false), (Some(false), true)] {
         tool.function.strict = strict;
-        let grammar =
-            forced_call_grammar(ToolFormat::Hermes, &[tool.clone()], &choice, true, None).unwrap();
+        let grammar = forced_call_grammar(
+            ToolFormat::Hermes,
+            &[tool.clone()],
+            &choice,
+            true,
+            &ids(false),
+        )
+        .unwrap();
         let accepts = |text: &str| {
             let mut matcher = compile(&grammars, &grammar);
             let tokens: Vec<u32> = text.bytes().map(u32::from).collect();

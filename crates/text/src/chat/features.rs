@@ -28,8 +28,9 @@ pub struct ChatFeatures {
 /// The features of a template's source.
 ///
 /// - `tool_format`: the first format of the tools table that recognises
-///   the source (`[TOOL_CALLS]`: Mistral; `<|python_tag|>`, or Llama 3
-///   headers with a `"parameters"` key: Llama 3 JSON), else Hermes.
+///   the source (`<|channel|>` and `<|message|>`: harmony; `[TOOL_CALLS]`:
+///   Mistral; `<|python_tag|>`, or Llama 3 headers with a `"parameters"`
+///   key: Llama 3 JSON), else Hermes.
 /// - `renders_tools`: see [`reads_tools`].
 /// - `thinks`: the source has `<think>` or `</think>`.
 pub(crate) fn detect(source: &str) -> ChatFeatures {
@@ -449,6 +450,10 @@ Thanks! Anything else?<|im_end|>
         assert_eq!(
             detect("{{ '<|start_header_id|>' }}").tool_format,
             ToolFormat::Hermes
+        );
+        assert_eq!(
+            detect("<|start|>{{ r }}<|channel|>final<|message|>{{ c }}<|end|>").tool_format,
+            ToolFormat::Harmony
         );
         assert_eq!(detect(super::super::CHATML), ChatFeatures::default());
     }

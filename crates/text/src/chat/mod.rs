@@ -34,7 +34,7 @@ use minijinja::value::{Enumerator, Kwargs, Object, ObjectRepr, Rest, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, State, Value};
 use zinfer_protocol::{ChatMessage, MessageContent};
 
-use crate::TextError;
+use crate::{TextError, ToolFormat};
 
 /// ChatML, used when a checkpoint carries no template.
 pub(crate) const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
@@ -226,7 +226,12 @@ impl ChatTemplate {
         if let Some(why) = self.broken.as_ref().or(self.over_limit.as_ref()) {
             return Err(TextError::ChatTemplate(why.clone()));
         }
-        let messages: Vec<Value> = input.messages.iter().map(message_value).collect();
+        let harmony = self.features.tool_format == ToolFormat::Harmony;
+        let messages: Vec<Value> = input
+            .messages
+            .iter()
+            .map(|m| message_value(m, harmony))
+            .collect();
         let now = clock::DateTime::utc(input.now);
         let mut vars: Vec<(String, Value)> = vec![
             ("messages".into(), Value::from(messages)),
@@ -405,9 +410,17 @@ impl Object for Generator {
 /// A message as the template sees it: the fields that are set, in
 /// OpenAI's order; text parts joined into one string, as templates that
 /// expect a string need (vLLM and the HTTP front join them the same way).
-fn message_value(message: &ChatMessage) -> Value {
+///
+/// For a `harmony` template (gpt-oss) the reasoning is also `thinking`,
+/// the field that template reads, and a turn with reasoning and tool calls
+/// has no `content` (the template refuses both), as llama.cpp passes them:
+/// the reasoning before a call is the one analysis gpt-oss sees again.
+fn message_value(message: &ChatMessage, harmony: bool) -> Value {
     let mut fields: Vec<(&str, Value)> = vec![("role", Value::from(message.role.as_str()))];
+    let thinking = message.reasoning_content.as_deref().filter(|_| harmony);
+    let calls = message.tool_calls.as_ref().is_some_and(|c| !c.is_empty());
     match &message.content {
+        _ if thinking.is_some() && calls => {}
         Some(MessageContent::Text(text)) => fields.push(("content", Value::from(text.as_str()))),
         Some(parts @ MessageContent::Parts(_)) => {
             fields.push(("content", Value::from(parts.text().into_owned())));
@@ -425,6 +438,9 @@ fn message_value(message: &ChatMessage) -> Value {
     }
     if let Some(reasoning) = &message.reasoning_content {
         fields.push(("reasoning_content", Value::from(reasoning.as_str())));
+    }
+    if let Some(thinking) = thinking {
+        fields.push(("thinking", Value::from(thinking)));
     }
     fields.into_iter().collect()
 }

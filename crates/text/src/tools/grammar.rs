@@ -1,9 +1,11 @@
 //! The Lark grammar (llguidance's dialect) that forces tool calls.
 //!
 //! Each allowed tool is one rule holding an inline `%json { schema }` whose
-//! schema fixes the name and checks the arguments; the format's syntax
-//! (tags, separators, Mistral's marker) is written around them in Lark by
-//! the format's own file.
+//! schema fixes the name and checks the arguments (or, where the format
+//! names the function outside the JSON, as harmony does, the name written
+//! before a schema of the arguments alone); the format's syntax (tags,
+//! separators, control tokens) is written around them in Lark by the
+//! format's own file.
 
 use std::fmt::Write;
 
@@ -44,33 +46,72 @@ impl Repeat {
     }
 }
 
+/// How a forced call's JSON names its function.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum CallJson {
+    /// `{"name": NAME, KEY: ARGUMENTS}`, with the arguments under this key.
+    Wrapped(&'static str),
+    /// The JSON is the arguments alone; this gives the Lark that names the
+    /// function before it.
+    Bare(fn(&str, &Controls<'_>) -> String),
+}
+
+/// How the vocabulary has a format's control tokens.
+pub(super) struct Controls<'a>(&'a dyn Fn(&str) -> Option<u32>);
+
+impl Controls<'_> {
+    /// `piece` in Lark: the token by id when the vocabulary has it as one
+    /// token (its text would be tokenized as plain text, which the model
+    /// never writes), else the text.
+    pub(super) fn lark(&self, piece: &str) -> String {
+        match (self.0)(piece) {
+            Some(id) => format!("<[{id}]>"),
+            None => literal(piece),
+        }
+    }
+}
+
 /// A grammar whose every sentence is one call (or, with `parallel` and
 /// `required`, one or more) of the tools `choice` allows, in `format`'s
 /// syntax, arguments valid under each tool's schema: a named choice is
 /// exactly one call, as it names one function. A schema's objects are
 /// closed unless the tool says `strict: false` (see
-/// [`zinfer_protocol::closed_objects`]). `opener` is the id of the control
-/// token that opens the format's calls (Mistral's `[TOOL_CALLS]`, see
-/// [`ToolFormat::opener`]), when the vocabulary has one.
+/// [`zinfer_protocol::closed_objects`]). `token_id` gives the id of a
+/// control token of the format (Mistral's `[TOOL_CALLS]`, harmony's
+/// `<|channel|>`, ...) when the vocabulary has it as one token: the
+/// grammar writes those by id.
 pub fn forced_call_grammar(
     format: ToolFormat,
     tools: &[Tool],
     choice: &ToolChoice,
     parallel: bool,
-    opener: Option<u32>,
+    token_id: &dyn Fn(&str) -> Option<u32>,
 ) -> Result<String, GrammarError> {
     let allowed = allowed_tools(tools, choice)?;
     let parallel = parallel && *choice == ToolChoice::Required;
     let syntax = format.syntax();
-    let (start, call) = (syntax.forced)(Repeat { parallel }, opener);
+    let controls = Controls(token_id);
+    let (start, call) = (syntax.forced)(Repeat { parallel }, &controls);
     let mut grammar = format!("start: {start}\ncall: {call}\ntool: ");
     let alternatives: Vec<String> = (0..allowed.len()).map(|i| format!("tool_{i}")).collect();
     grammar.push_str(&alternatives.join(" | "));
     grammar.push('\n');
     for (i, tool) in allowed.iter().enumerate() {
         // serde_json's text is valid JSON, which is what `%json` reads.
-        let schema = Value::Object(call_schema(tool, syntax.arguments_key));
-        let _ = writeln!(grammar, "tool_{i}: %json {schema}");
+        let _ = match syntax.call_json {
+            CallJson::Wrapped(key) => {
+                let schema = Value::Object(call_schema(tool, key));
+                writeln!(grammar, "tool_{i}: %json {schema}")
+            }
+            CallJson::Bare(name) => {
+                let mut schema = parameters(tool);
+                if let Some(map) = schema.as_object_mut() {
+                    map.insert("x-guidance".into(), compact());
+                }
+                let name = name(&tool.function.name, &controls);
+                writeln!(grammar, "tool_{i}: {name} %json {schema}")
+            }
+        };
     }
     Ok(grammar)
 }
@@ -92,8 +133,9 @@ fn allowed_tools<'a>(
     }
 }
 
-/// `{"name": NAME, ARGUMENTS_KEY: {...}}`, nothing else, name first.
-fn call_schema(tool: &Tool, arguments_key: &str) -> Map<String, Value> {
+/// The schema of a tool's arguments, its objects closed unless the tool
+/// says `strict: false`.
+fn parameters(tool: &Tool) -> Value {
     let mut parameters = tool
         .function
         .parameters
@@ -102,6 +144,19 @@ fn call_schema(tool: &Tool, arguments_key: &str) -> Map<String, Value> {
     if tool.function.strict != Some(false) {
         zinfer_protocol::closed_objects(&mut parameters);
     }
+    parameters
+}
+
+/// llguidance's option for JSON without free whitespace, as the worker's
+/// constraints do for schemas: free whitespace lets a small model fill its
+/// budget with blank lines.
+fn compact() -> Value {
+    json!({"whitespace_flexible": false})
+}
+
+/// `{"name": NAME, ARGUMENTS_KEY: {...}}`, nothing else, name first.
+fn call_schema(tool: &Tool, arguments_key: &str) -> Map<String, Value> {
+    let mut parameters = parameters(tool);
     let mut schema = Map::new();
     schema.insert("type".into(), json!("object"));
     // References such as `#/$defs/x` are resolved from the document's
@@ -121,9 +176,7 @@ fn call_schema(tool: &Tool, arguments_key: &str) -> Map<String, Value> {
     schema.insert("required".into(), json!(["name", arguments_key]));
     schema.insert("additionalProperties".into(), json!(false));
     schema.extend(definitions);
-    // Compact JSON, as the worker's constraints do for schemas: free
-    // whitespace lets a small model fill its budget with blank lines.
-    schema.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
+    schema.insert("x-guidance".into(), compact());
     schema
 }
 

@@ -7,10 +7,10 @@
 use serde_json::Value as Json;
 use zinfer_protocol::{ChatMessage, MessageContent, ToolCall};
 
-use super::grammar::{Repeat, literal};
+use super::grammar::{Controls, Repeat, literal};
 use super::parse::{CallParser, Parsed, Shape, is_blank, parse_call};
 use super::tag::partial_tag;
-use super::{Format, ToolFormat};
+use super::{CallJson, Format, ToolFormat};
 use crate::TextError;
 
 const OPEN: &str = "<tool_call>";
@@ -22,14 +22,13 @@ pub(super) const HERMES: Format = Format {
     // The default: any template that shows no other format.
     detect: |_| true,
     markers: &[],
-    opener: None,
-    arguments_key: "arguments",
+    call_json: CallJson::Wrapped("arguments"),
     forced,
     parser: || Box::new(Hermes::default()),
 };
 
 /// Calls one per line, each a block.
-fn forced(calls: Repeat, _opener: Option<u32>) -> (String, String) {
+fn forced(calls: Repeat, _controls: &Controls<'_>) -> (String, String) {
     (
         calls.joined_by("\n"),
         format!(

@@ -2,9 +2,9 @@
 //! optionally after `<|python_tag|>`, several separated by `;`. The calls
 //! are the whole output, so output that may be calls is held to its end.
 
-use super::grammar::Repeat;
+use super::grammar::{Controls, Repeat};
 use super::parse::{CallParser, Parsed, ParsedCall, Shape, call_from_value, leading_json};
-use super::{Format, ToolFormat};
+use super::{CallJson, Format, ToolFormat};
 
 const PYTHON_TAG: &str = "<|python_tag|>";
 
@@ -13,8 +13,7 @@ pub(super) const LLAMA3_JSON: Format = Format {
     format: ToolFormat::Llama3Json,
     detect,
     markers: &[PYTHON_TAG],
-    opener: None,
-    arguments_key: "parameters",
+    call_json: CallJson::Wrapped("parameters"),
     forced,
     parser: || Box::new(Llama3::Start(String::new())),
 };
@@ -28,7 +27,7 @@ fn detect(source: &str) -> bool {
 }
 
 /// Bare calls separated by `; `.
-fn forced(calls: Repeat, _opener: Option<u32>) -> (String, String) {
+fn forced(calls: Repeat, _controls: &Controls<'_>) -> (String, String) {
     (calls.joined_by("; "), "tool".to_string())
 }
 

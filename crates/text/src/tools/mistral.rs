@@ -4,12 +4,12 @@
 
 use serde_json::Value;
 
-use super::grammar::{Repeat, literal};
+use super::grammar::{Controls, Repeat, literal};
 use super::parse::{
     CallParser, Parsed, ParsedCall, Shape, arguments_text, call_from_value, is_blank, leading_json,
 };
 use super::tag::partial_tag;
-use super::{Format, ToolFormat};
+use super::{CallJson, Format, ToolFormat};
 
 const CALLS: &str = "[TOOL_CALLS]";
 const ARGS: &str = "[ARGS]";
@@ -20,20 +20,14 @@ pub(super) const MISTRAL: Format = Format {
     format: ToolFormat::Mistral,
     detect: |source| source.contains(CALLS),
     markers: &[CALLS, ARGS, CALL_ID],
-    opener: Some(CALLS),
-    arguments_key: "arguments",
+    call_json: CallJson::Wrapped("arguments"),
     forced,
     parser: || Box::new(Mistral::default()),
 };
 
 /// `[TOOL_CALLS]` then a JSON array of the calls.
-fn forced(calls: Repeat, opener: Option<u32>) -> (String, String) {
-    // The control token when there is one: its text would be tokenized as
-    // plain text, which the model never writes.
-    let marker = match opener {
-        Some(id) => format!("<[{id}]>"),
-        None => literal(CALLS),
-    };
+fn forced(calls: Repeat, controls: &Controls<'_>) -> (String, String) {
+    let marker = controls.lark(CALLS);
     let array = format!("{} {} {}", literal("["), calls.joined_by(","), literal("]"));
     (format!("{marker} {array}"), "tool".to_string())
 }

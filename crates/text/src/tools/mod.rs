@@ -12,6 +12,9 @@
 //! `reasoning`'s, the same for every format.
 
 mod grammar;
+mod harmony;
+#[cfg(test)]
+mod harmony_tests;
 mod hermes;
 mod llama3;
 mod mistral;
@@ -27,7 +30,7 @@ pub use parse::{OutputParser, Parsed, ParsedCall};
 pub use reasoning::Thinking;
 pub(crate) use reasoning::in_template as thinks_in_template;
 
-use grammar::Repeat;
+use grammar::{CallJson, Controls, Repeat};
 use parse::CallParser;
 
 /// How a model family writes tool calls in its output.
@@ -45,6 +48,10 @@ pub enum ToolFormat {
     /// `{"name": ..., "arguments": {...}}`, or (v11 and later)
     /// `[TOOL_CALLS]name[ARGS]{...}` per call.
     Mistral,
+    /// gpt-oss's harmony messages: `<|channel|>commentary
+    /// to=functions.NAME <|constrain|>json<|message|>{...}<|call|>`, beside
+    /// the `analysis` (reasoning) and `final` (content) channels.
+    Harmony,
 }
 
 /// One tool-call format: what a template, the parser, the request's
@@ -58,21 +65,23 @@ struct Format {
     /// Control tokens of the format that its parser reads, though
     /// decoding drops them.
     markers: &'static [&'static str],
-    /// The control token that opens the calls of a forced output, when the
-    /// vocabulary has it as one token.
-    opener: Option<&'static str>,
-    /// The key a call's arguments go under.
-    arguments_key: &'static str,
+    /// How a forced call's JSON names its function.
+    call_json: CallJson,
     /// The forcing grammar's `start` and `call` rules, given how many calls
-    /// are allowed and the opener's token id.
-    forced: fn(Repeat, Option<u32>) -> (String, String),
+    /// are allowed and how the vocabulary has the control tokens.
+    forced: fn(Repeat, &Controls<'_>) -> (String, String),
     /// A fresh streaming parser of the format's calls.
     parser: fn() -> Box<dyn CallParser>,
 }
 
 /// Every format, in the order template sources are matched against them
 /// (Hermes, which matches any, last).
-const FORMATS: &[&Format] = &[&mistral::MISTRAL, &llama3::LLAMA3_JSON, &hermes::HERMES];
+const FORMATS: &[&Format] = &[
+    &harmony::HARMONY,
+    &mistral::MISTRAL,
+    &llama3::LLAMA3_JSON,
+    &hermes::HERMES,
+];
 
 impl ToolFormat {
     /// The format a chat template's source writes calls in.
@@ -89,18 +98,13 @@ impl ToolFormat {
         self.syntax().markers
     }
 
-    /// The control token that opens forced calls (Mistral's
-    /// `[TOOL_CALLS]`): [`forced_call_grammar`] takes its id.
-    pub fn opener(self) -> Option<&'static str> {
-        self.syntax().opener
-    }
-
     /// This format's row of [`FORMATS`].
     fn syntax(self) -> &'static Format {
         match self {
             ToolFormat::Hermes => &hermes::HERMES,
             ToolFormat::Llama3Json => &llama3::LLAMA3_JSON,
             ToolFormat::Mistral => &mistral::MISTRAL,
+            ToolFormat::Harmony => &harmony::HARMONY,
         }
     }
 }

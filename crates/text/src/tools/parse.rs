@@ -11,6 +11,7 @@
 use serde_json::Value;
 
 use super::ToolFormat;
+use super::harmony::Harmony;
 use super::reasoning::{Reasoning, Thinking};
 
 /// A complete tool call found in the output.
@@ -54,11 +55,16 @@ pub struct OutputParser {
 
 impl OutputParser {
     /// A parser for one request: `tools` is the call syntax when the
-    /// request has tools (and `tool_choice` is not `none`).
+    /// request has tools (and `tool_choice` is not `none`). Harmony output
+    /// is read by its own parser whether or not there are tools.
     pub fn new(tools: Option<ToolFormat>, thinking: Thinking) -> Self {
+        let calls: Option<Box<dyn CallParser>> = match thinking {
+            Thinking::Harmony => Some(Box::new(Harmony::new(tools.is_some()))),
+            _ => tools.map(|format| (format.syntax().parser)()),
+        };
         OutputParser {
             reasoning: Reasoning::new(thinking),
-            calls: tools.map(|format| (format.syntax().parser)()),
+            calls,
         }
     }
 

@@ -1,5 +1,9 @@
 //! The `<think>` block a reasoning model opens its output with: the same
-//! for every tool-call format, so it is parsed before them.
+//! for every tool-call format, so it is parsed before them. (Harmony's
+//! reasoning is a channel of its messages, read by its own parser.)
+
+use super::ToolFormat;
+use crate::ChatFeatures;
 
 /// Opens the reasoning block.
 const THINK_OPEN: &str = "<think>";
@@ -16,6 +20,10 @@ pub enum Thinking {
     /// The prompt ended inside an open `<think>`: output is reasoning up
     /// to `</think>`.
     Open,
+    /// Harmony messages (gpt-oss): the `analysis` channel is reasoning,
+    /// read with the rest of the output by the harmony parser, with or
+    /// without tools.
+    Harmony,
 }
 
 impl Thinking {
@@ -23,17 +31,32 @@ impl Thinking {
     /// that decoding drops.
     pub const TAGS: [&'static str; 2] = [THINK_OPEN, THINK_CLOSE];
 
-    /// How the output of a prompt rendered as `rendered` starts, for a
-    /// template that `thinks` (see [`crate::ChatFeatures::thinks`]): a
-    /// block already open when the prompt ends with `<think>`
-    /// (DeepSeek-R1 distills, QwQ).
-    pub fn after_prompt(thinks: bool, rendered: &str) -> Self {
-        if !thinks {
+    /// How the output of a prompt rendered as `rendered` by a template
+    /// with `features` starts: harmony messages for a harmony template;
+    /// for one that thinks (see [`crate::ChatFeatures::thinks`]), a block
+    /// already open when the prompt ends with `<think>` (DeepSeek-R1
+    /// distills, QwQ).
+    pub fn after_prompt(features: &ChatFeatures, rendered: &str) -> Self {
+        if features.tool_format == ToolFormat::Harmony {
+            Thinking::Harmony
+        } else if !features.thinks {
             Thinking::Off
         } else if rendered.trim_end().ends_with(THINK_OPEN) {
             Thinking::Open
         } else {
             Thinking::Tags
+        }
+    }
+}
+
+impl Thinking {
+    /// Control tokens the output parser must see for this kind of
+    /// reasoning, though decoding may drop them.
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            Thinking::Off => &[],
+            Thinking::Tags | Thinking::Open => &Thinking::TAGS,
+            Thinking::Harmony => ToolFormat::Harmony.markers(),
         }
     }
 }
@@ -59,7 +82,7 @@ pub(super) enum Reasoning {
 impl Reasoning {
     pub(super) fn new(thinking: Thinking) -> Self {
         match thinking {
-            Thinking::Off => Reasoning::Content,
+            Thinking::Off | Thinking::Harmony => Reasoning::Content,
             Thinking::Tags => Reasoning::Opening(String::new()),
             Thinking::Open => Reasoning::Inside(String::new()),
         }

@@ -26,21 +26,21 @@ fn run<'a>(
 }
 
 /// `text` in one piece and one character at a time give `expected`.
-fn check(format: Option<ToolFormat>, thinking: Thinking, text: &str, expected: &Parsed) {
+pub(super) fn check(format: Option<ToolFormat>, thinking: Thinking, text: &str, expected: &Parsed) {
     assert_eq!(&run(format, thinking, [text]), expected, "whole: {text:?}");
     let chars: Vec<String> = text.chars().map(String::from).collect();
     let by_char = run(format, thinking, chars.iter().map(String::as_str));
     assert_eq!(&by_char, expected, "by char: {text:?}");
 }
 
-fn call(name: &str, arguments: &str) -> ParsedCall {
+pub(super) fn call(name: &str, arguments: &str) -> ParsedCall {
     ParsedCall {
         name: name.into(),
         arguments: arguments.into(),
     }
 }
 
-fn parsed(content: &str, reasoning: &str, calls: Vec<ParsedCall>) -> Parsed {
+pub(super) fn parsed(content: &str, reasoning: &str, calls: Vec<ParsedCall>) -> Parsed {
     Parsed {
         content: content.into(),
         reasoning: reasoning.into(),
@@ -51,6 +51,7 @@ fn parsed(content: &str, reasoning: &str, calls: Vec<ParsedCall>) -> Parsed {
 const HERMES: Option<ToolFormat> = Some(ToolFormat::Hermes);
 const LLAMA3: Option<ToolFormat> = Some(ToolFormat::Llama3Json);
 const MISTRAL: Option<ToolFormat> = Some(ToolFormat::Mistral);
+const HARMONY: Option<ToolFormat> = Some(ToolFormat::Harmony);
 
 #[test]
 fn without_tools_or_thinking_text_is_content() {
@@ -305,6 +306,18 @@ const PIECES: &[&str] = &[
     "[TOOL_CALLS]",
     "[ARGS]",
     "[CALL_ID]",
+    "<|start|>",
+    "assistant",
+    "<|channel|>",
+    "analysis",
+    "final",
+    "commentary",
+    " to=functions.f",
+    " <|constrain|>json",
+    "<|message|>",
+    "<|end|>",
+    "<|call|>",
+    "<|return|>",
     "{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
     "{\"name\": \"g\", \"parameters\": {}}",
     "[{\"name\": \"h\", \"arguments\": {}}]",
@@ -325,11 +338,16 @@ const PIECES: &[&str] = &[
 ];
 
 fn formats() -> impl Strategy<Value = Option<ToolFormat>> {
-    prop::sample::select(vec![None, HERMES, LLAMA3, MISTRAL])
+    prop::sample::select(vec![None, HERMES, LLAMA3, MISTRAL, HARMONY])
 }
 
 fn thinkings() -> impl Strategy<Value = Thinking> {
-    prop::sample::select(vec![Thinking::Off, Thinking::Tags, Thinking::Open])
+    prop::sample::select(vec![
+        Thinking::Off,
+        Thinking::Tags,
+        Thinking::Open,
+        Thinking::Harmony,
+    ])
 }
 
 proptest! {
@@ -376,6 +394,7 @@ fn every_format_has_one_row() {
         ToolFormat::Hermes,
         ToolFormat::Llama3Json,
         ToolFormat::Mistral,
+        ToolFormat::Harmony,
     ] {
         let rows = FORMATS.iter().filter(|f| f.format == format).count();
         assert_eq!(rows, 1, "{format:?}");
@@ -387,6 +406,6 @@ fn every_format_has_one_row() {
         ToolFormat::Mistral.markers(),
         ["[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"]
     );
-    assert_eq!(ToolFormat::Mistral.opener(), Some("[TOOL_CALLS]"));
-    assert_eq!(ToolFormat::Hermes.opener(), None);
+    assert_eq!(Thinking::Harmony.markers(), ToolFormat::Harmony.markers());
+    assert!(ToolFormat::Harmony.markers().contains(&"<|call|>"));
 }

@@ -17,10 +17,11 @@ use crate::constraint::{CompiledConstraint, Grammars};
 pub struct OutputPlan {
     /// The tool-call syntax to parse, when the request has tools.
     pub tools: Option<ToolFormat>,
-    /// Whether the output may hold a `<think>` block.
+    /// Where the output's reasoning is: a `<think>` block, or harmony's
+    /// `analysis` channel.
     pub thinking: Thinking,
     /// Control tokens the parser must see although decoding drops them
-    /// (`<|python_tag|>`, `[TOOL_CALLS]`, ...), with their text.
+    /// (`<|python_tag|>`, `[TOOL_CALLS]`, `<|call|>`, ...), with their text.
     pub markers: Vec<(u32, String)>,
 }
 
@@ -172,14 +173,12 @@ fn forced_call(
     if !request.tool_choice.forces_a_call() {
         return Ok(None);
     }
-    let format = text.chat_features().tool_format;
-    let opener = format.opener().and_then(|piece| single_token(text, piece));
     forced_call_grammar(
-        format,
+        text.chat_features().tool_format,
         &request.tools,
         &request.tool_choice,
         request.parallel_tool_calls,
-        opener,
+        &|piece| single_token(text, piece),
     )
     .map(|grammar| Some(Constraint::lark(grammar)))
     .map_err(|error| EngineError::BadRequest(error.to_string()))
@@ -244,15 +243,18 @@ fn tokenize(
 /// How a conversation's output is read: tool calls in the template's
 /// syntax when the request has tools the model may call; a `<think>`
 /// block when the template thinks, already open when the prompt ends
-/// with `<think>` (DeepSeek-R1 distills, QwQ).
+/// with `<think>` (DeepSeek-R1 distills, QwQ); harmony's channels, with or
+/// without tools, when the template is gpt-oss's.
 fn output_plan(request: &GenerateRequest, text: &dyn TextCodec, rendered: &str) -> OutputPlan {
     let features = text.chat_features();
     let tools = (!request.tools.is_empty() && request.tool_choice != ToolChoice::None)
         .then_some(features.tool_format);
-    let thinking = Thinking::after_prompt(features.thinks, rendered);
+    let thinking = Thinking::after_prompt(&features, rendered);
     let mut texts: Vec<&str> = tools.map_or(&[][..], ToolFormat::markers).to_vec();
-    if thinking != Thinking::Off {
-        texts.extend(Thinking::TAGS);
+    for piece in thinking.markers() {
+        if !texts.contains(piece) {
+            texts.push(piece);
+        }
     }
     // Only tokens that decoding drops: the others reach the parser as text.
     let markers = texts
