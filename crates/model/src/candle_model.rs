@@ -80,6 +80,12 @@ pub(crate) fn load(
     }
     let mut file = gguf::open(path)?;
     let spec = file.spec.clone();
+    if let Some(missing) = not_covered(&spec) {
+        return Err(ModelError::UnsupportedArchitecture(format!(
+            "{} on this device: the candle backend has no {missing}; serve it with --device cpu",
+            spec.arch
+        )));
+    }
     let mut src = CandleSource {
         file: &mut file,
         device,
@@ -88,6 +94,25 @@ pub(crate) fn load(
     let classifier = Classifier::read(&mut file)?;
     let model = CandleModel::new(spec, device.clone(), weights, options.kv_capacity)?;
     Ok((model, classifier))
+}
+
+/// What of `spec` this backend does not run (Gemma 4's parts), if anything.
+fn not_covered(spec: &ModelSpec) -> Option<&'static str> {
+    let l = spec.layers.iter();
+    if l.clone().any(|l| l.kv_from.is_some()) {
+        Some("layers that read another layer's KV")
+    } else if l
+        .clone()
+        .any(|l| l.head_dim != spec.head_dim || l.n_kv_heads != spec.n_kv_heads)
+    {
+        Some("per-layer head widths or KV head counts")
+    } else if spec.per_layer_input.is_some() {
+        Some("per-layer token embeddings")
+    } else if spec.v_norm {
+        Some("V norm")
+    } else {
+        None
+    }
 }
 
 /// Makes candle's CUDA quantized matmuls dequantize weights and multiply
@@ -121,6 +146,10 @@ impl TensorSource for CandleSource<'_> {
     type Vector = Tensor;
 
     fn has_own_head(&self, name: &str) -> bool {
+        self.file.has(name)
+    }
+
+    fn has(&self, name: &str) -> bool {
         self.file.has(name)
     }
 
@@ -544,6 +573,13 @@ impl ForwardModel for CandleModel {
                         qkv.narrow(1, q_dim, kv_dim)?,
                         qkv.narrow(1, q_dim + kv_dim, kv_dim)?,
                     )
+                }
+                // Refused at load ([`not_covered`]).
+                Qkv::KeyAsValue { .. } | Qkv::QueryOnly(_) => {
+                    return Err(ModelError::UnsupportedArchitecture(format!(
+                        "{} on this device",
+                        spec.arch
+                    )));
                 }
             };
             if let Some(bias) = &b.qkv_bias {

@@ -23,6 +23,7 @@ use super::flash::{self, ChunkRows, FlashScratch};
 use super::kv::{KvPool, LayerView};
 use super::linear::{Embedding, Linear, Workspace};
 use super::moe;
+use super::ple::{self, PleScratch};
 use super::spec::{Activation, ModelSpec, RopeStyle};
 use super::weights::{Experts, Ffn, GateUp, Mlp, Qkv, Weights};
 use super::{
@@ -54,6 +55,8 @@ pub struct CpuModel {
     /// The blocked attention's build (f32 or bf16, [`AttentionDtype`]).
     unit: kernels::FlashUnit,
     bufs: StepBuffers,
+    /// Per-layer embeddings' buffers (Gemma 4 E2B/E4B).
+    ple: PleScratch,
 }
 
 /// A step's activations, kept between steps: once the batch sizes have
@@ -85,7 +88,7 @@ struct StepBuffers {
 impl StepBuffers {
     /// Sizes every buffer for `n` rows; kernels overwrite every element.
     fn resize(&mut self, n: usize, spec: &ModelSpec) {
-        let (q_dim, kv_dim) = (spec.q_dim(), spec.kv_dim());
+        let (q_dim, kv_dim) = spec.max_q_kv_dims();
         let fused = match (spec.layout.fused_qkv, spec.layout.fused_gate_up) {
             (false, false) => 0,
             (qkv, gate_up) => {
@@ -219,17 +222,17 @@ impl CpuModel {
                 checkpoint: w.blocks.len(),
             });
         }
+        // Each RoPE as wide as the heads of the layers that use it.
         let ropes = spec
             .ropes
             .iter()
-            .map(|r| r.tables(spec.head_dim, spec.max_positions))
+            .enumerate()
+            .map(|(i, r)| {
+                let d = spec.layers.iter().find(|l| l.rope == i);
+                r.tables(d.map_or(spec.head_dim, |l| l.head_dim), spec.max_positions)
+            })
             .collect();
-        let kv = KvPool::new(
-            spec.n_layers,
-            options.kv_capacity,
-            spec.kv_dim(),
-            options.kv_dtype,
-        )?;
+        let kv = KvPool::new(&spec.kv_layer_dims(), options.kv_capacity, options.kv_dtype)?;
         let unit = match options.attention {
             AttentionDtype::F32 => kernels::flash_unit(),
             AttentionDtype::Bf16 => {
@@ -246,6 +249,7 @@ impl CpuModel {
             flash: FlashScratch::default(),
             unit,
             bufs: StepBuffers::default(),
+            ple: PleScratch::default(),
         })
     }
 
@@ -261,8 +265,8 @@ impl ForwardModel for CpuModel {
             return Ok(Vec::new());
         }
         let spec = &self.spec;
-        let shape = shape(spec);
-        let blocked_min_rows = if flash::supports(shape) {
+        let all_supported = (0..spec.n_layers).all(|l| flash::supports(spec.layer_heads(l)));
+        let blocked_min_rows = if all_supported {
             BLOCKED_MIN_ROWS
         } else {
             usize::MAX
@@ -270,7 +274,6 @@ impl ForwardModel for CpuModel {
         let plan = StepPlan::build(batch, spec, self.kv.capacity(), blocked_min_rows)?;
         let n = plan.ids.len();
         let (hidden, eps) = (spec.hidden, spec.norm_eps);
-        let (q_dim, kv_dim) = (spec.q_dim(), spec.kv_dim());
 
         self.bufs.resize(n, spec);
         let StepBuffers {
@@ -293,8 +296,15 @@ impl ForwardModel for CpuModel {
             x.iter_mut().for_each(|v| *v *= s);
         }
         let ws = &mut self.ws;
+        if let Some(p) = &self.w.ple {
+            p.prepare(&plan.ids, x, eps, &mut self.ple, ws)?;
+        }
         for (layer, b) in self.w.blocks.iter().enumerate() {
             let ls = spec.layers[layer];
+            let shape = spec.layer_heads(layer);
+            let (q_dim, kv_dim) = (spec.n_heads * ls.head_dim, ls.n_kv_heads * ls.head_dim);
+            let (q, attn) = (&mut q[..n * q_dim], &mut attn[..n * q_dim]);
+            let (k, v) = (&mut k[..n * kv_dim], &mut v[..n * kv_dim]);
             rms_norm(x, &b.attn_norm, eps, h);
             match &b.qkv {
                 Qkv::Separate {
@@ -316,7 +326,13 @@ impl ForwardModel for CpuModel {
                     &mut [&mut q[..], &mut k[..], &mut v[..]],
                     ws,
                 )?,
+                Qkv::KeyAsValue { q: wq, k: wk } => {
+                    Linear::forward_shared(&[wq, wk], &mut [&mut q[..], &mut k[..]], h, n, ws)?;
+                    v.copy_from_slice(k);
+                }
+                Qkv::QueryOnly(wq) => wq.forward(h, n, q, ws)?,
             }
+            let own_kv = ls.kv_from.is_none();
             if let Some(bias) = &b.qkv_bias {
                 add_bias(q, &bias[..q_dim]);
                 add_bias(k, &bias[q_dim..q_dim + kv_dim]);
@@ -324,13 +340,22 @@ impl ForwardModel for CpuModel {
             }
             if let Some((q_norm, k_norm)) = &b.qk_norm {
                 rms_norm_in_place(q, q_norm, eps);
-                rms_norm_in_place(k, k_norm, eps);
+                if own_kv {
+                    rms_norm_in_place(k, k_norm, eps);
+                }
+            }
+            if spec.v_norm && own_kv {
+                v.chunks_exact_mut(ls.head_dim)
+                    .for_each(|head| ple::rms_norm(head, None, eps));
             }
             let rope = &spec.ropes[ls.rope];
             let (cos, sin) = &self.ropes[ls.rope];
-            rope_rows(rope.style, spec.head_dim, cos, sin, q, &plan.positions);
-            rope_rows(rope.style, spec.head_dim, cos, sin, k, &plan.positions);
-            self.kv.write(layer, &plan.new_slots, k, v);
+            rope_rows(rope.style, ls.head_dim, cos, sin, q, &plan.positions);
+            let pool_layer = spec.kv_pool_layer(layer);
+            if own_kv {
+                rope_rows(rope.style, ls.head_dim, cos, sin, k, &plan.positions);
+                self.kv.write(pool_layer, &plan.new_slots, k, v);
+            }
             let how = Attention {
                 shape,
                 window: ls.window,
@@ -338,7 +363,7 @@ impl ForwardModel for CpuModel {
                 sinks: b.sinks.as_deref(),
                 unit: self.unit,
             };
-            match self.kv.layer(layer) {
+            match self.kv.layer(pool_layer) {
                 LayerView::F32(kp, vp) => {
                     attention(q, kp, vp, &plan, how, attn, &mut self.flash, ws)
                 }
@@ -372,6 +397,12 @@ impl ForwardModel for CpuModel {
                 rms_norm_in_place(tmp, w, eps);
             }
             add(x, tmp);
+            if let Some(p) = &self.w.ple {
+                p.apply(layer, x, eps, &mut self.ple, ws)?;
+            }
+            if let Some(&[scale]) = b.out_scale.as_deref() {
+                x.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         // The rows each chunk asks for go through the final norm: first
         // those the LM head takes, in batch order, then the hidden ones, so
@@ -431,7 +462,7 @@ impl ForwardModel for CpuModel {
         let shape = self.kv_shape();
         check_transfer(&shape, slots, self.kv.capacity(), None)?;
         let mut out = Vec::with_capacity(shape.floats_for(slots.len()).unwrap_or(0));
-        for layer in 0..shape.layers {
+        for layer in 0..self.kv.layers() {
             self.kv.read_f32(layer, slots, &mut out);
         }
         Ok(out)
@@ -440,10 +471,13 @@ impl ForwardModel for CpuModel {
     fn write_kv(&mut self, slots: &[u32], data: &[f32]) -> Result<(), ModelError> {
         let shape = self.kv_shape();
         check_transfer(&shape, slots, self.kv.capacity(), Some(data.len()))?;
-        let n = slots.len() * shape.kv_dim();
-        for (layer, block) in data.chunks_exact(2 * n.max(1)).enumerate() {
-            let (k, v) = block.split_at(n);
+        // Layer after layer, each its K rows then its V rows ([`KvPool::read_f32`]).
+        let mut at = 0;
+        for layer in 0..self.kv.layers() {
+            let n = slots.len() * self.kv.dim(layer);
+            let (k, v) = data[at..at + 2 * n].split_at(n);
             self.kv.write(layer, slots, k, v);
+            at += 2 * n;
         }
         Ok(())
     }
@@ -505,14 +539,6 @@ pub(crate) fn split_outputs(
             ChunkOutput::AllHidden => take(hidden, &mut at_hidden, c.tokens.len() * hidden_size),
         })
         .collect()
-}
-
-fn shape(spec: &ModelSpec) -> HeadShape {
-    HeadShape {
-        n_heads: spec.n_heads,
-        n_kv_heads: spec.n_kv_heads,
-        head_dim: spec.head_dim,
-    }
 }
 
 /// What one layer's attention computes: its heads, how far back rows see,

@@ -412,13 +412,16 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
     }
     let ffn = meta.usize("feed_forward_length")?;
     let moe = arch::moe_spec(arch, &meta, ffn)?;
+    // Per layer in Gemma 4's files; the widest here, each layer's in its finish.
+    let n_kv_heads = meta
+        .opt_per_layer("attention.head_count_kv", n_layers)?
+        .and_then(|per_layer| per_layer.into_iter().max())
+        .unwrap_or(n_heads);
     let mut spec = ModelSpec {
         arch: arch.name(),
         n_layers,
         n_heads,
-        n_kv_heads: meta
-            .opt_usize("attention.head_count_kv")?
-            .unwrap_or(n_heads),
+        n_kv_heads,
         hidden,
         head_dim,
         ffn,
@@ -431,13 +434,15 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
             .unwrap_or(4096)
             .min(MAX_POSITIONS),
         ropes: vec![rope],
-        layers: ModelSpec::uniform_layers(n_layers, None),
+        layers: ModelSpec::uniform_layers(n_layers, None, n_kv_heads, head_dim),
         attn: ScoreRule::standard(head_dim),
         activation: arch.activation,
         embed_scale: None,
         final_softcap: None,
         layout: arch.layout,
         moe,
+        per_layer_input: None,
+        v_norm: false,
     };
     if let Some(f) = index.opt_vector(reader, "rope_freqs.weight")? {
         spec.ropes[0].scaling.freq_factors = f;
@@ -461,6 +466,10 @@ impl TensorSource for CpuSource<'_> {
     type Vector = Vec<f32>;
 
     fn has_own_head(&self, name: &str) -> bool {
+        self.0.has(name)
+    }
+
+    fn has(&self, name: &str) -> bool {
         self.0.has(name)
     }
 

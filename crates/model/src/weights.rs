@@ -23,6 +23,16 @@ pub(crate) enum Qkv<M> {
     },
     /// One `[q_dim + 2 kv_dim, hidden]` matrix: Q rows, then K, then V.
     Fused(M),
+    /// Q and K; V is the K projection before K's norm and RoPE (a Gemma 4
+    /// layer without `attn_v`).
+    KeyAsValue {
+        /// `[q_dim, hidden]`.
+        q: M,
+        /// `[kv_dim, hidden]`.
+        k: M,
+    },
+    /// Q alone: the layer reads another layer's KV ([`crate::spec::LayerSpec::kv_from`]).
+    QueryOnly(M),
 }
 
 /// The MLP's gate and up projections.
@@ -101,6 +111,9 @@ pub(crate) struct Block<M, V> {
     pub(crate) mlp: Mlp<M, V>,
     /// RMSNorm of the MLP output before the residual add.
     pub(crate) post_ffn_norm: Option<V>,
+    /// The block's output is multiplied by this one value (Gemma 4's
+    /// `layer_output_scale`).
+    pub(crate) out_scale: Option<V>,
 }
 
 /// Every weight of a model. `E` is the embedding table's type.
@@ -111,6 +124,8 @@ pub(crate) struct Weights<E, M, V> {
     pub(crate) output_norm: V,
     /// The LM head (the embedding's storage when the checkpoint ties them).
     pub(crate) output: M,
+    /// Per-layer token embeddings (Gemma 4 E2B/E4B).
+    pub(crate) ple: Option<crate::ple::PerLayerInputs<E, M, V>>,
 }
 
 /// One tensor of a checkpoint, named by its role.
@@ -242,6 +257,8 @@ pub(crate) trait TensorSource {
     /// Whether the checkpoint has its own LM head `name`; without one the
     /// embedding table doubles as the head (tied embeddings).
     fn has_own_head(&self, name: &str) -> bool;
+    /// Whether the checkpoint has tensor `name` (for optional ones).
+    fn has(&self, name: &str) -> bool;
     /// The `[rows, cols]` matrix `name`; fails on another shape.
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Self::Matrix, ModelError>;
     /// The vector `name` of `len` values; fails on another length.
@@ -281,13 +298,7 @@ pub(crate) fn read<S: TensorSource>(
     spec: &ModelSpec,
     naming: Naming,
 ) -> Result<SourceWeights<S>, ModelError> {
-    let (h, q, kv, d, ffn) = (
-        spec.hidden,
-        spec.q_dim(),
-        spec.kv_dim(),
-        spec.head_dim,
-        spec.ffn,
-    );
+    let (h, ffn) = (spec.hidden, spec.ffn);
     let l = spec.layout;
     let output_name = naming.name(Part::Output, 0);
     let tied = !src.has_own_head(&output_name);
@@ -300,8 +311,22 @@ pub(crate) fn read<S: TensorSource>(
     let mut blocks = Vec::with_capacity(spec.n_layers);
     for i in 0..spec.n_layers {
         let name = |part| naming.name(part, i);
+        let ls = spec.layers[i];
+        let (q, kv, d) = (
+            spec.n_heads * ls.head_dim,
+            ls.n_kv_heads * ls.head_dim,
+            ls.head_dim,
+        );
+        let own_kv = ls.kv_from.is_none();
         let qkv = if l.fused_qkv {
             Qkv::Fused(src.matrix(&name(Part::Qkv), q + 2 * kv, h)?)
+        } else if !own_kv {
+            Qkv::QueryOnly(src.matrix(&name(Part::Q), q, h)?)
+        } else if spec.v_norm && !src.has(&name(Part::V)) {
+            Qkv::KeyAsValue {
+                q: src.matrix(&name(Part::Q), q, h)?,
+                k: src.matrix(&name(Part::K), kv, h)?,
+            }
         } else {
             Qkv::Separate {
                 q: src.matrix(&name(Part::Q), q, h)?,
@@ -320,10 +345,13 @@ pub(crate) fn read<S: TensorSource>(
             None
         };
         let qk_norm = if l.qk_norm {
-            Some((
-                src.vector(&name(Part::QNorm), d)?,
-                src.vector(&name(Part::KNorm), d)?,
-            ))
+            // A layer reading another's KV has no K (its norm is unused).
+            let k_norm = if own_kv {
+                src.vector(&name(Part::KNorm), d)?
+            } else {
+                src.vector(&name(Part::QNorm), d)?
+            };
+            Some((src.vector(&name(Part::QNorm), d)?, k_norm))
         } else {
             None
         };
@@ -417,6 +445,14 @@ pub(crate) fn read<S: TensorSource>(
             ffn_norm: src.vector(&name(ffn_norm), h)?,
             mlp,
             post_ffn_norm: post(src, Part::PostFfnNorm)?,
+            out_scale: {
+                let scale = format!("blk.{i}.layer_output_scale.weight");
+                if src.has(&scale) {
+                    Some(src.vector(&scale, 1)?)
+                } else {
+                    None
+                }
+            },
         });
     }
     Ok(Weights {
@@ -424,6 +460,7 @@ pub(crate) fn read<S: TensorSource>(
         blocks,
         output_norm: src.vector(&naming.name(Part::OutputNorm, 0), h)?,
         output,
+        ple: crate::ple::read(src, spec)?,
     })
 }
 

@@ -56,6 +56,7 @@ fn tiny() -> SynthShape {
         final_softcap: None,
         moe: None,
         yarn_factor: None,
+        gemma4: None,
     }
 }
 

@@ -28,11 +28,14 @@ pub enum Architecture {
     /// gpt-oss: biased attention with learned sinks, every other layer
     /// sliding-window, and a mixture of biased experts with a clamped SwiGLU.
     GptOss,
+    /// Gemma 4: per-kind head widths and KV heads, later layers reading an
+    /// earlier layer's KV, per-layer token embeddings.
+    Gemma4,
 }
 
 impl Architecture {
     /// Every architecture, in the order `--help` and errors list them.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen2Moe,
@@ -42,6 +45,7 @@ impl Architecture {
         Self::Gemma2,
         Self::Gemma3,
         Self::GptOss,
+        Self::Gemma4,
     ];
 
     /// Whether the architecture's MLPs are mixtures of experts (its files
@@ -64,6 +68,7 @@ impl Architecture {
             Self::Gemma2 => "gemma2",
             Self::Gemma3 => "gemma3",
             Self::GptOss => "gpt-oss",
+            Self::Gemma4 => "gemma4",
         }
     }
 }
@@ -115,7 +120,7 @@ mod tests {
             SUPPORTED_ARCHITECTURES,
             [
                 "llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "gemma2", "gemma3",
-                "gpt-oss"
+                "gpt-oss", "gemma4"
             ]
         );
         for a in Architecture::ALL {

@@ -9,6 +9,7 @@
 
 mod gemma2;
 mod gemma3;
+mod gemma4;
 mod gpt_oss;
 mod llama;
 mod phi3;
@@ -88,6 +89,7 @@ pub(crate) fn rules(architecture: Architecture) -> &'static Arch {
         Architecture::Gemma2 => &gemma2::GEMMA2,
         Architecture::Gemma3 => &gemma3::GEMMA3,
         Architecture::GptOss => &gpt_oss::GPT_OSS,
+        Architecture::Gemma4 => &gemma4::GEMMA4,
     }
 }
 

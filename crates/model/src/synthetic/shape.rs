@@ -140,6 +140,8 @@ pub struct SynthShape {
     /// YaRN RoPE scaling by this factor over [`SynthShape::rope_original_context`]
     /// (`rope.scaling.type = yarn`, as the converter writes Qwen's long-context configs).
     pub yarn_factor: Option<f32>,
+    /// Gemma 4's per-kind heads, shared KV and per-layer embeddings (gemma4 only).
+    pub gemma4: Option<super::SynthGemma4>,
 }
 
 /// Rows of the Qwen2/2.5/3 embedding: 151,665 tokens padded to a multiple of 128.
@@ -175,6 +177,7 @@ impl SynthShape {
             final_softcap: None,
             moe: None,
             yarn_factor: None,
+            gemma4: None,
         };
         let vocab_file = |n: &str| Some(n.to_string());
         // 2-6 layers, hidden 128, GQA, windows of 16 tokens: cheap to run
@@ -404,6 +407,27 @@ impl SynthShape {
                 sliding_window: Some(16),
                 ..tiny(Architecture::Gemma3, 6, 4, 1, 64, 32_000, Some("llama-spm"))
             },
+            // Gemma 4 E2B's features at test size: two sliding layers to
+            // one global, the sliding heads 32 wide (2 KV heads), the global
+            // ones 64 wide (1 KV head) rotating a quarter of their pairs,
+            // the last three layers on layers 4 and 5's KV, layer 1 without
+            // attn_v, 16-wide per-layer embeddings, windows of 16 tokens.
+            "gemma4-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                sliding_window: Some(16),
+                final_softcap: Some(30.0),
+                gemma4: Some(super::SynthGemma4 {
+                    swa_period: 3,
+                    swa_head_dim: 32,
+                    swa_kv_heads: 2,
+                    shared_kv_layers: 3,
+                    rotated_pairs: 8,
+                    per_layer_input: 16,
+                    no_v_layer: Some(1),
+                }),
+                ..tiny(Architecture::Gemma4, 9, 4, 1, 64, 32_000, Some("llama-spm"))
+            },
             other => return Err(SynthError::UnknownShape(other.to_string())),
         })
     }
@@ -428,6 +452,7 @@ impl SynthShape {
             && match self.arch {
                 Architecture::Gemma2 | Architecture::GptOss => layer.is_multiple_of(2),
                 Architecture::Gemma3 => layer % 6 < 5,
+                Architecture::Gemma4 => self.gemma4.is_some_and(|g| g.is_sliding(layer)),
                 Architecture::Phi3 => false,
                 Architecture::Llama
                 | Architecture::Qwen2
@@ -521,8 +546,21 @@ impl SynthShape {
         only(
             self.final_softcap.is_some(),
             "final soft-cap",
-            &[Architecture::Gemma2, Architecture::Gemma3],
+            &[
+                Architecture::Gemma2,
+                Architecture::Gemma3,
+                Architecture::Gemma4,
+            ],
         )?;
+        match (self.arch, &self.gemma4) {
+            (Architecture::Gemma4, Some(g)) => g.check(self).map_err(SynthError::InvalidShape)?,
+            (Architecture::Gemma4, None) => return bad("gemma4 needs its extras".into()),
+            (_, Some(_)) => return bad(format!("{}: llama.cpp reads no gemma4 extras", self.arch)),
+            _ => {}
+        }
+        if self.arch == Architecture::Gemma4 && self.sliding_window.is_none() {
+            return bad("gemma4: llama.cpp needs a sliding window".into());
+        }
         let rule = crate::arch::rules(self.arch).moe;
         let has_experts = rule.is_some();
         if let (Some(r), Some(m)) = (rule, self.moe)
@@ -674,7 +712,7 @@ impl Quant {
     }
 
     /// The type of one weight matrix. `layer` is its block index.
-    fn matrix_type(self, role: Role, layer: usize, n_layers: usize) -> GgmlDType {
+    pub(super) fn matrix_type(self, role: Role, layer: usize, n_layers: usize) -> GgmlDType {
         match self {
             Self::Pure(t) => t,
             Self::Mxfp4Experts => GgmlDType::F32,
@@ -957,6 +995,9 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
         }
     }
     out.push(vector("output_norm.weight".into(), h, Init::NearOne, None));
+    if let Some(g) = &shape.gemma4 {
+        out = g.plan(shape, quant, out);
+    }
     if !shape.tied_embeddings {
         out.push(spec(
             "output.weight".into(),
