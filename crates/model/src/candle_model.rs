@@ -106,6 +106,8 @@ fn not_covered(spec: &ModelSpec) -> Option<&'static str> {
         .any(|l| l.head_dim != spec.head_dim || l.n_kv_heads != spec.n_kv_heads)
     {
         Some("per-layer head widths or KV head counts")
+    } else if l.clone().any(|l| l.ffn != spec.ffn) {
+        Some("per-layer MLP widths")
     } else if spec.per_layer_input.is_some() {
         Some("per-layer token embeddings")
     } else if spec.v_norm {

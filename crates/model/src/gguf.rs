@@ -410,7 +410,11 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         }
         Some(_) => {}
     }
-    let ffn = meta.usize("feed_forward_length")?;
+    // Per layer in some Gemma 4 files; the widest here, each layer's below.
+    let layer_ffn = meta
+        .opt_per_layer("feed_forward_length", n_layers)?
+        .ok_or_else(|| ModelError::MissingKey(meta.key("feed_forward_length")))?;
+    let ffn = layer_ffn.iter().copied().max().unwrap_or(0);
     let moe = arch::moe_spec(arch, &meta, ffn)?;
     // Per layer in Gemma 4's files; the widest here, each layer's in its finish.
     let n_kv_heads = meta
@@ -434,7 +438,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
             .unwrap_or(4096)
             .min(MAX_POSITIONS),
         ropes: vec![rope],
-        layers: ModelSpec::uniform_layers(n_layers, None, n_kv_heads, head_dim),
+        layers: ModelSpec::uniform_layers(n_layers, None, n_kv_heads, head_dim, ffn),
         attn: ScoreRule::standard(head_dim),
         activation: arch.activation,
         embed_scale: None,
@@ -444,6 +448,9 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         per_layer_input: None,
         v_norm: false,
     };
+    for (layer, ffn) in spec.layers.iter_mut().zip(layer_ffn) {
+        layer.ffn = ffn;
+    }
     if let Some(f) = index.opt_vector(reader, "rope_freqs.weight")? {
         spec.ropes[0].scaling.freq_factors = f;
     }

@@ -150,6 +150,7 @@ pub(crate) fn load(dir: &Path, options: &LoadOptions) -> Result<CpuModel, ModelE
             hf.sliding_window,
             n_kv_heads,
             head_dim,
+            hf.intermediate_size,
         ),
         attn: ScoreRule::standard(head_dim),
         activation: arch.activation,

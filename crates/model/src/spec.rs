@@ -210,6 +210,9 @@ pub struct LayerSpec {
     /// An earlier layer whose K and V this one attends over, writing none
     /// of its own (Gemma 4's last layers); `None`: its own.
     pub kv_from: Option<usize>,
+    /// Inner width of the layer's dense MLP (Gemma 4's shared-KV layers'
+    /// may be twice the others').
+    pub ffn: usize,
 }
 
 /// The MLP's gate activation.
@@ -415,8 +418,9 @@ impl ModelSpec {
 
     /// Widest MLP inner width a layer runs: the dense MLP's, or one expert's.
     pub fn mlp_width(&self) -> usize {
+        let dense = self.layers.iter().map(|l| l.ffn).fold(self.ffn, usize::max);
         self.moe
-            .map_or(self.ffn, |m| m.expert_ffn.max(m.shared_ffn.unwrap_or(0)))
+            .map_or(dense, |m| m.expert_ffn.max(m.shared_ffn.unwrap_or(0)))
     }
 
     /// Every layer with the same window, heads and the first RoPE.
@@ -425,6 +429,7 @@ impl ModelSpec {
         window: Option<usize>,
         n_kv_heads: usize,
         head_dim: usize,
+        ffn: usize,
     ) -> Vec<LayerSpec> {
         let layer = LayerSpec {
             window,
@@ -432,6 +437,7 @@ impl ModelSpec {
             n_kv_heads,
             head_dim,
             kv_from: None,
+            ffn,
         };
         vec![layer; n_layers]
     }
@@ -476,6 +482,7 @@ impl ModelSpec {
                 || !self.n_heads.is_multiple_of(l.n_kv_heads)
                 || l.head_dim == 0
                 || !l.head_dim.is_multiple_of(2)
+                || l.ffn == 0
                 || !shared_ok
             {
                 return Err(SpecError::Layer {

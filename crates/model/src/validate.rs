@@ -69,7 +69,15 @@ pub(crate) fn metadata(meta: &Meta<'_>) -> Result<(), ModelError> {
     };
     let layers = range("block_count", MAX_LAYERS)?;
     let hidden = range("embedding_length", MAX_WIDTH)?;
-    range("feed_forward_length", MAX_WIDTH)?;
+    // One width, or one per layer (Gemma 4).
+    let ffn = meta.opt_per_layer("feed_forward_length", layers.unwrap_or(1))?;
+    if let Some(&n) = ffn.iter().flatten().find(|&&n| n == 0 || n > MAX_WIDTH) {
+        return Err(invalid(
+            meta.key("feed_forward_length"),
+            n.to_string(),
+            format!("must be between 1 and {MAX_WIDTH}"),
+        ));
+    }
     let heads = range("attention.head_count", MAX_HEADS)?;
     // One count, or one per layer (Gemma 4).
     let per_layer_kv = meta.opt_per_layer("attention.head_count_kv", layers.unwrap_or(1))?;

@@ -298,7 +298,7 @@ pub(crate) fn read<S: TensorSource>(
     spec: &ModelSpec,
     naming: Naming,
 ) -> Result<SourceWeights<S>, ModelError> {
-    let (h, ffn) = (spec.hidden, spec.ffn);
+    let h = spec.hidden;
     let l = spec.layout;
     let output_name = naming.name(Part::Output, 0);
     let tied = !src.has_own_head(&output_name);
@@ -318,6 +318,7 @@ pub(crate) fn read<S: TensorSource>(
             ls.head_dim,
         );
         let own_kv = ls.kv_from.is_none();
+        let ffn = ls.ffn;
         let qkv = if l.fused_qkv {
             Qkv::Fused(src.matrix(&name(Part::Qkv), q + 2 * kv, h)?)
         } else if !own_kv {

@@ -687,7 +687,7 @@ fn gemma4_tiny_has_llama_cpp_names() {
         .iter()
         .map(|(k, info)| (k.clone(), info.shape.dims().to_vec()))
         .collect();
-    let (h, f, v, w) = (128, 256, summary.vocab, 16);
+    let (h, f, v, w) = (128, 128, summary.vocab, 16);
     let mut want = BTreeMap::new();
     let mut put = |name: String, dims: &[usize]| {
         want.insert(name, dims.to_vec());
@@ -714,6 +714,8 @@ fn gemma4_tiny_has_llama_cpp_names() {
         put("attn_output.weight", &[h, 4 * d]);
         put("post_attention_norm.weight", &[h]);
         put("ffn_norm.weight", &[h]);
+        // The shared-KV layers' MLPs are twice as wide.
+        let f = if i < 6 { f } else { 2 * f };
         put("ffn_gate.weight", &[f, h]);
         put("ffn_up.weight", &[f, h]);
         put("ffn_down.weight", &[h, f]);
@@ -737,6 +739,13 @@ fn gemma4_tiny_has_llama_cpp_names() {
         .map(|x| x.to_u32().unwrap())
         .collect();
     assert_eq!(kv, [2, 2, 1, 2, 2, 1, 2, 2, 1]);
+    let ffn: Vec<u32> = md["gemma4.feed_forward_length"]
+        .to_vec()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_u32().unwrap())
+        .collect();
+    assert_eq!(ffn, [128, 128, 128, 128, 128, 128, 256, 256, 256]);
     let sliding: Vec<bool> = md["gemma4.attention.sliding_window_pattern"]
         .to_vec()
         .unwrap()

@@ -28,9 +28,21 @@ pub struct SynthGemma4 {
     pub per_layer_input: usize,
     /// A layer with its own KV but no `attn_v` (V is the raw K).
     pub no_v_layer: Option<usize>,
+    /// The shared-KV layers' MLPs are twice as wide (the converter's
+    /// `use_double_wide_mlp`, written as a per-layer `feed_forward_length`).
+    pub double_wide_shared: bool,
 }
 
 impl SynthGemma4 {
+    /// Inner width of `layer`'s MLP in a shape whose other layers' is `ffn`.
+    pub fn ffn(&self, layer: usize, n_layers: usize, ffn: usize) -> usize {
+        if self.double_wide_shared && layer >= self.first_shared(n_layers) {
+            2 * ffn
+        } else {
+            ffn
+        }
+    }
+
     /// Whether `layer` slides.
     pub fn is_sliding(&self, layer: usize) -> bool {
         layer % self.swa_period < self.swa_period - 1
@@ -96,6 +108,11 @@ impl SynthGemma4 {
             "attention.sliding_window_pattern",
             Value::Array(layers.map(|l| Value::Bool(self.is_sliding(l))).collect()),
         );
+        if self.double_wide_shared {
+            let n = shape.n_layers;
+            let widths = (0..n).map(|l| u(self.ffn(l, n, shape.ffn))).collect();
+            kv("feed_forward_length", Value::Array(widths));
+        }
         kv("attention.key_length_swa", u(self.swa_head_dim));
         kv("attention.value_length_swa", u(self.swa_head_dim));
         kv("rope.dimension_count", u(shape.head_dim));
@@ -184,6 +201,15 @@ impl SynthGemma4 {
                 );
             if drop_kv || (self.no_v_layer == Some(layer) && part == "attn_v.weight") {
                 continue;
+            }
+            let ffn = self.ffn(layer, n, shape.ffn);
+            match part.as_str() {
+                "ffn_gate.weight" | "ffn_up.weight" => t.rows = ffn,
+                "ffn_down.weight" => {
+                    t.cols = ffn;
+                    t.dtype = super::fallback(t.dtype, t.cols);
+                }
+                _ => {}
             }
             if self.is_sliding(layer) {
                 let (d, kvh) = (self.swa_head_dim, self.swa_kv_heads);

@@ -292,7 +292,9 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     kv("block_count", u(shape.n_layers));
     kv("context_length", u(shape.context));
     kv("embedding_length", u(shape.hidden));
-    kv("feed_forward_length", u(shape.ffn));
+    if !shape.gemma4.is_some_and(|g| g.double_wide_shared) {
+        kv("feed_forward_length", u(shape.ffn));
+    }
     kv("attention.head_count", u(shape.n_heads));
     if shape.gemma4.is_none() {
         kv("attention.head_count_kv", u(shape.n_kv_heads));

@@ -411,12 +411,17 @@ impl SynthShape {
             // one global, the sliding heads 32 wide (2 KV heads), the global
             // ones 64 wide (1 KV head) rotating a quarter of their pairs,
             // the last three layers on layers 4 and 5's KV, layer 1 without
-            // attn_v, 16-wide per-layer embeddings, windows of 16 tokens.
+            // attn_v, their MLPs twice as wide, 16-wide per-layer
+            // embeddings, windows of 16 tokens.
             "gemma4-tiny" => Self {
                 rope_theta: 1_000_000.0,
                 rms_eps: 1e-6,
                 sliding_window: Some(16),
                 final_softcap: Some(30.0),
+                // 128 and 256 wide: a dense f32 matmul over more than 256
+                // values sums in blocks whose split depends on the row
+                // count, which the row-invariance tests would see.
+                ffn: 128,
                 gemma4: Some(super::SynthGemma4 {
                     swa_period: 3,
                     swa_head_dim: 32,
@@ -425,6 +430,7 @@ impl SynthShape {
                     rotated_pairs: 8,
                     per_layer_input: 16,
                     no_v_layer: Some(1),
+                    double_wide_shared: true,
                 }),
                 ..tiny(Architecture::Gemma4, 9, 4, 1, 64, 32_000, Some("llama-spm"))
             },
