@@ -655,6 +655,70 @@ mod tests {
         assert_eq!(built, 14);
     }
 
+    /// Gemma 4's keys: per-kind head widths, windows and RoPEs, the shared
+    /// layers' KV source, and the layouts it does not cover refused by name.
+    #[test]
+    fn gemma4_reads_its_layer_kinds_and_refuses_what_it_does_not_cover() {
+        let flags = |f: &[bool]| Value::Array(f.iter().map(|&b| Value::Bool(b)).collect());
+        let keys = |pattern: &[bool], extra: &[(&'static str, Value)]| {
+            let mut k = vec![
+                ("attention.sliding_window", Value::U32(16)),
+                ("attention.key_length", Value::U32(64)),
+                ("attention.key_length_swa", Value::U32(32)),
+                ("attention.shared_kv_layers", Value::U32(1)),
+                ("attention.sliding_window_pattern", flags(pattern)),
+            ];
+            k.extend(extra.iter().cloned());
+            k
+        };
+        let g4 = read("gemma4", &keys(&[true, true, false, true], &[])).unwrap();
+        let widths: Vec<_> = g4.layers.iter().map(|l| (l.head_dim, l.window)).collect();
+        assert_eq!(
+            widths,
+            [(32, Some(16)), (32, Some(16)), (64, None), (32, Some(16))]
+        );
+        let sources: Vec<_> = g4.layers.iter().map(|l| l.kv_from).collect();
+        assert_eq!(sources, [None, None, None, Some(1)]);
+        assert_eq!(
+            (g4.ropes[g4.layers[0].rope].theta, g4.layers[2].rope),
+            (10_000.0, 0)
+        );
+        assert_eq!(
+            (g4.attn.scale, g4.v_norm, g4.embed_scale),
+            (1.0, true, Some(16.0))
+        );
+        assert_eq!(g4.kv_layer_dims(), [64, 64, 128]);
+        assert_eq!(g4.kv_pool_layer(3), 1);
+        assert_eq!(g4.kv_shape().floats_per_slot(), 2 * 256);
+
+        let refused = |keys: Vec<(&str, Value)>, want: &str| {
+            let err = read("gemma4", &keys).unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+        };
+        // A shared global layer whose source (layer 2) slides.
+        refused(
+            keys(&[true, true, true, false], &[]),
+            "layer 3 shares the KV of layer 2, of the other attention kind",
+        );
+        refused(
+            keys(
+                &[true, true, false, true],
+                &[("expert_count", Value::U32(8))],
+            ),
+            "gemma4 with mixture-of-experts",
+        );
+        refused(
+            keys(
+                &[true, true, false, true],
+                &[("rope.dimension_count_swa", Value::U32(16))],
+            ),
+            "partial RoPE on sliding layers (16 of 32 dims)",
+        );
+        let mut no_pattern = keys(&[true, true, false, true], &[]);
+        no_pattern.pop();
+        refused(no_pattern, "`gemma4.attention.sliding_window_pattern`");
+    }
+
     #[test]
     fn gemma_layers_slide_by_their_pattern_with_a_local_rope() {
         let g3 = read(
