@@ -211,7 +211,9 @@ fn from_gguf(h: &GgufHeader) -> Report {
         layers: arch_u64("block_count"),
         hidden,
         heads,
-        kv_heads: arch_u64("attention.head_count_kv").or(heads),
+        kv_heads: arch_u64("attention.head_count_kv")
+            .or_else(|| widest_per_layer(h, "attention.head_count_kv"))
+            .or(heads),
         head_dim,
         sliding_window: arch_u64("attention.sliding_window"),
         rope_base: h.arch_float("rope.freq_base"),
@@ -226,6 +228,15 @@ fn from_gguf(h: &GgufHeader) -> Report {
         kv_bytes_per_token: KvShape::from_header(h).ok().and_then(|s| kv_bytes(&s)),
         ..Report::default()
     }
+}
+
+/// The largest of `{arch}.{key}` given per layer (Gemma 4's KV heads).
+fn widest_per_layer(h: &GgufHeader, key: &str) -> Option<u64> {
+    let per_layer = h.ints(&format!("{}.{key}", h.architecture()?)).ok()??;
+    per_layer
+        .into_iter()
+        .filter_map(|n| u64::try_from(n).ok())
+        .max()
 }
 
 /// Types holding the most parameters first.
