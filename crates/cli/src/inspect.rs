@@ -142,11 +142,11 @@ fn unsupported_reason(architecture: Option<&str>, experts: Option<u64>) -> Optio
             "architecture `{arch}` is not supported by this build (supported: {supported})"
         )),
         Some(arch) => {
-            let moe = arch
-                .parse::<Architecture>()
-                .is_ok_and(Architecture::has_experts);
+            let parsed = arch.parse::<Architecture>();
+            let moe = parsed.as_ref().is_ok_and(|a| a.has_experts());
+            let optional = parsed.is_ok_and(Architecture::experts_optional);
             match experts.filter(|&n| n > 0) {
-                Some(n) if !moe => Some(format!(
+                Some(n) if !moe && !optional => Some(format!(
                     "mixture-of-experts ({n} experts) is not supported by this build for `{arch}`"
                 )),
                 None if moe => Some(format!("`{arch}` declares no `{arch}.expert_count`")),
@@ -470,6 +470,9 @@ mod tests {
         assert_eq!(unsupported_reason(Some("qwen3moe"), Some(128)), None);
         assert_eq!(unsupported_reason(Some("qwen2moe"), Some(60)), None);
         assert_eq!(unsupported_reason(Some("gpt-oss"), Some(32)), None);
+        // Gemma 4 with experts (26B-A4B) and without (E2B, E4B, 31B).
+        assert_eq!(unsupported_reason(Some("gemma4"), Some(128)), None);
+        assert_eq!(unsupported_reason(Some("gemma4"), None), None);
         let none = unsupported_reason(Some("qwen3moe"), None).unwrap_or_default();
         assert!(none.contains("no `qwen3moe.expert_count`"), "{none}");
         let other = unsupported_reason(Some("mamba"), None).unwrap_or_default();

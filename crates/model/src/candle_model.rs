@@ -618,6 +618,13 @@ impl ForwardModel for CandleModel {
             let mut out = match &b.mlp {
                 Mlp::Dense(f) => ffn(f, None, spec.activation, &hs)?,
                 Mlp::Moe(experts) => moe_forward(experts, spec.activation, &hs)?,
+                // Refused at load ([`not_covered`]).
+                Mlp::DenseAndMoe(_) => {
+                    return Err(ModelError::UnsupportedArchitecture(format!(
+                        "{} on this device",
+                        spec.arch
+                    )));
+                }
             };
             if let Some(w) = &b.post_ffn_norm {
                 out = rms_norm(&out, w, eps)?;

@@ -83,6 +83,9 @@ struct StepBuffers {
     /// One expert's rows gathered `[rows, hidden]`, and its output.
     expert_in: Vec<f32>,
     expert_out: Vec<f32>,
+    /// Experts beside a dense MLP ([`Mlp::DenseAndMoe`]): their input, the
+    /// router's input and their output, `[rows, hidden]`; empty otherwise.
+    beside: [Vec<f32>; 3],
 }
 
 impl StepBuffers {
@@ -96,6 +99,12 @@ impl StepBuffers {
                 qkv.max(if gate_up { 2 * spec.ffn } else { 0 })
             }
         };
+        // Fused gate|up experts.
+        let (fused, beside) = match spec.moe {
+            Some(m) if spec.dense_beside_moe => (fused.max(2 * m.expert_ffn), spec.hidden),
+            _ => (fused, 0),
+        };
+        let [b_in, b_router, b_out] = &mut self.beside;
         let (experts, expert_rows) = spec.moe.map_or((0, 0), |m| (m.experts, spec.hidden));
         for (buf, width) in [
             (&mut self.x, spec.hidden),
@@ -111,6 +120,9 @@ impl StepBuffers {
             (&mut self.router, experts),
             (&mut self.expert_in, expert_rows),
             (&mut self.expert_out, expert_rows),
+            (b_in, beside),
+            (b_router, beside),
+            (b_out, beside),
         ] {
             buf.resize(n * width, 0.0);
         }
@@ -290,6 +302,7 @@ impl ForwardModel for CpuModel {
             router,
             expert_in,
             expert_out,
+            beside,
         } = &mut self.bufs;
         self.w.token_embd.lookup(&plan.ids, x)?;
         if let Some(s) = spec.embed_scale {
@@ -390,7 +403,55 @@ impl ForwardModel for CpuModel {
                         rows_in: expert_in,
                         rows_out: expert_out,
                     };
-                    moe_forward(experts, spec.activation, h, n, scratch, &mut mlp, tmp, ws)?
+                    let rows = Rows {
+                        x: h,
+                        router_in: h,
+                        n,
+                    };
+                    moe_forward(
+                        experts,
+                        None,
+                        spec.activation,
+                        rows,
+                        scratch,
+                        &mut mlp,
+                        tmp,
+                        ws,
+                    )?
+                }
+                Mlp::DenseAndMoe(g) => {
+                    mlp.run(&g.dense, None, spec.activation, h, n, tmp, ws)?;
+                    rms_norm_in_place(tmp, &g.post_norm_1, eps);
+                    let [moe_in, router_in, moe_out] = beside;
+                    rms_norm(x, &g.pre_norm_2, eps, moe_in);
+                    // rmsnorm(x) / sqrt(hidden) * router_scale.
+                    let inv = 1.0 / (hidden as f32).sqrt();
+                    let scale: Vec<f32> = g.router_scale.iter().map(|s| s * inv).collect();
+                    rms_norm(x, &scale, eps, router_in);
+                    let scratch = MoeScratch {
+                        router,
+                        rows_in: expert_in,
+                        rows_out: expert_out,
+                    };
+                    let rows = Rows {
+                        x: moe_in,
+                        router_in,
+                        n,
+                    };
+                    let scales = g.down_scales.as_deref();
+                    let e = &g.experts;
+                    moe_forward(
+                        e,
+                        scales,
+                        spec.activation,
+                        rows,
+                        scratch,
+                        &mut mlp,
+                        moe_out,
+                        ws,
+                    )?;
+                    rms_norm_in_place(moe_out, &g.post_norm_2, eps);
+                    add(tmp, moe_out);
                 }
             }
             if let Some(w) = &b.post_ffn_norm {
@@ -736,6 +797,14 @@ struct FfnBias<'a> {
     down: &'a [f32],
 }
 
+/// A mixture of experts' input rows, the router's (the same rows but for
+/// Gemma 4's), and how many.
+struct Rows<'a> {
+    x: &'a [f32],
+    router_in: &'a [f32],
+    n: usize,
+}
+
 /// The buffers a mixture of experts adds: router logits, and one expert's
 /// gathered rows and their output.
 struct MoeScratch<'a> {
@@ -753,17 +822,18 @@ struct MoeScratch<'a> {
 #[allow(clippy::too_many_arguments)]
 fn moe_forward(
     m: &Experts<Linear, Vec<f32>>,
+    expert_scales: Option<&[f32]>,
     act: Activation,
-    x: &[f32],
-    n: usize,
+    rows: Rows<'_>,
     s: MoeScratch<'_>,
     mlp: &mut MlpScratch<'_>,
     out: &mut [f32],
     ws: &mut Workspace,
 ) -> Result<(), ModelError> {
+    let Rows { x, router_in, n } = rows;
     let hidden = m.router.cols();
     let logits = &mut s.router[..n * m.spec.experts];
-    m.router.forward(x, n, logits, ws)?;
+    m.router.forward(router_in, n, logits, ws)?;
     if let Some(b) = &m.router_bias {
         add_bias(logits, b);
     }
@@ -786,7 +856,9 @@ fn moe_forward(
         }
         let ys = &mut s.rows_out[..k * hidden];
         mlp.run(expert, bias, act, xs, k, ys, ws)?;
+        let scale = expert_scales.map_or(1.0, |s| s[e]);
         for (y, &(r, w)) in ys.chunks_exact(hidden).zip(rows) {
+            let w = w * scale;
             for (o, &v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(y) {
                 *o += w * v;
             }

@@ -447,6 +447,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         moe,
         per_layer_input: None,
         v_norm: false,
+        dense_beside_moe: false,
     };
     for (layer, ffn) in spec.layers.iter_mut().zip(layer_ffn) {
         layer.ffn = ffn;
@@ -659,6 +660,30 @@ mod tests {
     /// layers' KV source, and the layouts it does not cover refused by name.
     #[test]
     fn gemma4_reads_its_layer_kinds_and_refuses_what_it_does_not_cover() {
+        let moe = read(
+            "gemma4",
+            &[
+                ("attention.sliding_window", Value::U32(16)),
+                (
+                    "attention.sliding_window_pattern",
+                    Value::Array(vec![Value::Bool(true); 4]),
+                ),
+                ("expert_count", Value::U32(8)),
+                ("expert_used_count", Value::U32(2)),
+                ("expert_feed_forward_length", Value::U32(64)),
+            ],
+        )
+        .unwrap();
+        assert!(moe.dense_beside_moe);
+        assert_eq!(
+            moe.moe.map(|m| (m.experts, m.used, m.expert_ffn, m.gating)),
+            Some((
+                8,
+                2,
+                64,
+                crate::spec::Gating::SoftmaxTopK { renormalize: true }
+            ))
+        );
         let flags = |f: &[bool]| Value::Array(f.iter().map(|&b| Value::Bool(b)).collect());
         let keys = |pattern: &[bool], extra: &[(&'static str, Value)]| {
             let mut k = vec![
@@ -700,12 +725,13 @@ mod tests {
             keys(&[true, true, true, false], &[]),
             "layer 3 shares the KV of layer 2, of the other attention kind",
         );
+        // The 26B-A4B's experts need their count and width.
         refused(
             keys(
                 &[true, true, false, true],
                 &[("expert_count", Value::U32(8))],
             ),
-            "gemma4 with mixture-of-experts",
+            "`gemma4.expert_used_count`",
         );
         refused(
             keys(

@@ -160,6 +160,7 @@ pub(crate) fn load(dir: &Path, options: &LoadOptions) -> Result<CpuModel, ModelE
         moe: None,
         per_layer_input: None,
         v_norm: false,
+        dense_beside_moe: false,
     };
     spec.validate()?;
     let mut tensors = SafetensorsSource {

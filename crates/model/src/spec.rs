@@ -338,6 +338,9 @@ pub struct ModelSpec {
     pub per_layer_input: Option<usize>,
     /// V is RMS-normed per head without a weight after its projection (Gemma 4).
     pub v_norm: bool,
+    /// [`ModelSpec::moe`]'s experts run beside each layer's dense MLP
+    /// rather than in its place (Gemma 4 26B-A4B).
+    pub dense_beside_moe: bool,
 }
 
 impl ModelSpec {
@@ -419,8 +422,10 @@ impl ModelSpec {
     /// Widest MLP inner width a layer runs: the dense MLP's, or one expert's.
     pub fn mlp_width(&self) -> usize {
         let dense = self.layers.iter().map(|l| l.ffn).fold(self.ffn, usize::max);
-        self.moe
-            .map_or(dense, |m| m.expert_ffn.max(m.shared_ffn.unwrap_or(0)))
+        let beside = if self.dense_beside_moe { dense } else { 0 };
+        self.moe.map_or(dense, |m| {
+            m.expert_ffn.max(m.shared_ffn.unwrap_or(0)).max(beside)
+        })
     }
 
     /// Every layer with the same window, heads and the first RoPE.

@@ -62,6 +62,27 @@ pub(crate) struct Ffn<M> {
 pub(crate) enum Mlp<M, V> {
     Dense(Ffn<M>),
     Moe(Experts<M, V>),
+    /// A dense MLP and a mixture of experts side by side (Gemma 4 26B-A4B).
+    DenseAndMoe(Box<DenseAndMoe<M, V>>),
+}
+
+/// Gemma 4's MoE block: the dense MLP's output (its input the block's
+/// `ffn_norm`) normed by `post_norm_1`, plus the experts' output (their
+/// input normed by `pre_norm_2`, the router's the residual RMS-normed,
+/// divided by `sqrt(hidden)` and scaled by `router_scale`) normed by
+/// `post_norm_2`; the block's `post_ffn_norm` then norms the sum.
+#[derive(Debug)]
+pub(crate) struct DenseAndMoe<M, V> {
+    pub(crate) dense: Ffn<M>,
+    pub(crate) post_norm_1: V,
+    pub(crate) pre_norm_2: V,
+    pub(crate) post_norm_2: V,
+    /// `ffn_gate_inp.scale`: `[hidden]`.
+    pub(crate) router_scale: V,
+    /// Experts with fused gate|up matrices.
+    pub(crate) experts: Experts<M, V>,
+    /// `ffn_down_exps.scale`: each expert's output is multiplied by its value.
+    pub(crate) down_scales: Option<V>,
 }
 
 /// A mixture of experts ([`crate::spec::MoeSpec`]): each expert's matrices
@@ -357,6 +378,49 @@ pub(crate) fn read<S: TensorSource>(
             None
         };
         let mlp = match &spec.moe {
+            Some(moe) if spec.dense_beside_moe => {
+                let (e, f) = (moe.experts, moe.expert_ffn);
+                let blk = |suffix: &str| format!("blk.{i}.{suffix}");
+                let dense = Ffn {
+                    gate_up: GateUp::Separate {
+                        gate: src.matrix(&name(Part::Gate), ffn, h)?,
+                        up: src.matrix(&name(Part::Up), ffn, h)?,
+                    },
+                    down: src.matrix(&name(Part::Down), h, ffn)?,
+                };
+                let gate_ups = src.experts(&blk("ffn_gate_up_exps.weight"), e, 2 * f, h)?;
+                let downs = src.experts(&name(Part::DownExps), e, h, f)?;
+                let experts = gate_ups
+                    .into_iter()
+                    .zip(downs)
+                    .map(|(gate_up, down)| Ffn {
+                        gate_up: GateUp::Fused(gate_up),
+                        down,
+                    })
+                    .collect();
+                let down_scales = blk("ffn_down_exps.scale");
+                let down_scales = if src.has(&down_scales) {
+                    Some(src.vector(&down_scales, e)?)
+                } else {
+                    None
+                };
+                Mlp::DenseAndMoe(Box::new(DenseAndMoe {
+                    dense,
+                    post_norm_1: src.vector(&blk("post_ffw_norm_1.weight"), h)?,
+                    pre_norm_2: src.vector(&blk("pre_ffw_norm_2.weight"), h)?,
+                    post_norm_2: src.vector(&blk("post_ffw_norm_2.weight"), h)?,
+                    router_scale: src.vector(&blk("ffn_gate_inp.scale"), h)?,
+                    experts: Experts {
+                        spec: *moe,
+                        router: src.matrix(&name(Part::Router), e, h)?,
+                        router_bias: None,
+                        experts,
+                        shared: None,
+                        biases: None,
+                    },
+                    down_scales,
+                }))
+            }
             None => {
                 let gate_up = if l.fused_gate_up {
                     GateUp::Fused(src.matrix(&name(Part::GateUp), 2 * ffn, h)?)

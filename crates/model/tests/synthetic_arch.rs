@@ -136,7 +136,7 @@ fn tiny_presets_run_in_candle_transformers() {
     let prompt: Vec<u32> = (0..20).map(|i| 300 + 37 * i).collect();
     // candle-transformers has no CPU quantized MoE.
     let dense = |n: &&str| SynthShape::preset(n).unwrap().moe.is_none();
-    let candle_has = |n: &&str| !matches!(*n, "gemma2-tiny" | "gemma4-tiny");
+    let candle_has = |n: &&str| !matches!(*n, "gemma2-tiny" | "gemma4-tiny" | "gemma4-moe-tiny");
     for name in tiny_presets().filter(|n| candle_has(n) && dense(n)) {
         let shape = SynthShape::preset(name).unwrap();
         for quant in ["f32", "q8_0"] {
@@ -244,7 +244,7 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
 fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
     let dir = tempfile::tempdir().unwrap();
     // gemma4-tiny's per-layer widths are checked by gemma4_tiny_has_llama_cpp_names.
-    for name in tiny_presets().filter(|n| *n != "gemma4-tiny") {
+    for name in tiny_presets().filter(|n| !n.starts_with("gemma4")) {
         let shape = SynthShape::preset(name).unwrap();
         let (path, summary, ct) = write_and_read(dir.path(), &shape, "q8_0");
         let shape = SynthShape {
@@ -753,5 +753,40 @@ fn gemma4_tiny_has_llama_cpp_names() {
         .map(|x| x.to_bool().unwrap())
         .collect();
     assert_eq!(sliding, (0..9).map(|i| i % 3 < 2).collect::<Vec<_>>());
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// gemma4-moe-tiny's MoE tensors as llama.cpp's gemma4 loader asks for
+/// them, beside each layer's dense MLP, and the expert keys.
+#[test]
+fn gemma4_moe_tiny_has_llama_cpp_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = SynthShape::preset("gemma4-moe-tiny").unwrap();
+    let (path, _, ct) = write_and_read(dir.path(), &shape, "f32");
+    let dims = |name: &str| ct.tensor_infos[name].shape.dims().to_vec();
+    let (h, e, f) = (128, 8, 64);
+    for i in 0..4 {
+        let t = |s: &str| format!("blk.{i}.{s}");
+        assert_eq!(dims(&t("ffn_gate_inp.weight")), [e, h]);
+        assert_eq!(dims(&t("ffn_gate_inp.scale")), [h]);
+        assert_eq!(dims(&t("ffn_gate_up_exps.weight")), [e, 2 * f, h]);
+        assert_eq!(dims(&t("ffn_down_exps.weight")), [e, h, f]);
+        assert_eq!(dims(&t("ffn_down_exps.scale")), [e]);
+        for norm in ["pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"] {
+            assert_eq!(dims(&t(&format!("{norm}.weight"))), [h]);
+        }
+        assert_eq!(dims(&t("ffn_down.weight")), [h, 128]);
+        assert_eq!(ct.tensor_infos.contains_key(&t("attn_v.weight")), i != 2);
+    }
+    assert!(!ct.tensor_infos.contains_key("per_layer_token_embd.weight"));
+    let u = |k: &str| ct.metadata[&format!("gemma4.{k}")].to_u32().unwrap();
+    assert_eq!(
+        (
+            u("expert_count"),
+            u("expert_used_count"),
+            u("expert_feed_forward_length")
+        ),
+        (8, 2, 64)
+    );
     std::fs::remove_file(&path).unwrap();
 }

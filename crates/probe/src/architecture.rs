@@ -55,6 +55,12 @@ impl Architecture {
         matches!(self, Self::Qwen2Moe | Self::Qwen3Moe | Self::GptOss)
     }
 
+    /// Whether files of the architecture may or may not have experts
+    /// (Gemma 4: the 26B-A4B has them beside its dense MLPs, the others none).
+    pub const fn experts_optional(self) -> bool {
+        matches!(self, Self::Gemma4)
+    }
+
     /// GGUF `general.architecture`, and the prefix of the model's metadata
     /// keys (`qwen2.block_count`).
     pub const fn name(self) -> &'static str {

@@ -13,7 +13,7 @@
 use super::gemma3::GEMMA3;
 use super::{Arch, Architecture, Meta, ModelSpec, RopeTensors};
 use crate::ModelError;
-use crate::spec::{Activation, RopeSpec, RopeStyle};
+use crate::spec::{Activation, Gating, MoeSpec, RopeSpec, RopeStyle};
 
 pub(super) const GEMMA4: Arch = Arch {
     architecture: Architecture::Gemma4,
@@ -100,5 +100,26 @@ fn finish(spec: &mut ModelSpec, meta: &Meta<'_>, _: &RopeTensors) -> Result<(), 
         spec.layers[i].kv_from = Some(from);
     }
     spec.n_kv_heads = kv_heads.iter().copied().max().unwrap_or(spec.n_heads);
+    spec.moe = experts(meta)?;
+    spec.dense_beside_moe = spec.moe.is_some();
     Ok(())
+}
+
+/// The 26B-A4B's experts, beside every layer's dense MLP: a softmax over
+/// all of them, the `expert_used_count` best kept and renormalised (as
+/// llama.cpp's gemma4 graph calls its MoE), `expert_feed_forward_length` wide.
+fn experts(meta: &Meta<'_>) -> Result<Option<MoeSpec>, ModelError> {
+    if meta.opt_usize("expert_count")?.unwrap_or(0) == 0 {
+        return Ok(None);
+    }
+    Ok(Some(MoeSpec {
+        experts: meta.usize("expert_count")?,
+        used: meta.usize("expert_used_count")?,
+        expert_ffn: meta.usize("expert_feed_forward_length")?,
+        gating: Gating::SoftmaxTopK { renormalize: true },
+        router_bias: false,
+        expert_bias: false,
+        weights_scale: 1.0,
+        shared_ffn: None,
+    }))
 }

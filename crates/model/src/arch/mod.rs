@@ -130,7 +130,8 @@ pub(crate) fn moe_spec(
 ) -> Result<Option<MoeSpec>, ModelError> {
     let experts = meta.opt_usize("expert_count")?.unwrap_or(0);
     let Some(rule) = arch.moe else {
-        if experts > 0 {
+        // Gemma 4's experts sit beside its dense MLP: its finish reads them.
+        if experts > 0 && !arch.architecture.experts_optional() {
             return Err(ModelError::UnsupportedArchitecture(format!(
                 "{} with mixture-of-experts",
                 arch.name()

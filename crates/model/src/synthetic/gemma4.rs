@@ -8,7 +8,7 @@
 
 use candle_core::quantized::gguf_file::Value;
 
-use super::shape::{Init, Quant, Role, SynthShape, TensorSpec};
+use super::shape::{Init, Quant, Role, SynthMoe, SynthShape, TensorSpec};
 
 /// What a Gemma 4 shape adds to [`SynthShape`], whose `head_dim` and
 /// `n_kv_heads` are the global layers'.
@@ -31,6 +31,8 @@ pub struct SynthGemma4 {
     /// The shared-KV layers' MLPs are twice as wide (the converter's
     /// `use_double_wide_mlp`, written as a per-layer `feed_forward_length`).
     pub double_wide_shared: bool,
+    /// Experts beside every layer's dense MLP (26B-A4B); `shared_ffn` unused.
+    pub moe: Option<SynthMoe>,
 }
 
 impl SynthGemma4 {
@@ -112,6 +114,11 @@ impl SynthGemma4 {
             let n = shape.n_layers;
             let widths = (0..n).map(|l| u(self.ffn(l, n, shape.ffn))).collect();
             kv("feed_forward_length", Value::Array(widths));
+        }
+        if let Some(m) = self.moe {
+            kv("expert_count", u(m.experts));
+            kv("expert_used_count", u(m.used));
+            kv("expert_feed_forward_length", u(m.expert_ffn));
         }
         kv("attention.key_length_swa", u(self.swa_head_dim));
         kv("attention.value_length_swa", u(self.swa_head_dim));
@@ -250,6 +257,56 @@ impl SynthGemma4 {
                         format!("blk.{layer}.post_norm.weight"),
                         h,
                         Init::NearOne,
+                        l,
+                    ));
+                }
+                if let Some(m) = self.moe {
+                    let (e, f) = (m.experts, m.expert_ffn);
+                    let name = |s: &str| format!("blk.{layer}.{s}");
+                    out.push(TensorSpec {
+                        dtype: candle_core::quantized::GgmlDType::F32,
+                        ..matrix(name("ffn_gate_inp.weight"), e, h, Role::Router, l)
+                    });
+                    // About 100: router logits spread by ~2 (their input is
+                    // normed and divided by sqrt(hidden), the weights small),
+                    // so rows pick their experts decisively, as trained
+                    // routers do; near-uniform logits would make every
+                    // choice a near-tie that rounding flips.
+                    let scale = (0..h).map(|i| 90.0 + (i % 21) as f32).collect();
+                    out.push(vector(
+                        name("ffn_gate_inp.scale"),
+                        h,
+                        Init::Values(scale),
+                        l,
+                    ));
+                    for norm in ["pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"] {
+                        out.push(vector(name(&format!("{norm}.weight")), h, Init::NearOne, l));
+                    }
+                    let stacked = |t: TensorSpec| TensorSpec {
+                        rows: t.rows * e,
+                        experts: e,
+                        ..t
+                    };
+                    let gate_up = matrix(
+                        name("ffn_gate_up_exps.weight"),
+                        2 * f,
+                        h,
+                        Role::OtherMatrix,
+                        l,
+                    );
+                    out.push(stacked(gate_up));
+                    out.push(stacked(matrix(
+                        name("ffn_down_exps.weight"),
+                        h,
+                        f,
+                        Role::FfnDown,
+                        l,
+                    )));
+                    let scales = (0..e).map(|i| 0.5 + 0.125 * i as f32).collect();
+                    out.push(vector(
+                        name("ffn_down_exps.scale"),
+                        e,
+                        Init::Values(scales),
                         l,
                     ));
                 }

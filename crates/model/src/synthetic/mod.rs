@@ -61,6 +61,7 @@ pub const PRESETS: &[&str] = &[
     "gemma2-tiny",
     "gemma3-tiny",
     "gemma4-tiny",
+    "gemma4-moe-tiny",
     "gpt-oss-tiny",
 ];
 

@@ -431,8 +431,38 @@ impl SynthShape {
                     per_layer_input: 16,
                     no_v_layer: Some(1),
                     double_wide_shared: true,
+                    moe: None,
                 }),
                 ..tiny(Architecture::Gemma4, 9, 4, 1, 64, 32_000, Some("llama-spm"))
+            },
+            // Gemma 4 26B-A4B's features at test size: the E2B-style
+            // attention above without shared KV or per-layer embeddings
+            // (layer 2, global, without attn_v), and 8 experts of 64 (2
+            // per token, fused gate|up, per-expert output scales) beside
+            // every layer's dense MLP.
+            "gemma4-moe-tiny" => Self {
+                rope_theta: 1_000_000.0,
+                rms_eps: 1e-6,
+                sliding_window: Some(16),
+                final_softcap: Some(30.0),
+                ffn: 128,
+                gemma4: Some(super::SynthGemma4 {
+                    swa_period: 3,
+                    swa_head_dim: 32,
+                    swa_kv_heads: 2,
+                    shared_kv_layers: 0,
+                    rotated_pairs: 8,
+                    per_layer_input: 0,
+                    no_v_layer: Some(2),
+                    double_wide_shared: false,
+                    moe: Some(SynthMoe {
+                        experts: 8,
+                        used: 2,
+                        expert_ffn: 64,
+                        shared_ffn: None,
+                    }),
+                }),
+                ..tiny(Architecture::Gemma4, 4, 4, 1, 64, 32_000, Some("llama-spm"))
             },
             other => return Err(SynthError::UnknownShape(other.to_string())),
         })
