@@ -732,20 +732,18 @@ fn gemma4_tiny_has_llama_cpp_names() {
     assert_eq!(u("attention.key_length_swa"), 32);
     assert_eq!(u("attention.shared_kv_layers"), 3);
     assert_eq!(u("embedding_length_per_layer_input"), 16);
-    let kv: Vec<u32> = md["gemma4.attention.head_count_kv"]
-        .to_vec()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_u32().unwrap())
-        .collect();
-    assert_eq!(kv, [2, 2, 1, 2, 2, 1, 2, 2, 1]);
-    let ffn: Vec<u32> = md["gemma4.feed_forward_length"]
-        .to_vec()
-        .unwrap()
-        .iter()
-        .map(|x| x.to_u32().unwrap())
-        .collect();
-    assert_eq!(ffn, [128, 128, 128, 128, 128, 128, 256, 256, 256]);
+    let per_layer = |k: &str| -> Vec<u32> {
+        let values = md[&format!("gemma4.{k}")].to_vec().unwrap();
+        values.iter().map(|x| x.to_u32().unwrap()).collect()
+    };
+    assert_eq!(
+        per_layer("attention.head_count_kv"),
+        [2, 2, 1, 2, 2, 1, 2, 2, 1]
+    );
+    assert_eq!(
+        per_layer("feed_forward_length"),
+        [128, 128, 128, 128, 128, 128, 256, 256, 256]
+    );
     let sliding: Vec<bool> = md["gemma4.attention.sliding_window_pattern"]
         .to_vec()
         .unwrap()

@@ -144,6 +144,19 @@ pub struct SynthShape {
     pub gemma4: Option<super::SynthGemma4>,
 }
 
+/// gemma4-tiny's Gemma 4 parts (see [`SynthShape::preset`]).
+const GEMMA4_TINY: super::SynthGemma4 = super::SynthGemma4 {
+    swa_period: 3,
+    swa_head_dim: 32,
+    swa_kv_heads: 2,
+    shared_kv_layers: 3,
+    rotated_pairs: 8,
+    per_layer_input: 16,
+    no_v_layer: Some(1),
+    double_wide_shared: true,
+    moe: None,
+};
+
 /// Rows of the Qwen2/2.5/3 embedding: 151,665 tokens padded to a multiple of 128.
 const QWEN_VOCAB: usize = 151_936;
 
@@ -192,6 +205,26 @@ impl SynthShape {
                 context: 512,
                 ..base(n_layers, 128, n_heads, n_kv_heads, 256, vocab)
             };
+        let gemma4 = |n_layers, g| Self {
+            rope_theta: 1_000_000.0,
+            rms_eps: 1e-6,
+            sliding_window: Some(16),
+            final_softcap: Some(30.0),
+            // 128 (256 where doubled) wide: a dense f32 matmul over more
+            // than 256 values sums in blocks whose split depends on the row
+            // count, which the row-invariance tests would see.
+            ffn: 128,
+            gemma4: Some(g),
+            ..tiny(
+                Architecture::Gemma4,
+                n_layers,
+                4,
+                1,
+                64,
+                32_000,
+                Some("llama-spm"),
+            )
+        };
         let phi3 = |context| Self {
             arch: Architecture::Phi3,
             vocab_file: vocab_file("phi-3"),
@@ -413,45 +446,16 @@ impl SynthShape {
             // the last three layers on layers 4 and 5's KV, layer 1 without
             // attn_v, their MLPs twice as wide, 16-wide per-layer
             // embeddings, windows of 16 tokens.
-            "gemma4-tiny" => Self {
-                rope_theta: 1_000_000.0,
-                rms_eps: 1e-6,
-                sliding_window: Some(16),
-                final_softcap: Some(30.0),
-                // 128 and 256 wide: a dense f32 matmul over more than 256
-                // values sums in blocks whose split depends on the row
-                // count, which the row-invariance tests would see.
-                ffn: 128,
-                gemma4: Some(super::SynthGemma4 {
-                    swa_period: 3,
-                    swa_head_dim: 32,
-                    swa_kv_heads: 2,
-                    shared_kv_layers: 3,
-                    rotated_pairs: 8,
-                    per_layer_input: 16,
-                    no_v_layer: Some(1),
-                    double_wide_shared: true,
-                    moe: None,
-                }),
-                ..tiny(Architecture::Gemma4, 9, 4, 1, 64, 32_000, Some("llama-spm"))
-            },
+            "gemma4-tiny" => gemma4(9, GEMMA4_TINY),
             // Gemma 4 26B-A4B's features at test size: the E2B-style
             // attention above without shared KV or per-layer embeddings
             // (layer 2, global, without attn_v), and 8 experts of 64 (2
             // per token, fused gate|up, per-expert output scales) beside
             // every layer's dense MLP.
-            "gemma4-moe-tiny" => Self {
-                rope_theta: 1_000_000.0,
-                rms_eps: 1e-6,
-                sliding_window: Some(16),
-                final_softcap: Some(30.0),
-                ffn: 128,
-                gemma4: Some(super::SynthGemma4 {
-                    swa_period: 3,
-                    swa_head_dim: 32,
-                    swa_kv_heads: 2,
+            "gemma4-moe-tiny" => gemma4(
+                4,
+                super::SynthGemma4 {
                     shared_kv_layers: 0,
-                    rotated_pairs: 8,
                     per_layer_input: 0,
                     no_v_layer: Some(2),
                     double_wide_shared: false,
@@ -461,9 +465,9 @@ impl SynthShape {
                         expert_ffn: 64,
                         shared_ffn: None,
                     }),
-                }),
-                ..tiny(Architecture::Gemma4, 4, 4, 1, 64, 32_000, Some("llama-spm"))
-            },
+                    ..GEMMA4_TINY
+                },
+            ),
             other => return Err(SynthError::UnknownShape(other.to_string())),
         })
     }
