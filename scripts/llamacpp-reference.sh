@@ -69,12 +69,12 @@ here="$root/scripts/llamacpp-reference"
 
 # The synthetic files of --synthetic: "preset:layers", written in f32 by
 # `synth_model --shape PRESET --layers LAYERS --quant f32`: one per
-# architecture (gemma3 with its 6th, global layer; qwen3-yarn-tiny for YaRN;
+# architecture (gemma3 with its 6th, global layer; gemma4 with its shared-KV layers; qwen3-yarn-tiny for YaRN;
 # gpt-oss-tiny for sinks, biases and its alternate windows; qwen35-tiny with its
 # three Gated DeltaNet layers and one gated attention layer, qwen35moe-tiny
 # with experts and a gated shared expert; llama-swa-tiny differs past its window, which llama.cpp does not apply to
 # llama files), and the llama shapes.
-SYNTH_PRESETS=${SYNTH_PRESETS:-"llama-swa-tiny:2 qwen2-tiny:2 qwen2moe-tiny:2 qwen3-tiny:2 qwen3-yarn-tiny:2 qwen3moe-tiny:2 gpt-oss-tiny:2 phi3-tiny:2 gemma2-tiny:4 gemma3-tiny:6 qwen35-tiny:4 qwen35moe-tiny:4 smollm2-135m:2 tinyllama-1.1b:2 llama-3.2-1b:2"}
+SYNTH_PRESETS=${SYNTH_PRESETS:-"llama-swa-tiny:2 qwen2-tiny:2 qwen2moe-tiny:2 qwen3-tiny:2 qwen3-yarn-tiny:2 qwen3moe-tiny:2 gpt-oss-tiny:2 phi3-tiny:2 gemma2-tiny:4 gemma3-tiny:6 gemma4-tiny:9 gemma4-moe-tiny:4 qwen35-tiny:4 qwen35moe-tiny:4 smollm2-135m:2 tinyllama-1.1b:2 llama-3.2-1b:2"}
 
 pkg_version=0.3.36
 threads=${THREADS:-2}

@@ -142,11 +142,11 @@ fn unsupported_reason(architecture: Option<&str>, experts: Option<u64>) -> Optio
             "architecture `{arch}` is not supported by this build (supported: {supported})"
         )),
         Some(arch) => {
-            let moe = arch
-                .parse::<Architecture>()
-                .is_ok_and(Architecture::has_experts);
+            let parsed = arch.parse::<Architecture>();
+            let moe = parsed.as_ref().is_ok_and(|a| a.has_experts());
+            let optional = parsed.is_ok_and(Architecture::experts_optional);
             match experts.filter(|&n| n > 0) {
-                Some(n) if !moe => Some(format!(
+                Some(n) if !moe && !optional => Some(format!(
                     "mixture-of-experts ({n} experts) is not supported by this build for `{arch}`"
                 )),
                 None if moe => Some(format!("`{arch}` declares no `{arch}.expert_count`")),
@@ -211,7 +211,9 @@ fn from_gguf(h: &GgufHeader) -> Report {
         layers: arch_u64("block_count"),
         hidden,
         heads,
-        kv_heads: arch_u64("attention.head_count_kv").or(heads),
+        kv_heads: arch_u64("attention.head_count_kv")
+            .or_else(|| widest_per_layer(h, "attention.head_count_kv"))
+            .or(heads),
         head_dim,
         sliding_window: arch_u64("attention.sliding_window"),
         rope_base: h.arch_float("rope.freq_base"),
@@ -226,6 +228,15 @@ fn from_gguf(h: &GgufHeader) -> Report {
         kv_bytes_per_token: KvShape::from_header(h).ok().and_then(|s| kv_bytes(&s)),
         ..Report::default()
     }
+}
+
+/// The largest of `{arch}.{key}` given per layer (Gemma 4's KV heads).
+fn widest_per_layer(h: &GgufHeader, key: &str) -> Option<u64> {
+    let per_layer = h.ints(&format!("{}.{key}", h.architecture()?)).ok()??;
+    per_layer
+        .into_iter()
+        .filter_map(|n| u64::try_from(n).ok())
+        .max()
 }
 
 /// Types holding the most parameters first.
@@ -459,6 +470,9 @@ mod tests {
         assert_eq!(unsupported_reason(Some("qwen3moe"), Some(128)), None);
         assert_eq!(unsupported_reason(Some("qwen2moe"), Some(60)), None);
         assert_eq!(unsupported_reason(Some("gpt-oss"), Some(32)), None);
+        // Gemma 4 with experts (26B-A4B) and without (E2B, E4B, 31B).
+        assert_eq!(unsupported_reason(Some("gemma4"), Some(128)), None);
+        assert_eq!(unsupported_reason(Some("gemma4"), None), None);
         let none = unsupported_reason(Some("qwen3moe"), None).unwrap_or_default();
         assert!(none.contains("no `qwen3moe.expert_count`"), "{none}");
         let other = unsupported_reason(Some("mamba"), None).unwrap_or_default();

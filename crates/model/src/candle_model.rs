@@ -80,9 +80,9 @@ pub(crate) fn load(
     }
     let mut file = gguf::open(path)?;
     let spec = file.spec.clone();
-    if spec.hybrid.is_some() {
+    if let Some(missing) = not_covered(&spec) {
         return Err(ModelError::UnsupportedArchitecture(format!(
-            "{} on a GPU or candle device (its Gated DeltaNet layers run on the CPU backend only: use --device cpu)",
+            "{} on this device: the candle backend has no {missing}; serve it with --device cpu",
             spec.arch
         )));
     }
@@ -94,6 +94,29 @@ pub(crate) fn load(
     let classifier = Classifier::read(&mut file)?;
     let model = CandleModel::new(spec, device.clone(), weights, options.kv_capacity)?;
     Ok((model, classifier))
+}
+
+/// What of `spec` this backend does not run (Gemma 4's parts), if anything.
+fn not_covered(spec: &ModelSpec) -> Option<&'static str> {
+    let l = spec.layers.iter();
+    if spec.hybrid.is_some() {
+        Some("Gated DeltaNet (recurrent) layers")
+    } else if l.clone().any(|l| l.kv_from.is_some()) {
+        Some("layers that read another layer's KV")
+    } else if l
+        .clone()
+        .any(|l| l.head_dim != spec.head_dim || l.n_kv_heads != spec.n_kv_heads)
+    {
+        Some("per-layer head widths or KV head counts")
+    } else if l.clone().any(|l| l.ffn != spec.ffn) {
+        Some("per-layer MLP widths")
+    } else if spec.per_layer_input.is_some() {
+        Some("per-layer token embeddings")
+    } else if spec.v_norm {
+        Some("V norm")
+    } else {
+        None
+    }
 }
 
 /// Makes candle's CUDA quantized matmuls dequantize weights and multiply
@@ -127,6 +150,10 @@ impl TensorSource for CandleSource<'_> {
     type Vector = Tensor;
 
     fn has_own_head(&self, name: &str) -> bool {
+        self.file.has(name)
+    }
+
+    fn has(&self, name: &str) -> bool {
         self.file.has(name)
     }
 
@@ -551,6 +578,13 @@ impl ForwardModel for CandleModel {
                         qkv.narrow(1, q_dim + kv_dim, kv_dim)?,
                     )
                 }
+                // Refused at load ([`not_covered`]).
+                Qkv::KeyAsValue { .. } | Qkv::QueryOnly(_) => {
+                    return Err(ModelError::UnsupportedArchitecture(format!(
+                        "{} on this device",
+                        spec.arch
+                    )));
+                }
             };
             if let Some(bias) = &b.qkv_bias {
                 q = q.broadcast_add(&bias.narrow(0, 0, q_dim)?)?;
@@ -586,6 +620,13 @@ impl ForwardModel for CandleModel {
             let mut out = match &b.mlp {
                 Mlp::Dense(f) => ffn(f, None, spec.activation, &hs)?,
                 Mlp::Moe(experts) => moe_forward(experts, spec.activation, &hs)?,
+                // Refused at load ([`not_covered`]).
+                Mlp::DenseAndMoe(_) => {
+                    return Err(ModelError::UnsupportedArchitecture(format!(
+                        "{} on this device",
+                        spec.arch
+                    )));
+                }
             };
             if let Some(w) = &b.post_ffn_norm {
                 out = rms_norm(&out, w, eps)?;

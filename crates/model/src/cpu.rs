@@ -23,6 +23,7 @@ use super::flash::{self, ChunkRows, FlashScratch};
 use super::kv::{KvPool, LayerView};
 use super::linear::{Embedding, Linear, Workspace};
 use super::moe;
+use super::ple::{self, PleScratch};
 use super::spec::{Activation, ModelSpec, RopeStyle};
 use super::weights::{Experts, Ffn, GateUp, Mlp, Qkv, Weights};
 use super::{
@@ -54,6 +55,8 @@ pub struct CpuModel {
     /// The blocked attention's build (f32 or bf16, [`AttentionDtype`]).
     unit: kernels::FlashUnit,
     bufs: StepBuffers,
+    /// Per-layer embeddings' buffers (Gemma 4 E2B/E4B).
+    ple: PleScratch,
 }
 
 /// A step's activations, kept between steps: once the batch sizes have
@@ -80,12 +83,15 @@ struct StepBuffers {
     /// One expert's rows gathered `[rows, hidden]`, and its output.
     expert_in: Vec<f32>,
     expert_out: Vec<f32>,
+    /// Experts beside a dense MLP ([`Mlp::DenseAndMoe`]): their input, the
+    /// router's input and their output, `[rows, hidden]`; empty otherwise.
+    beside: [Vec<f32>; 3],
 }
 
 impl StepBuffers {
     /// Sizes every buffer for `n` rows; kernels overwrite every element.
     fn resize(&mut self, n: usize, spec: &ModelSpec) {
-        let (q_dim, kv_dim) = (spec.q_dim(), spec.kv_dim());
+        let (q_dim, kv_dim) = spec.max_q_kv_dims();
         let fused = match (spec.layout.fused_qkv, spec.layout.fused_gate_up) {
             (false, false) => 0,
             (qkv, gate_up) => {
@@ -93,6 +99,12 @@ impl StepBuffers {
                 qkv.max(if gate_up { 2 * spec.ffn } else { 0 })
             }
         };
+        // Fused gate|up experts.
+        let (fused, beside) = match spec.moe {
+            Some(m) if spec.dense_beside_moe => (fused.max(2 * m.expert_ffn), spec.hidden),
+            _ => (fused, 0),
+        };
+        let [b_in, b_router, b_out] = &mut self.beside;
         let (experts, expert_rows) = spec.moe.map_or((0, 0), |m| (m.experts, spec.hidden));
         for (buf, width) in [
             (&mut self.x, spec.hidden),
@@ -108,6 +120,9 @@ impl StepBuffers {
             (&mut self.router, experts),
             (&mut self.expert_in, expert_rows),
             (&mut self.expert_out, expert_rows),
+            (b_in, beside),
+            (b_router, beside),
+            (b_out, beside),
         ] {
             buf.resize(n * width, 0.0);
         }
@@ -219,10 +234,15 @@ impl CpuModel {
                 checkpoint: w.blocks.len(),
             });
         }
+        // Each RoPE as wide as the heads of the layers that use it.
         let ropes = spec
             .ropes
             .iter()
-            .map(|r| r.tables(spec.rotary_dims(), spec.max_positions))
+            .enumerate()
+            .map(|(i, r)| {
+                let d = spec.layers.iter().find(|l| l.rope == i);
+                r.tables(d.map_or(spec.head_dim, |l| l.head_dim), spec.max_positions)
+            })
             .collect();
         let (kv, unit) = kv_and_unit(&spec, options)?;
         Ok(Self {
@@ -234,6 +254,7 @@ impl CpuModel {
             flash: FlashScratch::default(),
             unit,
             bufs: StepBuffers::default(),
+            ple: PleScratch::default(),
         })
     }
 
@@ -249,16 +270,15 @@ impl ForwardModel for CpuModel {
             return Ok(Vec::new());
         }
         let spec = &self.spec;
-        let shape = shape(spec);
-        let blocked_min_rows = if flash::supports(shape) {
+        let all_supported = (0..spec.n_layers).all(|l| flash::supports(spec.layer_heads(l)));
+        let blocked_min_rows = if all_supported {
             BLOCKED_MIN_ROWS
         } else {
             usize::MAX
         };
         let plan = StepPlan::build(batch, spec, self.kv.capacity(), blocked_min_rows)?;
         let n = plan.ids.len();
-        let eps = spec.norm_eps;
-        let (q_dim, kv_dim) = (spec.q_dim(), spec.kv_dim());
+        let (hidden, eps) = (spec.hidden, spec.norm_eps);
 
         self.bufs.resize(n, spec);
         let StepBuffers {
@@ -275,14 +295,22 @@ impl ForwardModel for CpuModel {
             router,
             expert_in,
             expert_out,
+            beside,
         } = &mut self.bufs;
         self.w.token_embd.lookup(&plan.ids, x)?;
         if let Some(s) = spec.embed_scale {
             x.iter_mut().for_each(|v| *v *= s);
         }
         let ws = &mut self.ws;
+        if let Some(p) = &self.w.ple {
+            p.prepare(&plan.ids, x, eps, &mut self.ple, ws)?;
+        }
         for (layer, b) in self.w.blocks.iter().enumerate() {
             let ls = spec.layers[layer];
+            let shape = spec.layer_heads(layer);
+            let (q_dim, kv_dim) = (spec.n_heads * ls.head_dim, ls.n_kv_heads * ls.head_dim);
+            let (q, attn) = (&mut q[..n * q_dim], &mut attn[..n * q_dim]);
+            let (k, v) = (&mut k[..n * kv_dim], &mut v[..n * kv_dim]);
             rms_norm(x, &b.attn_norm, eps, h);
             match &b.qkv {
                 Qkv::Separate {
@@ -304,7 +332,13 @@ impl ForwardModel for CpuModel {
                     &mut [&mut q[..], &mut k[..], &mut v[..]],
                     ws,
                 )?,
+                Qkv::KeyAsValue { q: wq, k: wk } => {
+                    Linear::forward_shared(&[wq, wk], &mut [&mut q[..], &mut k[..]], h, n, ws)?;
+                    v.copy_from_slice(k);
+                }
+                Qkv::QueryOnly(wq) => wq.forward(h, n, q, ws)?,
             }
+            let own_kv = ls.kv_from.is_none();
             if let Some(bias) = &b.qkv_bias {
                 add_bias(q, &bias[..q_dim]);
                 add_bias(k, &bias[q_dim..q_dim + kv_dim]);
@@ -312,14 +346,36 @@ impl ForwardModel for CpuModel {
             }
             if let Some((q_norm, k_norm)) = &b.qk_norm {
                 rms_norm_in_place(q, q_norm, eps);
-                rms_norm_in_place(k, k_norm, eps);
+                if own_kv {
+                    rms_norm_in_place(k, k_norm, eps);
+                }
+            }
+            if spec.v_norm && own_kv {
+                v.chunks_exact_mut(ls.head_dim)
+                    .for_each(|head| ple::rms_norm(head, None, eps));
             }
             let rope = &spec.ropes[ls.rope];
             let (cos, sin) = &self.ropes[ls.rope];
-            let dims = (spec.head_dim, spec.rotary_dims());
-            rope_rows(rope.style, dims, cos, sin, q, &plan.positions);
-            rope_rows(rope.style, dims, cos, sin, k, &plan.positions);
-            self.kv.write(layer, &plan.new_slots, k, v);
+            rope_rows(
+                rope.style,
+                (ls.head_dim, ls.head_dim),
+                cos,
+                sin,
+                q,
+                &plan.positions,
+            );
+            let pool_layer = spec.kv_pool_layer(layer);
+            if own_kv {
+                rope_rows(
+                    rope.style,
+                    (ls.head_dim, ls.head_dim),
+                    cos,
+                    sin,
+                    k,
+                    &plan.positions,
+                );
+                self.kv.write(pool_layer, &plan.new_slots, k, v);
+            }
             let how = Attention {
                 shape,
                 window: ls.window,
@@ -327,7 +383,7 @@ impl ForwardModel for CpuModel {
                 sinks: b.sinks.as_deref(),
                 unit: self.unit,
             };
-            match self.kv.layer(layer) {
+            match self.kv.layer(pool_layer) {
                 LayerView::F32(kp, vp) => {
                     attention(q, kp, vp, &plan, how, attn, &mut self.flash, ws)
                 }
@@ -354,13 +410,67 @@ impl ForwardModel for CpuModel {
                         rows_in: expert_in,
                         rows_out: expert_out,
                     };
-                    moe_forward(experts, spec.activation, h, n, scratch, &mut mlp, tmp, ws)?
+                    let rows = Rows {
+                        x: h,
+                        router_in: h,
+                        n,
+                    };
+                    moe_forward(
+                        experts,
+                        None,
+                        spec.activation,
+                        rows,
+                        scratch,
+                        &mut mlp,
+                        tmp,
+                        ws,
+                    )?
+                }
+                Mlp::DenseAndMoe(g) => {
+                    mlp.run(&g.dense, None, spec.activation, h, n, tmp, ws)?;
+                    rms_norm_in_place(tmp, &g.post_norm_1, eps);
+                    let [moe_in, router_in, moe_out] = beside;
+                    rms_norm(x, &g.pre_norm_2, eps, moe_in);
+                    // rmsnorm(x) / sqrt(hidden) * router_scale.
+                    let inv = 1.0 / (hidden as f32).sqrt();
+                    let scale: Vec<f32> = g.router_scale.iter().map(|s| s * inv).collect();
+                    rms_norm(x, &scale, eps, router_in);
+                    let scratch = MoeScratch {
+                        router,
+                        rows_in: expert_in,
+                        rows_out: expert_out,
+                    };
+                    let rows = Rows {
+                        x: moe_in,
+                        router_in,
+                        n,
+                    };
+                    let scales = g.down_scales.as_deref();
+                    let e = &g.experts;
+                    moe_forward(
+                        e,
+                        scales,
+                        spec.activation,
+                        rows,
+                        scratch,
+                        &mut mlp,
+                        moe_out,
+                        ws,
+                    )?;
+                    rms_norm_in_place(moe_out, &g.post_norm_2, eps);
+                    add(tmp, moe_out);
                 }
             }
             if let Some(w) = &b.post_ffn_norm {
                 rms_norm_in_place(tmp, w, eps);
             }
             add(x, tmp);
+            if let Some(p) = &self.w.ple {
+                p.apply(layer, x, eps, &mut self.ple, ws)?;
+            }
+            if let Some(&[scale]) = b.out_scale.as_deref() {
+                x.iter_mut().for_each(|v| *v *= scale);
+            }
         }
         let head = Head {
             norm: &self.w.output_norm,
@@ -393,7 +503,7 @@ impl ForwardModel for CpuModel {
         let shape = self.kv_shape();
         check_transfer(&shape, slots, self.kv.capacity(), None)?;
         let mut out = Vec::with_capacity(shape.floats_for(slots.len()).unwrap_or(0));
-        for layer in 0..shape.layers {
+        for layer in 0..self.kv.layers() {
             self.kv.read_f32(layer, slots, &mut out);
         }
         Ok(out)
@@ -402,10 +512,13 @@ impl ForwardModel for CpuModel {
     fn write_kv(&mut self, slots: &[u32], data: &[f32]) -> Result<(), ModelError> {
         let shape = self.kv_shape();
         check_transfer(&shape, slots, self.kv.capacity(), Some(data.len()))?;
-        let n = slots.len() * shape.kv_dim();
-        for (layer, block) in data.chunks_exact(2 * n.max(1)).enumerate() {
-            let (k, v) = block.split_at(n);
+        // Layer after layer, each its K rows then its V rows ([`KvPool::read_f32`]).
+        let mut at = 0;
+        for layer in 0..self.kv.layers() {
+            let n = slots.len() * self.kv.dim(layer);
+            let (k, v) = data[at..at + 2 * n].split_at(n);
             self.kv.write(layer, slots, k, v);
+            at += 2 * n;
         }
         Ok(())
     }
@@ -469,12 +582,7 @@ pub(crate) fn kv_and_unit(
     spec: &ModelSpec,
     options: &LoadOptions,
 ) -> Result<(KvPool, kernels::FlashUnit), ModelError> {
-    let kv = KvPool::new(
-        spec.n_layers,
-        options.kv_capacity,
-        spec.kv_dim(),
-        options.kv_dtype,
-    )?;
+    let kv = KvPool::new(&spec.kv_layer_dims(), options.kv_capacity, options.kv_dtype)?;
     let unit = match options.attention {
         AttentionDtype::F32 => kernels::flash_unit(),
         AttentionDtype::Bf16 => kernels::flash_unit_bf16().ok_or(ModelError::NoBf16Attention)?,
@@ -745,6 +853,14 @@ pub(crate) struct FfnBias<'a> {
     down: &'a [f32],
 }
 
+/// A mixture of experts' input rows, the router's (the same rows but for
+/// Gemma 4's), and how many.
+pub(crate) struct Rows<'a> {
+    pub(crate) x: &'a [f32],
+    pub(crate) router_in: &'a [f32],
+    pub(crate) n: usize,
+}
+
 /// The buffers a mixture of experts adds: router logits, and one expert's
 /// gathered rows and their output.
 pub(crate) struct MoeScratch<'a> {
@@ -762,17 +878,18 @@ pub(crate) struct MoeScratch<'a> {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn moe_forward(
     m: &Experts<Linear, Vec<f32>>,
+    expert_scales: Option<&[f32]>,
     act: Activation,
-    x: &[f32],
-    n: usize,
+    rows: Rows<'_>,
     s: MoeScratch<'_>,
     mlp: &mut MlpScratch<'_>,
     out: &mut [f32],
     ws: &mut Workspace,
 ) -> Result<(), ModelError> {
+    let Rows { x, router_in, n } = rows;
     let hidden = m.router.cols();
     let logits = &mut s.router[..n * m.spec.experts];
-    m.router.forward(x, n, logits, ws)?;
+    m.router.forward(router_in, n, logits, ws)?;
     if let Some(b) = &m.router_bias {
         add_bias(logits, b);
     }
@@ -795,7 +912,9 @@ pub(crate) fn moe_forward(
         }
         let ys = &mut s.rows_out[..k * hidden];
         mlp.run(expert, bias, act, xs, k, ys, ws)?;
+        let scale = expert_scales.map_or(1.0, |s| s[e]);
         for (y, &(r, w)) in ys.chunks_exact(hidden).zip(rows) {
+            let w = w * scale;
             for (o, &v) in out[r * hidden..(r + 1) * hidden].iter_mut().zip(y) {
                 *o += w * v;
             }

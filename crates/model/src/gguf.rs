@@ -439,15 +439,22 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         }
         Some(_) => {}
     }
-    let ffn = meta.usize("feed_forward_length")?;
+    // Per layer in some Gemma 4 files; the widest here, each layer's below.
+    let layer_ffn = meta
+        .opt_per_layer("feed_forward_length", n_layers)?
+        .ok_or_else(|| ModelError::MissingKey(meta.key("feed_forward_length")))?;
+    let ffn = layer_ffn.iter().copied().max().unwrap_or(0);
     let moe = arch::moe_spec(arch, &meta, ffn)?;
+    // Per layer in Gemma 4's files; the widest here, each layer's in its finish.
+    let n_kv_heads = meta
+        .opt_per_layer("attention.head_count_kv", n_layers)?
+        .and_then(|per_layer| per_layer.into_iter().max())
+        .unwrap_or(n_heads);
     let mut spec = ModelSpec {
         arch: arch.name(),
         n_layers,
         n_heads,
-        n_kv_heads: meta
-            .opt_usize("attention.head_count_kv")?
-            .unwrap_or(n_heads),
+        n_kv_heads,
         hidden,
         head_dim,
         ffn,
@@ -460,7 +467,7 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
             .unwrap_or(4096)
             .min(MAX_POSITIONS),
         ropes: vec![rope],
-        layers: ModelSpec::uniform_layers(n_layers, None),
+        layers: ModelSpec::uniform_layers(n_layers, None, n_kv_heads, head_dim, ffn),
         attn: ScoreRule::standard(head_dim),
         activation: arch.activation,
         embed_scale: None,
@@ -468,7 +475,13 @@ fn spec(tensors: &mut Tensors) -> Result<ModelSpec, ModelError> {
         layout: arch.layout,
         moe,
         hybrid: None,
+        per_layer_input: None,
+        v_norm: false,
+        dense_beside_moe: false,
     };
+    for (layer, ffn) in spec.layers.iter_mut().zip(layer_ffn) {
+        layer.ffn = ffn;
+    }
     if let Some(f) = index.opt_vector(reader, "rope_freqs.weight")? {
         spec.ropes[0].scaling.freq_factors = f;
     }
@@ -498,6 +511,10 @@ impl TensorSource for CpuSource<'_> {
     type Vector = Vec<f32>;
 
     fn has_own_head(&self, name: &str) -> bool {
+        self.0.has(name)
+    }
+
+    fn has(&self, name: &str) -> bool {
         self.0.has(name)
     }
 
@@ -686,6 +703,95 @@ mod tests {
             assert_eq!(GgmlType(code).block(), Some(candle), "type {code}");
         }
         assert_eq!(built, 14);
+    }
+
+    /// Gemma 4's keys: per-kind head widths, windows and RoPEs, the shared
+    /// layers' KV source, and the layouts it does not cover refused by name.
+    #[test]
+    fn gemma4_reads_its_layer_kinds_and_refuses_what_it_does_not_cover() {
+        let moe = read(
+            "gemma4",
+            &[
+                ("attention.sliding_window", Value::U32(16)),
+                (
+                    "attention.sliding_window_pattern",
+                    Value::Array(vec![Value::Bool(true); 4]),
+                ),
+                ("expert_count", Value::U32(8)),
+                ("expert_used_count", Value::U32(2)),
+                ("expert_feed_forward_length", Value::U32(64)),
+            ],
+        )
+        .unwrap();
+        assert!(moe.dense_beside_moe);
+        assert_eq!(
+            moe.moe.map(|m| (m.experts, m.used, m.expert_ffn, m.gating)),
+            Some((
+                8,
+                2,
+                64,
+                crate::spec::Gating::SoftmaxTopK { renormalize: true }
+            ))
+        );
+        let flags = |f: &[bool]| Value::Array(f.iter().map(|&b| Value::Bool(b)).collect());
+        let keys = |pattern: &[bool], extra: &[(&'static str, Value)]| {
+            let mut k = vec![
+                ("attention.sliding_window", Value::U32(16)),
+                ("attention.key_length", Value::U32(64)),
+                ("attention.key_length_swa", Value::U32(32)),
+                ("attention.shared_kv_layers", Value::U32(1)),
+                ("attention.sliding_window_pattern", flags(pattern)),
+            ];
+            k.extend(extra.iter().cloned());
+            k
+        };
+        let g4 = read("gemma4", &keys(&[true, true, false, true], &[])).unwrap();
+        let widths: Vec<_> = g4.layers.iter().map(|l| (l.head_dim, l.window)).collect();
+        assert_eq!(
+            widths,
+            [(32, Some(16)), (32, Some(16)), (64, None), (32, Some(16))]
+        );
+        let sources: Vec<_> = g4.layers.iter().map(|l| l.kv_from).collect();
+        assert_eq!(sources, [None, None, None, Some(1)]);
+        assert_eq!(
+            (g4.ropes[g4.layers[0].rope].theta, g4.layers[2].rope),
+            (10_000.0, 0)
+        );
+        assert_eq!(
+            (g4.attn.scale, g4.v_norm, g4.embed_scale),
+            (1.0, true, Some(16.0))
+        );
+        assert_eq!(g4.kv_layer_dims(), [64, 64, 128]);
+        assert_eq!(g4.kv_pool_layer(3), 1);
+        assert_eq!(g4.kv_shape().floats_per_slot(), 2 * 256);
+
+        let refused = |keys: Vec<(&str, Value)>, want: &str| {
+            let err = read("gemma4", &keys).unwrap_err().to_string();
+            assert!(err.contains(want), "{err}");
+        };
+        // A shared global layer whose source (layer 2) slides.
+        refused(
+            keys(&[true, true, true, false], &[]),
+            "layer 3 shares the KV of layer 2, of the other attention kind",
+        );
+        // The 26B-A4B's experts need their count and width.
+        refused(
+            keys(
+                &[true, true, false, true],
+                &[("expert_count", Value::U32(8))],
+            ),
+            "`gemma4.expert_used_count`",
+        );
+        refused(
+            keys(
+                &[true, true, false, true],
+                &[("rope.dimension_count_swa", Value::U32(16))],
+            ),
+            "partial RoPE on sliding layers (16 of 32 dims)",
+        );
+        let mut no_pattern = keys(&[true, true, false, true], &[]);
+        no_pattern.pop();
+        refused(no_pattern, "`gemma4.attention.sliding_window_pattern`");
     }
 
     #[test]

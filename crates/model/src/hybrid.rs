@@ -354,7 +354,17 @@ impl ForwardModel for HybridModel {
                         rows_out: &mut rows_out,
                     };
                     let act = Activation::Silu;
-                    cpu::moe_forward(experts, act, &h, n, scratch, &mut mlp, &mut tmp, ws)?
+                    let rows = cpu::Rows {
+                        x: &h,
+                        router_in: &h,
+                        n,
+                    };
+                    cpu::moe_forward(experts, None, act, rows, scratch, &mut mlp, &mut tmp, ws)?
+                }
+                Mlp::DenseAndMoe(_) => {
+                    return Err(ModelError::UnsupportedArchitecture(
+                        "a dense MLP beside experts in a hybrid model".into(),
+                    ));
                 }
             }
             add(&mut x, &tmp);

@@ -1,5 +1,8 @@
 //! The token KV pool: per layer, one K row and one V row per slot.
 //!
+//! Layers that read another layer's KV (Gemma 4) have no rows here, and
+//! layers may differ in row width.
+//!
 //! Slots are the engine's `TokenPool` ids, so a cached prefix is shared by
 //! every sequence that lists its slots. Rows are plain vectors indexed by
 //! `slot * kv_dim`, of f32 or (with [`KvDtype::F16`]) f16, which halves the
@@ -18,7 +21,8 @@ use super::{KvDtype, ModelError};
 #[derive(Debug)]
 pub(crate) struct KvPool {
     capacity: usize,
-    kv_dim: usize,
+    /// Each layer's row width.
+    dims: Vec<usize>,
     layers: Vec<LayerKv>,
 }
 
@@ -42,33 +46,41 @@ pub(crate) enum LayerView<'a> {
 }
 
 impl KvPool {
-    /// An empty pool of `capacity` slots for `n_layers` layers of `kv_dim` wide rows.
-    pub(crate) fn new(
-        n_layers: usize,
-        capacity: usize,
-        kv_dim: usize,
-        dtype: KvDtype,
-    ) -> Result<Self, ModelError> {
-        let len = capacity.checked_mul(kv_dim).ok_or_else(|| {
-            ModelError::InvalidBatch(format!("KV pool of {capacity} slots is too large"))
-        })?;
-        let layers = (0..n_layers)
-            .map(|_| match dtype {
-                KvDtype::F32 => LayerKv::F32 {
-                    k: vec![0.0; len],
-                    v: vec![0.0; len],
-                },
-                KvDtype::F16 => LayerKv::F16 {
-                    k: vec![0; len],
-                    v: vec![0; len],
-                },
+    /// An empty pool of `capacity` slots for layers of rows `dims[i]` wide.
+    pub(crate) fn new(dims: &[usize], capacity: usize, dtype: KvDtype) -> Result<Self, ModelError> {
+        let layers = dims
+            .iter()
+            .map(|&kv_dim| {
+                let len = capacity.checked_mul(kv_dim).ok_or_else(|| {
+                    ModelError::InvalidBatch(format!("KV pool of {capacity} slots is too large"))
+                })?;
+                Ok(match dtype {
+                    KvDtype::F32 => LayerKv::F32 {
+                        k: vec![0.0; len],
+                        v: vec![0.0; len],
+                    },
+                    KvDtype::F16 => LayerKv::F16 {
+                        k: vec![0; len],
+                        v: vec![0; len],
+                    },
+                })
             })
-            .collect();
+            .collect::<Result<_, ModelError>>()?;
         Ok(Self {
             capacity,
-            kv_dim,
+            dims: dims.to_vec(),
             layers,
         })
+    }
+
+    /// Layers with rows.
+    pub(crate) fn layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Width of `layer`'s rows.
+    pub(crate) fn dim(&self, layer: usize) -> usize {
+        self.dims[layer]
     }
 
     /// Number of slots.
@@ -82,12 +94,12 @@ impl KvPool {
             Some(LayerKv::F16 { .. }) => 2,
             _ => 4,
         };
-        self.layers.len() * 2 * self.kv_dim * elem
+        2 * self.dims.iter().sum::<usize>() * elem
     }
 
     /// Writes rows `k[i]`, `v[i]` (each `kv_dim` wide) to `slots[i]` of `layer`.
     pub(crate) fn write(&mut self, layer: usize, slots: &[u32], k: &[f32], v: &[f32]) {
-        let d = self.kv_dim;
+        let d = self.dims[layer];
         for (i, &slot) in slots.iter().enumerate() {
             let (at, rows) = (slot as usize * d, i * d..(i + 1) * d);
             match &mut self.layers[layer] {
@@ -107,7 +119,7 @@ impl KvPool {
 
     /// Appends the K rows of `slots` in `layer`, then their V rows, as f32.
     pub(crate) fn read_f32(&self, layer: usize, slots: &[u32], out: &mut Vec<f32>) {
-        let d = self.kv_dim;
+        let d = self.dims[layer];
         fn rows<T: KvElem>(pool: &[T], slots: &[u32], d: usize, out: &mut Vec<f32>) {
             for &slot in slots {
                 let at = slot as usize * d;

@@ -22,6 +22,7 @@ mod kv;
 mod linear;
 mod meta;
 mod moe;
+mod ple;
 mod safetensors;
 mod spec;
 #[cfg(feature = "synthetic")]

@@ -24,6 +24,11 @@ impl<'a> Meta<'a> {
         format!("{}.{key}", self.arch)
     }
 
+    /// Whether the file has `{arch}.{key}`.
+    pub(crate) fn has(&self, key: &str) -> bool {
+        self.header.metadata.contains_key(&self.key(key))
+    }
+
     /// `{arch}.{key}` as an integer; an error when it is missing.
     pub(crate) fn usize(&self, key: &str) -> Result<usize, ModelError> {
         self.opt_usize(key)?
@@ -38,6 +43,35 @@ impl<'a> Meta<'a> {
             .get(&full)
             .map(|v| value_usize(v, &full))
             .transpose()
+    }
+
+    /// `{arch}.{key}` per layer: one integer for every layer, or an array
+    /// of one per layer (Gemma 4's `attention.head_count_kv`), if present.
+    pub(crate) fn opt_per_layer(
+        &self,
+        key: &str,
+        n_layers: usize,
+    ) -> Result<Option<Vec<usize>>, ModelError> {
+        let full = self.key(key);
+        match self.header.metadata.get(&full) {
+            None => Ok(None),
+            Some(MetaValue::Array { .. }) => {
+                let values = self.header.ints(&full)?.unwrap_or_default();
+                if values.len() != n_layers {
+                    return Err(ModelError::PerLayerLength {
+                        key: full,
+                        got: values.len(),
+                        layers: n_layers,
+                    });
+                }
+                values
+                    .into_iter()
+                    .map(|v| value_usize(&MetaValue::Int(i128::from(v)), &full))
+                    .collect::<Result<_, _>>()
+                    .map(Some)
+            }
+            Some(v) => Ok(Some(vec![value_usize(v, &full)?; n_layers])),
+        }
     }
 
     /// `{arch}.{key}` as a float, if present.

@@ -127,11 +127,12 @@ pub(crate) fn load(dir: &Path, options: &LoadOptions) -> Result<CpuModel, ModelE
     if let Some(s) = &hf.rope_scaling {
         scaling.freq_factors = s.freq_factors(hf.rope_theta, head_dim)?;
     }
+    let n_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
     let spec = ModelSpec {
         arch: arch.name(),
         n_layers: hf.num_hidden_layers,
         n_heads: hf.num_attention_heads,
-        n_kv_heads: hf.num_key_value_heads.unwrap_or(hf.num_attention_heads),
+        n_kv_heads,
         hidden: hf.hidden_size,
         head_dim,
         ffn: hf.intermediate_size,
@@ -144,7 +145,13 @@ pub(crate) fn load(dir: &Path, options: &LoadOptions) -> Result<CpuModel, ModelE
             theta: hf.rope_theta,
             scaling,
         }],
-        layers: ModelSpec::uniform_layers(hf.num_hidden_layers, hf.sliding_window),
+        layers: ModelSpec::uniform_layers(
+            hf.num_hidden_layers,
+            hf.sliding_window,
+            n_kv_heads,
+            head_dim,
+            hf.intermediate_size,
+        ),
         attn: ScoreRule::standard(head_dim),
         activation: arch.activation,
         embed_scale: None,
@@ -152,6 +159,9 @@ pub(crate) fn load(dir: &Path, options: &LoadOptions) -> Result<CpuModel, ModelE
         layout: arch.layout,
         moe: None,
         hybrid: None,
+        per_layer_input: None,
+        v_norm: false,
+        dense_beside_moe: false,
     };
     spec.validate()?;
     let mut tensors = SafetensorsSource {
@@ -261,6 +271,10 @@ impl TensorSource for SafetensorsSource {
 
     fn has_own_head(&self, _: &str) -> bool {
         !self.tied
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
     }
 
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Linear, ModelError> {

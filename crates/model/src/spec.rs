@@ -203,6 +203,16 @@ pub struct LayerSpec {
     pub window: Option<usize>,
     /// Index of the layer's RoPE in [`ModelSpec::ropes`].
     pub rope: usize,
+    /// The layer's KV heads (Gemma 4's global layers have fewer).
+    pub n_kv_heads: usize,
+    /// Width of the layer's heads (Gemma 4's global layers' are wider).
+    pub head_dim: usize,
+    /// An earlier layer whose K and V this one attends over, writing none
+    /// of its own (Gemma 4's last layers); `None`: its own.
+    pub kv_from: Option<usize>,
+    /// Inner width of the layer's dense MLP (Gemma 4's shared-KV layers'
+    /// may be twice the others').
+    pub ffn: usize,
 }
 
 /// The MLP's gate activation.
@@ -326,17 +336,80 @@ pub struct ModelSpec {
     /// Gated DeltaNet layers among the attention ones, with partial RoPE
     /// and gated attention output (Qwen3.5); `None` for pure transformers.
     pub hybrid: Option<crate::deltanet::HybridSpec>,
+    /// Width of each layer's slice of the per-layer token embeddings
+    /// (Gemma 4 E2B/E4B, [`crate::ple`]); `None` without them.
+    pub per_layer_input: Option<usize>,
+    /// V is RMS-normed per head without a weight after its projection (Gemma 4).
+    pub v_norm: bool,
+    /// [`ModelSpec::moe`]'s experts run beside each layer's dense MLP
+    /// rather than in its place (Gemma 4 26B-A4B).
+    pub dense_beside_moe: bool,
 }
 
 impl ModelSpec {
-    /// The KV pool's shape: layers, KV heads, key and value widths.
+    /// The KV pool's shape: layers, KV heads, key and value widths. When
+    /// layers differ in width or some read another layer's KV, the pool is
+    /// described as one layer whose row is every owning layer's row end to
+    /// end: the bytes per token and a transfer's length are the same.
     pub fn kv_shape(&self) -> zinfer_probe::KvShape {
-        zinfer_probe::KvShape {
-            layers: self.n_layers,
-            kv_heads: self.n_kv_heads,
-            key_dim: self.head_dim,
-            value_dim: self.head_dim,
+        let uniform = self.layers.iter().all(|l| {
+            l.kv_from.is_none() && l.n_kv_heads == self.n_kv_heads && l.head_dim == self.head_dim
+        });
+        if uniform {
+            return zinfer_probe::KvShape {
+                layers: self.n_layers,
+                kv_heads: self.n_kv_heads,
+                key_dim: self.head_dim,
+                value_dim: self.head_dim,
+            };
         }
+        let width = self.kv_layer_dims().iter().sum();
+        zinfer_probe::KvShape {
+            layers: 1,
+            kv_heads: 1,
+            key_dim: width,
+            value_dim: width,
+        }
+    }
+
+    /// Width of one K (or V) row of each layer that keeps its own KV, in
+    /// layer order: the KV pool's layers.
+    pub fn kv_layer_dims(&self) -> Vec<usize> {
+        self.layers
+            .iter()
+            .filter(|l| l.kv_from.is_none())
+            .map(|l| l.n_kv_heads * l.head_dim)
+            .collect()
+    }
+
+    /// The KV pool layer `layer` reads and writes (its own, or the one of
+    /// the layer it shares).
+    pub fn kv_pool_layer(&self, layer: usize) -> usize {
+        let owner = self.layers[layer].kv_from.unwrap_or(layer);
+        self.layers[..owner]
+            .iter()
+            .filter(|l| l.kv_from.is_none())
+            .count()
+    }
+
+    /// Query, KV heads and head width of `layer`'s attention.
+    pub fn layer_heads(&self, layer: usize) -> zinfer_kernels::HeadShape {
+        let l = &self.layers[layer];
+        zinfer_kernels::HeadShape {
+            n_heads: self.n_heads,
+            n_kv_heads: l.n_kv_heads,
+            head_dim: l.head_dim,
+        }
+    }
+
+    /// Widest query and K rows over the layers.
+    pub fn max_q_kv_dims(&self) -> (usize, usize) {
+        self.layers.iter().fold((0, 0), |(q, kv), l| {
+            (
+                q.max(self.n_heads * l.head_dim),
+                kv.max(l.n_kv_heads * l.head_dim),
+            )
+        })
     }
 
     /// Width of one K (or V) row: KV heads times head width.
@@ -351,8 +424,11 @@ impl ModelSpec {
 
     /// Widest MLP inner width a layer runs: the dense MLP's, or one expert's.
     pub fn mlp_width(&self) -> usize {
-        self.moe
-            .map_or(self.ffn, |m| m.expert_ffn.max(m.shared_ffn.unwrap_or(0)))
+        let dense = self.layers.iter().map(|l| l.ffn).fold(self.ffn, usize::max);
+        let beside = if self.dense_beside_moe { dense } else { 0 };
+        self.moe.map_or(dense, |m| {
+            m.expert_ffn.max(m.shared_ffn.unwrap_or(0)).max(beside)
+        })
     }
 
     /// Leading dimensions of a head that RoPE rotates (all of them but
@@ -361,9 +437,23 @@ impl ModelSpec {
         self.hybrid.as_ref().map_or(self.head_dim, |h| h.rope_dims)
     }
 
-    /// Every layer with the same window and the first RoPE.
-    pub(crate) fn uniform_layers(n_layers: usize, window: Option<usize>) -> Vec<LayerSpec> {
-        vec![LayerSpec { window, rope: 0 }; n_layers]
+    /// Every layer with the same window, heads and the first RoPE.
+    pub(crate) fn uniform_layers(
+        n_layers: usize,
+        window: Option<usize>,
+        n_kv_heads: usize,
+        head_dim: usize,
+        ffn: usize,
+    ) -> Vec<LayerSpec> {
+        let layer = LayerSpec {
+            window,
+            rope: 0,
+            n_kv_heads,
+            head_dim,
+            kv_from: None,
+            ffn,
+        };
+        vec![layer; n_layers]
     }
 
     /// Checks the relations the forward passes rely on.
@@ -394,21 +484,35 @@ impl ModelSpec {
             });
         }
         for (i, l) in self.layers.iter().enumerate() {
-            if l.rope >= self.ropes.len() || l.window == Some(0) {
+            let shared_ok = l.kv_from.is_none_or(|from| {
+                from < i
+                    && self.layers[from].kv_from.is_none()
+                    && self.layers[from].n_kv_heads == l.n_kv_heads
+                    && self.layers[from].head_dim == l.head_dim
+            });
+            if l.rope >= self.ropes.len()
+                || l.window == Some(0)
+                || l.n_kv_heads == 0
+                || !self.n_heads.is_multiple_of(l.n_kv_heads)
+                || l.head_dim == 0
+                || !l.head_dim.is_multiple_of(2)
+                || l.ffn == 0
+                || !shared_ok
+            {
                 return Err(SpecError::Layer {
                     index: i,
                     spec: format!("{l:?}"),
                 });
             }
-        }
-        for r in &self.ropes {
-            let n = r.scaling.freq_factors.len();
-            if n != 0 && n != self.head_dim / 2 {
+            let n = self.ropes[l.rope].scaling.freq_factors.len();
+            if n != 0 && n != l.head_dim / 2 {
                 return Err(SpecError::FreqFactors {
                     got: n,
-                    want: self.head_dim / 2,
+                    want: l.head_dim / 2,
                 });
             }
+        }
+        for r in &self.ropes {
             let yarn_ok = r.scaling.yarn.is_none_or(|y| {
                 y.factor > 0.0 && y.original_context > 0 && y.beta_fast > 0.0 && y.beta_slow > 0.0
             });

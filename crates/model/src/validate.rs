@@ -67,12 +67,43 @@ pub(crate) fn metadata(meta: &Meta<'_>) -> Result<(), ModelError> {
             other => Ok(other),
         }
     };
-    range("block_count", MAX_LAYERS)?;
+    let layers = range("block_count", MAX_LAYERS)?;
     let hidden = range("embedding_length", MAX_WIDTH)?;
-    range("feed_forward_length", MAX_WIDTH)?;
+    // One width, or one per layer (Gemma 4).
+    let ffn = meta.opt_per_layer("feed_forward_length", layers.unwrap_or(1))?;
+    if let Some(&n) = ffn.iter().flatten().find(|&&n| n == 0 || n > MAX_WIDTH) {
+        return Err(invalid(
+            meta.key("feed_forward_length"),
+            n.to_string(),
+            format!("must be between 1 and {MAX_WIDTH}"),
+        ));
+    }
     let heads = range("attention.head_count", MAX_HEADS)?;
-    let kv_heads = range("attention.head_count_kv", MAX_HEADS)?;
+    // One count, or one per layer (Gemma 4).
+    let per_layer_kv = meta.opt_per_layer("attention.head_count_kv", layers.unwrap_or(1))?;
+    if let Some(&n) = per_layer_kv
+        .iter()
+        .flatten()
+        .find(|&&n| n == 0 || n > MAX_HEADS)
+    {
+        return Err(invalid(
+            meta.key("attention.head_count_kv"),
+            n.to_string(),
+            format!("must be between 1 and {MAX_HEADS}"),
+        ));
+    }
     let key_length = range("attention.key_length", MAX_HEAD_DIM)?;
+    range("attention.key_length_swa", MAX_HEAD_DIM)?;
+    range("attention.value_length_swa", MAX_HEAD_DIM)?;
+    if let Some(w) = meta.opt_usize("embedding_length_per_layer_input")?
+        && w > MAX_WIDTH
+    {
+        return Err(invalid(
+            meta.key("embedding_length_per_layer_input"),
+            w.to_string(),
+            format!("must be at most {MAX_WIDTH}"),
+        ));
+    }
     range("attention.value_length", MAX_HEAD_DIM)?;
     range("context_length", MAX_CONTEXT)?;
     range("expert_feed_forward_length", MAX_WIDTH)?;
@@ -88,8 +119,11 @@ pub(crate) fn metadata(meta: &Meta<'_>) -> Result<(), ModelError> {
             ));
         }
     }
-    if let (Some(heads), Some(kv)) = (heads, kv_heads)
-        && !heads.is_multiple_of(kv)
+    if let Some(heads) = heads
+        && let Some(&kv) = per_layer_kv
+            .iter()
+            .flatten()
+            .find(|&&kv| !heads.is_multiple_of(kv))
     {
         return Err(invalid(
             meta.key("attention.head_count_kv"),
@@ -361,6 +395,10 @@ impl TensorSource for DryRun<'_> {
     type Vector = ();
 
     fn has_own_head(&self, name: &str) -> bool {
+        self.0.info(name).is_some()
+    }
+
+    fn has(&self, name: &str) -> bool {
         self.0.info(name).is_some()
     }
 

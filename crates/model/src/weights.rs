@@ -23,6 +23,16 @@ pub(crate) enum Qkv<M> {
     },
     /// One `[q_dim + 2 kv_dim, hidden]` matrix: Q rows, then K, then V.
     Fused(M),
+    /// Q and K; V is the K projection before K's norm and RoPE (a Gemma 4
+    /// layer without `attn_v`).
+    KeyAsValue {
+        /// `[q_dim, hidden]`.
+        q: M,
+        /// `[kv_dim, hidden]`.
+        k: M,
+    },
+    /// Q alone: the layer reads another layer's KV ([`crate::spec::LayerSpec::kv_from`]).
+    QueryOnly(M),
 }
 
 /// The MLP's gate and up projections.
@@ -52,6 +62,27 @@ pub(crate) struct Ffn<M> {
 pub(crate) enum Mlp<M, V> {
     Dense(Ffn<M>),
     Moe(Experts<M, V>),
+    /// A dense MLP and a mixture of experts side by side (Gemma 4 26B-A4B).
+    DenseAndMoe(Box<DenseAndMoe<M, V>>),
+}
+
+/// Gemma 4's MoE block: the dense MLP's output (its input the block's
+/// `ffn_norm`) normed by `post_norm_1`, plus the experts' output (their
+/// input normed by `pre_norm_2`, the router's the residual RMS-normed,
+/// divided by `sqrt(hidden)` and scaled by `router_scale`) normed by
+/// `post_norm_2`; the block's `post_ffn_norm` then norms the sum.
+#[derive(Debug)]
+pub(crate) struct DenseAndMoe<M, V> {
+    pub(crate) dense: Ffn<M>,
+    pub(crate) post_norm_1: V,
+    pub(crate) pre_norm_2: V,
+    pub(crate) post_norm_2: V,
+    /// `ffn_gate_inp.scale`: `[hidden]`.
+    pub(crate) router_scale: V,
+    /// Experts with fused gate|up matrices.
+    pub(crate) experts: Experts<M, V>,
+    /// `ffn_down_exps.scale`: each expert's output is multiplied by its value.
+    pub(crate) down_scales: Option<V>,
 }
 
 /// A mixture of experts ([`crate::spec::MoeSpec`]): each expert's matrices
@@ -101,6 +132,9 @@ pub(crate) struct Block<M, V> {
     pub(crate) mlp: Mlp<M, V>,
     /// RMSNorm of the MLP output before the residual add.
     pub(crate) post_ffn_norm: Option<V>,
+    /// The block's output is multiplied by this one value (Gemma 4's
+    /// `layer_output_scale`).
+    pub(crate) out_scale: Option<V>,
 }
 
 /// Every weight of a model. `E` is the embedding table's type.
@@ -111,6 +145,8 @@ pub(crate) struct Weights<E, M, V> {
     pub(crate) output_norm: V,
     /// The LM head (the embedding's storage when the checkpoint ties them).
     pub(crate) output: M,
+    /// Per-layer token embeddings (Gemma 4 E2B/E4B).
+    pub(crate) ple: Option<crate::ple::PerLayerInputs<E, M, V>>,
 }
 
 /// One tensor of a checkpoint, named by its role.
@@ -242,6 +278,8 @@ pub(crate) trait TensorSource {
     /// Whether the checkpoint has its own LM head `name`; without one the
     /// embedding table doubles as the head (tied embeddings).
     fn has_own_head(&self, name: &str) -> bool;
+    /// Whether the checkpoint has tensor `name` (for optional ones).
+    fn has(&self, name: &str) -> bool;
     /// The `[rows, cols]` matrix `name`; fails on another shape.
     fn matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<Self::Matrix, ModelError>;
     /// The vector `name` of `len` values; fails on another length.
@@ -300,14 +338,28 @@ pub(crate) fn read<S: TensorSource>(
     spec: &ModelSpec,
     naming: Naming,
 ) -> Result<SourceWeights<S>, ModelError> {
-    let (h, q, kv, d) = (spec.hidden, spec.q_dim(), spec.kv_dim(), spec.head_dim);
+    let h = spec.hidden;
     let l = spec.layout;
     let (token_embd, output) = embedding_and_head(src, spec, naming)?;
     let mut blocks = Vec::with_capacity(spec.n_layers);
     for i in 0..spec.n_layers {
         let name = |part| naming.name(part, i);
+        let ls = spec.layers[i];
+        let (q, kv, d) = (
+            spec.n_heads * ls.head_dim,
+            ls.n_kv_heads * ls.head_dim,
+            ls.head_dim,
+        );
+        let own_kv = ls.kv_from.is_none();
         let qkv = if l.fused_qkv {
             Qkv::Fused(src.matrix(&name(Part::Qkv), q + 2 * kv, h)?)
+        } else if !own_kv {
+            Qkv::QueryOnly(src.matrix(&name(Part::Q), q, h)?)
+        } else if spec.v_norm && !src.has(&name(Part::V)) {
+            Qkv::KeyAsValue {
+                q: src.matrix(&name(Part::Q), q, h)?,
+                k: src.matrix(&name(Part::K), kv, h)?,
+            }
         } else {
             Qkv::Separate {
                 q: src.matrix(&name(Part::Q), q, h)?,
@@ -326,10 +378,13 @@ pub(crate) fn read<S: TensorSource>(
             None
         };
         let qk_norm = if l.qk_norm {
-            Some((
-                src.vector(&name(Part::QNorm), d)?,
-                src.vector(&name(Part::KNorm), d)?,
-            ))
+            // A layer reading another's KV has no K (its norm is unused).
+            let k_norm = if own_kv {
+                src.vector(&name(Part::KNorm), d)?
+            } else {
+                src.vector(&name(Part::QNorm), d)?
+            };
+            Some((src.vector(&name(Part::QNorm), d)?, k_norm))
         } else {
             None
         };
@@ -359,6 +414,14 @@ pub(crate) fn read<S: TensorSource>(
             ffn_norm: src.vector(&name(ffn_norm), h)?,
             mlp,
             post_ffn_norm: post(src, Part::PostFfnNorm)?,
+            out_scale: {
+                let scale = format!("blk.{i}.layer_output_scale.weight");
+                if src.has(&scale) {
+                    Some(src.vector(&scale, 1)?)
+                } else {
+                    None
+                }
+            },
         });
     }
     Ok(Weights {
@@ -366,19 +429,64 @@ pub(crate) fn read<S: TensorSource>(
         blocks,
         output_norm: src.vector(&naming.name(Part::OutputNorm, 0), h)?,
         output,
+        ple: crate::ple::read(src, spec)?,
     })
 }
 
-/// Layer `i`'s MLP: the dense one, or the experts `spec.moe` declares.
+/// Layer `i`'s MLP: the dense one, the experts `spec.moe` declares, or
+/// both side by side (`spec.dense_beside_moe`).
 pub(crate) fn read_mlp<S: TensorSource>(
     src: &mut S,
     spec: &ModelSpec,
     naming: Naming,
     i: usize,
 ) -> Result<Mlp<S::Matrix, S::Vector>, ModelError> {
-    let (h, ffn, l) = (spec.hidden, spec.ffn, spec.layout);
+    let (h, ffn, l) = (spec.hidden, spec.layers[i].ffn, spec.layout);
     let name = |part| naming.name(part, i);
     Ok(match &spec.moe {
+        Some(moe) if spec.dense_beside_moe => {
+            let (e, f) = (moe.experts, moe.expert_ffn);
+            let blk = |suffix: &str| format!("blk.{i}.{suffix}");
+            let dense = Ffn {
+                gate_up: GateUp::Separate {
+                    gate: src.matrix(&name(Part::Gate), ffn, h)?,
+                    up: src.matrix(&name(Part::Up), ffn, h)?,
+                },
+                down: src.matrix(&name(Part::Down), h, ffn)?,
+            };
+            let gate_ups = src.experts(&blk("ffn_gate_up_exps.weight"), e, 2 * f, h)?;
+            let downs = src.experts(&name(Part::DownExps), e, h, f)?;
+            let experts = gate_ups
+                .into_iter()
+                .zip(downs)
+                .map(|(gate_up, down)| Ffn {
+                    gate_up: GateUp::Fused(gate_up),
+                    down,
+                })
+                .collect();
+            let down_scales = blk("ffn_down_exps.scale");
+            let down_scales = if src.has(&down_scales) {
+                Some(src.vector(&down_scales, e)?)
+            } else {
+                None
+            };
+            Mlp::DenseAndMoe(Box::new(DenseAndMoe {
+                dense,
+                post_norm_1: src.vector(&blk("post_ffw_norm_1.weight"), h)?,
+                pre_norm_2: src.vector(&blk("pre_ffw_norm_2.weight"), h)?,
+                post_norm_2: src.vector(&blk("post_ffw_norm_2.weight"), h)?,
+                router_scale: src.vector(&blk("ffn_gate_inp.scale"), h)?,
+                experts: Experts {
+                    spec: *moe,
+                    router: src.matrix(&name(Part::Router), e, h)?,
+                    router_bias: None,
+                    experts,
+                    shared: None,
+                    biases: None,
+                },
+                down_scales,
+            }))
+        }
         None => {
             let gate_up = if l.fused_gate_up {
                 GateUp::Fused(src.matrix(&name(Part::GateUp), 2 * ffn, h)?)

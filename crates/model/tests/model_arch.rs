@@ -113,6 +113,18 @@ fn both_backends(path: &Path) -> [(&'static str, LoadedModel); 2] {
     ]
 }
 
+/// [`both_backends`] for a file the candle backend runs; the CPU kernels
+/// alone for gemma4, which it refuses ([`gemma4_is_refused_by_the_candle_backend`]).
+fn backends(path: &Path) -> Vec<(&'static str, LoadedModel)> {
+    let mut out = vec![("cpu kernels", load(path, &options()).unwrap())];
+    match load_candle(path, &options(), &Device::Cpu) {
+        Ok(m) => out.push(("candle backend", m)),
+        Err(e) if e.to_string().contains("gemma4 on this device") => {}
+        Err(e) => panic!("{}: {e}", path.display()),
+    }
+    out
+}
+
 /// Last-token logits of `ids` run as one chunk from position 0 (slots 0..n).
 fn one_shot(m: &mut dyn ForwardModel, ids: &[u32]) -> Vec<f32> {
     let slots: Vec<u32> = (0..ids.len() as u32).collect();
@@ -204,7 +216,7 @@ fn architectures_match_candle_transformers() {
 fn chunks_batches_and_cached_prefixes_match_one_shot_across_windows() {
     for preset in tiny_presets() {
         let path = f32_file(preset);
-        for (backend, mut m) in both_backends(&path) {
+        for (backend, mut m) in backends(&path) {
             let m = m.model.as_mut();
             let vocab = m.vocab_size();
             let n = 3 * 16 + 9;
@@ -276,7 +288,7 @@ fn chunks_batches_and_cached_prefixes_match_one_shot_across_windows() {
 fn every_row_of_a_chunk_matches_one_position_per_step_across_windows() {
     for preset in tiny_presets() {
         let path = f32_file(preset);
-        for (backend, mut m) in both_backends(&path) {
+        for (backend, mut m) in backends(&path) {
             let vocab = m.model.vocab_size();
             let prompt = ids(3 * 16 + 9, vocab, 7);
             check_all_rows_match_stepwise(
@@ -474,4 +486,56 @@ fn the_header_estimate_of_kv_bytes_matches_every_architecture() {
         let estimate = zinfer_probe::kv_bytes_per_token(&path, zinfer_model::KvDtype::F32).unwrap();
         assert_eq!(estimate, (shape.floats_per_slot() * 4) as u64, "{preset}");
     }
+}
+
+/// The candle backend refuses gemma4 at load, naming what it lacks,
+/// rather than running it wrong.
+#[test]
+fn gemma4_is_refused_by_the_candle_backend() {
+    let path = f32_file("gemma4-tiny");
+    let err = load_candle(&path, &options(), &Device::Cpu)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("gemma4 on this device") && err.contains("another layer's KV"),
+        "{err}"
+    );
+}
+
+/// gemma4-tiny's last three layers read layers 4 and 5's KV and keep none:
+/// the pool holds the six other layers' rows (sliding: 2 KV heads of 32,
+/// global: 1 of 64, 64 values each), not nine, and a cache transfer
+/// carries exactly those, back and forth.
+#[test]
+fn gemma4_shared_layers_take_no_pool_rows() {
+    let path = f32_file("gemma4-tiny");
+    let mut m = load(&path, &options()).unwrap();
+    let m = m.model.as_mut();
+    let shape = m.kv_shape();
+    assert_eq!(shape.floats_per_slot(), 2 * 6 * 64);
+    let prompt = ids(40, m.vocab_size(), 17);
+    let slots: Vec<u32> = (100..140).collect();
+    one_shot_in(m, &prompt, &slots);
+    let kv = m.read_kv(&slots).unwrap();
+    assert_eq!(kv.len(), 40 * 2 * 6 * 64);
+    let moved: Vec<u32> = (300..340).collect();
+    m.write_kv(&moved, &kv).unwrap();
+    assert_eq!(m.read_kv(&moved).unwrap(), kv);
+    // A next token from the moved slots is the one from the original ones.
+    let next = [prompt[0]];
+    let step = |m: &mut dyn ForwardModel, base: &[u32], extra: u32| {
+        let all: Vec<u32> = base.iter().copied().chain([extra]).collect();
+        m.forward(&[SeqChunk {
+            tokens: &next,
+            slots: &all,
+            start_pos: 40,
+            output: ChunkOutput::LastLogits,
+        }])
+        .unwrap()
+        .remove(0)
+    };
+    let a = step(m, &slots, 500);
+    let b = step(m, &moved, 501);
+    assert!(max_abs_diff(&a, &b) < SAME_WEIGHTS_TOL);
 }

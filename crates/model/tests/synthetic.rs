@@ -57,6 +57,7 @@ fn tiny() -> SynthShape {
         moe: None,
         yarn_factor: None,
         hybrid: None,
+        gemma4: None,
     }
 }
 

@@ -93,6 +93,7 @@ impl CandleModel {
             Architecture::Qwen35 | Architecture::Qwen35Moe => {
                 panic!("candle-transformers has no quantized qwen35")
             }
+            Architecture::Gemma4 => panic!("candle-transformers has no quantized gemma4"),
             Architecture::Qwen3Moe | Architecture::Qwen2Moe | Architecture::GptOss => {
                 panic!("candle-transformers has no CPU quantized MoE")
             }
@@ -138,7 +139,8 @@ fn tiny_presets_run_in_candle_transformers() {
     let prompt: Vec<u32> = (0..20).map(|i| 300 + 37 * i).collect();
     // candle-transformers has no CPU quantized MoE.
     let dense = |n: &&str| SynthShape::preset(n).unwrap().moe.is_none();
-    for name in tiny_presets().filter(|n| *n != "gemma2-tiny" && dense(n)) {
+    let candle_has = |n: &&str| !matches!(*n, "gemma2-tiny" | "gemma4-tiny" | "gemma4-moe-tiny");
+    for name in tiny_presets().filter(|n| candle_has(n) && dense(n)) {
         let shape = SynthShape::preset(name).unwrap();
         for quant in ["f32", "q8_0"] {
             let what = format!("{name} {quant}");
@@ -244,7 +246,8 @@ fn expected_tensors(s: &SynthShape) -> BTreeMap<String, Vec<usize>> {
 #[test]
 fn tiny_presets_have_llama_cpp_names_shapes_and_keys() {
     let dir = tempfile::tempdir().unwrap();
-    for name in tiny_presets() {
+    // gemma4-tiny's per-layer widths are checked by gemma4_tiny_has_llama_cpp_names.
+    for name in tiny_presets().filter(|n| !n.starts_with("gemma4")) {
         let shape = SynthShape::preset(name).unwrap();
         let (path, summary, ct) = write_and_read(dir.path(), &shape, "q8_0");
         let shape = SynthShape {
@@ -373,7 +376,7 @@ fn tiny_presets_slide_as_their_architectures_do() {
     );
     for name in tiny_presets() {
         let s = p(name);
-        assert!((2..=6).contains(&s.n_layers), "{name}");
+        assert!((2..=9).contains(&s.n_layers), "{name}");
         assert!(s.vocab_from_tokenizer, "{name}");
         assert!(s.sliding_window.is_none_or(|w| w <= 32), "{name}");
         assert!(s.n_kv_heads < s.n_heads, "{name}: GQA");
@@ -672,4 +675,121 @@ fn q4_k_m_treats_phi3_fused_qkv_as_attn_v() {
     }
     assert!(matches!("q4_k_m".parse().unwrap(), Quant::Q4KM));
     assert!(matches!("q5_k_m".parse().unwrap(), Quant::Q5KM));
+}
+
+/// gemma4-tiny's tensors as llama.cpp's gemma4 loader asks for them:
+/// sliding layers' attention 32 wide with 2 KV heads, global ones 64 wide
+/// with 1, no K/V (nor K norm) in layers 6-8 (they share layers 4 and 5's
+/// KV), no `attn_v` in layer 1, the per-layer embeddings and output scales,
+/// and the keys its converter writes.
+#[test]
+fn gemma4_tiny_has_llama_cpp_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = SynthShape::preset("gemma4-tiny").unwrap();
+    let (path, summary, ct) = write_and_read(dir.path(), &shape, "f32");
+    let got: BTreeMap<String, Vec<usize>> = ct
+        .tensor_infos
+        .iter()
+        .map(|(k, info)| (k.clone(), info.shape.dims().to_vec()))
+        .collect();
+    let (h, f, v, w) = (128, 128, summary.vocab, 16);
+    let mut want = BTreeMap::new();
+    let mut put = |name: String, dims: &[usize]| {
+        want.insert(name, dims.to_vec());
+    };
+    put("token_embd.weight".into(), &[v, h]);
+    put("output_norm.weight".into(), &[h]);
+    put("rope_freqs.weight".into(), &[32]);
+    put("per_layer_token_embd.weight".into(), &[v, 9 * w]);
+    put("per_layer_model_proj.weight".into(), &[9 * w, h]);
+    put("per_layer_proj_norm.weight".into(), &[w]);
+    for i in 0..9 {
+        let (d, kvh) = if i % 3 < 2 { (32, 2) } else { (64, 1) };
+        let mut put = |name: &str, dims: &[usize]| put(format!("blk.{i}.{name}"), dims);
+        put("attn_norm.weight", &[h]);
+        put("attn_q.weight", &[4 * d, h]);
+        put("attn_q_norm.weight", &[d]);
+        if i < 6 {
+            put("attn_k.weight", &[kvh * d, h]);
+            put("attn_k_norm.weight", &[d]);
+            if i != 1 {
+                put("attn_v.weight", &[kvh * d, h]);
+            }
+        }
+        put("attn_output.weight", &[h, 4 * d]);
+        put("post_attention_norm.weight", &[h]);
+        put("ffn_norm.weight", &[h]);
+        // The shared-KV layers' MLPs are twice as wide.
+        let f = if i < 6 { f } else { 2 * f };
+        put("ffn_gate.weight", &[f, h]);
+        put("ffn_up.weight", &[f, h]);
+        put("ffn_down.weight", &[h, f]);
+        put("post_ffw_norm.weight", &[h]);
+        put("inp_gate.weight", &[w, h]);
+        put("proj.weight", &[h, w]);
+        put("post_norm.weight", &[h]);
+        put("layer_output_scale.weight", &[1]);
+    }
+    assert_eq!(got, want);
+    let md = &ct.metadata;
+    let u = |k: &str| md[&format!("gemma4.{k}")].to_u32().unwrap();
+    assert_eq!(u("attention.key_length"), 64);
+    assert_eq!(u("attention.key_length_swa"), 32);
+    assert_eq!(u("attention.shared_kv_layers"), 3);
+    assert_eq!(u("embedding_length_per_layer_input"), 16);
+    let per_layer = |k: &str| -> Vec<u32> {
+        let values = md[&format!("gemma4.{k}")].to_vec().unwrap();
+        values.iter().map(|x| x.to_u32().unwrap()).collect()
+    };
+    assert_eq!(
+        per_layer("attention.head_count_kv"),
+        [2, 2, 1, 2, 2, 1, 2, 2, 1]
+    );
+    assert_eq!(
+        per_layer("feed_forward_length"),
+        [128, 128, 128, 128, 128, 128, 256, 256, 256]
+    );
+    let sliding: Vec<bool> = md["gemma4.attention.sliding_window_pattern"]
+        .to_vec()
+        .unwrap()
+        .iter()
+        .map(|x| x.to_bool().unwrap())
+        .collect();
+    assert_eq!(sliding, (0..9).map(|i| i % 3 < 2).collect::<Vec<_>>());
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// gemma4-moe-tiny's MoE tensors as llama.cpp's gemma4 loader asks for
+/// them, beside each layer's dense MLP, and the expert keys.
+#[test]
+fn gemma4_moe_tiny_has_llama_cpp_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let shape = SynthShape::preset("gemma4-moe-tiny").unwrap();
+    let (path, _, ct) = write_and_read(dir.path(), &shape, "f32");
+    let dims = |name: &str| ct.tensor_infos[name].shape.dims().to_vec();
+    let (h, e, f) = (128, 8, 64);
+    for i in 0..4 {
+        let t = |s: &str| format!("blk.{i}.{s}");
+        assert_eq!(dims(&t("ffn_gate_inp.weight")), [e, h]);
+        assert_eq!(dims(&t("ffn_gate_inp.scale")), [h]);
+        assert_eq!(dims(&t("ffn_gate_up_exps.weight")), [e, 2 * f, h]);
+        assert_eq!(dims(&t("ffn_down_exps.weight")), [e, h, f]);
+        assert_eq!(dims(&t("ffn_down_exps.scale")), [e]);
+        for norm in ["pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"] {
+            assert_eq!(dims(&t(&format!("{norm}.weight"))), [h]);
+        }
+        assert_eq!(dims(&t("ffn_down.weight")), [h, 128]);
+        assert_eq!(ct.tensor_infos.contains_key(&t("attn_v.weight")), i != 2);
+    }
+    assert!(!ct.tensor_infos.contains_key("per_layer_token_embd.weight"));
+    let u = |k: &str| ct.metadata[&format!("gemma4.{k}")].to_u32().unwrap();
+    assert_eq!(
+        (
+            u("expert_count"),
+            u("expert_used_count"),
+            u("expert_feed_forward_length")
+        ),
+        (8, 2, 64)
+    );
+    std::fs::remove_file(&path).unwrap();
 }

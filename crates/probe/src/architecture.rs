@@ -34,11 +34,14 @@ pub enum Architecture {
     /// Qwen3.5-MoE: Qwen3.5's layers with a mixture of experts and a gated
     /// shared expert for the MLP.
     Qwen35Moe,
+    /// Gemma 4: per-kind head widths and KV heads, later layers reading an
+    /// earlier layer's KV, per-layer token embeddings.
+    Gemma4,
 }
 
 impl Architecture {
     /// Every architecture, in the order `--help` and errors list them.
-    pub const ALL: [Self; 11] = [
+    pub const ALL: [Self; 12] = [
         Self::Llama,
         Self::Qwen2,
         Self::Qwen2Moe,
@@ -50,6 +53,7 @@ impl Architecture {
         Self::GptOss,
         Self::Qwen35,
         Self::Qwen35Moe,
+        Self::Gemma4,
     ];
 
     /// Whether the architecture's MLPs are mixtures of experts (its files
@@ -60,6 +64,12 @@ impl Architecture {
             self,
             Self::Qwen2Moe | Self::Qwen3Moe | Self::GptOss | Self::Qwen35Moe
         )
+    }
+
+    /// Whether files of the architecture may or may not have experts
+    /// (Gemma 4: the 26B-A4B has them beside its dense MLPs, the others none).
+    pub const fn experts_optional(self) -> bool {
+        matches!(self, Self::Gemma4)
     }
 
     /// GGUF `general.architecture`, and the prefix of the model's metadata
@@ -77,6 +87,7 @@ impl Architecture {
             Self::GptOss => "gpt-oss",
             Self::Qwen35 => "qwen35",
             Self::Qwen35Moe => "qwen35moe",
+            Self::Gemma4 => "gemma4",
         }
     }
 }
@@ -137,7 +148,8 @@ mod tests {
                 "gemma3",
                 "gpt-oss",
                 "qwen35",
-                "qwen35moe"
+                "qwen35moe",
+                "gemma4"
             ]
         );
         for a in Architecture::ALL {

@@ -167,13 +167,16 @@ impl KvShape {
         let need = |key: &'static str| header.arch_usize(key).ok_or(ShapeError::Missing(key));
         let layers = need("block_count")?;
         let heads = need("attention.head_count")?;
-        let kv_heads = header
-            .arch_usize("attention.head_count_kv")
-            .unwrap_or(heads);
         let key_dim = match header.arch_usize("attention.key_length") {
             Some(width) => width,
             None => need("embedding_length")? / heads.max(1),
         };
+        if let Some(shape) = per_layer_kv(header, layers, heads, key_dim)? {
+            return Ok(shape);
+        }
+        let kv_heads = header
+            .arch_usize("attention.head_count_kv")
+            .unwrap_or(heads);
         let value_dim = header
             .arch_usize("attention.value_length")
             .unwrap_or(key_dim);
@@ -211,6 +214,89 @@ impl KvShape {
             .and_then(|n| n.checked_mul(wide(dtype.bytes())))
             .ok_or(ShapeError::Overflow(*self))
     }
+}
+
+/// The pool of a file whose layers differ (Gemma 4): KV heads per layer
+/// (`attention.head_count_kv` as an array), sliding layers
+/// (`attention.sliding_window_pattern` as an array) with heads
+/// `attention.key_length_swa` wide, the last `attention.shared_kv_layers`
+/// layers keeping no KV of their own. Described as one layer whose row is
+/// every owning layer's row end to end, as the loaded model describes it;
+/// `None` when every layer is alike (the plain shape).
+fn per_layer_kv(
+    header: &GgufHeader,
+    layers: usize,
+    heads: usize,
+    key_dim: usize,
+) -> Result<Option<KvShape>, ShapeError> {
+    let arch = header.architecture().unwrap_or_default();
+    let kv_array = header
+        .ints(&format!("{arch}.attention.head_count_kv"))
+        .ok()
+        .flatten();
+    let sliding = header
+        .bools(&format!("{arch}.attention.sliding_window_pattern"))
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    let swa_dim = header
+        .arch_usize("attention.key_length_swa")
+        .unwrap_or(key_dim);
+    let shared = header.arch_usize("attention.shared_kv_layers").unwrap_or(0);
+    let kv_default = header
+        .arch_usize("attention.head_count_kv")
+        .unwrap_or(heads);
+    let kv_array = kv_array.unwrap_or_default();
+    let bad = || ShapeError::Missing("attention.head_count_kv");
+    // Layers past both arrays are global, with the default count: only the
+    // arrays' layers are walked, whatever `block_count` claims.
+    let layer = |l: usize| -> Result<(usize, usize), ShapeError> {
+        let kv = match kv_array.get(l) {
+            Some(&n) => usize::try_from(n).map_err(|_| bad())?,
+            None => kv_default,
+        };
+        let width = if sliding.get(l) == Some(&true) {
+            swa_dim
+        } else {
+            key_dim
+        };
+        Ok((kv, width))
+    };
+    let known = kv_array.len().max(sliding.len()).min(layers);
+    let rest = layer(usize::MAX)?;
+    let own = layers.saturating_sub(shared);
+    let mut alike = layers == known || known == 0 || layer(0)? == rest;
+    let mut width = 0usize;
+    for l in 0..known {
+        let (kv, w) = layer(l)?;
+        alike &= (kv, w) == layer(0)?;
+        if l < own {
+            width = width
+                .checked_add(kv.checked_mul(w).ok_or_else(bad)?)
+                .ok_or_else(bad)?;
+        }
+    }
+    if own == layers && alike {
+        // As the plain reading, with the array's count where there is one.
+        let (kv, w) = if known > 0 { layer(0)? } else { rest };
+        return Ok((!kv_array.is_empty()).then_some(KvShape {
+            layers,
+            kv_heads: kv,
+            key_dim: w,
+            value_dim: w,
+        }));
+    }
+    let tail = own.saturating_sub(known);
+    width = tail
+        .checked_mul(rest.0.checked_mul(rest.1).ok_or_else(bad)?)
+        .and_then(|t| t.checked_add(width))
+        .ok_or_else(bad)?;
+    Ok(Some(KvShape {
+        layers: 1,
+        kv_heads: 1,
+        key_dim: width,
+        value_dim: width,
+    }))
 }
 
 /// K/V bytes one cached token takes in the CPU backend's pool (a K and a V

@@ -9,6 +9,7 @@
 
 mod gemma2;
 mod gemma3;
+mod gemma4;
 mod gpt_oss;
 mod llama;
 mod phi3;
@@ -91,6 +92,7 @@ pub(crate) fn rules(architecture: Architecture) -> &'static Arch {
         Architecture::GptOss => &gpt_oss::GPT_OSS,
         Architecture::Qwen35 => &qwen35::QWEN35,
         Architecture::Qwen35Moe => &qwen35::QWEN35MOE,
+        Architecture::Gemma4 => &gemma4::GEMMA4,
     }
 }
 
@@ -131,7 +133,8 @@ pub(crate) fn moe_spec(
 ) -> Result<Option<MoeSpec>, ModelError> {
     let experts = meta.opt_usize("expert_count")?.unwrap_or(0);
     let Some(rule) = arch.moe else {
-        if experts > 0 {
+        // Gemma 4's experts sit beside its dense MLP: its finish reads them.
+        if experts > 0 && !arch.architecture.experts_optional() {
             return Err(ModelError::UnsupportedArchitecture(format!(
                 "{} with mixture-of-experts",
                 arch.name()

@@ -17,6 +17,7 @@
 //! (candle's `gguf_file::write` needs every tensor in memory at once, which
 //! for a 1B model in f32 is over 4 GB; hence the small writer here).
 
+mod gemma4;
 mod shape;
 mod vocab;
 mod writer;
@@ -28,6 +29,7 @@ use std::path::Path;
 
 use candle_core::quantized::gguf_file::Value;
 
+pub use gemma4::SynthGemma4;
 pub use shape::{
     KernelType, Llama3RopeScaling, LongRope, Quant, SynthHybrid, SynthMoe, SynthShape, fallback,
     use_more_bits,
@@ -60,6 +62,8 @@ pub const PRESETS: &[&str] = &[
     "phi3-tiny",
     "gemma2-tiny",
     "gemma3-tiny",
+    "gemma4-tiny",
+    "gemma4-moe-tiny",
     "gpt-oss-tiny",
     "qwen35-tiny",
     "qwen35moe-tiny",
@@ -311,9 +315,13 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     kv("block_count", u(shape.n_layers));
     kv("context_length", u(shape.context));
     kv("embedding_length", u(shape.hidden));
-    kv("feed_forward_length", u(shape.ffn));
+    if !shape.gemma4.is_some_and(|g| g.double_wide_shared) {
+        kv("feed_forward_length", u(shape.ffn));
+    }
     kv("attention.head_count", u(shape.n_heads));
-    kv("attention.head_count_kv", u(shape.n_kv_heads));
+    if shape.gemma4.is_none() {
+        kv("attention.head_count_kv", u(shape.n_kv_heads));
+    }
     // The converter writes head widths where config.json names one (Qwen3,
     // Gemma), and this generator always has for llama; without them
     // llama.cpp takes hidden / heads.
@@ -324,6 +332,7 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
             | Architecture::Qwen3Moe
             | Architecture::Gemma2
             | Architecture::Gemma3
+            | Architecture::Gemma4
             | Architecture::GptOss
             | Architecture::Qwen35
             | Architecture::Qwen35Moe
@@ -383,6 +392,9 @@ fn model_metadata(shape: &SynthShape, quant: Quant) -> Vec<(String, Value)> {
     }
     if arch == Architecture::Llama {
         kv("vocab_size", u(shape.vocab));
+    }
+    if let Some(g) = &shape.gemma4 {
+        g.metadata(shape, &mut kv);
     }
     out
 }

@@ -170,7 +170,22 @@ pub struct SynthShape {
     pub yarn_factor: Option<f32>,
     /// Gated DeltaNet layers and partial RoPE (qwen35 only, which needs them).
     pub hybrid: Option<SynthHybrid>,
+    /// Gemma 4's per-kind heads, shared KV and per-layer embeddings (gemma4 only).
+    pub gemma4: Option<super::SynthGemma4>,
 }
+
+/// gemma4-tiny's Gemma 4 parts (see [`SynthShape::preset`]).
+const GEMMA4_TINY: super::SynthGemma4 = super::SynthGemma4 {
+    swa_period: 3,
+    swa_head_dim: 32,
+    swa_kv_heads: 2,
+    shared_kv_layers: 3,
+    rotated_pairs: 8,
+    per_layer_input: 16,
+    no_v_layer: Some(1),
+    double_wide_shared: true,
+    moe: None,
+};
 
 /// Rows of the Qwen2/2.5/3 embedding: 151,665 tokens padded to a multiple of 128.
 const QWEN_VOCAB: usize = 151_936;
@@ -206,6 +221,7 @@ impl SynthShape {
             moe: None,
             yarn_factor: None,
             hybrid: None,
+            gemma4: None,
         };
         let vocab_file = |n: &str| Some(n.to_string());
         // 2-6 layers, hidden 128, GQA, windows of 16 tokens: cheap to run
@@ -220,6 +236,26 @@ impl SynthShape {
                 context: 512,
                 ..base(n_layers, 128, n_heads, n_kv_heads, 256, vocab)
             };
+        let gemma4 = |n_layers, g| Self {
+            rope_theta: 1_000_000.0,
+            rms_eps: 1e-6,
+            sliding_window: Some(16),
+            final_softcap: Some(30.0),
+            // 128 (256 where doubled) wide: a dense f32 matmul over more
+            // than 256 values sums in blocks whose split depends on the row
+            // count, which the row-invariance tests would see.
+            ffn: 128,
+            gemma4: Some(g),
+            ..tiny(
+                Architecture::Gemma4,
+                n_layers,
+                4,
+                1,
+                64,
+                32_000,
+                Some("llama-spm"),
+            )
+        };
         let phi3 = |context| Self {
             arch: Architecture::Phi3,
             vocab_file: vocab_file("phi-3"),
@@ -483,6 +519,34 @@ impl SynthShape {
                 }),
                 ..Self::preset("qwen35-tiny")?
             },
+            // Gemma 4 E2B's features at test size: two sliding layers to
+            // one global, the sliding heads 32 wide (2 KV heads), the global
+            // ones 64 wide (1 KV head) rotating a quarter of their pairs,
+            // the last three layers on layers 4 and 5's KV, layer 1 without
+            // attn_v, their MLPs twice as wide, 16-wide per-layer
+            // embeddings, windows of 16 tokens.
+            "gemma4-tiny" => gemma4(9, GEMMA4_TINY),
+            // Gemma 4 26B-A4B's features at test size: the E2B-style
+            // attention above without shared KV or per-layer embeddings
+            // (layer 2, global, without attn_v), and 8 experts of 64 (2
+            // per token, fused gate|up, per-expert output scales) beside
+            // every layer's dense MLP.
+            "gemma4-moe-tiny" => gemma4(
+                4,
+                super::SynthGemma4 {
+                    shared_kv_layers: 0,
+                    per_layer_input: 0,
+                    no_v_layer: Some(2),
+                    double_wide_shared: false,
+                    moe: Some(SynthMoe {
+                        experts: 8,
+                        used: 2,
+                        expert_ffn: 64,
+                        shared_ffn: None,
+                    }),
+                    ..GEMMA4_TINY
+                },
+            ),
             other => return Err(SynthError::UnknownShape(other.to_string())),
         })
     }
@@ -507,6 +571,7 @@ impl SynthShape {
             && match self.arch {
                 Architecture::Gemma2 | Architecture::GptOss => layer.is_multiple_of(2),
                 Architecture::Gemma3 => layer % 6 < 5,
+                Architecture::Gemma4 => self.gemma4.is_some_and(|g| g.is_sliding(layer)),
                 Architecture::Phi3 | Architecture::Qwen35 | Architecture::Qwen35Moe => false,
                 Architecture::Llama
                 | Architecture::Qwen2
@@ -600,8 +665,21 @@ impl SynthShape {
         only(
             self.final_softcap.is_some(),
             "final soft-cap",
-            &[Architecture::Gemma2, Architecture::Gemma3],
+            &[
+                Architecture::Gemma2,
+                Architecture::Gemma3,
+                Architecture::Gemma4,
+            ],
         )?;
+        match (self.arch, &self.gemma4) {
+            (Architecture::Gemma4, Some(g)) => g.check(self).map_err(SynthError::InvalidShape)?,
+            (Architecture::Gemma4, None) => return bad("gemma4 needs its extras".into()),
+            (_, Some(_)) => return bad(format!("{}: llama.cpp reads no gemma4 extras", self.arch)),
+            _ => {}
+        }
+        if self.arch == Architecture::Gemma4 && self.sliding_window.is_none() {
+            return bad("gemma4: llama.cpp needs a sliding window".into());
+        }
         let rule = crate::arch::rules(self.arch).moe;
         let has_experts = rule.is_some();
         if let (Some(r), Some(m)) = (rule, self.moe)
@@ -844,7 +922,7 @@ impl Quant {
     }
 
     /// The type of one weight matrix. `layer` is its block index.
-    fn matrix_type(self, role: Role, layer: usize, n_layers: usize) -> GgmlDType {
+    pub(super) fn matrix_type(self, role: Role, layer: usize, n_layers: usize) -> GgmlDType {
         match self {
             Self::Pure(t) => t,
             Self::Experts(_) => GgmlDType::F32,
@@ -1179,6 +1257,9 @@ pub(super) fn plan(shape: &SynthShape, quant: Quant) -> Vec<TensorSpec> {
         }
     }
     out.push(vector("output_norm.weight".into(), h, Init::NearOne, None));
+    if let Some(g) = &shape.gemma4 {
+        out = g.plan(shape, quant, out);
+    }
     if !shape.tied_embeddings {
         out.push(spec(
             "output.weight".into(),
