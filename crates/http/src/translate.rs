@@ -367,7 +367,8 @@ pub fn chat(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
     request.parallel_tool_calls = body.get("parallel_tool_calls")?.unwrap_or(true);
     request.chat_template_kwargs = body.get("chat_template_kwargs")?;
     // OpenAI's reasoning control: "none" turns thinking off in templates
-    // that read `enable_thinking` (Qwen3); any other effort leaves it on.
+    // that read `enable_thinking` (Qwen3); low, medium and high also reach
+    // templates that read `reasoning_effort` (gpt-oss's "Reasoning: high").
     if let Some(effort) = body.get::<String>("reasoning_effort")? {
         if !["none", "minimal", "low", "medium", "high"].contains(&effort.as_str()) {
             return Err(ApiError::invalid(
@@ -375,12 +376,17 @@ pub fn chat(bytes: &[u8], ctx: Context<'_>) -> Result<Translated, ApiError> {
                 "\"reasoning_effort\" must be none, minimal, low, medium or high",
             ));
         }
+        let kwargs = request
+            .chat_template_kwargs
+            .get_or_insert_with(Box::default);
         if effort == "none" {
-            request
-                .chat_template_kwargs
-                .get_or_insert_with(Box::default)
+            kwargs
                 .entry("enable_thinking")
                 .or_insert(Value::Bool(false));
+        } else if effort != "minimal" {
+            kwargs
+                .entry("reasoning_effort")
+                .or_insert(Value::String(effort));
         }
     }
     request.constraint = response_format(body.get::<Value>("response_format")?)?.map(Box::new);
@@ -1002,6 +1008,19 @@ mod tests {
         assert_eq!(
             t.request.chat_template_kwargs.unwrap()["enable_thinking"],
             false
+        );
+        let t = chat_ok(serde_json::json!({"messages": user, "reasoning_effort": "high"}));
+        let kwargs = t.request.chat_template_kwargs.unwrap();
+        assert_eq!(kwargs["reasoning_effort"], "high");
+        assert!(!kwargs.contains_key("enable_thinking"));
+        let t = chat_ok(
+            serde_json::json!({"messages": user, "reasoning_effort": "low",
+            "chat_template_kwargs": {"reasoning_effort": "medium"}}),
+        );
+        assert_eq!(
+            t.request.chat_template_kwargs.unwrap()["reasoning_effort"],
+            "medium",
+            "the request's own template variables win"
         );
         for (body, field) in [
             (
