@@ -314,7 +314,8 @@ impl ForwardModel for HybridModel {
                     let (cos, sin) = &self.rope;
                     rope_rows(RopeStyle::Neox, dims, cos, sin, &mut q, &plan.positions);
                     rope_rows(RopeStyle::Neox, dims, cos, sin, &mut k, &plan.positions);
-                    self.kv.write(layer, &plan.new_slots, &k, &v);
+                    let pool_layer = spec.kv_pool_layer(layer);
+                    self.kv.write(pool_layer, &plan.new_slots, &k, &v);
                     let how = Attention {
                         shape,
                         window: None,
@@ -323,7 +324,7 @@ impl ForwardModel for HybridModel {
                         unit: self.unit,
                     };
                     let mut attn = zeros(q_dim);
-                    match self.kv.layer(layer) {
+                    match self.kv.layer(pool_layer) {
                         LayerView::F32(kp, vp) => {
                             attention(&q, kp, vp, &plan, how, &mut attn, &mut self.flash, ws)
                         }

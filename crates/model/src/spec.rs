@@ -372,13 +372,23 @@ impl ModelSpec {
         }
     }
 
+    /// Whether `layer` keeps K and V rows of its own: not one that reads
+    /// another layer's KV, nor a recurrent layer of a hybrid model (its
+    /// state is per sequence, not per token).
+    pub fn owns_kv(&self, layer: usize) -> bool {
+        let recurrent = self
+            .hybrid
+            .as_ref()
+            .is_some_and(|h| h.recurrent.get(layer).copied().unwrap_or(false));
+        self.layers[layer].kv_from.is_none() && !recurrent
+    }
+
     /// Width of one K (or V) row of each layer that keeps its own KV, in
     /// layer order: the KV pool's layers.
     pub fn kv_layer_dims(&self) -> Vec<usize> {
-        self.layers
-            .iter()
-            .filter(|l| l.kv_from.is_none())
-            .map(|l| l.n_kv_heads * l.head_dim)
+        (0..self.layers.len())
+            .filter(|&l| self.owns_kv(l))
+            .map(|l| self.layers[l].n_kv_heads * self.layers[l].head_dim)
             .collect()
     }
 
@@ -386,10 +396,7 @@ impl ModelSpec {
     /// the layer it shares).
     pub fn kv_pool_layer(&self, layer: usize) -> usize {
         let owner = self.layers[layer].kv_from.unwrap_or(layer);
-        self.layers[..owner]
-            .iter()
-            .filter(|l| l.kv_from.is_none())
-            .count()
+        (0..owner).filter(|&l| self.owns_kv(l)).count()
     }
 
     /// Query, KV heads and head width of `layer`'s attention.

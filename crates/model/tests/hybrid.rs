@@ -87,8 +87,9 @@ fn chunks_batches_and_steps_match_one_shot() {
         let m = loaded.model.as_mut();
         assert!(m.recurrent(), "{preset}");
         // 3 recurrent layers x (3 x 128 taps + 4 heads x 16 x 16) floats =
-        // 16,896 bytes, over 2,048 a slot (4 layers x K,V x 64 x 4 bytes).
-        assert_eq!(m.state_slots(), 9, "{preset}");
+        // 16,896 bytes, over 512 a slot (the one attention layer's K and V,
+        // 64 floats each).
+        assert_eq!(m.state_slots(), 33, "{preset}");
         let vocab = m.vocab_size();
         let prompt = ids(PROMPT, vocab, 1);
         let slots: Vec<u32> = (0..PROMPT as u32).map(|i| 1500 - 3 * i).collect();
@@ -247,4 +248,24 @@ fn oversized_recurrent_widths_and_foreign_rope_sections_are_refused() {
         assert!(err.to_string().contains(key), "{key}: {err}");
     }
     assert!(load(&path, &options()).is_ok());
+}
+
+/// Only the attention layers keep K and V rows: the pool and the header's
+/// estimate the supervisor budgets with count one layer in four for these
+/// presets (their Gated DeltaNet layers keep a per-sequence state instead).
+#[test]
+fn only_attention_layers_take_kv_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    for preset in hybrid_tiny_presets() {
+        let path = write(dir.path(), preset);
+        let shape = SynthShape::preset(preset).unwrap();
+        let hybrid = shape.hybrid.unwrap();
+        let attention_layers = (0..shape.n_layers)
+            .filter(|&l| !hybrid.is_recurrent(l))
+            .count();
+        assert!(attention_layers < shape.n_layers, "{preset}");
+        let per_layer = 2 * shape.n_kv_heads * shape.head_dim * 4;
+        let estimate = zinfer_probe::kv_bytes_per_token(&path, zinfer_model::KvDtype::F32).unwrap();
+        assert_eq!(estimate, (attention_layers * per_layer) as u64, "{preset}");
+    }
 }

@@ -174,6 +174,7 @@ impl KvShape {
         if let Some(shape) = per_layer_kv(header, layers, heads, key_dim)? {
             return Ok(shape);
         }
+        let layers = attention_layers(header, layers);
         let kv_heads = header
             .arch_usize("attention.head_count_kv")
             .unwrap_or(heads);
@@ -223,6 +224,25 @@ impl KvShape {
 /// layers keeping no KV of their own. Described as one layer whose row is
 /// every owning layer's row end to end, as the loaded model describes it;
 /// `None` when every layer is alike (the plain shape).
+/// How many of `layers` keep K and V rows: a hybrid file's (qwen35,
+/// qwen35moe) Gated DeltaNet layers keep a state per sequence instead,
+/// flagged by `attention.recurrent_layers` or, without it, every layer but
+/// each `full_attention_interval`-th (4 by default), as llama.cpp reads them.
+fn attention_layers(header: &GgufHeader, layers: usize) -> usize {
+    let arch = header.architecture().unwrap_or_default();
+    if !matches!(arch, "qwen35" | "qwen35moe") {
+        return layers;
+    }
+    if let Ok(Some(flags)) = header.bools(&format!("{arch}.attention.recurrent_layers")) {
+        return flags.iter().filter(|&&recurrent| !recurrent).count();
+    }
+    let interval = header
+        .arch_usize("full_attention_interval")
+        .unwrap_or(4)
+        .max(1);
+    layers / interval
+}
+
 fn per_layer_kv(
     header: &GgufHeader,
     layers: usize,
