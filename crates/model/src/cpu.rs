@@ -356,24 +356,13 @@ impl ForwardModel for CpuModel {
             }
             let rope = &spec.ropes[ls.rope];
             let (cos, sin) = &self.ropes[ls.rope];
-            rope_rows(
-                rope.style,
-                (ls.head_dim, ls.head_dim),
-                cos,
-                sin,
-                q,
-                &plan.positions,
-            );
+            // Every dimension of a head rotates (Gemma 4's partial rotation
+            // is in its frequencies).
+            let dims = (ls.head_dim, ls.head_dim);
+            rope_rows(rope.style, dims, cos, sin, q, &plan.positions);
             let pool_layer = spec.kv_pool_layer(layer);
             if own_kv {
-                rope_rows(
-                    rope.style,
-                    (ls.head_dim, ls.head_dim),
-                    cos,
-                    sin,
-                    k,
-                    &plan.positions,
-                );
+                rope_rows(rope.style, dims, cos, sin, k, &plan.positions);
                 self.kv.write(pool_layer, &plan.new_slots, k, v);
             }
             let how = Attention {
