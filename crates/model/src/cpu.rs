@@ -224,7 +224,7 @@ impl CpuModel {
     /// A model with a KV pool of `options.kv_capacity` slots of `options.kv_dtype`.
     pub(crate) fn new(
         spec: ModelSpec,
-        w: CpuWeights,
+        mut w: CpuWeights,
         options: &LoadOptions,
     ) -> Result<Self, ModelError> {
         spec.validate()?;
@@ -233,6 +233,14 @@ impl CpuModel {
                 config: spec.n_layers,
                 checkpoint: w.blocks.len(),
             });
+        }
+        // Gemma 4's router reads rmsnorm(x) / sqrt(hidden) * router_scale:
+        // the division is folded into the scale once, not per step.
+        let inv = 1.0 / (spec.hidden as f32).sqrt();
+        for b in &mut w.blocks {
+            if let Mlp::DenseAndMoe(g) = &mut b.mlp {
+                g.router_scale.iter_mut().for_each(|s| *s *= inv);
+            }
         }
         // Each RoPE as wide as the heads of the layers that use it.
         let ropes = spec
@@ -278,7 +286,7 @@ impl ForwardModel for CpuModel {
         };
         let plan = StepPlan::build(batch, spec, self.kv.capacity(), blocked_min_rows)?;
         let n = plan.ids.len();
-        let (hidden, eps) = (spec.hidden, spec.norm_eps);
+        let eps = spec.norm_eps;
 
         self.bufs.resize(n, spec);
         let StepBuffers {
@@ -420,10 +428,8 @@ impl ForwardModel for CpuModel {
                     rms_norm_in_place(tmp, &g.post_norm_1, eps);
                     let [moe_in, router_in, moe_out] = beside;
                     rms_norm(x, &g.pre_norm_2, eps, moe_in);
-                    // rmsnorm(x) / sqrt(hidden) * router_scale.
-                    let inv = 1.0 / (hidden as f32).sqrt();
-                    let scale: Vec<f32> = g.router_scale.iter().map(|s| s * inv).collect();
-                    rms_norm(x, &scale, eps, router_in);
+                    // router_scale holds 1 / sqrt(hidden) already (Self::new).
+                    rms_norm(x, &g.router_scale, eps, router_in);
                     let scratch = MoeScratch {
                         router,
                         rows_in: expert_in,

@@ -77,7 +77,8 @@ pub(crate) struct DenseAndMoe<M, V> {
     pub(crate) post_norm_1: V,
     pub(crate) pre_norm_2: V,
     pub(crate) post_norm_2: V,
-    /// `ffn_gate_inp.scale`: `[hidden]`.
+    /// `ffn_gate_inp.scale`: `[hidden]` (the CPU model folds the router's
+    /// `1 / sqrt(hidden)` into it at load).
     pub(crate) router_scale: V,
     /// Experts with fused gate|up matrices.
     pub(crate) experts: Experts<M, V>,
