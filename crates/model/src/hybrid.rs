@@ -240,6 +240,15 @@ impl ForwardModel for HybridModel {
         let experts = spec.moe.map_or(0, |m| m.experts);
         let (mut router, mut rows_in, mut rows_out) =
             (zeros(experts), zeros(hidden), zeros(hidden));
+        // Each layer's buffers, made once per step: every layer of a kind
+        // overwrites them whole.
+        let (conv_dim, value_dim) = (hy.conv_dim(), hy.value_dim());
+        let (mut qkv, mut z, mut core) = (zeros(conv_dim), zeros(value_dim), zeros(value_dim));
+        let (mut beta, mut alpha) = (zeros(hy.v_heads), zeros(hy.v_heads));
+        let mut g = vec![0f32; hy.v_heads];
+        let (mut q_gate, mut k, mut v) = (zeros(2 * q_dim), zeros(kv_dim), zeros(kv_dim));
+        let (mut q, mut attn_gate, mut attn) = (zeros(q_dim), zeros(q_dim), zeros(q_dim));
+        let mut fused = Vec::new();
         let ws = &mut self.ws;
         self.w.token_embd.lookup(&plan.ids, &mut x)?;
         let mut recurrent_layer = 0;
@@ -247,9 +256,6 @@ impl ForwardModel for HybridModel {
             rms_norm(&x, &b.attn_norm, eps, &mut h);
             match &b.mixer {
                 Mixer::DeltaNet(w) => {
-                    let (conv_dim, value_dim) = (hy.conv_dim(), hy.value_dim());
-                    let (mut qkv, mut z) = (zeros(conv_dim), zeros(value_dim));
-                    let (mut beta, mut alpha) = (zeros(hy.v_heads), zeros(hy.v_heads));
                     Linear::forward_shared(
                         &[&w.qkv, &w.gate, &w.beta, &w.alpha],
                         &mut [&mut qkv, &mut z, &mut beta, &mut alpha],
@@ -257,8 +263,6 @@ impl ForwardModel for HybridModel {
                         n,
                         ws,
                     )?;
-                    let mut core = zeros(value_dim);
-                    let mut g = vec![0f32; hy.v_heads];
                     let mut row = 0;
                     for (c, state) in batch.iter().zip(&mut states) {
                         let st = &mut state.layers[recurrent_layer];
@@ -289,8 +293,6 @@ impl ForwardModel for HybridModel {
                     recurrent_layer += 1;
                 }
                 Mixer::Attention(w) => {
-                    let (mut q_gate, mut k, mut v) =
-                        (zeros(2 * q_dim), zeros(kv_dim), zeros(kv_dim));
                     Linear::forward_shared(
                         &[&w.q_gate, &w.k, &w.v],
                         &mut [&mut q_gate, &mut k, &mut v],
@@ -299,7 +301,6 @@ impl ForwardModel for HybridModel {
                         ws,
                     )?;
                     // Per head: its query, then its gate.
-                    let (mut q, mut attn_gate) = (zeros(q_dim), zeros(q_dim));
                     for ((pair, qh), gh) in q_gate
                         .chunks_exact(2 * d)
                         .zip(q.chunks_exact_mut(d))
@@ -323,7 +324,6 @@ impl ForwardModel for HybridModel {
                         sinks: None,
                         unit: self.unit,
                     };
-                    let mut attn = zeros(q_dim);
                     match self.kv.layer(pool_layer) {
                         LayerView::F32(kp, vp) => {
                             attention(&q, kp, vp, &plan, how, &mut attn, &mut self.flash, ws)
@@ -340,7 +340,6 @@ impl ForwardModel for HybridModel {
             }
             add(&mut x, &tmp);
             rms_norm(&x, &b.ffn_norm, eps, &mut h);
-            let mut fused = Vec::new();
             let mut mlp = MlpScratch {
                 gate: &mut gate,
                 up: &mut up,
